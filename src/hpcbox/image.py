@@ -1,0 +1,272 @@
+"""The build stage: project (docker/ + code + locks) → a Docker image tagged by its content.
+
+The build context is a tarball hpcbox assembles itself from exactly the files that go into the image,
+with fixed ordering, owners and timestamps. Its sha256 (with the build arguments and the base image's
+id) is the content hash: the image tag, and the answer to "has anything changed?" without asking
+Docker to build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hpcbox import baseimage
+from hpcbox.config import ProjectConfig
+from hpcbox.errors import HpcboxError
+from hpcbox.provenance import source_revision
+from hpcbox.tools import docker
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    registry_base: str
+    locks: tuple[str, ...]  # relative to the project's docker dir
+
+
+FLAVOURS: Mapping[str, Flavour] = {
+    "cuda": Flavour(
+        "cuda",
+        "debian:trixie-slim",
+        ("lock/apt-system.txt", "lock/apt-cuda.txt", "lock/cuda-requirements.txt"),
+    ),
+    "cpu": Flavour("cpu", "debian:trixie-slim", ("lock/apt-system.txt", "lock/apt-cpu.txt")),
+}
+DEFAULT_FLAVOUR = "cuda"
+OFFLINE_FLAVOUR = "cpu"
+CA_ENV_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+_SKIPPED = {"__pycache__", ".pytest_cache", ".mypy_cache", ".DS_Store"}
+
+LABEL_REVISION = "org.opencontainers.image.revision"
+LABEL_TITLE = "org.opencontainers.image.title"
+LABEL_BASE_NAME = "org.opencontainers.image.base.name"
+LABEL_BASE_DIGEST = "org.opencontainers.image.base.digest"
+LABEL_FLAVOUR = "io.hpcbox.flavour"
+LABEL_LOCK = "io.hpcbox.lock-sha256"
+LABEL_CONTENT = "io.hpcbox.content-hash"
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built trainer image: the build stage's artifact."""
+
+    ref: str
+    id: str
+    content_hash: str
+    flavour: str
+    base: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    built: bool = False  # False: it was already there ("up to date")
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "labels": dict(self.labels)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Image:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything that decides the image, computed before anything is built."""
+
+    flavour: Flavour
+    base: str
+    base_id: str
+    context: bytes
+    content_hash: str
+    lock_hash: str
+    ref: str
+
+
+def resolve_flavour(name: str | None, offline: bool) -> Flavour:
+    chosen = name or (OFFLINE_FLAVOUR if offline else DEFAULT_FLAVOUR)
+    if chosen not in FLAVOURS:
+        raise HpcboxError(f"unknown flavour {chosen!r}", f"choose one of: {', '.join(sorted(FLAVOURS))}")
+    return FLAVOURS[chosen]
+
+
+def build_context(project: ProjectConfig) -> bytes:
+    """The build context as a reproducible tarball: docker/ and the project's code, nothing else."""
+    dockerfile = project.root / project.dockerfile
+    if not dockerfile.is_file():
+        raise HpcboxError(
+            f"no Dockerfile at {project.dockerfile} in {project.root}",
+            "create it (see this repository's docker/Dockerfile) or set tool.hpcbox.dockerfile",
+        )
+    paths = sorted(
+        {
+            *_files(project.root, project.docker_dir),
+            *_files(project.root, project.dockerfile),
+            *(p for code in project.code for p in _files(project.root, code)),
+        }
+    )
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for relative in paths:
+            data = (project.root / relative).read_bytes()
+            info = tarfile.TarInfo(relative)
+            info.size = len(data)
+            info.mode = 0o755 if os.access(project.root / relative, os.X_OK) else 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _files(root: Path, relative: str) -> Iterator[str]:
+    top = root / relative
+    if top.is_file():
+        yield relative
+        return
+    for path in top.rglob("*"):
+        if (
+            path.is_file()
+            and not _SKIPPED.intersection(path.relative_to(root).parts)
+            and path.suffix != ".pyc"
+        ):
+            yield path.relative_to(root).as_posix()
+
+
+def lock_hash(project: ProjectConfig, flavour: Flavour) -> str:
+    digest = hashlib.sha256()
+    for lock in flavour.locks:
+        path = project.root / project.docker_dir / lock
+        if not path.is_file():
+            raise HpcboxError(
+                f"lock file {path.relative_to(project.root)} is missing",
+                "regenerate the locks with `invoke lock`",
+            )
+        digest.update(lock.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def plan_build(
+    project: ProjectConfig,
+    *,
+    flavour: str | None = None,
+    offline: bool = False,
+    base: str | None = None,
+    say: Callable[[str], None] = print,
+) -> BuildPlan:
+    """Decide base, context and tag; pulls or bootstraps the base image if it is missing."""
+    chosen = resolve_flavour(flavour, offline)
+    context = build_context(project)
+    if base is not None:
+        base_ref = base
+    elif offline:
+        base_ref = baseimage.base_ref()
+    else:
+        base_ref = chosen.registry_base
+        if docker.image(base_ref) is None and not docker.pull(base_ref):
+            chosen = resolve_flavour(flavour, offline=True)
+            base_ref = baseimage.base_ref()
+            offline = True
+            say(
+                f"hpcbox: no registry reachable to pull {chosen.registry_base}; building the {chosen.name} "
+                f"flavour offline on a Debian base bootstrapped with debootstrap ({base_ref})"
+            )
+    base_image = docker.image(base_ref)
+    if base_image is None and offline and base is None:
+        say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `invoke base`)")
+        base_image = docker.image(baseimage.ensure_base(ref=base_ref).ref)
+    if base_image is None:
+        raise HpcboxError(
+            f"base image {base_ref} is not available",
+            "pull it, or build offline with `invoke build --offline`",
+        )
+    build_args = {"FLAVOUR": chosen.name, "BASE_IMAGE": base_ref, "BASE_IMAGE_ID": base_image.id}
+    digest = hashlib.sha256(context)
+    digest.update(json.dumps(build_args, sort_keys=True).encode())
+    content_hash = digest.hexdigest()
+    return BuildPlan(
+        flavour=chosen,
+        base=base_ref,
+        base_id=base_image.id,
+        context=context,
+        content_hash=content_hash,
+        lock_hash=lock_hash(project, chosen),
+        ref=f"{project.repository}:{content_hash[:12]}",
+    )
+
+
+def host_ca_bundle() -> Path | None:
+    """The CA bundle the host uses to reach package indexes, if it names one."""
+    for var in CA_ENV_VARS:
+        value = os.environ.get(var)
+        if value and Path(value).is_file():
+            return Path(value)
+    return None
+
+
+def build_image(
+    project: ProjectConfig,
+    *,
+    flavour: str | None = None,
+    offline: bool = False,
+    base: str | None = None,
+    ca_bundle: Path | None = None,
+    no_cache: bool = False,
+    say: Callable[[str], None] = print,
+    on_line: Callable[[str], None] | None = None,
+) -> Image:
+    """Build the trainer image unless an image with the same content hash already exists."""
+    docker.client()  # fail first, and clearly, when no engine answers
+    plan = plan_build(project, flavour=flavour, offline=offline, base=base, say=say)
+    labels = {
+        LABEL_TITLE: project.name,
+        LABEL_REVISION: source_revision(project.root),
+        LABEL_BASE_NAME: plan.base,
+        LABEL_BASE_DIGEST: plan.base_id,
+        LABEL_FLAVOUR: plan.flavour.name,
+        LABEL_LOCK: plan.lock_hash,
+        LABEL_CONTENT: plan.content_hash,
+    }
+    existing = docker.image(plan.ref)
+    if existing is not None and not no_cache:
+        say(f"hpcbox: {plan.ref} is up to date")
+        return _image(plan, existing, built=False)
+    ca = ca_bundle if ca_bundle is not None else host_ca_bundle()
+    if ca is not None and not ca.is_file():
+        raise HpcboxError(
+            f"CA bundle {ca} does not exist", "point PIP_CERT / SSL_CERT_FILE at a readable file"
+        )
+    say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
+    docker.build(
+        plan.context,
+        dockerfile=project.dockerfile,
+        tag_ref=plan.ref,
+        build_args={key: value for key, value in (("FLAVOUR", plan.flavour.name), ("BASE_IMAGE", plan.base))},
+        labels=labels,
+        secrets={"host_ca": ca} if ca is not None else {},
+        no_cache=no_cache,
+        on_line=on_line or _echo,
+    )
+    built = docker.image(plan.ref)
+    if built is None:
+        raise HpcboxError(f"the build reported success but {plan.ref} is not in the engine")
+    say(f"hpcbox: built {plan.ref}")
+    return _image(plan, built, built=True)
+
+
+def _image(plan: BuildPlan, info: docker.ImageInfo, *, built: bool) -> Image:
+    return Image(
+        ref=plan.ref,
+        id=info.id,
+        content_hash=plan.content_hash,
+        flavour=plan.flavour.name,
+        base=plan.base,
+        labels=dict(info.labels),
+        built=built,
+    )
+
+
+def _echo(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,23 @@
+"""Where an artifact came from: the source revision of the project."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from hpcbox.tools import proc
+
+
+def source_revision(root: Path) -> str:
+    """The git commit of ``root`` with `-dirty` when the work tree differs from it; `unknown` outside git."""
+    if shutil.which("git") is None:
+        return "unknown"
+    head = proc.run(["git", "-C", str(root), "rev-parse", "HEAD"], what="read the git revision", check=False)
+    if head.returncode != 0:
+        return "unknown"
+    status = proc.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+        what="read the git status",
+        check=False,
+    )
+    return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")

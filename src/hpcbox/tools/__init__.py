@@ -1,0 +1,1 @@
+"""Thin wrappers, one per external program; each surfaces the program's stderr on failure."""

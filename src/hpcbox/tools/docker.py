@@ -1,0 +1,220 @@
+"""The Docker engine: queries through the Docker SDK, BuildKit builds through the docker CLI.
+
+The SDK speaks the engine API directly but only drives the legacy builder, which cannot mount
+build secrets; builds therefore go through a docker CLI that has BuildKit (Debian's docker.io
+20.10 has it built in, newer clients need the buildx plugin).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import docker
+import docker.errors
+
+from hpcbox.errors import HpcboxError
+from hpcbox.tools import proc
+
+START_ENGINE_HINT = "start one: `./bootstrap` installs and starts dockerd, or `systemctl start docker`"
+PERMISSION_HINT = (
+    "add your user to the docker group (`usermod -aG docker $USER`, then log in again) or run as root"
+)
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    tags: tuple[str, ...]
+    labels: Mapping[str, str]
+    layers: tuple[str, ...]
+    size: int
+    user: str
+    env: tuple[str, ...]
+
+
+@functools.cache
+def client() -> docker.DockerClient:
+    """A client for the engine named by DOCKER_HOST (default: the local socket), checked to answer."""
+    try:
+        engine = docker.from_env(timeout=600)
+        engine.ping()
+    except docker.errors.DockerException as exc:
+        raise _engine_error(exc) from exc
+    return engine
+
+
+def _engine_error(exc: Exception) -> HpcboxError:
+    text = str(exc)
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if "Permission denied" in text or isinstance(exc.__context__, PermissionError):
+        return HpcboxError(f"not permitted to use the Docker engine at {where}", PERMISSION_HINT)
+    return HpcboxError(f"no Docker engine answers at {where}", START_ENGINE_HINT)
+
+
+def image(ref: str) -> ImageInfo | None:
+    """What the engine knows of image ``ref``, or None if it has no such image."""
+    try:
+        attrs: dict[str, Any] = client().api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.APIError as exc:
+        if exc.status_code == 404:
+            return None
+        raise HpcboxError(f"cannot inspect image {ref}: {exc.explanation}") from exc
+    config = attrs.get("Config") or {}
+    return ImageInfo(
+        id=attrs["Id"],
+        tags=tuple(attrs.get("RepoTags") or ()),
+        labels=dict(config.get("Labels") or {}),
+        layers=tuple((attrs.get("RootFS") or {}).get("Layers") or ()),
+        size=int(attrs.get("Size") or 0),
+        user=config.get("User") or "",
+        env=tuple(config.get("Env") or ()),
+    )
+
+
+def pull(ref: str) -> bool:
+    """Pull ``ref``; False when no registry can be reached (the caller decides what to do then)."""
+    try:
+        client().images.pull(ref)
+    except docker.errors.APIError as exc:
+        explanation = str(exc.explanation or exc)
+        if _looks_unreachable(explanation):
+            return False
+        raise HpcboxError(
+            f"cannot pull base image {ref}: {explanation}",
+            "check the image name, or build offline with `invoke build --offline`",
+        ) from exc
+    return True
+
+
+def _looks_unreachable(text: str) -> bool:
+    markers = (
+        "no such host",
+        "dial tcp",
+        "i/o timeout",
+        "connection refused",
+        "TLS handshake timeout",
+        "network is unreachable",
+        "Client.Timeout",
+    )
+    return any(marker in text for marker in markers)
+
+
+def tag(source: str, target: str) -> None:
+    repository, _, tag_name = target.rpartition(":")
+    client().api.tag(source, repository, tag_name)
+
+
+def remove_image(ref: str) -> None:
+    with contextlib.suppress(docker.errors.ImageNotFound):
+        client().api.remove_image(ref, force=True)
+
+
+def save(ref: str) -> Iterator[bytes]:
+    """The `docker save` archive of ``ref``, as a stream of chunks."""
+    return client().images.get(ref).save(chunk_size=1 << 20)
+
+
+def import_rootfs(tar_stream: IO[bytes], ref: str, changes: Sequence[str] = ()) -> str:
+    """`docker import` a root filesystem tarball read from ``tar_stream``; returns the image id."""
+    cli = build_cli()
+    argv = [cli, "import", *[arg for change in changes for arg in ("--change", change)], "-", ref]
+    done = proc.run(argv, what=f"import {ref}", stdin=tar_stream)
+    return done.stdout.strip()
+
+
+@functools.cache
+def build_cli() -> str:
+    """A docker CLI able to run BuildKit builds, or an HpcboxError naming how to get one."""
+    candidates = [os.environ.get("HPCBOX_DOCKER_CLI"), shutil.which("docker"), "/usr/bin/docker"]
+    seen: list[str] = []
+    for cli in candidates:
+        if not cli or cli in seen or not Path(cli).exists():
+            continue
+        seen.append(cli)
+        if proc.run([cli, "buildx", "version"], what="ask docker for buildx", check=False).returncode == 0:
+            return cli
+        version = proc.run(
+            [cli, "version", "--format", "{{.Client.Version}}"], what="ask docker its version", check=False
+        ).stdout.strip()
+        major = re.match(r"(\d+)\.", version)
+        if major and int(major.group(1)) < 23:
+            return cli  # BuildKit was built into the classic client before 23.0
+    raise HpcboxError(
+        "no docker client with BuildKit found" + (f" (tried {', '.join(seen)})" if seen else ""),
+        "install the buildx plugin (`apt-get install docker-buildx`) or Debian's docker.io",
+    )
+
+
+def build(
+    context_tar: bytes,
+    *,
+    dockerfile: str,
+    tag_ref: str,
+    build_args: Mapping[str, str],
+    labels: Mapping[str, str],
+    secrets: Mapping[str, Path],
+    no_cache: bool = False,
+    on_line: Callable[[str], None] | None = None,
+) -> None:
+    """BuildKit build of the tar context on ``context_tar``; progress lines go to ``on_line``."""
+    argv = [build_cli(), "build", "--progress=plain", "-f", dockerfile, "-t", tag_ref]
+    for key, value in build_args.items():
+        argv += ["--build-arg", f"{key}={value}"]
+    for key, value in labels.items():
+        argv += ["--label", f"{key}={value}"]
+    for secret_id, path in secrets.items():
+        argv += ["--secret", f"id={secret_id},src={path}"]
+    if no_cache:
+        argv.append("--no-cache")
+    argv.append("-")
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    lines: list[str] = []
+
+    def collect(line: str) -> None:
+        lines.append(line)
+        if on_line is not None:
+            on_line(line)
+
+    try:
+        proc.stream(argv, what=f"build {tag_ref}", env=env, input_bytes=context_tar, on_line=collect)
+    except HpcboxError as exc:
+        step, step_lines = failed_step(lines)
+        if step:
+            raise HpcboxError(
+                f"image build failed at step {step}",
+                "fix the step (its last lines are above) and run `invoke build` again",
+                details="\n".join(step_lines[-proc.TAIL_LINES :]),
+            ) from exc
+        raise
+
+
+_STEP_HEADER = re.compile(r"^#(\d+) (\[[^\]]+\] .+)$")
+_ERROR_LINE = re.compile(r"^#(\d+) ERROR[: ]")
+
+
+def failed_step(lines: Sequence[str]) -> tuple[str, list[str]]:
+    """From BuildKit plain progress: the failing step's title and its output lines."""
+    titles: dict[str, str] = {}
+    failed = ""
+    for line in lines:
+        header = _STEP_HEADER.match(line)
+        if header:
+            titles[header.group(1)] = header.group(2)
+        error = _ERROR_LINE.match(line)
+        if error:
+            failed = error.group(1)
+    if not failed:
+        return "", []
+    prefix = f"#{failed} "
+    output = [line[len(prefix) :] for line in lines if line.startswith(prefix)]
+    return titles.get(failed, f"#{failed}"), output

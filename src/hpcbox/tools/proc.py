@@ -1,0 +1,129 @@
+"""Running external programs: the one place subprocess is called."""
+
+from __future__ import annotations
+
+import collections
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from hpcbox.errors import HpcboxError
+
+TAIL_LINES = 25
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def require(program: str, hint: str) -> str:
+    """Absolute path of ``program`` on PATH, or an HpcboxError naming how to get it."""
+    path = shutil.which(program)
+    if path is None:
+        raise HpcboxError(f"`{program}` is not installed or not on PATH", hint)
+    return path
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    what: str,
+    hint: str = "",
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin: IO[bytes] | None = None,
+    check: bool = True,
+) -> Completed:
+    """Run ``argv`` to completion, capturing output; on failure raise with its stderr tail."""
+    try:
+        proc = subprocess.run(list(argv), env=env, cwd=cwd, stdin=stdin, capture_output=True, check=False)
+    except FileNotFoundError as exc:
+        raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
+    done = Completed(
+        tuple(argv),
+        proc.returncode,
+        proc.stdout.decode(errors="replace"),
+        proc.stderr.decode(errors="replace"),
+    )
+    if check and done.returncode != 0:
+        raise failure(what, done.returncode, done.stderr or done.stdout, hint, argv)
+    return done
+
+
+def stream(
+    argv: Sequence[str],
+    *,
+    what: str,
+    hint: str = "",
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin: IO[bytes] | None = None,
+    input_bytes: bytes | None = None,
+    on_line: Callable[[str], None] | None = None,
+    tail_lines: int = TAIL_LINES,
+) -> list[str]:
+    """Run ``argv`` with stdout and stderr merged, handing each line to ``on_line`` as it comes.
+
+    ``input_bytes``, if given, is written to the program's stdin from a thread (so a large input
+    cannot deadlock against unread output). Returns the last ``tail_lines`` lines; on failure raises
+    with them as details.
+    """
+    echo = on_line if on_line is not None else _print_line
+    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.PIPE if input_bytes is not None else stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    except FileNotFoundError as exc:
+        raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
+    assert proc.stdout is not None
+    if input_bytes is not None:
+        threading.Thread(target=_feed, args=(proc.stdin, input_bytes), daemon=True).start()
+    with proc.stdout:
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            tail.append(line)
+            echo(line)
+    returncode = proc.wait()
+    if returncode != 0:
+        raise failure(what, returncode, "\n".join(tail), hint, argv)
+    return list(tail)
+
+
+def _feed(pipe: IO[bytes] | None, data: bytes) -> None:
+    assert pipe is not None
+    try:
+        pipe.write(data)
+    except BrokenPipeError:
+        pass  # the program exited early; its own error output says why
+    finally:
+        pipe.close()
+
+
+def failure(what: str, returncode: int, output: str, hint: str, argv: Sequence[str]) -> HpcboxError:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else f"exit status {returncode}"
+    return HpcboxError(
+        f"failed to {what}: {last}",
+        hint,
+        details="$ " + shlex.join(argv) + "\n" + "\n".join(lines[-TAIL_LINES:]),
+    )
+
+
+def _print_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

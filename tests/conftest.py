@@ -1,0 +1,7 @@
+"""Shared test set-up. Fixtures live in tests/fixtures/, one module per area."""
+
+pytest_plugins = [
+    "tests.fixtures.engine",
+    "tests.fixtures.images",
+    "tests.fixtures.cluster",
+]

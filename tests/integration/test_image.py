@@ -1,0 +1,163 @@
+"""`invoke build` against a real Docker engine: the cpu image built offline, as CI builds it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hpcbox import image as image_stage
+from hpcbox.config import load_project
+from hpcbox.errors import HpcboxError
+from hpcbox.provenance import source_revision
+from hpcbox.tools import docker
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_in(image_ref: str, *command: str) -> str:
+    done = subprocess.run(["docker", "run", "--rm", image_ref, *command], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_cpu_image_imports_torch_as_non_root_user(trainer_image):
+    assert run_in(trainer_image.ref, "python", "-c", "import torch, torchvision; print(torch.__version__)")
+    assert run_in(trainer_image.ref, "id", "-u") != "0"
+    assert run_in(trainer_image.ref, "python", "-c", "import hpctrain; print(hpctrain.__file__)").startswith(
+        "/opt/hpcbox/code/hpctrain/"
+    )
+
+
+def test_labels_record_revision_lock_flavour_and_base(trainer_image):
+    labels = docker.image(trainer_image.ref).labels
+    project = load_project(REPO)
+    assert labels[image_stage.LABEL_REVISION] == source_revision(REPO)
+    assert labels[image_stage.LABEL_LOCK] == image_stage.lock_hash(project, image_stage.FLAVOURS["cpu"])
+    assert labels[image_stage.LABEL_FLAVOUR] == "cpu"
+    assert labels[image_stage.LABEL_BASE_NAME] == trainer_image.base
+    assert labels[image_stage.LABEL_BASE_DIGEST] == docker.image(trainer_image.base).id
+    assert trainer_image.ref.endswith(":" + labels[image_stage.LABEL_CONTENT][:12])
+
+
+def test_nothing_changed_is_a_cache_hit_and_code_change_rebuilds_only_the_code_layer(
+    trainer_image, project_copy: Path
+):
+    project = load_project(project_copy)
+    first = image_stage.build_image(project, offline=True, say=lambda _: None, on_line=lambda _: None)
+    messages: list[str] = []
+    again = image_stage.build_image(project, offline=True, say=messages.append, on_line=lambda _: None)
+    assert (again.built, again.id, again.ref) == (False, first.id, first.ref)
+    assert messages == [f"hpcbox: {first.ref} is up to date"]
+
+    (project_copy / "src/hpctrain/__init__.py").write_text(
+        (project_copy / "src/hpctrain/__init__.py").read_text() + "\n# a code-only change\n"
+    )
+    log: list[str] = []
+    changed = image_stage.build_image(project, offline=True, say=lambda _: None, on_line=log.append)
+    assert changed.built and changed.ref != first.ref
+    before, after = docker.image(first.ref).layers, docker.image(changed.ref).layers
+    assert len(before) == len(after)
+    differing = [index for index, (old, new) in enumerate(zip(before, after, strict=True)) if old != new]
+    assert len(differing) == 1, f"only the code layer may differ, layers {differing} did"
+    assert differing[0] >= len(before) - 2, "the code layer comes after every dependency layer"
+    assert any("deps-cpu" in line and "CACHED" in line for line in log) or any(
+        line.endswith("CACHED") for line in log
+    )
+
+
+def test_host_ca_bundle_is_used_but_never_lands_in_a_layer(trainer_image, project_copy: Path, tmp_path: Path):
+    marker = os.urandom(48).hex()
+    fake_ca = tmp_path / "fake-ca.pem"
+    fake_ca.write_text(f"-----BEGIN CERTIFICATE-----\n{marker}\n-----END CERTIFICATE-----\n")
+    log: list[str] = []
+    built = image_stage.build_image(
+        load_project(project_copy),
+        offline=True,
+        ca_bundle=fake_ca,
+        no_cache=True,
+        say=lambda _: None,
+        on_line=log.append,
+    )
+    size = fake_ca.stat().st_size
+    assert any(f"host CA bundle mounted for this step ({size} bytes)" in line for line in log)
+    needle = marker.encode()
+    tail = b""
+    scanned = 0
+    for chunk in docker.save(built.ref):
+        assert needle not in tail + chunk
+        tail = chunk[-len(needle) :]
+        scanned += len(chunk)
+    assert scanned > 100_000_000  # the whole image was scanned, not an empty stream
+
+
+def test_failed_build_names_the_step_and_shows_its_last_lines(docker_engine, project_copy: Path):
+    dockerfile = project_copy / "docker/Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text().replace(
+            "USER trainer", "RUN echo 'about to fail: hpcbox-test' && exit 3\nUSER trainer"
+        )
+    )
+    with pytest.raises(HpcboxError) as failed:
+        image_stage.build_image(
+            load_project(project_copy), offline=True, say=lambda _: None, on_line=lambda _: None
+        )
+    assert failed.value.message.startswith("image build failed at step [runtime ")
+    assert "about to fail: hpcbox-test" in failed.value.details
+
+
+def invoke(*args: str, cwd: Path = REPO, env: dict | None = None, user: int | None = None):
+    argv = [sys.executable, "-m", "invoke", "-r", str(REPO), *args]
+    if user is not None:
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(done, *fragments: str) -> None:
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    for fragment in fragments:
+        assert fragment in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_unknown_flavour_is_one_line_error():
+    assert_one_line_error(invoke("build", "--flavour", "rocm"), "unknown flavour 'rocm'", "cpu, cuda")
+
+
+def test_missing_dockerfile_is_one_line_error(docker_engine, project_copy: Path):
+    (project_copy / "docker/Dockerfile").unlink()
+    assert_one_line_error(
+        invoke("build", "--offline", cwd=project_copy), "no Dockerfile at docker/Dockerfile"
+    )
+
+
+def test_no_docker_engine_is_one_line_error(tmp_path: Path):
+    done = invoke("build", env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert_one_line_error(done, "no Docker engine answers", "dockerd")
+
+
+def test_engine_not_permitted_is_one_line_error(docker_engine):
+    if os.geteuid() != 0:
+        pytest.fail("this test drops to an unprivileged user and must run as root (as CI does)")
+    home = Path(tempfile.mkdtemp(prefix="hpcbox-nobody-"))
+    try:
+        home.chmod(0o755)
+        (home / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "nobody"\n')
+        done = invoke(
+            "build",
+            "--offline",
+            cwd=home,
+            user=65534,
+            env={"HOME": str(home), "PYTHONDONTWRITEBYTECODE": "1"},
+        )
+    finally:
+        shutil.rmtree(home)
+    assert_one_line_error(done, "not permitted to use the Docker engine", "docker group")

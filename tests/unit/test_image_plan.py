@@ -1,0 +1,91 @@
+"""The build stage's decisions that need no engine: context, hashes, flavours."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+
+from hpcbox import image as image_stage
+from hpcbox.config import load_project
+from hpcbox.errors import HpcboxError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def project(tmp_path: Path):
+    for name in ("pyproject.toml", "docker", "src/hpctrain"):
+        source = REPO / name
+        if source.is_dir():
+            shutil.copytree(source, tmp_path / name)
+        else:
+            shutil.copy2(source, tmp_path / name)
+    return load_project(tmp_path)
+
+
+def members(context: bytes) -> list[tarfile.TarInfo]:
+    with tarfile.open(fileobj=BytesIO(context)) as tar:
+        return tar.getmembers()
+
+
+def test_context_is_reproducible_and_holds_only_image_inputs(project):
+    first, second = image_stage.build_context(project), image_stage.build_context(project)
+    assert first == second
+    names = [member.name for member in members(first)]
+    assert names == sorted(names)
+    assert "docker/Dockerfile" in names
+    assert any(name.startswith("src/hpctrain/") for name in names)
+    assert not any(name.startswith(("tests/", "src/hpcbox/")) or "__pycache__" in name for name in names)
+    assert {(member.mtime, member.uid, member.gid) for member in members(first)} == {(0, 0, 0)}
+
+
+def test_context_ignores_bytecode_but_sees_code_changes(project):
+    before = image_stage.build_context(project)
+    package = project.root / "src/hpctrain"
+    (package / "__pycache__").mkdir(exist_ok=True)
+    (package / "__pycache__" / "x.cpython-313.pyc").write_bytes(b"\0")
+    assert image_stage.build_context(project) == before
+    (package / "__init__.py").write_text((package / "__init__.py").read_text() + "\n")
+    assert image_stage.build_context(project) != before
+
+
+def test_lock_hash_follows_the_flavours_locks(project):
+    cpu, cuda = image_stage.FLAVOURS["cpu"], image_stage.FLAVOURS["cuda"]
+    before = image_stage.lock_hash(project, cpu)
+    assert before != image_stage.lock_hash(project, cuda)
+    cuda_lock = project.root / "docker/lock/cuda-requirements.txt"
+    cuda_lock.write_text(cuda_lock.read_text() + "\n")
+    assert image_stage.lock_hash(project, cpu) == before
+    (project.root / "docker/lock/apt-cpu.txt").write_text("python3-torch=0\n")
+    assert image_stage.lock_hash(project, cpu) != before
+
+
+def test_missing_lock_is_reported_with_its_path(project):
+    (project.root / "docker/lock/apt-cpu.txt").unlink()
+    with pytest.raises(HpcboxError, match=r"lock file docker/lock/apt-cpu.txt is missing"):
+        image_stage.lock_hash(project, image_stage.FLAVOURS["cpu"])
+
+
+def test_flavour_defaults_and_unknown_flavour():
+    assert image_stage.resolve_flavour(None, offline=False).name == "cuda"
+    assert image_stage.resolve_flavour(None, offline=True).name == "cpu"
+    assert image_stage.resolve_flavour("cuda", offline=True).name == "cuda"
+    with pytest.raises(HpcboxError, match=r"unknown flavour 'rocm'.*choose one of: cpu, cuda"):
+        image_stage.resolve_flavour("rocm", offline=False)
+
+
+def test_cuda_lock_is_fully_hashed():
+    lock = (REPO / "docker/lock/cuda-requirements.txt").read_text()
+    pins = [line for line in lock.splitlines() if line and not line.startswith((" ", "#"))]
+    assert pins and all("==" in pin for pin in pins)
+    assert lock.count("--hash=sha256:") >= len(pins)
+
+
+def test_bad_project_name_names_the_field(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "My Trainer"\n')
+    with pytest.raises(HpcboxError, match=r"^tool.hpcbox.project: 'My Trainer'"):
+        load_project(tmp_path)
