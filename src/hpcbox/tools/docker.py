@@ -218,3 +218,17 @@ def failed_step(lines: Sequence[str]) -> tuple[str, list[str]]:
     prefix = f"#{failed} "
     output = [line[len(prefix) :] for line in lines if line.startswith(prefix)]
     return titles.get(failed, f"#{failed}"), output
+
+
+def run_once(ref: str, command: Sequence[str], *, what: str, user: str = "root") -> str:
+    """Run ``command`` in a throwaway container of ``ref``; its stdout, or an HpcboxError with its stderr."""
+    try:
+        output = client().containers.run(
+            ref, list(command), user=user, remove=True, stdout=True, stderr=False
+        )
+    except docker.errors.ContainerError as exc:
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr)
+        raise proc.failure(what, exc.exit_status, stderr, "", list(command)) from exc
+    except docker.errors.ImageNotFound as exc:
+        raise HpcboxError(f"cannot {what}: image {ref} is not there") from exc
+    return output.decode(errors="replace")

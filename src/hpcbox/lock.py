@@ -1,0 +1,119 @@
+"""Refreshing the image's dependency locks: exact Debian versions and the hashed pip lock.
+
+Debian pins are resolved inside the base image itself, so they name versions its mirror serves;
+the pip lock is resolved for the image's Python and platform, not the host's.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcbox.config import ProjectConfig
+from hpcbox.errors import HpcboxError
+from hpcbox.tools import docker, proc
+
+PIP_TARGET = ("--python-version", "3.13", "--python-platform", "x86_64-manylinux_2_28")
+_PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
+
+
+@dataclass(frozen=True)
+class AptLock:
+    path: Path
+    packages: tuple[str, ...]
+
+
+def read_apt_lock(path: Path) -> AptLock:
+    names = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _PIN.match(line.strip())
+        if match is None:
+            raise HpcboxError(
+                f"{path.name}:{number}: {line!r} is not `package` or `package=version`",
+                "one Debian package per line, optionally pinned with =version",
+            )
+        names.append(match.group(1))
+    return AptLock(path, tuple(names))
+
+
+def candidate_versions(base_ref: str, packages: tuple[str, ...]) -> dict[str, str]:
+    """The version apt would install for each package, asked of the base image's own mirror."""
+    script = "apt-get update -qq >/dev/null && apt-cache policy " + shlex.join(packages)
+    output = docker.run_once(base_ref, ["sh", "-c", script], what="ask apt for candidate versions")
+    versions: dict[str, str] = {}
+    current = ""
+    for line in output.splitlines():
+        if not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1]
+        elif line.strip().startswith("Candidate:") and current:
+            versions[current] = line.split(":", 1)[1].strip()
+    missing = [name for name in packages if versions.get(name, "(none)") == "(none)"]
+    if missing:
+        raise HpcboxError(
+            f"Debian has no package {', '.join(missing)} for {base_ref}",
+            "check the names in the apt lock files",
+        )
+    return versions
+
+
+def relock_apt(lock: AptLock, versions: dict[str, str]) -> str:
+    lines = []
+    for line in lock.path.read_text().splitlines():
+        match = _PIN.match(line.strip()) if line.strip() and not line.startswith("#") else None
+        lines.append(f"{match.group(1)}={versions[match.group(1)]}" if match else line)
+    return "\n".join(lines) + "\n"
+
+
+def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str], None] = print) -> list[Path]:
+    """Rewrite every lock under docker/lock; returns the files whose content changed."""
+    lock_dir = project.root / project.docker_dir / "lock"
+    changed = []
+    apt_locks = [read_apt_lock(path) for path in sorted(lock_dir.glob("apt-*.txt"))]
+    versions = candidate_versions(
+        base_ref, tuple(sorted({name for lock in apt_locks for name in lock.packages}))
+    )
+    for lock in apt_locks:
+        updated = relock_apt(lock, versions)
+        if updated != lock.path.read_text():
+            lock.path.write_text(updated)
+            changed.append(lock.path)
+        say(f"hpcbox: {lock.path.relative_to(project.root)}: {len(lock.packages)} Debian packages pinned")
+    requirements = project.root / project.docker_dir / "requirements"
+    for source in sorted(requirements.glob("*.in")):
+        target = lock_dir / f"{source.stem}-requirements.txt"
+        before = target.read_text() if target.exists() else ""
+        uv = _uv()
+        relative_out = target.relative_to(project.root).as_posix()
+        proc.run(
+            [
+                uv,
+                "pip",
+                "compile",
+                "--quiet",
+                "--generate-hashes",
+                *PIP_TARGET,
+                source.relative_to(project.root).as_posix(),
+                "-o",
+                relative_out,
+            ],
+            what=f"lock {source.name}",
+            cwd=project.root,
+            hint="check the requirement names and versions in " + source.name,
+        )
+        if target.read_text() != before:
+            changed.append(target)
+        say(f"hpcbox: {relative_out}: hashed for {' '.join(PIP_TARGET[1::2])}")
+    return changed
+
+
+def _uv() -> str:
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return proc.require("uv", "install it: `pip install uv` (it is in hpcbox's dev extras)")
+    return find_uv_bin()
