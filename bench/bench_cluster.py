@@ -1,0 +1,71 @@
+"""How long `cluster.up` takes until every compute node is idle and the login node answers over SSH.
+
+fresh: no cluster yet, node image already built (new containers, secrets and Slurm state, as each
+`up` after a `down`). again: `up` on a cluster that is already running (the idempotent path).
+The one-off cold image build is measured separately by `image_build_cold` only when asked
+(HPCBOX_BENCH_COLD_BUILD=1), since it rebuilds the node image from scratch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from hpcbox import minicluster
+from hpcbox.minicluster import image
+
+REPEATS = 3
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _timed(action) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def run() -> list[dict]:
+    rows: list[dict] = []
+    if os.environ.get("HPCBOX_BENCH_COLD_BUILD"):
+        rows.append(_cold_build())
+    image_check = _timed(image.ensure_image)
+    fresh, again, down = [], [], []
+    with tempfile.TemporaryDirectory(prefix="hpcbox-bench-cluster-") as state:
+        for _ in range(REPEATS):
+            spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=_free_port())
+            try:
+                fresh.append(_timed(lambda spec=spec: minicluster.up(spec, Path(state))))
+                again.append(_timed(lambda spec=spec: minicluster.up(spec, Path(state))))
+            finally:
+                down.append(_timed(lambda spec=spec: minicluster.down(spec.name, Path(state))))
+    note = f"median of {REPEATS}, 2 compute nodes; runs: " + ", ".join(f"{t:.1f}" for t in fresh)
+    rows += [
+        _row("image_up_to_date_check", image_check, None, "content-hash lookup, no build"),
+        _row("up_fresh_to_idle", statistics.median(fresh), "< 30 s", note),
+        _row("up_again_to_idle", statistics.median(again), "< 30 s", "cluster already running"),
+        _row("down", statistics.median(down), None, "containers, network, volumes, keys"),
+    ]
+    return rows
+
+
+def _cold_build() -> dict:
+    from hpcbox.tools import docker
+
+    ref = image.ensure_image().ref
+    docker.remove_image(ref)
+    seconds = _timed(lambda: image.ensure_image(no_cache=True))
+    return _row("image_build_cold", seconds, None, "no build cache; apt installs from the Debian mirror")
+
+
+def _row(metric: str, seconds: float, target: str | None, note: str | None) -> dict:
+    return {"metric": metric, "value": round(seconds, 2), "unit": "s", "target": target, "note": note}

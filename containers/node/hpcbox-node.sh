@@ -1,0 +1,98 @@
+#!/bin/bash
+# Entry point of every mini-cluster container: `hpcbox-node accounting|controller|compute|login`.
+#
+# Configuration and secrets are copied into /etc/hpcbox-init by `up` before the container starts
+# (never baked into the image); this script installs them with the owners and modes the daemons
+# insist on, then runs the role's daemons. It is safe to run again when a stopped container is
+# started again (a compute node brought back after a failure test).
+set -euo pipefail
+
+role=${1:?usage: hpcbox-node accounting|controller|compute|login}
+init=/etc/hpcbox-init
+user=researcher
+
+log() { echo "hpcbox-node[$role]: $*" >&2; }
+
+install_common() {
+    install -d -m 0755 /etc/slurm
+    install -m 0644 "$init/slurm.conf" /etc/slurm/slurm.conf
+    install -m 0644 "$init/gres.conf" /etc/slurm/gres.conf
+    install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
+    install -d -o munge -g munge -m 0755 /run/munge
+    install -o munge -g munge -m 0400 "$init/munge.key" /etc/munge/munge.key
+    rm -f /run/munge/munged.pid
+    runuser -u munge -- /usr/sbin/munged --force
+}
+
+# Retry `$@` once a second for up to $1 seconds.
+wait_for() {
+    local seconds=$1
+    shift
+    for _ in $(seq "$seconds"); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 1
+    done
+    log "gave up after ${seconds}s waiting for: $*"
+    return 1
+}
+
+accounting() {
+    install -o slurm -g slurm -m 0600 "$init/slurmdbd.conf" /etc/slurm/slurmdbd.conf
+    install -d -o mysql -g mysql /run/mysqld
+    mariadbd --user=mysql --bind-address=127.0.0.1 --skip-name-resolve &
+    wait_for 60 mariadb-admin ping
+    local password
+    password=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf)
+    mariadb <<SQL
+CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '${password}';
+ALTER USER 'slurm'@'localhost' IDENTIFIED BY '${password}';
+GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+SQL
+    slurmdbd -D &
+    wait_for 60 sacctmgr --noheader show cluster
+    local cluster
+    cluster=$(sed -n 's/^ClusterName=//p' /etc/slurm/slurm.conf)
+    sacctmgr --immediate add cluster "$cluster" >/dev/null || true
+    sacctmgr --immediate add account research Cluster="$cluster" Description=research Organization=hpcbox \
+        >/dev/null || true
+    sacctmgr --immediate add user "$user" Account=research Cluster="$cluster" >/dev/null || true
+    log "ready"
+    wait -n
+}
+
+controller() {
+    # Start only once accounting knows the cluster and its user, so no job goes unrecorded.
+    wait_for 120 sh -c "sacctmgr --noheader --parsable2 show user $user | grep -q '^$user|'"
+    exec slurmctld -D
+}
+
+compute() {
+    # Fake GPU devices: Slurm schedules gres from files that exist; there is no GPU behind them.
+    for index in $(seq 0 $((${HPCBOX_GPUS_PER_NODE:?} - 1))); do
+        touch "/dev/fakegpu$index"
+    done
+    # Apptainer runs unprivileged (user namespaces + FUSE), as on a real cluster's compute nodes.
+    if [ -e /dev/fuse ]; then chmod 666 /dev/fuse; fi
+    install -d -m 1777 /disk/scratch
+    exec slurmd -D
+}
+
+login() {
+    install -m 0600 "$init/ssh_host_ed25519_key" /etc/ssh/ssh_host_ed25519_key
+    install -m 0644 "$init/ssh_host_ed25519_key.pub" /etc/ssh/ssh_host_ed25519_key.pub
+    local home=/home/$user
+    install -d -o "$user" -g "$user" -m 0755 "$home"
+    install -d -o "$user" -g "$user" -m 0700 "$home/.ssh"
+    install -o "$user" -g "$user" -m 0600 "$init/authorized_keys" "$home/.ssh/authorized_keys"
+    install -d -o "$user" -g "$user" -m 0755 "/data/$user"
+    exec /usr/sbin/sshd -D -e
+}
+
+install_common
+case "$role" in
+    accounting) accounting ;;
+    controller) controller ;;
+    compute) compute ;;
+    login) login ;;
+    *) log "unknown role"; exit 2 ;;
+esac

@@ -1,0 +1,237 @@
+"""One testcontainers class per mini-cluster role, each with its own wait-for-ready.
+
+`up` creates and starts every container through these classes (`DockerContainer.start()`: create,
+copy config and secrets in, start, wait), so `invoke cluster.up` and the test fixture share one start
+path. Finding a running cluster again and `down` go by labels and do not need testcontainers.
+
+testcontainers never pulls here: the node image is built locally before any start, and
+``DockerClient.create`` pulls only an image the engine lacks. Its reaper (Ryuk) is an image from a
+registry, so it is switched off and `down` removes what `up` made.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import docker.errors
+from docker.models.containers import Container
+from testcontainers.core.config import testcontainers_config
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
+from testcontainers.core.waiting_utils import WaitStrategy, WaitStrategyTarget
+
+from hpcbox.minicluster import slurmconf
+from hpcbox.minicluster.spec import LABEL, USER, ClusterSpec, role
+
+if TYPE_CHECKING:
+    from hpcbox.minicluster.lifecycle import Cluster
+
+os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
+# testcontainers reads the variable lazily, at the first start; set the value itself too, so that no
+# import order and no user setting can bring the reaper back.
+testcontainers_config.ryuk_disabled = True
+
+HOST_LABEL = f"{LABEL}.host"
+INIT_DIR = "/etc/hpcbox-init"
+POLL_S = 0.5
+_ALIVE = ("created", "running")
+
+
+class NodeStopped(RuntimeError):
+    """A node's container stopped while `up` waited for it to be ready."""
+
+
+class NodeReady(WaitStrategy):
+    """Ready once ``probe(container)`` holds; fails at once if the container stops meanwhile."""
+
+    def __init__(self, what: str, probe: Callable[[Container], bool]) -> None:
+        super().__init__()
+        self.what = what
+        self.probe = probe
+
+    def wait_until_ready(self, container: WaitStrategyTarget) -> None:
+        self.wait_for(container.get_wrapped_container())
+
+    def wait_for(self, container: Container) -> None:
+        """Block until ``container`` (new or already running) passes the probe."""
+        deadline = time.monotonic() + self._startup_timeout
+        while True:
+            try:
+                container.reload()
+            except docker.errors.NotFound as exc:
+                raise NodeStopped(f"container {container.name} was removed before {self.what}") from exc
+            if container.status not in _ALIVE:
+                stopped = f"container {container.name} stopped ({container.status})"
+                raise NodeStopped(f"{stopped} before {self.what}")
+            if self.probe(container):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {self.what} after {self._startup_timeout:.0f}s")
+            time.sleep(self._poll_interval)
+
+
+def _output(container: Container, argv: Sequence[str]) -> str | None:
+    """stdout of ``argv`` run in ``container``, or None if it failed (or the container is going away)."""
+    try:
+        code, out = container.exec_run(list(argv))
+    except docker.errors.APIError:
+        return None
+    return out.decode(errors="replace") if code == 0 else None
+
+
+class ClusterNode(DockerContainer):
+    """A mini-cluster container: named `<cluster>-<host>`, labelled for `down`, reachable on the cluster
+    network by its host name, with the files `hpcbox-node` installs copied in before it starts."""
+
+    role: ClassVar[str]
+
+    def __init__(self, cluster: Cluster, host: str, network: Network, timeout_s: float) -> None:
+        super().__init__(cluster.image)
+        # As given: a TESTCONTAINERS_HUB_IMAGE_NAME_PREFIX would name an image that exists nowhere.
+        self.image = cluster.image
+        self.cluster = cluster
+        self.host = host
+        spec = cluster.spec
+        self.with_name(spec.container(host)).with_command([self.role])
+        self.with_network(network).with_network_aliases(host)
+        self.with_env("HPCBOX_GPUS_PER_NODE", str(spec.gpus_per_node))
+        self.with_kwargs(
+            hostname=host, labels={LABEL: spec.name, HOST_LABEL: host}, init=True, **self.engine_options()
+        )
+        for name, (content, mode) in self.init_files().items():
+            self.with_copy_into_container(content, f"{INIT_DIR}/{name}", mode)
+        readiness = self.readiness(cluster, host).with_startup_timeout(timeout_s)
+        self.waiting_for(readiness.with_poll_interval(POLL_S))
+
+    def engine_options(self) -> dict[str, Any]:
+        """Extra `containers.create` options of this role."""
+        return {}
+
+    def init_files(self) -> dict[str, tuple[bytes, int]]:
+        """Name -> (content, mode) for /etc/hpcbox-init: config everywhere, secrets only where needed."""
+        spec = self.cluster.spec
+        return {
+            "slurm.conf": (slurmconf.slurm_conf(spec).encode(), 0o644),
+            "gres.conf": (slurmconf.gres_conf(spec).encode(), 0o644),
+            "munge.key": (self.cluster.secrets.munge_key.read_bytes(), 0o400),
+        }
+
+    def shared_volumes(self) -> None:
+        spec = self.cluster.spec
+        self.with_volume_mapping(spec.home_volume, "/home", "rw")
+        self.with_volume_mapping(spec.data_volume, "/data", "rw")
+
+    @classmethod
+    def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
+        raise NotImplementedError
+
+
+class AccountingNode(ClusterNode):
+    """MariaDB + slurmdbd: ready when slurmdbd answers and knows the cluster's user."""
+
+    role = "accounting"
+
+    def init_files(self) -> dict[str, tuple[bytes, int]]:
+        password = self.cluster.secrets.db_password.read_text().strip()
+        conf = slurmconf.slurmdbd_conf(self.cluster.spec, password).encode()
+        return {**super().init_files(), "slurmdbd.conf": (conf, 0o600)}
+
+    @classmethod
+    def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
+        argv = ["sacctmgr", "--noheader", "--parsable2", "show", "user", USER]
+
+        def knows_user(container: Container) -> bool:
+            return (_output(container, argv) or "").startswith(f"{USER}|")
+
+        return NodeReady(f"slurmdbd answer listing user {USER}", knows_user)
+
+
+class ControllerNode(ClusterNode):
+    """slurmctld: ready when `scontrol ping` says it is UP."""
+
+    role = "controller"
+
+    @classmethod
+    def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
+        def is_up(container: Container) -> bool:
+            return "is UP" in (_output(container, ["scontrol", "ping"]) or "")
+
+        return NodeReady("`scontrol ping` saying UP", is_up)
+
+
+class ComputeNode(ClusterNode):
+    """slurmd + Apptainer: ready when slurmctld reports this node idle."""
+
+    role = "compute"
+
+    def __init__(self, cluster: Cluster, host: str, network: Network, timeout_s: float) -> None:
+        super().__init__(cluster, host, network, timeout_s)
+        self.shared_volumes()
+
+    def engine_options(self) -> dict[str, Any]:
+        return {
+            # Apptainer as an ordinary user: user namespaces and FUSE (no --privileged here).
+            "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+            "devices": ["/dev/fuse:/dev/fuse:rwm"],
+            # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the
+            # user's processes root needs this capability, or sacct's MaxRSS stays empty.
+            "cap_add": ["SYS_PTRACE"],
+        }
+
+    @classmethod
+    def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
+        argv = ["sinfo", "--noheader", "--Node", f"--nodes={host}", "--format=%T"]
+
+        def is_idle(container: Container) -> bool:
+            # One line per partition the node is in.
+            return set((_output(container, argv) or "").split()) == {"idle"}
+
+        return NodeReady(f"{host} idle in sinfo", is_idle)
+
+
+class LoginNode(ClusterNode):
+    """sshd, published on 127.0.0.1 only: ready when it accepts the user's generated key."""
+
+    role = "login"
+
+    def __init__(self, cluster: Cluster, host: str, network: Network, timeout_s: float) -> None:
+        super().__init__(cluster, host, network, timeout_s)
+        self.shared_volumes()
+        # with_bind_ports publishes on every interface; the login node must answer on loopback only.
+        self.ports["22/tcp"] = ("127.0.0.1", cluster.spec.port)  # type: ignore[assignment]
+
+    def init_files(self) -> dict[str, tuple[bytes, int]]:
+        secrets = self.cluster.secrets
+        return {
+            **super().init_files(),
+            "ssh_host_ed25519_key": (secrets.host_key.read_bytes(), 0o600),
+            "ssh_host_ed25519_key.pub": (Path(f"{secrets.host_key}.pub").read_bytes(), 0o644),
+            "authorized_keys": ((secrets.public(secrets.user_key) + "\n").encode(), 0o600),
+        }
+
+    @classmethod
+    def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
+        def accepts_key(_container: Container) -> bool:
+            return cluster.ssh("true").returncode == 0
+
+        return NodeReady(f"sshd on 127.0.0.1:{cluster.login_port} accepting the key", accepts_key)
+
+
+NODE_CLASSES: dict[str, type[ClusterNode]] = {
+    node.role: node for node in (AccountingNode, ControllerNode, ComputeNode, LoginNode)
+}
+
+
+def node_class(host: str) -> type[ClusterNode]:
+    return NODE_CLASSES[role(host)]
+
+
+def network(spec: ClusterSpec) -> Network:
+    """The cluster's bridge network (not yet created), named and labelled for `down`."""
+    made = Network(docker_network_kw={"driver": "bridge", "labels": {LABEL: spec.name}})
+    made.name = spec.network
+    return made

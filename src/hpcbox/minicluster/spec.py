@@ -1,0 +1,85 @@
+"""What a mini cluster is: its validated settings and the names of everything it creates."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcbox.errors import HpcboxError
+
+DEFAULT_NAME = "hpcbox-local"
+DEFAULT_PORT = 2222
+DEFAULT_NODES = 2
+MAX_NODES = 16
+USER = "researcher"
+USER_UID = 1500
+LABEL = "io.hpcbox.minicluster"
+_NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Settings of one mini cluster. ``name`` prefixes every container, network and volume it makes."""
+
+    name: str = DEFAULT_NAME
+    nodes: int = DEFAULT_NODES
+    port: int = DEFAULT_PORT
+    gpus_per_node: int = 2
+    cpus_per_node: int = 2
+    memory_mb_per_node: int = 2000
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise HpcboxError(
+                f"name: {self.name!r} is not a valid cluster name",
+                "use 3-40 lowercase letters, digits and dashes, starting with a letter",
+            )
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise HpcboxError(
+                f"nodes: {self.nodes} is out of range", f"choose 1 to {MAX_NODES} compute nodes"
+            )
+        if not 1024 <= self.port <= 65535:
+            raise HpcboxError(f"port: {self.port} is out of range", "choose an unprivileged port, 1024-65535")
+        for field in ("gpus_per_node", "cpus_per_node", "memory_mb_per_node"):
+            if getattr(self, field) < 1:
+                raise HpcboxError(f"{field}: must be at least 1, got {getattr(self, field)}")
+
+    @property
+    def slurm_name(self) -> str:
+        # Slurm names accounting tables after the cluster; keep it to [a-z0-9_].
+        return self.name.replace("-", "_")
+
+    @property
+    def compute_hosts(self) -> tuple[str, ...]:
+        return tuple(f"node{index}" for index in range(1, self.nodes + 1))
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Every host in start order: accounting first, the login node last."""
+        return ("accounting", "controller", *self.compute_hosts, "login")
+
+    def container(self, host: str) -> str:
+        return f"{self.name}-{host}"
+
+    @property
+    def network(self) -> str:
+        return f"{self.name}-net"
+
+    @property
+    def home_volume(self) -> str:
+        return f"{self.name}-home"
+
+    @property
+    def data_volume(self) -> str:
+        return f"{self.name}-data"
+
+
+def role(host: str) -> str:
+    """The hpcbox-node role a host runs."""
+    return "compute" if host.startswith("node") else host
+
+
+def state_dir(root: Path, name: str) -> Path:
+    """Where ``up`` keeps a cluster's generated keys and config: ``<root>/<name>`` (git-ignored)."""
+    return root / name

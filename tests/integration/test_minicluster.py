@@ -1,0 +1,221 @@
+"""The mini Slurm cluster against its real daemons: slurmctld, slurmd, slurmdbd + MariaDB, munge, sshd,
+Apptainer. Jobs go in the way a user's do: over SSH to the login node, then `sbatch`."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+import pytest
+
+from tests.fixtures.cluster import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+SACCT_FIELDS = "JobID,State,ExitCode,NodeList,User,Partition,AllocTRES"
+
+
+def submit(cluster, script: str, *options: str, wait: bool = True) -> str:
+    """`sbatch` ``script`` (a shell snippet) over SSH; with ``wait``, return once the job has ended."""
+    argv = ["sbatch", "--parsable", *(["--wait"] if wait else []), *options, "--wrap", script]
+    done = cluster.ssh(argv)
+    job_id = done.stdout.strip().split(";")[0]
+    assert job_id.isdigit(), f"sbatch gave no job id: {done.stdout!r} {done.stderr!r}"
+    return job_id
+
+
+def accounting(cluster, job_id: str, timeout_s: float = 30) -> dict[str, str]:
+    """The job's allocation row from `sacct`, once accounting has recorded its end."""
+    deadline = time.monotonic() + timeout_s
+    row: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        out = cluster.ssh(
+            ["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", f"--format={SACCT_FIELDS}"]
+        )
+        lines = [line for line in out.stdout.splitlines() if line.strip()]
+        if lines:
+            row = dict(zip(SACCT_FIELDS.split(","), lines[-1].split("|"), strict=True))
+            if row["State"] not in ("PENDING", "RUNNING", "REQUEUED"):
+                return row
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} not finished in accounting after {timeout_s}s: {row}")
+
+
+def wait_for_state(cluster, host: str, wanted: str, timeout_s: float) -> None:
+    from hpcbox.minicluster import node_states
+
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        states = node_states(cluster)
+        if states.get(host, "").rstrip("*~#") == wanted:
+            return
+        time.sleep(1)
+    raise AssertionError(f"{host} not {wanted} after {timeout_s}s: {states}")
+
+
+def test_compute_nodes_idle_in_both_partitions(minicluster):
+    out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
+    rows = sorted(tuple(line.split()) for line in out.splitlines())
+    assert rows == [
+        ("node1", "cpu*", "idle", "gpu:2"),
+        ("node1", "gpu", "idle", "gpu:2"),
+        ("node2", "cpu*", "idle", "gpu:2"),
+        ("node2", "gpu", "idle", "gpu:2"),
+    ]
+
+
+def test_batch_job_runs_as_the_user_with_scratch_home_and_accounting(minicluster):
+    script = (
+        'echo "$(hostname) $(id -u) $(id -un)"; '
+        'echo scratch-data > "/disk/scratch/job-$SLURM_JOB_ID"; '
+        'echo home-data > "$HOME/job-$SLURM_JOB_ID.txt"'
+    )
+    job_id = submit(minicluster, script, "--output=job-%j.out")
+
+    row = accounting(minicluster, job_id)
+    assert (row["State"], row["ExitCode"], row["User"], row["Partition"]) == (
+        "COMPLETED",
+        "0:0",
+        "researcher",
+        "cpu",
+    )
+    node = row["NodeList"]
+    assert node in ("node1", "node2")
+    # $HOME is shared: what the job wrote on the compute node is visible on the login node.
+    home = minicluster.ssh(f"cat job-{job_id}.out job-{job_id}.txt", check=True).stdout.split()
+    assert home == [node, "1500", "researcher", "home-data"]
+    # /disk/scratch is node-local: the file is on the job's node and on no other.
+    other = "node2" if node == "node1" else "node1"
+    path = f"/disk/scratch/job-{job_id}"
+    assert minicluster.exec(node, ["cat", path]).stdout == "scratch-data\n"
+    assert minicluster.exec(other, ["test", "-e", path]).returncode == 1
+    assert minicluster.exec(node, ["stat", "-c", "%u", path]).stdout.strip() == "1500"
+
+
+def test_failed_job_exit_code_is_recorded(minicluster):
+    job_id = submit(minicluster, "exit 3", "--output=/dev/null")
+    row = accounting(minicluster, job_id)
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "3:0")
+
+
+@pytest.mark.parametrize("request_gpu", ["--gres=gpu:1", "--gpus=1"])
+def test_gpu_job_is_scheduled_on_the_gpu_partition(minicluster, request_gpu):
+    job_id = submit(
+        minicluster, 'echo "$SLURM_GPUS_ON_NODE"', "--partition=gpu", request_gpu, "--output=gpu-%j.out"
+    )
+    row = accounting(minicluster, job_id)
+    assert (row["State"], row["Partition"]) == ("COMPLETED", "gpu")
+    assert "gres/gpu=1" in row["AllocTRES"].split(",")
+    assert minicluster.ssh(f"cat gpu-{job_id}.out", check=True).stdout.strip() == "1"
+
+
+def test_more_gpus_than_any_node_has_is_rejected(minicluster):
+    done = minicluster.ssh(["sbatch", "--partition=gpu", "--gres=gpu:3", "--wrap", "true"])
+    assert done.returncode != 0
+    assert "Requested node configuration is not available" in done.stderr
+
+
+def test_job_runs_apptainer_exec_of_a_sif_as_the_user(minicluster, run_id):
+    # A tiny SIF made on a compute node from a busybox root filesystem, into the shared data area.
+    sif = f"/data/researcher/{run_id}-tiny.sif"
+    build = (
+        "set -e; root=$(mktemp -d); mkdir -p $root/bin $root/etc $root/scratch; "
+        "cp /bin/busybox $root/bin/; for t in sh id cat echo; do ln -s busybox $root/bin/$t; done; "
+        "grep researcher /etc/passwd > $root/etc/passwd; grep researcher /etc/group > $root/etc/group; "
+        f"apptainer --quiet build {shlex.quote(sif)} $root; rm -rf $root"
+    )
+    built = minicluster.exec("node1", ["bash", "-c", build], user="researcher")
+    assert built.returncode == 0, built.stderr
+
+    script = (
+        'dir=/disk/scratch/$USER/$SLURM_JOB_ID; mkdir -p "$dir"; '
+        f'apptainer --quiet exec --bind "$dir:/scratch" {shlex.quote(sif)} '
+        "sh -c 'id -u > /scratch/inside; echo written-in-sif >> /scratch/inside'; "
+        'cat "$dir/inside"'
+    )
+    job_id = submit(minicluster, script, "--output=sif-%j.out")
+    row = accounting(minicluster, job_id)
+    assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0")
+    assert minicluster.ssh(f"cat sif-{job_id}.out", check=True).stdout.split() == ["1500", "written-in-sif"]
+    on_node = minicluster.exec(row["NodeList"], ["cat", f"/disk/scratch/researcher/{job_id}/inside"])
+    assert on_node.stdout.split() == ["1500", "written-in-sif"]
+
+
+def test_killed_node_goes_down_and_requeued_job_completes_elsewhere(minicluster):
+    job_id = submit(
+        minicluster,
+        'echo "start $(hostname)"; sleep 20; echo "done $(hostname)"',
+        "--requeue",
+        "--output=requeue-%j.out",
+        wait=False,
+    )
+    deadline = time.monotonic() + 60
+    state = ""
+    while time.monotonic() < deadline:
+        state = minicluster.ssh(["squeue", "--noheader", "-j", job_id, "--format=%T %N"]).stdout.strip()
+        if state.startswith("RUNNING"):
+            break
+        time.sleep(0.5)
+    assert state.startswith("RUNNING"), state
+    victim = state.split()[1]
+    survivor = "node2" if victim == "node1" else "node1"
+
+    minicluster.node_container(victim).kill()
+    try:
+        wait_for_state(minicluster, victim, "down", timeout_s=60)
+        row = accounting(minicluster, job_id, timeout_s=150)
+        assert (row["State"], row["NodeList"]) == ("COMPLETED", survivor)
+        assert minicluster.ssh(f"cat requeue-{job_id}.out", check=True).stdout.split() == [
+            "start",
+            survivor,
+            "done",
+            survivor,
+        ]
+    finally:
+        # Bring the node back so the session's cluster stays whole (ReturnToService=2 makes it idle).
+        minicluster.node_container(victim).start()
+        wait_for_state(minicluster, victim, "idle", timeout_s=60)
+
+
+def test_memory_a_job_held_is_recorded_as_its_max_rss(minicluster):
+    # 200 MiB touched and held for 12 s: at least two samples at JobAcctGatherFrequency=task=5.
+    hold = "python3 -c 'import time; block = bytearray(200 * 1024 * 1024); time.sleep(12)'"
+    job_id = submit(minicluster, hold, "--output=/dev/null")
+    assert accounting(minicluster, job_id)["State"] == "COMPLETED"
+    out = minicluster.ssh(
+        ["sacct", "-j", f"{job_id}.batch", "--noheader", "--parsable2", "--units=K", "--format=MaxRSS"],
+        check=True,
+    ).stdout.strip()
+    assert out.endswith("K"), f"no MaxRSS for {job_id}.batch: {out!r}"
+    max_rss_mib = float(out[:-1]) / 1024
+    assert 200 <= max_rss_mib <= 300, out
+
+
+def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, minicluster_state):
+    from hpcbox import minicluster as mc
+
+    spec = mc.ClusterSpec(name=f"{run_id}-mc-updown", nodes=1, port=free_port())
+    label = {"label": f"io.hpcbox.minicluster={spec.name}"}
+    try:
+        first = mc.up(spec, minicluster_state)
+        ids = {c.name: c.id for c in docker_engine.containers.list(all=True, filters=label)}
+        assert sorted(ids) == sorted(
+            spec.container(h) for h in ("accounting", "controller", "node1", "login")
+        )
+        # Made through testcontainers (its labels), with no reaper container pulled or started for it.
+        made = docker_engine.containers.list(all=True, filters=label)
+        assert {c.labels.get("org.testcontainers") for c in made} == {"true"}
+        assert [c.name for c in docker_engine.containers.list(all=True) if "ryuk" in c.name] == []
+        again = mc.up(spec, minicluster_state)
+        assert again.ssh("hostname", check=True).stdout.strip() == "login"
+        assert {c.name: c.id for c in docker_engine.containers.list(all=True, filters=label)} == ids
+        assert first.key_path.stat().st_mode & 0o777 == 0o600
+    finally:
+        removed = mc.down(spec.name, minicluster_state)
+    assert len(removed.containers) == 4 and len(removed.networks) == 1 and len(removed.volumes) == 2
+    assert docker_engine.containers.list(all=True, filters=label) == []
+    assert docker_engine.networks.list(filters=label) == []
+    assert docker_engine.volumes.list(filters=label) == []
+    assert [c.name for c in docker_engine.containers.list(all=True) if c.name.startswith(spec.name)] == []
+    assert not (minicluster_state / spec.name).exists()

@@ -1,0 +1,86 @@
+"""Mini cluster settings, the Slurm files rendered from them, and the SSH options pinned to a host key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcbox.errors import HpcboxError
+from hpcbox.minicluster import slurmconf
+from hpcbox.minicluster.spec import ClusterSpec
+from hpcbox.tools import ssh
+
+
+def conf_values(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and " " not in line)
+
+
+def test_slurm_conf_names_nodes_partitions_and_gpus():
+    text = slurmconf.slurm_conf(ClusterSpec(name="demo-one", nodes=3, gpus_per_node=2))
+    values = conf_values(text)
+    assert values["ClusterName"] == "demo_one"
+    assert values["GresTypes"] == "gpu"
+    assert values["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert int(values["SlurmdTimeout"]) <= 30
+    assert "NodeName=node1,node2,node3 CPUs=2 RealMemory=2000 Gres=gpu:2 State=UNKNOWN" in text
+    assert "PartitionName=cpu Nodes=node1,node2,node3 Default=YES MaxTime=INFINITE State=UP" in text
+    assert "PartitionName=gpu Nodes=node1,node2,node3 MaxTime=INFINITE State=UP" in text
+
+
+@pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])
+def test_gres_conf_gives_every_gpu_a_device_file(gpus, devices):
+    expected = f"AutoDetect=off\nName=gpu File={devices}\n"
+    assert slurmconf.gres_conf(ClusterSpec(gpus_per_node=gpus)) == expected
+
+
+def test_slurmdbd_conf_carries_the_generated_password():
+    values = conf_values(slurmconf.slurmdbd_conf(ClusterSpec(), "s3cret"))
+    assert values["StoragePass"] == "s3cret"
+    assert values["DbdHost"] == "accounting"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "Bad_Name"), ("name", "x"), ("nodes", 0), ("nodes", 17), ("port", 22), ("gpus_per_node", 0)],
+)
+def test_invalid_settings_name_the_field(field, value):
+    with pytest.raises(HpcboxError) as caught:
+        ClusterSpec(**{field: value})
+    assert caught.value.message.startswith(f"{field}:")
+
+
+def test_ssh_pins_the_host_key_and_uses_only_the_given_key(tmp_path: Path):
+    target = ssh.Target("127.0.0.1", 2222, "researcher", tmp_path / "id", tmp_path / "known_hosts")
+    argv = ssh.ssh_argv(target, ["echo", "a b"])
+    assert "StrictHostKeyChecking=yes" in argv
+    assert f"UserKnownHostsFile={tmp_path / 'known_hosts'}" in argv
+    assert f"IdentityFile={tmp_path / 'id'}" in argv
+    assert argv[-3:] == ["-T", "127.0.0.1", "echo 'a b'"]
+    assert argv[argv.index("-p") + 1] == "2222"
+
+
+def test_keygen_and_known_hosts_line(tmp_path: Path):
+    public = ssh.keygen(tmp_path / "key", "test@here")
+    assert public.startswith("ssh-ed25519 ") and public.endswith("test@here")
+    assert (tmp_path / "key").stat().st_mode & 0o777 == 0o600
+    line = ssh.known_hosts_line("127.0.0.1", 2222, public)
+    assert line == "[127.0.0.1]:2222 " + " ".join(public.split()[:2])
+    with pytest.raises(HpcboxError, match="refusing to overwrite"):
+        ssh.keygen(tmp_path / "key", "again")
+
+
+def test_loading_the_node_classes_switches_the_testcontainers_reaper_off():
+    # Ryuk is an image from a registry; pulling it would fail here, and `down` cleans up instead.
+    from testcontainers.core.config import testcontainers_config
+
+    from hpcbox.minicluster import nodes
+
+    assert testcontainers_config.ryuk_disabled is True
+    assert {host: nodes.node_class(host).role for host in ClusterSpec(nodes=2).hosts} == {
+        "accounting": "accounting",
+        "controller": "controller",
+        "node1": "compute",
+        "node2": "compute",
+        "login": "login",
+    }
