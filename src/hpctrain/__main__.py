@@ -1,0 +1,5 @@
+import sys
+
+from hpctrain.cli import main
+
+sys.exit(main())

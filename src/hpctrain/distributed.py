@@ -1,0 +1,135 @@
+"""Process group and device: one process per GPU under torchrun (NCCL), or several on CPU (gloo).
+
+torchrun (or `python -m torch.distributed.run`) sets RANK, WORLD_SIZE and LOCAL_RANK; without
+them this is a single process and every collective below is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hpctrain import HpctrainError
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _resolve_device(choice: str, local_rank: int) -> torch.device:
+    cuda = torch.cuda.is_available()
+    if choice == "cuda" and not cuda:
+        raise HpctrainError(
+            "--device cuda: torch sees no CUDA device",
+            hint="request a GPU (sbatch --gres=gpu:1, apptainer exec --nv) or use --device auto/cpu",
+        )
+    if choice == "cpu" or not cuda:
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise HpctrainError(
+            f"local rank {local_rank} has no GPU: only {torch.cuda.device_count()} visible",
+            hint="start at most one process per GPU (torchrun --nproc-per-node = GPUs per node)",
+        )
+    return torch.device("cuda", local_rank)
+
+
+def libuv_available() -> bool:
+    """Whether this PyTorch build has libuv (Debian's 2.6 has not, but TCPStore still defaults to it)."""
+    try:
+        dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    except RuntimeError as exc:
+        if "libuv" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _store(rank: int, world_size: int) -> dist.TCPStore:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, made here rather than by init_process_group,
+    whose torchelastic path ignores USE_LIBUV and so fails on builds without libuv."""
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=rank == 0 and not agent_hosts_store,
+        timeout=timedelta(minutes=10),
+        multi_tenant=True,
+        use_libuv=libuv_available(),
+    )
+
+
+def setup(device_choice: str) -> Runtime:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _resolve_device(device_choice, local_rank)
+    if world_size > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend, store=_store(rank, world_size), rank=rank, world_size=world_size
+        )
+    return Runtime(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def teardown(runtime: Runtime) -> None:
+    if runtime.distributed and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def any_rank(runtime: Runtime, flags: list[bool]) -> list[bool]:
+    """Element-wise OR across ranks, so every rank takes the same branch at the same step."""
+    if not runtime.distributed:
+        return flags
+    tensor = torch.tensor(flags, dtype=torch.int32, device=runtime.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in tensor.tolist()]
+
+
+def sum_across_ranks(runtime: Runtime, tensor: torch.Tensor) -> torch.Tensor:
+    if runtime.distributed:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def average_buffers(runtime: Runtime, module: torch.nn.Module) -> None:
+    """Make BatchNorm running statistics equal on every rank: DDP only broadcasts rank 0's at the
+    start of each forward, so after the last step each rank holds stats of its own last batch."""
+    if not runtime.distributed:
+        return
+    for buffer in module.buffers():
+        if buffer.is_floating_point():
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+            buffer.div_(runtime.world_size)
+
+
+def gather(runtime: Runtime, value: str) -> list[str]:
+    if not runtime.distributed:
+        return [value]
+    gathered: list[str] = [""] * runtime.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def barrier(runtime: Runtime) -> None:
+    if runtime.distributed:
+        dist.barrier()

@@ -1,0 +1,40 @@
+"""Job signals: what a cluster sends before it takes the node away, turned into flags the loop polls.
+
+SIGUSR1 (`sbatch --signal=B:USR1@120`, or `scancel --signal=USR1`) and SIGTERM (preemption, the
+time limit) mean "checkpoint now and exit with EXIT_REQUEUE"; SIGUSR2 means "checkpoint now and
+carry on". Handlers only set flags: the checkpoint is written between two steps, where the state
+is consistent.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+CHECKPOINT_SIGNAL = signal.SIGUSR2
+
+
+class JobSignals:
+    def __init__(self) -> None:
+        self.stop_signal: int | None = None
+        self.checkpoint_requested = False
+
+    def install(self) -> JobSignals:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._on_stop)
+        signal.signal(CHECKPOINT_SIGNAL, self._on_checkpoint)
+        return self
+
+    def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
+        self.stop_signal = signum
+
+    def _on_checkpoint(self, _signum: int, _frame: FrameType | None) -> None:
+        self.checkpoint_requested = True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_signal is not None
+
+    def stop_name(self) -> str:
+        return signal.Signals(self.stop_signal).name if self.stop_signal else ""

@@ -1,0 +1,338 @@
+"""The trainer (src/hpctrain), black-box, inside the real cpu trainer image.
+
+torch lives only in the image, so every check runs `python -m hpctrain ...` in a container with a
+scratch directory bind-mounted at /scratch, and reads what the trainer leaves there: metrics.jsonl,
+checkpoints, exit codes. Runs are small (digits, 16-sample batches, 3 epochs) and share one
+uninterrupted baseline run, which the interrupted and the corrupted-checkpoint runs must reproduce
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRATCH = "/scratch"
+EXIT_REQUEUE = 75
+EXIT_USAGE = 2
+# The baseline: 1438 training images / 16 = 90 steps per epoch, a step line every 10.
+TRAIN_ARGS = ("--epochs", "3", "--batch-size", "16", "--seed", "7", "--log-interval", "10")
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class Finished:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class TrainerRunner:
+    """Runs the trainer image with `workdir` mounted at /scratch; every container is removed."""
+
+    def __init__(self, client, image_ref: str, workdir: Path, prefix: str) -> None:
+        self.client, self.image_ref, self.workdir, self.prefix = client, image_ref, workdir, prefix
+        self.count = 0
+        # As root on the host, run as the image's own user (uid 1000) in a world-writable dir;
+        # otherwise as the host user, so the host can clean up what the trainer wrote.
+        self.user = None if os.getuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+        if self.user is None:
+            workdir.chmod(0o777)
+
+    def start(self, *argv: str, env: dict[str, str] | None = None, read_only: Path | None = None):
+        self.count += 1
+        volumes = {str(self.workdir): {"bind": SCRATCH, "mode": "rw"}}
+        if read_only is not None:
+            volumes[str(read_only)] = {"bind": "/readonly", "mode": "ro"}
+        return self.client.containers.run(
+            self.image_ref,
+            list(argv),
+            name=f"{self.prefix}-trainer-{self.count}-{os.urandom(2).hex()}",
+            volumes=volumes,
+            user=self.user,
+            environment={"HOME": "/tmp", **(env or {})},
+            detach=True,
+        )
+
+    def finish(self, container, timeout: float = RUN_TIMEOUT_S) -> Finished:
+        try:
+            exit_code = container.wait(timeout=timeout)["StatusCode"]
+            return Finished(
+                exit_code,
+                container.logs(stdout=True, stderr=False).decode(),
+                container.logs(stdout=False, stderr=True).decode(),
+            )
+        finally:
+            container.remove(force=True)
+
+    def copy(self, source: Path, name: str) -> Path:
+        """A copy of an output directory under the scratch dir, writable by the container user."""
+        target = self.workdir / name
+        shutil.copytree(source, target)
+        if self.user is None:  # copied as root: hand it back to the container's user
+            for path in (target, *target.rglob("*")):
+                os.chown(path, 1000, 1000)
+        return target
+
+    def run(self, *argv: str, env: dict[str, str] | None = None, read_only: Path | None = None) -> Finished:
+        return self.finish(self.start(*argv, env=env, read_only=read_only))
+
+    def train(self, output: str, *extra: str, env: dict[str, str] | None = None) -> Finished:
+        return self.run(*self.train_argv(output, *extra), env=env)
+
+    @staticmethod
+    def train_argv(output: str, *extra: str) -> tuple[str, ...]:
+        data, out = f"{SCRATCH}/data", f"{SCRATCH}/{output}"
+        return (
+            "python",
+            "-m",
+            "hpctrain",
+            "train",
+            "--data-dir",
+            data,
+            "--output-dir",
+            out,
+            *TRAIN_ARGS,
+            *extra,
+        )
+
+
+def events(output_dir: Path, kind: str | None = None) -> list[dict]:
+    path = output_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if kind is None or r["event"] == kind]
+
+
+def epoch_results(output_dir: Path) -> dict[int, tuple[float, float, float, float]]:
+    """Per epoch, the numbers that must not depend on interruptions (a re-run epoch overwrites)."""
+    return {
+        e["epoch"]: (e["train_loss"], e["train_accuracy"], e["val_loss"], e["val_accuracy"])
+        for e in events(output_dir, "epoch")
+    }
+
+
+def assert_ok(result: Finished, expected: int = 0) -> None:
+    assert result.exit_code == expected, (
+        f"exit {result.exit_code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
+
+
+@pytest.fixture(scope="module")
+def trainer(trainer_image, docker_engine, run_id, tmp_path_factory) -> TrainerRunner:
+    """A runner over a scratch dir holding the digits archive (from make-data) extracted into data/."""
+    runner = TrainerRunner(docker_engine, trainer_image.ref, tmp_path_factory.mktemp("trainer"), run_id)
+    assert_ok(runner.run("python", "-m", "hpctrain", "make-data", "--out", f"{SCRATCH}/digits.tar"))
+    with tarfile.open(runner.workdir / "digits.tar") as archive:
+        archive.extractall(runner.workdir / "data", filter="data")
+    if runner.user is None:
+        (runner.workdir / "data").chmod(0o755)
+    return runner
+
+
+@pytest.fixture(scope="module")
+def baseline(trainer: TrainerRunner) -> Path:
+    """One uninterrupted run; its weights digest is what every resumed run must end with."""
+    assert_ok(trainer.train("baseline"))
+    return trainer.workdir / "baseline"
+
+
+def test_make_data_writes_one_reproducible_archive_of_shards(trainer: TrainerRunner) -> None:
+    with tarfile.open(trainer.workdir / "digits.tar") as archive:
+        names = archive.getnames()
+    assert "manifest.json" in names
+    assert all("/" not in name for name in names), names  # extracts straight into --data-dir
+    assert sum(name.endswith("-images.npy") for name in names) >= 3  # sharded, not one file per image
+    manifest = json.loads((trainer.workdir / "data" / "manifest.json").read_text())
+    assert manifest["classes"] == [str(d) for d in range(10)]
+    assert manifest["image_shape"] == [8, 8, 1]
+    assert manifest["splits"]["train"]["count"] + manifest["splits"]["val"]["count"] == 1797
+
+    again = trainer.run("python", "-m", "hpctrain", "make-data", "--out", f"{SCRATCH}/again.tar")
+    assert_ok(again)
+    assert (trainer.workdir / "again.tar").read_bytes() == (trainer.workdir / "digits.tar").read_bytes()
+
+    before = (trainer.workdir / "digits.tar").stat().st_mtime_ns
+    refused = trainer.run("python", "-m", "hpctrain", "make-data", "--out", f"{SCRATCH}/digits.tar")
+    assert_ok(refused, EXIT_USAGE)
+    assert "already exists" in refused.stderr
+    assert (trainer.workdir / "digits.tar").stat().st_mtime_ns == before
+
+
+def test_training_reaches_held_out_accuracy_and_reports_per_epoch(baseline: Path) -> None:
+    epochs = events(baseline, "epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    for epoch in epochs:
+        assert epoch["samples_per_s"] > 0
+        assert epoch["epoch_time_s"] > 0
+        assert 0 <= epoch["data_wait_fraction"] <= 1
+        assert epoch["train_loss"] > 0
+    assert epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    done = events(baseline, "done")[-1]
+    assert done["val_accuracy"] > 0.9, done
+    assert len(done["weights_sha256"]) == 64
+    start = events(baseline, "start")[0]
+    assert start["device"] == "cpu" and start["resumed"] is None
+    # One checkpoint per epoch, the newest two kept.
+    assert sorted(p.name for p in (baseline / "checkpoints").iterdir()) == [
+        "ckpt-e0002-s000000.pt",
+        "ckpt-e0003-s000000.pt",
+    ]
+
+
+def _wait_for_step(output_dir: Path, container, epoch: int) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if any(e["epoch"] == epoch for e in events(output_dir, "step")):
+            return
+        container.reload()
+        if container.status == "exited":
+            pytest.fail(f"trainer exited before epoch {epoch}:\n{container.logs().decode()[-3000:]}")
+        time.sleep(0.02)
+    pytest.fail(f"no step of epoch {epoch} within {RUN_TIMEOUT_S} s")
+
+
+def test_sigusr1_mid_epoch_checkpoints_exits_75_and_resume_matches_uninterrupted(
+    trainer: TrainerRunner, baseline: Path
+) -> None:
+    output = trainer.workdir / "interrupted"
+    container = trainer.start(*trainer.train_argv("interrupted"))
+    _wait_for_step(output, container, epoch=2)
+    container.kill(signal="SIGUSR1")
+    interrupted = trainer.finish(container)
+
+    assert_ok(interrupted, EXIT_REQUEUE)
+    preempted = events(output, "preempted")[-1]
+    assert preempted["signal"] == "SIGUSR1"
+    assert preempted["epoch"] >= 2 and 0 < preempted["step"] < 90, preempted  # mid-epoch, not at a boundary
+    assert (output / "checkpoints" / preempted["checkpoint"]).is_file()
+    assert not events(output, "done")
+
+    resumed = trainer.train("interrupted")
+    assert_ok(resumed)
+    start = events(output, "start")[-1]
+    assert start["resumed"]["checkpoint"] == preempted["checkpoint"]
+    assert start["resumed"]["step"] == preempted["step"]
+    assert events(output, "done")[-1]["weights_sha256"] == events(baseline, "done")[-1]["weights_sha256"]
+    assert epoch_results(output) == epoch_results(baseline)
+
+
+def test_truncated_checkpoint_is_ignored_for_the_previous_valid_one(
+    trainer: TrainerRunner, baseline: Path
+) -> None:
+    output = trainer.copy(baseline, "truncated")
+    newest = output / "checkpoints" / "ckpt-e0003-s000000.pt"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
+
+    result = trainer.train("truncated")
+    assert_ok(result)
+    warnings = [line for line in result.stderr.splitlines() if "ckpt-e0003-s000000.pt" in line]
+    assert warnings and "ignoring unreadable checkpoint" in warnings[0]
+    assert events(output, "start")[-1]["resumed"]["checkpoint"] == "ckpt-e0002-s000000.pt"
+    # Epoch 3 is trained again from epoch 2's checkpoint and lands on the very same weights.
+    assert events(output, "epoch")[-1]["epoch"] == 3
+    assert events(output, "done")[-1]["weights_sha256"] == events(baseline, "done")[-1]["weights_sha256"]
+
+
+def test_torchrun_two_gloo_processes_train_and_agree_on_weights(trainer: TrainerRunner) -> None:
+    # hpctrain.torchrun is torch.distributed.run, made to work with Debian's libuv-less PyTorch build.
+    launcher = (
+        "python",
+        "-m",
+        "hpctrain.torchrun",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "hpctrain",
+    )
+    argv = trainer.train_argv("ddp", "--epochs", "2", "--steps-per-epoch", "15", "--workers", "0")
+    result = trainer.run(*launcher, *argv[3:])
+    assert_ok(result)
+    output = trainer.workdir / "ddp"
+    assert events(output, "start")[0]["world_size"] == 2
+    assert [e["epoch"] for e in events(output, "epoch")] == [1, 2]  # rank 0 alone writes metrics
+    digests = events(output, "done")[-1]["rank_weights_sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1], digests
+
+
+def test_resnet18_trains_head_first_then_all_layers(trainer: TrainerRunner) -> None:
+    result = trainer.train(
+        "resnet", "--model", "resnet18", "--epochs", "2", "--steps-per-epoch", "3", "--workers", "0"
+    )
+    assert_ok(result)
+    frozen, unfrozen = events(trainer.workdir / "resnet", "epoch")
+    assert (frozen["phase"], unfrozen["phase"]) == ("frozen-backbone", "all-layers")
+    assert frozen["trainable_parameters"] == 512 * 10 + 10  # the new fc head only
+    assert unfrozen["trainable_parameters"] > 11_000_000
+    assert events(trainer.workdir / "resnet", "done")
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "expected"),
+    [
+        (("--data-dir", f"{SCRATCH}/missing"), {}, "--data-dir /scratch/missing does not exist"),
+        (("--data-dir", f"{SCRATCH}/empty"), {}, "'train' split is empty"),
+        (("--model", "vgg99"), {}, "unknown value 'vgg99'"),
+        (("--batch-size", "0"), {}, "--batch-size (env BATCH_SIZE) must be >= 1"),
+        ((), {"LR": "-1"}, "--lr (env LR) must be > 0"),
+        ((), {"WORKERS": "many"}, "--workers (env WORKERS): cannot read 'many'"),
+        (("--output-dir", "/readonly/out"), {}, "is not writable"),
+        (("--device", "cuda"), {}, "--device cuda: torch sees no CUDA device"),
+    ],
+    ids=[
+        "missing-data",
+        "empty-data",
+        "unknown-model",
+        "batch-flag",
+        "lr-env",
+        "workers-env",
+        "read-only",
+        "cuda",
+    ],
+)
+def test_bad_input_is_one_line_and_no_training(
+    trainer: TrainerRunner, tmp_path: Path, extra: tuple[str, ...], env: dict[str, str], expected: str
+) -> None:
+    empty = trainer.workdir / "empty"
+    if not empty.exists():
+        empty.mkdir()
+        manifest = json.loads((trainer.workdir / "data" / "manifest.json").read_text())
+        manifest["splits"]["train"] = {"count": 0, "shards": []}
+        (empty / "manifest.json").write_text(json.dumps(manifest))
+    output = f"bad-{os.urandom(3).hex()}"
+    argv = (*trainer.train_argv(output), *extra)  # later flags win
+    result = trainer.run(*argv, env=env, read_only=tmp_path)
+
+    assert_ok(result, EXIT_USAGE)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: error: "), result.stderr
+    assert expected in lines[0]
+    assert not events(trainer.workdir / output), "bad input must stop before training"
+    assert not list((tmp_path).iterdir())
+
+
+def test_help_documents_flags_environment_and_exit_codes(trainer: TrainerRunner) -> None:
+    result = trainer.run("python", "-m", "hpctrain", "train", "--help")
+    assert_ok(result)
+    text = " ".join(result.stdout.split())
+    for documented in (
+        "--epochs",
+        "EPOCHS",
+        "--batch-size",
+        "BATCH_SIZE",
+        "SLURM_CPUS_PER_TASK",
+        "75",
+        "SIGUSR1",
+    ):
+        assert documented in text
