@@ -1,0 +1,332 @@
+"""Cluster profiles: each site's Slurm conventions, read from TOML and validated once at load time.
+
+Profiles ship in `slurm/clusters/<name>.toml`; users add or override their own in
+`~/.config/hpcbox/clusters/` (or the directory named by `$HPCBOX_CLUSTERS_DIR`). A profile states what
+is publicly known about a site; whatever is not known is listed under `unknown` in the file, and
+hpcbox then neither validates against it nor renders it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcbox.errors import HpcboxError
+from hpcbox.resources import FieldError, parse_time
+
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "slurm" / "clusters"
+
+GPU_REQUEST_STYLES = ("gres", "gpus-per-node")
+APPTAINER_COMMANDS = ("apptainer", "singularity")
+# Paths inside the container that hpcbox binds itself (job scratch and the code snapshot).
+RESERVED_CONTAINER_PATHS = ("/scratch", "/code")
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_VAR = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*$")
+_PARTITION_FACTS = ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu")
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    max_time_s: int | None = None  # None: no limit, or none published (then not checked)
+    gpus_per_node: int | None = None
+    gpu_types: tuple[str, ...] | None = None
+    cpus_per_gpu: int | None = None
+    default_gpu_type: str | None = None
+    qos: str | None = None  # a QOS this partition requires (e.g. M3's desktop -> desktopq)
+    preemptible: bool = False
+    # The scheduler routes jobs to partitions itself (the Alliance): no --partition line is written.
+    implicit: bool = False
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Login:
+    host: str
+    port: int = 22
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class Apptainer:
+    command: str = "apptainer"
+    setup: tuple[str, ...] = ()  # shell lines that make the command available (module loads)
+    options: tuple[str, ...] = ()  # extra `exec` options, e.g. --containall
+    workdir_on_scratch: bool = False  # --workdir under the job's node scratch (Alliance: -W $SLURM_TMPDIR)
+    binds: tuple[str, ...] = ()  # site areas to bind: "/project" or "/src:/dst"
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    name: str
+    description: str
+    login: Login
+    partitions: tuple[Partition, ...]
+    gpu_request: str = "gres"
+    gpu_type_required: bool = False
+    account_required: bool = False
+    account_hint: str = ""
+    qos_required: bool = False
+    node_scratch: str = "/tmp"  # an absolute path on each node, or "$VARIABLE" set per job
+    shared: dict[str, str] = field(default_factory=dict)  # home / project / scratch areas, for people
+    compute_internet: bool | None = None
+    apptainer: Apptainer = field(default_factory=Apptainer)
+    prelude: str = ""
+    source: Path | None = None
+    scheduler: str = "slurm"
+
+    @property
+    def default_partition(self) -> Partition:
+        for partition in self.partitions:
+            if partition.default:
+                return partition
+        return self.partitions[0]
+
+    def partition(self, name: str | None) -> Partition:
+        if name is None:
+            return self.default_partition
+        for partition in self.partitions:
+            if partition.name == name:
+                return partition
+        allowed = ", ".join(p.name for p in self.partitions)
+        raise FieldError(
+            "partition",
+            f"{name!r} is not a partition of cluster {self.name!r} (allowed: {allowed})",
+            f"pick one of them, or add it to {self.source or 'the profile'}",
+        )
+
+    @property
+    def node_scratch_variable(self) -> str | None:
+        """The environment variable naming node scratch, when the site sets one per job."""
+        return self.node_scratch[1:] if self.node_scratch.startswith("$") else None
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up, first match wins: the user's directory, then the shipped ones."""
+    user_dir = os.environ.get("HPCBOX_CLUSTERS_DIR")
+    if user_dir:
+        first = Path(user_dir).expanduser()
+    else:
+        config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        first = config_home / "hpcbox" / "clusters"
+    return [first, SHIPPED_DIR]
+
+
+def available() -> dict[str, Path]:
+    """Every profile name with the file that defines it (user files shadow shipped ones)."""
+    found: dict[str, Path] = {}
+    for directory in profile_dirs():
+        if directory.is_dir():
+            for path in sorted(directory.glob("*.toml")):
+                found.setdefault(path.stem, path)
+    return found
+
+
+def load_profile(name: str) -> ClusterProfile:
+    profiles = available()
+    if name not in profiles:
+        allowed = ", ".join(sorted(profiles)) or "none found"
+        raise FieldError(
+            "cluster",
+            f"no profile named {name!r} (allowed: {allowed})",
+            f"add {name}.toml to {profile_dirs()[0]}",
+        )
+    return parse_profile_file(profiles[name])
+
+
+def parse_profile_file(path: Path) -> ClusterProfile:
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise HpcboxError(f"{path} is not valid TOML: {exc}", "fix the syntax error it names") from exc
+    try:
+        return parse_profile(data, name=path.stem, source=path)
+    except FieldError as exc:
+        raise FieldError(exc.field, f"{exc.message.split(': ', 1)[1]} (in {path})", exc.hint) from exc
+
+
+def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None) -> ClusterProfile:
+    reader = _Reader(data, "")
+    unknown = set(reader.str_list("unknown", default=[]))
+    scheduler = reader.choice("scheduler", ("slurm",), default="slurm")
+    login_table = reader.table("login")
+    login = Login(
+        host=login_table.string("host"),
+        port=login_table.integer("port", default=22, minimum=1),
+        user=login_table.optional_string("user"),
+    )
+    login_table.reject_extra(set())
+    gpus = reader.table("gpus")
+    accounting = reader.table("accounting", required=False)
+    storage = reader.table("storage")
+    node_scratch = storage.string("node_scratch")
+    if not (node_scratch.startswith("/") or _ENV_VAR.match(node_scratch)):
+        raise FieldError(
+            "storage.node_scratch", f"{node_scratch!r} is neither an absolute path nor $VARIABLE"
+        )
+    shared = {key: storage.string(key) for key in ("home", "project", "scratch") if key in storage.data}
+    apptainer_table = reader.table("apptainer", required=False)
+    apptainer = Apptainer(
+        command=apptainer_table.choice("command", APPTAINER_COMMANDS, default="apptainer"),
+        setup=tuple(apptainer_table.str_list("setup", default=[])),
+        options=tuple(apptainer_table.str_list("options", default=[])),
+        workdir_on_scratch=apptainer_table.boolean("workdir_on_scratch", default=False),
+        binds=tuple(_bind(apptainer_table, item) for item in apptainer_table.str_list("binds", default=[])),
+    )
+    apptainer_table.reject_extra(set())
+    partitions = tuple(
+        _partition(_Reader(table, f"partitions[{index}]"))
+        for index, table in enumerate(reader.table_list("partitions"))
+    )
+    if not partitions:
+        raise FieldError("partitions", "a profile needs at least one [[partitions]] table")
+    names = [p.name for p in partitions]
+    if len(set(names)) != len(names):
+        raise FieldError("partitions", f"partition names repeat: {names}")
+    if sum(p.default for p in partitions) > 1:
+        raise FieldError("partitions", "more than one partition is marked default = true")
+    storage.reject_extra(set())
+    compute_internet = None if "compute_internet" in unknown else reader.boolean("compute_internet")
+    profile = ClusterProfile(
+        name=name,
+        description=reader.optional_string("description") or "",
+        login=login,
+        partitions=partitions,
+        gpu_request=gpus.choice("request", GPU_REQUEST_STYLES),
+        gpu_type_required=gpus.boolean("type_required", default=False),
+        account_required=accounting.boolean("account_required", default=False),
+        account_hint=accounting.optional_string("account_hint") or "",
+        qos_required=accounting.boolean("qos_required", default=False),
+        node_scratch=node_scratch,
+        shared=shared,
+        compute_internet=compute_internet,
+        apptainer=apptainer,
+        prelude=reader.optional_string("prelude") or "",
+        source=source,
+        scheduler=scheduler,
+    )
+    for table in (reader, gpus, accounting):
+        table.reject_extra(set())
+    return profile
+
+
+def _partition(table: _Reader) -> Partition:
+    unknown = set(table.str_list("unknown", default=[]))
+    for fact in _PARTITION_FACTS:
+        given = fact in table.data
+        if given == (fact in unknown):
+            state = "both given and listed" if given else "neither given nor listed"
+            raise FieldError(f"{table.where}.{fact}", f"{state} in `unknown`; say what is known, once")
+    max_time = table.optional_string("max_time")
+    if max_time and max_time.upper() in ("INFINITE", "UNLIMITED"):
+        max_time = None
+    types = table.str_list("gpu_types", default=[]) if "gpu_types" in table.data else None
+    partition = Partition(
+        name=table.name("name"),
+        max_time_s=parse_time(max_time, f"{table.where}.max_time") if max_time else None,
+        gpus_per_node=table.integer("gpus_per_node", minimum=0) if "gpus_per_node" in table.data else None,
+        gpu_types=tuple(types) if types is not None else None,
+        cpus_per_gpu=table.integer("cpus_per_gpu", minimum=1) if "cpus_per_gpu" in table.data else None,
+        default_gpu_type=table.optional_string("default_gpu_type"),
+        qos=table.optional_string("qos"),
+        preemptible=table.boolean("preemptible", default=False),
+        implicit=table.boolean("implicit", default=False),
+        default=table.boolean("default", default=False),
+    )
+    types = partition.gpu_types
+    if partition.default_gpu_type and types is not None and partition.default_gpu_type not in types:
+        raise FieldError(f"{table.where}.default_gpu_type", "is not one of the partition's gpu_types")
+    table.reject_extra({"unknown", "notes"})
+    return partition
+
+
+def _bind(table: _Reader, spec: str) -> str:
+    source, _, target = spec.partition(":")
+    target = target.split(":", 1)[0] or source
+    if not source.startswith("/") or not target.startswith("/"):
+        raise FieldError(f"{table.where}.binds", f"{spec!r}: use absolute paths, /host or /host:/container")
+    if target.rstrip("/") in RESERVED_CONTAINER_PATHS:
+        raise FieldError(
+            f"{table.where}.binds",
+            f"{spec!r}: {target} is where hpcbox binds the job's scratch or code",
+            "bind the site area elsewhere, e.g. /scratch:/cluster/scratch",
+        )
+    return spec
+
+
+class _Reader:
+    """Typed access to one TOML table; every error names the key's full path."""
+
+    def __init__(self, data: dict[str, Any], where: str) -> None:
+        self.data = data
+        self.where = where
+        self.seen: set[str] = set()
+
+    def _key(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def _get(self, key: str, kind: type | tuple[type, ...], required: bool, default: Any) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if required:
+                raise FieldError(self._key(key), "is missing")
+            return default
+        value = self.data[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise FieldError(self._key(key), f"{value!r} has the wrong type")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self._get(key, str, True, None)
+        if not value:
+            raise FieldError(self._key(key), "is empty")
+        return value
+
+    def optional_string(self, key: str) -> str | None:
+        return self._get(key, str, False, None) or None
+
+    def name(self, key: str) -> str:
+        value = self.string(key)
+        if not _NAME.match(value):
+            raise FieldError(self._key(key), f"{value!r}: use letters, digits, '.', '_' or '-'")
+        return value
+
+    def integer(self, key: str, *, default: int | None = None, minimum: int = 0) -> int:
+        value = self._get(key, int, default is None, default)
+        if value < minimum:
+            raise FieldError(self._key(key), f"{value} is below {minimum}")
+        return value
+
+    def boolean(self, key: str, *, default: bool | None = None) -> bool:
+        return self._get(key, bool, default is None, default)
+
+    def choice(self, key: str, allowed: tuple[str, ...], *, default: str | None = None) -> str:
+        value = self._get(key, str, default is None, default)
+        if value not in allowed:
+            raise FieldError(self._key(key), f"{value!r} (allowed: {', '.join(allowed)})")
+        return value
+
+    def str_list(self, key: str, *, default: list[str] | None = None) -> list[str]:
+        value = self._get(key, list, default is None, default)
+        if not all(isinstance(item, str) and item for item in value):
+            raise FieldError(self._key(key), "must be a list of non-empty strings")
+        return value
+
+    def table(self, key: str, *, required: bool = True) -> _Reader:
+        return _Reader(self._get(key, dict, required, {}), self._key(key))
+
+    def table_list(self, key: str) -> list[dict[str, Any]]:
+        value = self._get(key, list, True, None)
+        if not all(isinstance(item, dict) for item in value):
+            raise FieldError(self._key(key), "must be [[tables]]")
+        return value
+
+    def reject_extra(self, also_allowed: set[str]) -> None:
+        extra = set(self.data) - self.seen - also_allowed
+        if extra:
+            raise FieldError(self._key(sorted(extra)[0]), "is not a profile setting (a typo?)")

@@ -1,0 +1,370 @@
+"""The sbatch job script, rendered from a cluster profile, checked resources and the job's inputs.
+
+`render_sbatch` is a pure function (golden-tested). Everything a user or another stage supplies is
+quoted: with `shlex` in the shell body, and in sbatch's own quoting (double quotes, backslash escapes)
+on `#SBATCH` lines, which sbatch parses itself before bash ever sees the file.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcbox.profiles import ClusterProfile
+from hpcbox.resources import FieldError, Resources, format_time
+
+# The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
+CHECKPOINTED_EXIT = 75
+# Inside the container: the job's node scratch and the code snapshot.
+SCRATCH_MOUNT = "/scratch"
+CODE_MOUNT = "/code"
+GPU_SAMPLE_INTERVAL_S = 30
+
+_SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
+_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class JobInputs:
+    """What earlier stages put on the cluster. Relative paths are relative to the submit directory."""
+
+    sif: str
+    code_dir: str
+    dataset: str  # ONE archive (tar, optionally compressed), extracted on node scratch
+    runs_dir: str  # each job's results land in <runs_dir>/<job id>
+    log_dir: str  # must exist before sbatch runs: Slurm writes no log into a missing directory
+    sif_sha256: str | None = None
+    code_revision: str | None = None
+
+    @classmethod
+    def defaults(cls, project: str, **given: str | None) -> JobInputs:
+        """The layout under the submit directory (by convention ~/hpcbox/<project>), until ship sets it."""
+        layout = {
+            "sif": f"images/{project}.sif",
+            "code_dir": "code",
+            "dataset": f"data/{project}.tar",
+            "runs_dir": "runs",
+            "log_dir": "logs",
+        }
+        layout.update({key: value for key, value in given.items() if value})
+        return cls(**layout)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class JobScript:
+    text: str
+    cluster: str
+    resources: Resources
+    inputs: JobInputs
+
+    def write(self, path: Path) -> None:
+        """Write the script atomically: a reader never sees half of it, a failure leaves nothing behind."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            partial.write_text(self.text)
+            partial.chmod(0o755)
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    @property
+    def directories_to_create(self) -> tuple[str, ...]:
+        """Made by the submit step, before sbatch, relative to the submit directory."""
+        return (self.inputs.log_dir, self.inputs.runs_dir)
+
+
+def render_sbatch(
+    profile: ClusterProfile, resources: Resources, inputs: JobInputs, trainer_args: tuple[str, ...] = ()
+) -> JobScript:
+    for name in ("sif", "code_dir", "dataset", "runs_dir", "log_dir"):
+        _check_path(f"inputs.{name}", getattr(inputs, name))
+    if any(char in inputs.code_dir for char in ":,"):
+        # Apptainer splits --bind specs at ':' and ','.
+        raise FieldError("inputs.code_dir", f"{inputs.code_dir!r} contains ':' or ','")
+    for arg in trainer_args:
+        if "\0" in arg:
+            raise FieldError(
+                "trainer_args", f"{arg!r} contains a NUL byte, which no program argument can hold"
+            )
+    sections = [
+        _headers(profile, resources, inputs),
+        _provenance(profile, inputs),
+        "set -euo pipefail",
+        _prelude(profile),
+        _variables(profile, resources, inputs),
+        _functions(profile, resources),
+        _stage_in(),
+        _sampler(resources),
+        _run_trainer(profile, resources, trainer_args),
+        _finish(),
+    ]
+    text = "\n\n".join(section for section in sections if section) + "\n"
+    return JobScript(text=text, cluster=profile.name, resources=resources, inputs=inputs)
+
+
+def sbatch_quote(value: str) -> str:
+    """Quote `value` the way sbatch reads #SBATCH lines: double quotes, with \\ and " escaped."""
+    if _SBATCH_PLAIN.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def gpu_option(profile: ClusterProfile, resources: Resources) -> str | None:
+    """The site's way of asking for GPUs: --gres=gpu[:type]:N or --gpus-per-node=[type:]N."""
+    if not resources.gpus:
+        return None
+    typed = f"{resources.gpu_type}:{resources.gpus}" if resources.gpu_type else str(resources.gpus)
+    if profile.gpu_request == "gres":
+        return f"--gres=gpu:{typed}"
+    return f"--gpus-per-node={typed}"
+
+
+def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
+    job_key = "%A_%a" if resources.array else "%j"
+    slug = _SLUG_UNSAFE.sub("_", resources.job_name).strip("_") or "job"
+    log = f"{inputs.log_dir.rstrip('/').replace('%', '%%')}/{slug}-{job_key}.out"
+    options: list[tuple[str, str | None]] = [
+        ("--job-name", resources.job_name),
+        ("--partition", None if resources.partition.implicit else resources.partition.name),
+        ("--nodes", str(resources.nodes)),
+        ("--ntasks-per-node", str(resources.ntasks_per_node)),
+        ("--cpus-per-task", str(resources.cpus_per_task) if resources.cpus_per_task else None),
+        ("--mem", resources.mem),
+        ("--time", format_time(resources.time_s) if resources.time_s else None),
+        ("--account", resources.account),
+        ("--qos", resources.qos),
+        ("--array", resources.array),
+        ("--mail-user", resources.mail_user),
+        ("--mail-type", resources.mail_type),
+        ("--output", log),
+        ("--signal", f"B:USR1@{resources.signal_margin_s}"),
+    ]
+    lines = ["#!/bin/bash"]
+    lines += [f"#SBATCH {name}={sbatch_quote(value)}" for name, value in options if value is not None]
+    gpus = gpu_option(profile, resources)
+    if gpus:
+        lines.append(f"#SBATCH {gpus}")
+    # A requeued job writes on in the same log rather than truncating its earlier run's output.
+    lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
+    for option in resources.extra:
+        name, has_value, value = option.partition("=")
+        lines.append(f"#SBATCH {name}={sbatch_quote(value)}" if has_value else f"#SBATCH {name}")
+    return "\n".join(lines)
+
+
+def _provenance(profile: ClusterProfile, inputs: JobInputs) -> str:
+    return "\n".join(
+        [
+            f"# Rendered by hpcbox for cluster {_comment(profile.name)}: re-render it, rather than edit it.",
+            "# Submit it from the directory the relative paths below start at, once the log folder exists:",
+            f"#   mkdir -p {_comment(shlex.quote(inputs.log_dir))} && sbatch <this file>",
+            f"# sif: {_comment(inputs.sif)}",
+            f"# sif sha256: {_comment(inputs.sif_sha256 or 'unknown')}",
+            f"# code revision: {_comment(inputs.code_revision or 'unknown')}",
+        ]
+    )
+
+
+def _prelude(profile: ClusterProfile) -> str:
+    lines = []
+    if profile.prelude.strip():
+        lines += ["# Site prelude (from the cluster profile).", profile.prelude.strip()]
+    if profile.apptainer.setup:
+        # Environment modules (Lmod) read unset variables, which `set -u` turns into errors.
+        lines += ["# Make the container runtime available.", "set +u", *profile.apptainer.setup, "set -u"]
+    return "\n".join(lines)
+
+
+def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
+    job_key = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if resources.array else "${SLURM_JOB_ID}"
+    scratch_variable = profile.node_scratch_variable
+    if scratch_variable:
+        node_scratch = f'"${{{scratch_variable}:?the site sets {scratch_variable} for every job}}"'
+    else:
+        node_scratch = shlex.quote(profile.node_scratch) + '/"${USER:-$(id -un)}"'
+    return "\n".join(
+        [
+            "submit_dir=${SLURM_SUBMIT_DIR:-$PWD}",
+            f"sif={_path(inputs.sif)}",
+            f"code_dir={_path(inputs.code_dir)}",
+            f"dataset={_path(inputs.dataset)}",
+            f'job_key="{job_key}"',
+            f'run_dir={_path(inputs.runs_dir)}/"$job_key"',
+            f'job_scratch={node_scratch}/hpcbox-"${{SLURM_JOB_ID}}"',
+            'trainer_pid=""',
+            'sampler_pid=""',
+            'terminated=""',
+        ]
+    )
+
+
+def _functions(profile: ClusterProfile, resources: Resources) -> str:
+    each_node = '"$@"'
+    if resources.nodes > 1:
+        nodes = '"$SLURM_JOB_NUM_NODES"'
+        each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap "$@"'
+    return f"""\
+# Runs a command once on every node of the job (node scratch is per node).
+on_each_node() {{
+    {each_node}
+}}
+
+# Copies results and checkpoints to shared storage, then removes the job's node scratch.
+# Runs on every way out: success, failure, scancel and the time limit.
+clean_up() {{
+    if [[ -n $sampler_pid ]]; then
+        kill "$sampler_pid" 2>/dev/null || true
+        sampler_pid=""
+    fi
+    if [[ -d $job_scratch/out ]]; then
+        mkdir -p "$run_dir"
+        cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
+    fi
+    on_each_node rm -rf -- "$job_scratch" || echo "hpcbox: could not remove $job_scratch" >&2
+}}
+
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+on_exit() {{
+    local status=$?
+    trap - EXIT
+    clean_up
+    exit "$status"
+}}
+
+# Slurm signals this shell (USR1 before the time limit, TERM on scancel); the trainer checkpoints on both.
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+forward() {{
+    if [[ $1 != USR1 ]]; then
+        terminated=$1
+    fi
+    if [[ -n $trainer_pid ]]; then
+        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+    fi
+}}
+
+trap on_exit EXIT
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+trap 'forward INT' INT"""
+
+
+def _stage_in() -> str:
+    return """\
+for input in "$sif" "$dataset"; do
+    if [[ ! -f $input ]]; then
+        echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
+        exit 66
+    fi
+done
+if [[ ! -d $code_dir ]]; then
+    echo "hpcbox: code snapshot $code_dir does not exist; ship the job's inputs first" >&2
+    exit 66
+fi
+
+echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
+# One archive in, extracted on node-local disk: shared file systems are slow at many small files.
+on_each_node tar -xf "$dataset" -C "$job_scratch/data"
+# A requeued job carries on from the checkpoints its previous run copied back.
+if [[ -d $run_dir ]]; then
+    cp -a "$run_dir/." "$job_scratch/out/"
+fi"""
+
+
+def _sampler(resources: Resources) -> str:
+    if not resources.gpus:
+        return ""
+    return f"""\
+if command -v nvidia-smi >/dev/null 2>&1; then
+    mkdir -p "$run_dir"
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \\
+        --format=csv -l {GPU_SAMPLE_INTERVAL_S} >"$run_dir/gpu-utilization.csv" 2>&1 &
+    sampler_pid=$!
+fi"""
+
+
+def _run_trainer(profile: ClusterProfile, resources: Resources, trainer_args: tuple[str, ...]) -> str:
+    apptainer = profile.apptainer
+    launcher = ["srun --kill-on-bad-exit=1"] if resources.tasks > 1 else []
+    # Each unit is one option with its value, kept together on a line.
+    units = [*launcher, f"{apptainer.command} exec"]
+    if resources.gpus:
+        units.append("--nv")
+    units += [shlex.quote(option) for option in apptainer.options]
+    if apptainer.workdir_on_scratch:
+        units.append('--workdir "$job_scratch/tmp"')
+    units += [f"--bind {shlex.quote(bind)}" for bind in apptainer.binds]
+    units += [
+        f'--bind "$job_scratch:{SCRATCH_MOUNT}"',
+        f'--bind "$code_dir:{CODE_MOUNT}:ro"',
+        f"--env PYTHONPATH={CODE_MOUNT}",
+        f"--pwd {SCRATCH_MOUNT}",
+        '"$sif"',
+        "python -m hpctrain train",
+        f"--data-dir {SCRATCH_MOUNT}/data",
+        f"--output-dir {SCRATCH_MOUNT}/out",
+    ]
+    command = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
+    if any("$" in arg or "`" in arg for arg in trainer_args):
+        command = "# shellcheck disable=SC2016  # the trainer's arguments are meant literally\n" + command
+    return f"""\
+# The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
+{command} &
+trainer_pid=$!
+status=0
+wait "$trainer_pid" || status=$?
+# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
+while kill -0 "$trainer_pid" 2>/dev/null; do
+    status=0
+    wait "$trainer_pid" || status=$?
+done
+trainer_pid=""
+"""[:-1]
+
+
+def _finish() -> str:
+    return f"""\
+if [[ $status -eq {CHECKPOINTED_EXIT} && -z $terminated ]]; then
+    echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${{SLURM_JOB_ID}}" >&2
+    clean_up
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+echo "hpcbox: the trainer exited with status $status" >&2
+exit "$status"
+"""[:-1]
+
+
+def _wrap(words: list[str], width: int = 100) -> list[str]:
+    """Group words into continuation lines of at most `width` characters."""
+    lines: list[str] = []
+    current: list[str] = []
+    for word in words:
+        if current and len(" ".join([*current, word])) > width:
+            lines.append(" ".join(current))
+            current = []
+        current.append(word)
+    if current:
+        lines.append(" ".join(current))
+    return lines
+
+
+def _path(path: str) -> str:
+    """A shell word for `path`: absolute as is, relative under the submit directory."""
+    if path.startswith("/"):
+        return shlex.quote(path)
+    return '"$submit_dir"/' + shlex.quote(path)
+
+
+def _check_path(field_name: str, value: str) -> None:
+    if not value or any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in value):
+        raise FieldError(field_name, f"{value!r} is empty or contains control characters")
+
+
+def _comment(text: str) -> str:
+    """Text safe inside a comment line: no line breaks."""
+    return "".join(" " if unicodedata.category(char) in ("Cc", "Zl", "Zp") else char for char in text)

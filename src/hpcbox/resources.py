@@ -1,0 +1,366 @@
+"""What a job asks for (GPUs, CPUs, memory, time, ...), checked against a cluster profile.
+
+A `ResourceRequest` holds values as the user typed them (flags over `[tool.hpcbox.resources]` in
+pyproject.toml); `resolve` checks it against a profile and returns normalised `Resources`. Every
+error names the field at fault and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcbox.errors import HpcboxError
+
+if TYPE_CHECKING:
+    from hpcbox.profiles import ClusterProfile, Partition
+
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_ARRAY_RANGE = r"\d+(?:-\d+(?::\d+)?)?"
+_ARRAY = re.compile(rf"^{_ARRAY_RANGE}(?:,{_ARRAY_RANGE})*(?:%\d+)?$")
+_WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_MAIL = re.compile(r"^[^@\s\"'\\]+@[^@\s\"'\\]+$")
+_EXTRA = re.compile(r"^--[a-z][a-z0-9-]*(?:=\S.*)?$")
+MAIL_TYPES = (
+    "NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+    "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS",
+)  # fmt: skip
+# sbatch options hpcbox writes itself, with the flag to use instead of --extra.
+OWNED_OPTIONS = {
+    "--job-name": "use --job-name", "--partition": "use --partition", "--gres": "use --gpus/--gpu-type",
+    "--gpus-per-node": "use --gpus/--gpu-type", "--gpus": "use --gpus", "--cpus-per-task": "use --cpus",
+    "--mem": "use --mem", "--time": "use --time", "--nodes": "use --nodes",
+    "--ntasks-per-node": "use --ntasks-per-node", "--account": "use --account", "--qos": "use --qos",
+    "--array": "use --array", "--mail-user": "use --mail-user", "--mail-type": "use --mail-type",
+    "--output": "it sets the log path", "--error": "it sets the log path",
+    "--signal": "it handles the time limit", "--requeue": "it requeues checkpointed jobs",
+    "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
+}  # fmt: skip
+DEFAULT_SIGNAL_MARGIN_S = 300
+
+
+class FieldError(HpcboxError):
+    """Invalid input; `field` names the setting (a flag, a config key or a profile key) at fault."""
+
+    def __init__(self, field_name: str, problem: str, hint: str = "") -> None:
+        super().__init__(f"{field_name}: {problem}", hint)
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    """Resources as given, before checking; None means "not asked for"."""
+
+    job_name: str | None = None
+    partition: str | None = None
+    gpus: int | None = None
+    gpu_type: str | None = None
+    cpus: int | None = None
+    mem: str | None = None
+    time: str | None = None
+    nodes: int | None = None
+    ntasks_per_node: int | None = None
+    account: str | None = None
+    qos: str | None = None
+    array: str | None = None
+    mail_user: str | None = None
+    mail_type: str | None = None
+    extra: tuple[str, ...] = ()
+
+    def over(self, defaults: ResourceRequest) -> ResourceRequest:
+        """This request with its unset fields taken from `defaults`."""
+        merged = {
+            f.name: getattr(self, f.name)
+            if getattr(self, f.name) not in (None, ())
+            else getattr(defaults, f.name)
+            for f in dataclasses.fields(self)
+        }
+        return ResourceRequest(**merged)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A checked request, in the units sbatch wants."""
+
+    job_name: str
+    partition: Partition
+    gpus: int = 0
+    gpu_type: str | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None  # e.g. "16G"
+    time_s: int | None = None
+    nodes: int = 1
+    ntasks_per_node: int = 1
+    account: str | None = None
+    qos: str | None = None
+    array: str | None = None
+    mail_user: str | None = None
+    mail_type: str | None = None
+    extra: tuple[str, ...] = ()
+    signal_margin_s: int = DEFAULT_SIGNAL_MARGIN_S
+
+    @property
+    def tasks(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+
+def parse_time(text: str, field_name: str = "time") -> int:
+    """Seconds in a Slurm time: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
+    match = _TIME.match(text.strip())
+    if not match or text.strip() in ("0", ""):
+        raise FieldError(
+            field_name,
+            f"{text!r} is not a Slurm time "
+            "(allowed: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S, e.g. 1:30:00)",
+        )
+    days, first, second, third = (int(part) if part else None for part in match.groups())
+    if days is not None:
+        hours, minutes, seconds = first, second or 0, third or 0
+    elif third is not None:
+        hours, minutes, seconds = first, second, third
+    else:
+        hours, minutes, seconds = 0, first, second or 0
+    return (((days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def format_time(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def parse_mem(text: str) -> str:
+    """A Slurm memory size normalised to `<n><unit>` (unit M when none is given)."""
+    match = _MEM.match(text.strip())
+    if not match:
+        raise FieldError(
+            "mem",
+            f"{text!r} is not a Slurm memory size "
+            "(allowed: a whole number with a K, M, G or T suffix, e.g. 16G)",
+        )
+    return f"{int(match.group(1))}{(match.group(2) or 'M').upper()}"
+
+
+def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
+    """Check `request` against `profile`; the first problem found raises FieldError."""
+    job_name = _job_name(request.job_name)
+    partition = profile.partition(request.partition)
+    gpus = _at_least("gpus", request.gpus, 0, default=0)
+    cpus = _at_least("cpus", request.cpus, 1, default=None)
+    nodes = _at_least("nodes", request.nodes, 1, default=1)
+    ntasks = _at_least("ntasks_per_node", request.ntasks_per_node, 1, default=1)
+    gpu_type = _gpu_type(profile, partition, gpus, request.gpu_type)
+    if partition.gpus_per_node is not None and gpus > partition.gpus_per_node:
+        raise FieldError(
+            "gpus",
+            f"{gpus} exceeds the {partition.gpus_per_node} GPUs per node of partition {partition.name!r} "
+            f"(allowed: 0-{partition.gpus_per_node})",
+        )
+    if gpus and cpus and partition.cpus_per_gpu is not None:
+        per_gpu = cpus * ntasks / gpus
+        if per_gpu > partition.cpus_per_gpu:
+            raise FieldError(
+                "cpus",
+                f"{cpus} CPUs per task x {ntasks} tasks for {gpus} GPUs is {per_gpu:g} CPUs per GPU, above "
+                f"the {partition.cpus_per_gpu} allowed on partition {partition.name!r} "
+                f"(allowed: up to {partition.cpus_per_gpu * gpus // ntasks} CPUs per task)",
+            )
+    time_s = parse_time(request.time) if request.time is not None else None
+    if time_s is not None and partition.max_time_s is not None and time_s > partition.max_time_s:
+        raise FieldError(
+            "time",
+            f"{format_time(time_s)} exceeds the limit of partition {partition.name!r} "
+            f"(allowed: up to {format_time(partition.max_time_s)})",
+        )
+    return Resources(
+        job_name=job_name,
+        partition=partition,
+        gpus=gpus,
+        gpu_type=gpu_type,
+        cpus_per_task=cpus,
+        mem=parse_mem(request.mem) if request.mem is not None else None,
+        time_s=time_s,
+        nodes=nodes,
+        ntasks_per_node=ntasks,
+        account=_account(profile, request.account),
+        qos=_qos(profile, partition, request.qos),
+        array=_array(request.array),
+        mail_user=_mail_user(request.mail_user),
+        mail_type=_mail_type(request.mail_type, request.mail_user),
+        extra=tuple(_extra(option) for option in request.extra),
+        signal_margin_s=_signal_margin(time_s),
+    )
+
+
+def project_defaults(pyproject: Path, cluster: str) -> ResourceRequest:
+    """`[tool.hpcbox.resources]`, with its `[tool.hpcbox.resources.<cluster>]` table on top."""
+    if not pyproject.is_file():
+        return ResourceRequest()
+    try:
+        tool = tomllib.loads(pyproject.read_text()).get("tool", {}).get("hpcbox", {})
+    except tomllib.TOMLDecodeError as exc:
+        raise HpcboxError(f"{pyproject} is not valid TOML: {exc}", "fix the syntax error it names") from exc
+    table = tool.get("resources", {})
+    general = {key: value for key, value in table.items() if not isinstance(value, dict)}
+    per_cluster = table.get(cluster, {})
+    base = _request_from_table(general, "tool.hpcbox.resources")
+    return _request_from_table(per_cluster, f"tool.hpcbox.resources.{cluster}").over(base)
+
+
+def request_for(cluster: str, flags: dict[str, Any], pyproject: Path, project_name: str) -> ResourceRequest:
+    """Flags (strings, as typed) over the project's defaults for `cluster`; jobs take the project's name."""
+    given = {name: value for name, value in flags.items() if value not in (None, [], ())}
+    for name in ("gpus", "cpus", "nodes", "ntasks_per_node"):
+        if name in given:
+            given[name] = _whole_number(name, given[name])
+    if "extra" in given:
+        given["extra"] = tuple(given["extra"])
+    request = ResourceRequest(**given).over(project_defaults(pyproject, cluster))
+    return request if request.job_name else dataclasses.replace(request, job_name=project_name)
+
+
+def _whole_number(field_name: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise FieldError(field_name, f"{value!r} is not a whole number") from None
+
+
+def _request_from_table(table: dict[str, Any], where: str) -> ResourceRequest:
+    fields = {f.name: f for f in dataclasses.fields(ResourceRequest)}
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if isinstance(value, dict):
+            continue
+        if name not in fields:
+            raise FieldError(f"{where}.{key}", f"is not a resource (allowed: {', '.join(fields)})")
+        if name == "extra":
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                raise FieldError(f"{where}.{key}", 'must be a list of sbatch options, e.g. ["--exclusive"]')
+            value = tuple(value)
+        elif name in ("gpus", "cpus", "nodes", "ntasks_per_node"):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise FieldError(f"{where}.{key}", f"{value!r} must be a whole number")
+        elif not isinstance(value, str):
+            raise FieldError(f"{where}.{key}", f"{value!r} must be a string")
+        values[name] = value
+    return ResourceRequest(**values)
+
+
+def _job_name(name: str | None) -> str:
+    if not name:
+        raise FieldError("job_name", "is empty", "pass --job-name NAME")
+    bad = [char for char in name if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")]
+    if bad:
+        raise FieldError("job_name", f"{name!r} contains control characters ({bad[0]!r})")
+    return name
+
+
+def _at_least(field_name: str, value: int | None, minimum: int, *, default: int | None) -> Any:
+    if value is None:
+        return default
+    if value < minimum:
+        raise FieldError(field_name, f"{value} is below {minimum} (allowed: {minimum} or more)")
+    return value
+
+
+def _gpu_type(profile: ClusterProfile, partition: Partition, gpus: int, gpu_type: str | None) -> str | None:
+    if not gpus:
+        if gpu_type:
+            raise FieldError("gpu_type", f"{gpu_type!r} given without any GPUs", "add --gpus N")
+        return None
+    allowed = ", ".join(partition.gpu_types) if partition.gpu_types is not None else "not published"
+    if gpu_type is None:
+        gpu_type = partition.default_gpu_type
+        if gpu_type is None and profile.gpu_type_required:
+            if partition.gpu_types is None or len(partition.gpu_types) != 1:
+                raise FieldError(
+                    "gpu_type",
+                    f"cluster {profile.name!r} needs a GPU type (allowed on {partition.name!r}: {allowed})",
+                    "pass --gpu-type TYPE",
+                )
+            gpu_type = partition.gpu_types[0]
+        return gpu_type
+    if not _WORD.match(gpu_type):
+        raise FieldError("gpu_type", f"{gpu_type!r} is not a GPU type name")
+    if partition.gpu_types is not None and gpu_type not in partition.gpu_types:
+        raise FieldError(
+            "gpu_type",
+            f"partition {partition.name!r} has no {gpu_type!r} GPUs (allowed: {allowed or 'none'})",
+        )
+    return gpu_type
+
+
+def _account(profile: ClusterProfile, account: str | None) -> str | None:
+    if account is None:
+        if profile.account_required:
+            example = f", e.g. {profile.account_hint}" if profile.account_hint else ""
+            raise FieldError(
+                "account",
+                f"cluster {profile.name!r} requires an account "
+                f"(allowed: a Slurm account you belong to{example})",
+                "pass --account, or set account in [tool.hpcbox.resources.<cluster>]",
+            )
+        return None
+    if not _WORD.match(account):
+        raise FieldError("account", f"{account!r} is not a Slurm account name")
+    return account
+
+
+def _qos(profile: ClusterProfile, partition: Partition, qos: str | None) -> str | None:
+    if partition.qos and qos not in (None, partition.qos):
+        raise FieldError(
+            "qos", f"partition {partition.name!r} requires qos {partition.qos!r} (allowed: {partition.qos})"
+        )
+    qos = qos or partition.qos
+    if qos is None and profile.qos_required:
+        raise FieldError("qos", f"cluster {profile.name!r} requires a QOS", "pass --qos")
+    if qos is not None and not _WORD.match(qos):
+        raise FieldError("qos", f"{qos!r} is not a QOS name")
+    return qos
+
+
+def _array(spec: str | None) -> str | None:
+    if spec is not None and not _ARRAY.match(spec):
+        raise FieldError("array", f"{spec!r} is not a job array spec (allowed: e.g. 0-9, 1,3,5, 0-99:2%10)")
+    return spec
+
+
+def _mail_user(address: str | None) -> str | None:
+    if address is not None and not _MAIL.match(address):
+        raise FieldError("mail_user", f"{address!r} is not an e-mail address")
+    return address
+
+
+def _mail_type(kinds: str | None, address: str | None) -> str | None:
+    if kinds is None:
+        return "END,FAIL" if address else None
+    for kind in kinds.split(","):
+        if kind not in MAIL_TYPES:
+            raise FieldError("mail_type", f"{kind!r} is not a mail type (allowed: {', '.join(MAIL_TYPES)})")
+    return kinds
+
+
+def _extra(option: str) -> str:
+    if not _EXTRA.match(option) or any(unicodedata.category(char) == "Cc" for char in option):
+        raise FieldError("extra", f"{option!r} is not one sbatch option (allowed: --name or --name=value)")
+    name = option.split("=", 1)[0]
+    if name in OWNED_OPTIONS:
+        raise FieldError("extra", f"{name} is written by hpcbox ({OWNED_OPTIONS[name]})")
+    return option
+
+
+def _signal_margin(time_s: int | None) -> int:
+    """Seconds before the time limit at which the trainer is told to checkpoint (Slurm is exact to ~60 s)."""
+    if time_s is None:
+        return DEFAULT_SIGNAL_MARGIN_S
+    return max(60, min(DEFAULT_SIGNAL_MARGIN_S, time_s // 10))

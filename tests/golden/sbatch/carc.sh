@@ -1,0 +1,134 @@
+#!/bin/bash
+#SBATCH --job-name=digits
+#SBATCH --partition=gpu
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --time=01:00:00
+#SBATCH --account=ttrojan_123
+#SBATCH --mail-user=ttrojan@usc.edu
+#SBATCH --mail-type=END,FAIL
+#SBATCH --output=logs/digits-%j.out
+#SBATCH --signal=B:USR1@300
+#SBATCH --gres=gpu:v100:1
+#SBATCH --requeue
+#SBATCH --open-mode=append
+
+# Rendered by hpcbox for cluster carc: re-render it, rather than edit it.
+# Submit it from the directory the relative paths below start at, once the log folder exists:
+#   mkdir -p logs && sbatch <this file>
+# sif: images/trainer.sif
+# sif sha256: 0000000000000000000000000000000000000000000000000000000000000000
+# code revision: 0123456789abcdef0123456789abcdef01234567
+
+set -euo pipefail
+
+# Make the container runtime available.
+set +u
+module purge
+module load apptainer
+set -u
+
+submit_dir=${SLURM_SUBMIT_DIR:-$PWD}
+sif="$submit_dir"/images/trainer.sif
+code_dir="$submit_dir"/code
+dataset="$submit_dir"/data/trainer.tar
+job_key="${SLURM_JOB_ID}"
+run_dir="$submit_dir"/runs/"$job_key"
+job_scratch=/tmp/"${USER:-$(id -un)}"/hpcbox-"${SLURM_JOB_ID}"
+trainer_pid=""
+sampler_pid=""
+terminated=""
+
+# Runs a command once on every node of the job (node scratch is per node).
+on_each_node() {
+    "$@"
+}
+
+# Copies results and checkpoints to shared storage, then removes the job's node scratch.
+# Runs on every way out: success, failure, scancel and the time limit.
+clean_up() {
+    if [[ -n $sampler_pid ]]; then
+        kill "$sampler_pid" 2>/dev/null || true
+        sampler_pid=""
+    fi
+    if [[ -d $job_scratch/out ]]; then
+        mkdir -p "$run_dir"
+        cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
+    fi
+    on_each_node rm -rf -- "$job_scratch" || echo "hpcbox: could not remove $job_scratch" >&2
+}
+
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+on_exit() {
+    local status=$?
+    trap - EXIT
+    clean_up
+    exit "$status"
+}
+
+# Slurm signals this shell (USR1 before the time limit, TERM on scancel); the trainer checkpoints on both.
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+forward() {
+    if [[ $1 != USR1 ]]; then
+        terminated=$1
+    fi
+    if [[ -n $trainer_pid ]]; then
+        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+    fi
+}
+
+trap on_exit EXIT
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+
+for input in "$sif" "$dataset"; do
+    if [[ ! -f $input ]]; then
+        echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
+        exit 66
+    fi
+done
+if [[ ! -d $code_dir ]]; then
+    echo "hpcbox: code snapshot $code_dir does not exist; ship the job's inputs first" >&2
+    exit 66
+fi
+
+echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
+# One archive in, extracted on node-local disk: shared file systems are slow at many small files.
+on_each_node tar -xf "$dataset" -C "$job_scratch/data"
+# A requeued job carries on from the checkpoints its previous run copied back.
+if [[ -d $run_dir ]]; then
+    cp -a "$run_dir/." "$job_scratch/out/"
+fi
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+    mkdir -p "$run_dir"
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \
+        --format=csv -l 30 >"$run_dir/gpu-utilization.csv" 2>&1 &
+    sampler_pid=$!
+fi
+
+# The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
+# shellcheck disable=SC2016  # the trainer's arguments are meant literally
+apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
+    --env PYTHONPATH=/code --pwd /scratch "$sif" python -m hpctrain train --data-dir /scratch/data \
+    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
+trainer_pid=$!
+status=0
+wait "$trainer_pid" || status=$?
+# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
+while kill -0 "$trainer_pid" 2>/dev/null; do
+    status=0
+    wait "$trainer_pid" || status=$?
+done
+trainer_pid=""
+
+if [[ $status -eq 75 && -z $terminated ]]; then
+    echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${SLURM_JOB_ID}" >&2
+    clean_up
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+fi
+echo "hpcbox: the trainer exited with status $status" >&2
+exit "$status"

@@ -1,0 +1,234 @@
+"""Rendered job scripts on the mini cluster: real sbatch, slurmd, Apptainer and the trainer's SIF.
+
+The `local` script is submitted the way a user would (over SSH, from the job's directory on the shared
+/home) and runs `python -m hpctrain train` inside the trainer SIF on a compute node. After success, a
+failing trainer, and `scancel`, the job's node scratch is gone and its results are on shared storage.
+Scripts for every other profile, with the mini cluster's partition substituted, pass `sbatch --test-only`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcbox import profiles
+from hpcbox.render import JobInputs, JobScript, render_sbatch
+from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.tools import slurm, ssh
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+HOME = "/home/researcher"
+# The mini cluster's accounting knows one account; sites that require one get it.
+ACCOUNT = "research"
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+NASTY_NAME = 'digits "quoted" #1 \\ it\'s $HOME'
+TRAIN_ARGS = ("--epochs", "1", "--device", "cpu", "--workers", "0", "--steps-per-epoch", "5")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDir:
+    """The job's directory on the cluster's shared /home, holding what `ship` would put there."""
+
+    cluster: object
+    path: str
+
+    def sh(self, command: str, *, check: bool = True):
+        return self.cluster.ssh(f"cd {shlex.quote(self.path)} && {command}", check=check)
+
+    def submit(self, script: JobScript, name: str) -> str:
+        text = shlex.quote(script.text)
+        dirs = " ".join(shlex.quote(d) for d in script.directories_to_create)
+        done = self.sh(f"mkdir -p {dirs} && printf %s {text} > {name} && sbatch --parsable {name}")
+        job_id = done.stdout.strip().split(";")[0]
+        assert job_id.isdigit(), done
+        return job_id
+
+
+def sacct(cluster, job_id: str, fields: str) -> list[str]:
+    out = cluster.ssh(["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", f"--format={fields}"]).stdout
+    lines = [line for line in out.splitlines() if line.strip()]
+    return lines[-1].split("|") if lines else []
+
+
+def wait_finished(cluster, job_id: str, timeout_s: float = 300) -> tuple[str, str]:
+    deadline = time.monotonic() + timeout_s
+    row: list[str] = []
+    while time.monotonic() < deadline:
+        row = sacct(cluster, job_id, "State,ExitCode")
+        if row and row[0].split()[0] in FINISHED:
+            return row[0].split()[0], row[1]
+        time.sleep(2)
+    raise AssertionError(f"job {job_id} did not finish in {timeout_s}s: {row}")
+
+
+def scratch_left(cluster, job_id: str) -> list[str]:
+    """Job scratch directories still present on any compute node."""
+    left = []
+    for host in cluster.spec.compute_hosts:
+        done = cluster.exec(host, ["sh", "-c", f"ls -d /disk/scratch/*/hpcbox-{job_id} 2>/dev/null || true"])
+        left += [f"{host}:{line}" for line in done.stdout.split()]
+    return left
+
+
+def local_profile() -> profiles.ClusterProfile:
+    return profiles.load_profile("local")
+
+
+def render_local(request: ResourceRequest, args: tuple[str, ...]) -> JobScript:
+    profile = local_profile()
+    return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), args)
+
+
+@pytest.fixture(scope="module")
+def job_dir(minicluster, trainer_sif, run_id) -> JobDir:
+    """SIF, code snapshot and dataset archive in ~/hpcbox/<run>/ on the cluster's shared /home."""
+    target: ssh.Target = minicluster.ssh_target()
+    path = f"{HOME}/hpcbox/{run_id}"
+    minicluster.ssh(["mkdir", "-p", f"{path}/images", f"{path}/code", f"{path}/data"], check=True)
+    ssh.copy_to(target, [Path(trainer_sif.path)], f"{path}/images/")
+    minicluster.ssh(
+        ["mv", f"{path}/images/{Path(trainer_sif.path).name}", f"{path}/images/trainer.sif"], check=True
+    )
+    ssh.copy_to(target, [REPO / "src" / "hpctrain"], f"{path}/code/")
+    # The dataset archive is made where it is used: inside the SIF, on a compute node.
+    make_data = (
+        f"cd {path} && srun --partition=cpu apptainer exec --bind {path}/code:/code:ro "
+        "--env PYTHONPATH=/code images/trainer.sif python -m hpctrain make-data --out data/trainer.tar"
+    )
+    minicluster.ssh(make_data, check=True)
+    return JobDir(minicluster, path)
+
+
+def test_local_script_runs_the_trainer_in_apptainer_and_cleans_up(job_dir: JobDir):
+    script = render_local(
+        ResourceRequest(job_name=NASTY_NAME, partition="gpu", gpus=1, time="10"), TRAIN_ARGS
+    )
+    job_id = job_dir.submit(script, "ok.sh")
+    state, exit_code = wait_finished(job_dir.cluster, job_id)
+    log = job_dir.sh(f"cat logs/*-{job_id}.out", check=False).stdout
+    assert (state, exit_code) == ("COMPLETED", "0:0"), log
+    # sbatch read the quoted name exactly (asked of the controller: accounting stores " as `).
+    shown = job_dir.cluster.ssh(["scontrol", "--oneliner", "show", "job", job_id], check=True).stdout
+    assert shown.split("JobName=", 1)[1].split(" UserId=", 1)[0] == NASTY_NAME
+    metrics = job_dir.sh(f"cat runs/{job_id}/metrics.jsonl").stdout
+    assert metrics.strip(), log
+    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip()
+    assert "the trainer exited with status 0" in log
+    assert scratch_left(job_dir.cluster, job_id) == []
+
+
+def test_failing_trainer_leaves_no_scratch_and_keeps_its_log(job_dir: JobDir):
+    script = render_local(ResourceRequest(job_name="fails"), ("--model", "no-such-model"))
+    job_id = job_dir.submit(script, "fail.sh")
+    state, exit_code = wait_finished(job_dir.cluster, job_id)
+    log = job_dir.sh(f"cat logs/fails-{job_id}.out").stdout
+    assert (state, exit_code) == ("FAILED", "2:0"), log
+    assert "no-such-model" in log
+    assert job_dir.sh(f"test -d runs/{job_id} && echo copied").stdout.strip() == "copied"
+    assert scratch_left(job_dir.cluster, job_id) == []
+
+
+def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDir):
+    """Cancelled after its first checkpoint: the checkpoint and metrics reach shared storage.
+
+    (Slurm's TERM on scancel also reaches Apptainer's FUSE daemon, so a trainer cannot count on writing
+    one more checkpoint then; the time limit's USR1 goes to the batch shell alone and is forwarded.)
+    """
+    script = render_local(
+        ResourceRequest(job_name="cancelled"), ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    )
+    job_id = job_dir.submit(script, "cancel.sh")
+    cluster = job_dir.cluster
+    deadline = time.monotonic() + 180
+    probe = ["sh", "-c", f"ls /disk/scratch/*/hpcbox-{job_id}/out/checkpoints/ 2>/dev/null"]
+    while not any(cluster.exec(host, probe).stdout.strip() for host in cluster.spec.compute_hosts):
+        assert time.monotonic() < deadline, job_dir.sh(f"cat logs/cancelled-{job_id}.out", check=False).stdout
+        time.sleep(1)
+    cluster.ssh(["scancel", job_id], check=True)
+    state, _ = wait_finished(cluster, job_id)
+    assert state == "CANCELLED"
+    deadline = time.monotonic() + 30
+    while scratch_left(cluster, job_id):  # the trap may finish after Slurm has marked the job
+        assert time.monotonic() < deadline, scratch_left(cluster, job_id)
+        time.sleep(1)
+    log = job_dir.sh(f"cat logs/cancelled-{job_id}.out").stdout
+    assert job_dir.sh(f"cat runs/{job_id}/metrics.jsonl").stdout.strip(), log
+    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
+    assert "requeueing" not in log
+
+
+def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
+    """--signal=B:USR1 before the limit: checkpoint, copy back, requeue; the next run resumes from it."""
+    script = render_local(
+        ResourceRequest(job_name="limited", time="2"),
+        ("--epochs", "1000", "--device", "cpu", "--workers", "0"),
+    )
+    job_id = job_dir.submit(script, "limited.sh")
+    cluster = job_dir.cluster
+    deadline = time.monotonic() + 240
+    log = ""
+    while '"resumed": {' not in log:
+        assert time.monotonic() < deadline, log
+        time.sleep(3)
+        log = job_dir.sh(f"cat logs/limited-{job_id}.out", check=False).stdout
+    cluster.ssh(["scancel", job_id], check=True)
+    wait_finished(cluster, job_id)
+    assert f"requeueing job {job_id}" in log
+    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
+    deadline = time.monotonic() + 30
+    while scratch_left(cluster, job_id):
+        assert time.monotonic() < deadline, scratch_left(cluster, job_id)
+        time.sleep(1)
+
+
+def _fit_to_mini_cluster(
+    name: str, request: ResourceRequest
+) -> tuple[profiles.ClusterProfile, ResourceRequest]:
+    """The site's profile with the mini cluster's `gpu` partition, and a request that fits its nodes."""
+    site = profiles.load_profile(name)
+    partition = dataclasses.replace(local_profile().partition("gpu"), default=True)
+    profile = dataclasses.replace(site, partitions=(partition,), gpu_type_required=False)
+    fitted = dataclasses.replace(
+        request,
+        partition="gpu",
+        gpu_type=None,
+        qos=None,
+        cpus=1 if request.cpus else None,
+        mem="1G" if request.mem else None,
+        account=ACCOUNT if site.account_required else None,
+        nodes=1 if request.nodes else None,
+        ntasks_per_node=1 if request.ntasks_per_node else None,
+    )
+    return profile, fitted
+
+
+@pytest.mark.parametrize("name", ["alliance", "carc", "edi", "local", "m3", "mila"])
+def test_every_profiles_script_passes_sbatch_test_only(minicluster, name: str):
+    from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
+
+    profile, request = _fit_to_mini_cluster(name, GOLDEN_REQUESTS[name])
+    script = render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), TRAINER_ARGS)
+    answer = slurm.test_only(minicluster.ssh_target(), script.text)
+    assert "to start at" in answer, answer
+
+
+def test_test_only_reports_what_the_cluster_refuses(minicluster):
+    """What the profile cannot know (here: a node with fewer GPUs than it claims) Slurm still catches."""
+    from hpcbox.errors import HpcboxError
+
+    local = local_profile()
+    claims_more = dataclasses.replace(local.partition("gpu"), gpus_per_node=8, default=True)
+    profile = dataclasses.replace(local, partitions=(claims_more,))
+    script = render_sbatch(
+        profile, resolve(profile, ResourceRequest(job_name="too-many", gpus=8)), JobInputs.defaults("trainer")
+    )
+    with pytest.raises(HpcboxError) as caught:
+        slurm.test_only(minicluster.ssh_target(), script.text)
+    assert "sbatch --test-only" in caught.value.message
+    assert "node configuration is not available" in caught.value.message

@@ -1,0 +1,163 @@
+"""Cluster profiles: the shipped ones load, user ones shadow them, and mistakes name the key at fault."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hpcbox import profiles
+from hpcbox.resources import FieldError
+
+SHIPPED = ("alliance", "carc", "edi", "local", "m3", "mila")
+
+MINIMAL = """
+compute_internet = false
+[login]
+host = "login.example.org"
+[gpus]
+request = "gres"
+[storage]
+node_scratch = "/tmp"
+[[partitions]]
+name = "gpu"
+max_time = "1-00:00:00"
+gpus_per_node = 4
+gpu_types = ["a100"]
+cpus_per_gpu = 8
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "clusters"
+    directory.mkdir()
+    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(directory))
+    return directory
+
+
+def test_every_shipped_profile_loads():
+    assert set(SHIPPED) <= set(profiles.available())
+    for name in SHIPPED:
+        profile = profiles.load_profile(name)
+        assert profile.name == name
+        assert profile.partitions
+        assert profile.source == profiles.SHIPPED_DIR / f"{name}.toml"
+
+
+def test_shipped_profiles_carry_the_sites_public_facts():
+    edi = profiles.load_profile("edi")
+    assert (edi.login.host, edi.node_scratch, edi.compute_internet) == (
+        "mlp.inf.ed.ac.uk",
+        "/disk/scratch",
+        False,
+    )
+    assert edi.partition("PGR-Standard").max_time_s == 7 * 86400
+    assert edi.partition("PGR-Standard").gpus_per_node is None  # not published, so not checked
+
+    m3 = profiles.load_profile("m3")
+    assert m3.account_required and m3.gpu_type_required
+    assert m3.partition("desktop").qos == "desktopq"
+    assert m3.partition("m3g").gpu_types == ("V100",)
+
+    alliance = profiles.load_profile("alliance")
+    assert alliance.gpu_request == "gpus-per-node"
+    assert alliance.node_scratch_variable == "SLURM_TMPDIR"
+    assert alliance.apptainer.setup == ("module load apptainer",)
+    assert alliance.default_partition.implicit
+
+    mila = profiles.load_profile("mila")
+    assert (mila.login.host, mila.login.port) == ("login.server.mila.quebec", 2222)
+    assert [p.name for p in mila.partitions] == ["unkillable", "main", "long"]
+    assert mila.partition("long").preemptible
+
+    carc = profiles.load_profile("carc")
+    assert carc.apptainer.setup[0] == "module purge"
+    assert carc.partition("gpu").default_gpu_type == "v100"
+
+    local = profiles.load_profile("local")
+    assert local.default_partition.name == "cpu"
+    assert local.partition("gpu").gpus_per_node == 2
+    assert (local.login.port, local.login.user) == (2222, "researcher")
+
+
+def test_user_profile_shadows_the_shipped_one(user_dir: Path):
+    (user_dir / "edi.toml").write_text(MINIMAL)
+    profile = profiles.load_profile("edi")
+    assert profile.login.host == "login.example.org"
+    assert profile.source == user_dir / "edi.toml"
+
+
+def test_user_profile_adds_a_cluster(user_dir: Path):
+    (user_dir / "mysite.toml").write_text(MINIMAL)
+    assert profiles.available()["mysite"] == user_dir / "mysite.toml"
+    partition = profiles.load_profile("mysite").partition("gpu")
+    assert (partition.max_time_s, partition.gpus_per_node, partition.gpu_types, partition.cpus_per_gpu) == (
+        86400, 4, ("a100",), 8,
+    )  # fmt: skip
+
+
+def test_xdg_config_home_is_the_default_user_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("HPCBOX_CLUSTERS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert profiles.profile_dirs() == [tmp_path / "hpcbox" / "clusters", profiles.SHIPPED_DIR]
+
+
+def test_unknown_cluster_lists_the_known_ones():
+    with pytest.raises(FieldError) as caught:
+        profiles.load_profile("nowhere")
+    assert caught.value.field == "cluster"
+    assert "edi" in caught.value.message and "mila" in caught.value.message
+
+
+def _error_for(user_dir: Path, text: str) -> FieldError:
+    (user_dir / "broken.toml").write_text(text)
+    with pytest.raises(FieldError) as caught:
+        profiles.load_profile("broken")
+    assert str(user_dir / "broken.toml") in caught.value.message
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        (('request = "gres"', 'request = "gpus"'), "gpus.request"),
+        (('node_scratch = "/tmp"', 'node_scratch = "scratch"'), "storage.node_scratch"),
+        (('max_time = "1-00:00:00"', 'max_time = "a day"'), "partitions[0].max_time"),
+        (("gpus_per_node = 4", 'gpus_per_node = "4"'), "partitions[0].gpus_per_node"),
+        (("cpus_per_gpu = 8\n", ""), "partitions[0].cpus_per_gpu"),  # neither given nor marked unknown
+        (('host = "login.example.org"', 'hostname = "x"'), "login.host"),
+        (("compute_internet = false", "compute_internet = false\nnode_scratch = '/x'"), "node_scratch"),
+    ],
+)
+def test_profile_mistakes_name_the_key(user_dir: Path, change: tuple[str, str], field: str):
+    assert change[0] in MINIMAL
+    error = _error_for(user_dir, MINIMAL.replace(*change))
+    assert error.field == field
+
+
+def test_a_fact_both_given_and_marked_unknown_is_rejected(user_dir: Path):
+    error = _error_for(user_dir, MINIMAL + 'unknown = ["max_time"]\n')
+    assert error.field == "partitions[0].max_time"
+
+
+def test_bind_over_the_job_scratch_mount_is_rejected(user_dir: Path):
+    error = _error_for(user_dir, MINIMAL + '[apptainer]\nbinds = ["/scratch"]\n')
+    assert error.field == "apptainer.binds"
+    assert "/scratch" in error.message
+
+
+def test_invalid_toml_says_so(user_dir: Path):
+    (user_dir / "broken.toml").write_text("[login\n")
+    with pytest.raises(profiles.HpcboxError, match="not valid TOML"):
+        profiles.load_profile("broken")
+
+
+def test_shipped_files_mark_what_they_do_not_know():
+    """Unknowns are written down in the file rather than guessed."""
+    for name in SHIPPED:
+        data = tomllib.loads((profiles.SHIPPED_DIR / f"{name}.toml").read_text())
+        for partition in data["partitions"]:
+            for fact in ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu"):
+                assert (fact in partition) != (fact in partition.get("unknown", [])), (name, fact)

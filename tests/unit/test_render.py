@@ -1,0 +1,462 @@
+"""The rendered job script: golden files, shellcheck, quoting, and its behaviour when run.
+
+The behaviour tests run the real script with bash on this machine, with node scratch in a temporary
+directory and two stand-ins on PATH: `apptainer` (records its argv, then acts as a trainer that
+succeeds, fails, checkpoints, or waits for a signal) and `scontrol` (records a requeue). The same
+script runs on the mini cluster with the real Apptainer and Slurm in tests/integration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import time
+import unicodedata
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpcbox import profiles
+from hpcbox.render import JobInputs, JobScript, render_sbatch, sbatch_quote
+from hpcbox.resources import FieldError, ResourceRequest, resolve
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
+UPDATE = os.environ.get("HPCBOX_UPDATE_GOLDEN") == "1"
+TRAINER_ARGS = ("--epochs", "3", "--model", "cnn", "--note", "it's $HOME and `date`")
+INPUTS = JobInputs.defaults(
+    "trainer", sif_sha256="0" * 64, code_revision="0123456789abcdef0123456789abcdef01234567"
+)
+
+# One representative job per shipped profile: what a user of that site would typically ask for.
+GOLDEN_REQUESTS = {
+    "edi": ResourceRequest(job_name="digits", partition="PGR-Standard", gpus=2, cpus=4, mem="32G",
+                           time="1-00:00:00"),
+    "m3": ResourceRequest(job_name="digits", partition="desktop", gpus=1, account="ab12", time="2:00:00"),
+    "alliance": ResourceRequest(job_name="digits", gpus=1, gpu_type="a100", cpus=8, mem="40G",
+                                time="3:00:00", account="def-smith"),
+    "mila": ResourceRequest(job_name="digits sweep", partition="long", gpus=1, cpus=4, mem="24G",
+                            time="12:00:00", array="0-3%2"),
+    "carc": ResourceRequest(job_name="digits", gpus=1, account="ttrojan_123", time="1:00:00",
+                            mail_user="ttrojan@usc.edu"),
+    "local": ResourceRequest(job_name="digits-ddp", partition="gpu", gpus=2, nodes=2, ntasks_per_node=2,
+                             time="10", extra=("--exclusive",)),
+}  # fmt: skip
+
+
+def render(name: str, request: ResourceRequest, args=TRAINER_ARGS, inputs=INPUTS) -> JobScript:
+    profile = profiles.load_profile(name)
+    return render_sbatch(profile, resolve(profile, request), inputs, tuple(args))
+
+
+def shellcheck(text: str) -> subprocess.CompletedProcess:
+    program = shutil.which("shellcheck")
+    if program is None:
+        pytest.fail("shellcheck is not installed (apt-get install shellcheck)", pytrace=False)
+    return subprocess.run([program, "--shell=bash", "-"], input=text, capture_output=True, text=True)
+
+
+def bash_syntax(text: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-n"], input=text.encode(), capture_output=True)
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_REQUESTS))
+def test_golden_script(name: str):
+    text = render(name, GOLDEN_REQUESTS[name]).text
+    golden = GOLDEN / f"{name}.sh"
+    if UPDATE:
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert golden.is_file(), f"no golden file {golden}: render it with HPCBOX_UPDATE_GOLDEN=1 and review it"
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_REQUESTS))
+def test_every_profile_renders_a_script_that_passes_bash_n_and_shellcheck(name: str):
+    text = render(name, GOLDEN_REQUESTS[name]).text
+    assert bash_syntax(text).returncode == 0
+    checked = shellcheck(text)
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout == ""
+
+
+def test_cpu_only_job_has_no_nv_and_no_gpu_sampler():
+    text = render("local", ResourceRequest(job_name="cpu job")).text
+    assert "--nv" not in text
+    assert "nvidia-smi" not in text
+    assert "--gres" not in text
+    assert shellcheck(text).stdout == ""
+
+
+def test_gpu_request_in_each_sites_dialect():
+    def gpu_lines(name: str, request: ResourceRequest) -> list[str]:
+        return [
+            line
+            for line in render(name, request).text.splitlines()
+            if line.startswith(("#SBATCH --gres", "#SBATCH --gpus"))
+        ]
+
+    assert gpu_lines("edi", ResourceRequest(job_name="j", gpus=2)) == ["#SBATCH --gres=gpu:2"]
+    assert gpu_lines("carc", ResourceRequest(job_name="j", gpus=1, account="a")) == [
+        "#SBATCH --gres=gpu:v100:1"
+    ]
+    assert gpu_lines("alliance", ResourceRequest(job_name="j", gpus=2, gpu_type="h100", account="def-x")) == [
+        "#SBATCH --gpus-per-node=h100:2"
+    ]
+    assert gpu_lines("m3", ResourceRequest(job_name="j", partition="desktop", gpus=1, account="a")) == [
+        "#SBATCH --gres=gpu:P4:1"
+    ]
+
+
+def test_alliance_script_contains_the_runtime_and_writes_no_partition():
+    text = render("alliance", GOLDEN_REQUESTS["alliance"]).text
+    assert "--partition" not in text
+    assert "module load apptainer" in text
+    assert '--containall --workdir "$job_scratch/tmp"' in text
+    assert '"${SLURM_TMPDIR:?' in text
+
+
+def test_array_jobs_log_and_store_per_task():
+    text = render("mila", GOLDEN_REQUESTS["mila"]).text
+    assert "#SBATCH --output=logs/digits_sweep-%A_%a.out" in text
+    assert 'job_key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+
+
+def test_nul_in_a_trainer_argument_is_refused():
+    with pytest.raises(FieldError) as caught:
+        render("local", ResourceRequest(job_name="j"), args=("a\0b",))
+    assert caught.value.field == "trainer_args"
+
+
+def test_control_characters_in_an_input_path_are_refused():
+    with pytest.raises(FieldError) as caught:
+        render("local", ResourceRequest(job_name="j"), inputs=dataclasses.replace(INPUTS, sif="a\nb.sif"))
+    assert caught.value.field == "inputs.sif"
+
+
+def test_write_is_atomic_and_executable(tmp_path: Path):
+    script = render("local", ResourceRequest(job_name="j"))
+    target = tmp_path / "jobs" / "job.sh"
+    script.write(target)
+    assert target.read_text() == script.text
+    assert os.access(target, os.X_OK)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["job.sh"]
+
+
+# --- sbatch's own parsing of #SBATCH lines -------------------------------------------------------
+
+
+def sbatch_argument(line: str) -> str:
+    """One argument as sbatch reads it from an #SBATCH line (Slurm's src/sbatch/opt.c, _get_argument):
+    quotes ' or " group, a backslash escapes the next character, an unquoted # starts a comment."""
+    out, quote, escape = [], None, False
+    for char in line.lstrip():
+        if escape:
+            escape = False
+        elif char == "\\":
+            escape = True
+            continue
+        elif quote:
+            if char == quote:
+                quote = None
+                continue
+        elif char in "\"'":
+            quote = char
+            continue
+        elif char == "#" or char.isspace():
+            break
+        out.append(char)
+    assert quote is None, f"unmatched quote in {line!r}"
+    return "".join(out)
+
+
+job_names = st.text(
+    alphabet=st.characters(blacklist_categories=("Cc", "Cf", "Zl", "Zp", "Cs")), min_size=1, max_size=40
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(job_names)
+def test_sbatch_reads_back_exactly_the_job_name(name: str):
+    line = f"--job-name={sbatch_quote(name)}"
+    assert sbatch_argument(line) == f"--job-name={name}"
+
+
+# --- running the script --------------------------------------------------------------------------
+
+STUB_APPTAINER = r'''#!/usr/bin/env python3
+"""Stand-in for `apptainer exec`: records argv, then acts as the trainer as $STUB_MODE says."""
+import json, os, pathlib, signal, sys, time
+
+args = sys.argv[1:]
+pathlib.Path(os.environ["STUB_RECORD"]).write_text(json.dumps(args))
+scratch = next(a.split(":")[0] for a in args if a.endswith(":/scratch"))
+out = pathlib.Path(scratch, "out")
+pathlib.Path(os.environ["STUB_SCRATCH_SEEN"]).write_text(scratch)
+mode = os.environ.get("STUB_MODE", "ok")
+(out / "metrics.jsonl").write_text('{"epoch": 1}\n')
+
+def checkpoint(signum, frame):
+    (out / "checkpoints").mkdir(exist_ok=True)
+    (out / "checkpoints" / "last.pt").write_text(signal.Signals(signum).name)
+    sys.exit(75)
+
+if mode == "fail":
+    sys.exit(3)
+if mode == "checkpoint":
+    checkpoint(signal.SIGUSR1, None)
+if mode == "wait":
+    signal.signal(signal.SIGUSR1, checkpoint)
+    signal.signal(signal.SIGTERM, checkpoint)
+    pathlib.Path(os.environ["STUB_READY"]).write_text(str(os.getpid()))
+    time.sleep(60)
+    sys.exit(9)
+'''
+
+STUB_SCONTROL = """#!/bin/sh
+echo "$@" >>"$STUB_SCONTROL_LOG"
+"""
+
+
+@dataclasses.dataclass
+class Sandbox:
+    root: Path
+    submit: Path
+    node_scratch: Path
+    env: dict[str, str]
+
+    @property
+    def recorded_argv(self) -> list[str]:
+        return json.loads((self.root / "argv.json").read_text())
+
+    @property
+    def run_dir(self) -> Path:
+        return self.submit / "runs" / "4242"
+
+    @property
+    def scratch_was(self) -> Path:
+        return Path((self.root / "scratch-seen").read_text())
+
+    def scontrol_calls(self) -> list[str]:
+        log = self.root / "scontrol.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def script(self, request: ResourceRequest, args: tuple[str, ...] = ()) -> JobScript:
+        local = profiles.load_profile("local")
+        profile = dataclasses.replace(local, node_scratch=str(self.node_scratch))
+        return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), args)
+
+    def start(self, script: JobScript, mode: str) -> subprocess.Popen:
+        path = self.submit / "job.sh"
+        script.write(path)
+        return subprocess.Popen(
+            ["bash", str(path)], cwd=self.submit, env={**self.env, "STUB_MODE": mode},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    def run(self, script: JobScript, mode: str = "ok") -> tuple[int, str]:
+        process = self.start(script, mode)
+        output, _ = process.communicate(timeout=60)
+        return process.returncode, output.decode(errors="replace")
+
+
+def make_sandbox(root: Path) -> Sandbox:
+    submit = root / "submit"
+    for directory in ("images", "code/hpctrain", "data", "logs"):
+        (submit / directory).mkdir(parents=True)
+    (submit / "images" / "trainer.sif").write_bytes(b"not really a SIF")
+    shard = root / "shard-0000.npz"
+    shard.write_bytes(b"digits")
+    with tarfile.open(submit / "data" / "trainer.tar", "w") as archive:
+        archive.add(shard, arcname="shard-0000.npz")
+    bin_dir = root / "bin"
+    bin_dir.mkdir()
+    for name, body in (("apptainer", STUB_APPTAINER), ("scontrol", STUB_SCONTROL)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(0o755)
+    node_scratch = root / "node-scratch"
+    node_scratch.mkdir()
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "HOME": str(root),
+        "USER": "researcher",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_SUBMIT_DIR": str(submit),
+        "STUB_RECORD": str(root / "argv.json"),
+        "STUB_SCRATCH_SEEN": str(root / "scratch-seen"),
+        "STUB_READY": str(root / "ready"),
+        "STUB_SCONTROL_LOG": str(root / "scontrol.log"),
+    }
+    return Sandbox(root, submit, node_scratch, env)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    return make_sandbox(tmp_path)
+
+
+def trainer_argv_tail(argv: list[str]) -> list[str]:
+    """The user's arguments: everything after `--output-dir /scratch/out`."""
+    return argv[argv.index("--output-dir") + 2 :]
+
+
+def test_success_copies_results_back_and_removes_scratch(sandbox: Sandbox):
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="ok"), ("--epochs", "1")))
+    assert status == 0, output
+    argv = sandbox.recorded_argv
+    assert argv[:1] == ["exec"] and "--nv" not in argv
+    assert argv[argv.index("--env") + 1] == "PYTHONPATH=/code"
+    assert f"{sandbox.submit}/code:/code:ro" in argv
+    assert trainer_argv_tail(argv) == ["--epochs", "1"]
+    assert (sandbox.run_dir / "metrics.jsonl").read_text() == '{"epoch": 1}\n'
+    assert sandbox.scratch_was.parent == sandbox.node_scratch / "researcher"
+    assert not sandbox.scratch_was.exists()
+    assert sandbox.scontrol_calls() == []
+
+
+def test_the_dataset_archive_is_extracted_on_node_scratch(sandbox: Sandbox):
+    """The stand-in sees the scratch directory while the job runs; the shard was there."""
+    script = sandbox.script(ResourceRequest(job_name="data"))
+    probe = sandbox.root / "bin" / "apptainer"
+    probe.write_text(
+        STUB_APPTAINER + "\nassert (pathlib.Path(scratch) / 'data' / 'shard-0000.npz').is_file()\n"
+    )
+    status, output = sandbox.run(script)
+    assert status == 0, output
+
+
+def test_failing_trainer_still_copies_back_and_cleans_up(sandbox: Sandbox):
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="fail")), mode="fail")
+    assert status == 3, output
+    assert (sandbox.run_dir / "metrics.jsonl").exists()
+    assert not sandbox.scratch_was.exists()
+    assert sandbox.scontrol_calls() == []
+
+
+def test_checkpointed_trainer_is_requeued_after_copy_back(sandbox: Sandbox):
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="ckpt")), mode="checkpoint")
+    assert status == 0, output
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
+    assert not sandbox.scratch_was.exists()
+
+
+def test_requeued_job_starts_from_the_copied_back_checkpoints(sandbox: Sandbox):
+    (sandbox.run_dir / "checkpoints").mkdir(parents=True)
+    (sandbox.run_dir / "checkpoints" / "last.pt").write_text("from the first run")
+    probe = sandbox.root / "bin" / "apptainer"
+    probe.write_text(
+        STUB_APPTAINER + "\nassert (out / 'checkpoints' / 'last.pt').read_text() == 'from the first run'\n"
+    )
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="resume")))
+    assert status == 0, output
+
+
+def _wait_for(path: Path, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_usr1_before_the_time_limit_is_forwarded_and_the_job_requeued(sandbox: Sandbox):
+    process = sandbox.start(sandbox.script(ResourceRequest(job_name="usr1", time="30")), mode="wait")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@margin does: the batch shell only
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert not sandbox.scratch_was.exists()
+
+
+def test_scancel_term_checkpoints_cleans_up_and_does_not_requeue(sandbox: Sandbox):
+    process = sandbox.start(sandbox.script(ResourceRequest(job_name="term")), mode="wait")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 75, output
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGTERM"
+    assert sandbox.scontrol_calls() == []
+    assert not sandbox.scratch_was.exists()
+
+
+def test_missing_inputs_fail_early_with_a_clear_line(sandbox: Sandbox):
+    (sandbox.submit / "data" / "trainer.tar").unlink()
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="nodata")))
+    assert status == 66
+    assert "trainer.tar does not exist" in output
+    assert list((sandbox.node_scratch).rglob("hpcbox-*")) == []
+
+
+argument_text = st.text(alphabet=st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)))
+trainer_args = st.lists(argument_text, max_size=6)
+any_names = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=30
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=any_names, args=trainer_args)
+def test_arbitrary_job_name_and_arguments_reach_the_trainer_exactly(name: str, args: list[str]):
+    with tempfile.TemporaryDirectory() as directory:
+        sandbox = make_sandbox(Path(directory))
+        try:
+            script = sandbox.script(ResourceRequest(job_name=name), tuple(args))
+        except FieldError as refused:
+            # Only names sbatch cannot carry on one #SBATCH line are refused, and they say so.
+            assert refused.field == "job_name"
+            assert not name or any(unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp") for char in name)
+            return
+        assert bash_syntax(script.text).returncode == 0
+        status, output = sandbox.run(script)
+        assert status == 0, output
+        assert trainer_argv_tail(sandbox.recorded_argv) == args
+
+
+# --- the task ------------------------------------------------------------------------------------
+
+
+def invoke(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    repo = Path(__file__).resolve().parents[2]
+    program = Path(os.environ.get("VIRTUAL_ENV", repo / ".venv")) / "bin" / "invoke"
+    return subprocess.run(
+        [str(program), "--search-root", str(repo), *argv], cwd=cwd, capture_output=True, text=True
+    )
+
+
+def test_invoke_sbatch_passes_the_trainer_arguments_word_for_word(tmp_path: Path):
+    args = ["--note", "two words", "it's", "$HOME", ""]
+    done = invoke("sbatch", "--cluster=local", "--gpus", "1", "--", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    expected = render(
+        "local", ResourceRequest(job_name="trainer", gpus=1), args=args, inputs=JobInputs.defaults("trainer")
+    )
+    assert done.stdout == expected.text
+
+
+def test_invoke_sbatch_writes_the_script_with_o(tmp_path: Path):
+    target = tmp_path / "job.sh"
+    done = invoke("sbatch", "--cluster=edi", "-o", str(target), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert target.read_text().startswith(
+        "#!/bin/bash\n#SBATCH --job-name=trainer\n#SBATCH --partition=PGR-Standard"
+    )
+
+
+def test_invoke_sbatch_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path: Path):
+    target = tmp_path / "job.sh"
+    done = invoke("sbatch", "--cluster=edi", "--time", "8-00:00:00", "-o", str(target), cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == (
+        "error: time: 8-00:00:00 exceeds the limit of partition 'PGR-Standard' (allowed: up to 7-00:00:00)"
+    )
+    assert not target.exists()
+    assert done.stdout == ""

@@ -1,0 +1,241 @@
+"""Resource requests: parsing Slurm's units, and every validation rule naming its field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpcbox import profiles
+from hpcbox.resources import (
+    FieldError,
+    ResourceRequest,
+    format_time,
+    parse_mem,
+    parse_time,
+    project_defaults,
+    request_for,
+    resolve,
+)
+
+PROFILE_TOML = """
+compute_internet = false
+[login]
+host = "login.example.org"
+[gpus]
+request = "gres"
+[accounting]
+account_required = true
+account_hint = "def-<PI>"
+[storage]
+node_scratch = "$SLURM_TMPDIR"
+[[partitions]]
+name = "gpu"
+default = true
+max_time = "1-00:00:00"
+gpus_per_node = 4
+gpu_types = ["a100", "v100"]
+cpus_per_gpu = 8
+[[partitions]]
+name = "cpu"
+max_time = "2:00:00"
+gpus_per_node = 0
+gpu_types = []
+unknown = ["cpus_per_gpu"]
+"""
+
+
+@pytest.fixture
+def site() -> profiles.ClusterProfile:
+    import tomllib
+
+    return profiles.parse_profile(tomllib.loads(PROFILE_TOML), name="site")
+
+
+def _ok(**given) -> ResourceRequest:
+    return ResourceRequest(job_name="train", account="def-smith", **given)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30", 1800),
+        ("30:15", 1815),
+        ("1:00:00", 3600),
+        ("2-12", 2 * 86400 + 12 * 3600),
+        ("2-12:30", 2 * 86400 + 12 * 3600 + 1800),
+        ("7-00:00:00", 7 * 86400),
+    ],
+)
+def test_parse_time_reads_every_slurm_form(text: str, seconds: int):
+    assert parse_time(text) == seconds
+
+
+def test_format_time_round_trips():
+    for seconds in (59, 3600, 86399, 7 * 86400 + 5):
+        assert parse_time(format_time(seconds)) == seconds
+
+
+@pytest.mark.parametrize("text", ["1h", "1:00:00:00", "-1", "", "0", "1.5", "one-hour"])
+def test_malformed_time_names_the_field(site, text: str):
+    with pytest.raises(FieldError) as caught:
+        resolve(site, _ok(time=text))
+    assert caught.value.field == "time"
+    assert "H:M:S" in caught.value.message
+
+
+@pytest.mark.parametrize(("text", "normal"), [("16G", "16G"), ("500", "500M"), ("2gb", "2G"), ("1T", "1T")])
+def test_parse_mem_normalises(text: str, normal: str):
+    assert parse_mem(text) == normal
+
+
+@pytest.mark.parametrize("text", ["16 GB", "sixteen", "1.5G", "16X", "-4G"])
+def test_malformed_mem_names_the_field(site, text: str):
+    with pytest.raises(FieldError) as caught:
+        resolve(site, _ok(mem=text))
+    assert caught.value.field == "mem"
+    assert "16G" in caught.value.message
+
+
+def _field_of(site, request: ResourceRequest) -> FieldError:
+    with pytest.raises(FieldError) as caught:
+        resolve(site, request)
+    return caught.value
+
+
+def test_unknown_partition_lists_the_allowed_ones(site):
+    error = _field_of(site, _ok(partition="gpu-large"))
+    assert error.field == "partition"
+    assert "gpu, cpu" in error.message
+
+
+def test_gpu_type_the_partition_lacks(site):
+    error = _field_of(site, _ok(gpus=1, gpu_type="h100"))
+    assert error.field == "gpu_type"
+    assert "a100, v100" in error.message
+
+
+def test_gpu_type_without_gpus(site):
+    assert _field_of(site, _ok(gpu_type="a100")).field == "gpu_type"
+
+
+def test_more_gpus_than_a_node_has(site):
+    error = _field_of(site, _ok(gpus=5))
+    assert error.field == "gpus"
+    assert "0-4" in error.message
+
+
+def test_gpus_on_a_partition_without_gpus(site):
+    error = _field_of(site, _ok(partition="cpu", gpus=1))
+    assert error.field == "gpus"
+    assert "0-0" in error.message
+
+
+def test_time_above_the_partition_limit(site):
+    error = _field_of(site, _ok(partition="cpu", time="3:00:00"))
+    assert error.field == "time"
+    assert "02:00:00" in error.message
+
+
+def test_cpus_per_gpu_above_the_site_limit(site):
+    error = _field_of(site, _ok(gpus=2, cpus=9, ntasks_per_node=2))
+    assert error.field == "cpus"
+    assert "up to 8 CPUs per task" in error.message
+    assert resolve(site, _ok(gpus=2, cpus=8, ntasks_per_node=2)).cpus_per_task == 8
+
+
+def test_missing_required_account(site):
+    error = _field_of(site, ResourceRequest(job_name="train"))
+    assert error.field == "account"
+    assert "def-<PI>" in error.message
+
+
+def test_required_gpu_type_is_asked_for():
+    profile = profiles.load_profile("alliance")
+    error = _field_of(profile, _ok(gpus=1))
+    assert error.field == "gpu_type"
+    assert "a100, h100" in error.message
+
+
+def test_single_type_partition_fills_in_a_required_type():
+    m3 = profiles.load_profile("m3")
+    checked = resolve(m3, _ok(partition="desktop", gpus=1))
+    assert (checked.gpu_type, checked.qos) == ("P4", "desktopq")
+
+
+def test_partition_qos_cannot_be_overridden():
+    error = _field_of(profiles.load_profile("m3"), _ok(partition="desktop", qos="normal"))
+    assert error.field == "qos"
+    assert "desktopq" in error.message
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (_ok(array="1-"), "array"),
+        (_ok(array="0-9%"), "array"),
+        (_ok(mail_user="not an address"), "mail_user"),
+        (_ok(mail_user="me@example.org", mail_type="SOMETIMES"), "mail_type"),
+        (_ok(extra=("--exclusive", "rm -rf /")), "extra"),
+        (_ok(extra=("--output=/tmp/x",)), "extra"),
+        (_ok(extra=("--chdir=/tmp",)), "extra"),
+        (_ok(nodes=0), "nodes"),
+        (_ok(gpus=-1), "gpus"),
+        (_ok(cpus=0), "cpus"),
+        (_ok(ntasks_per_node=0), "ntasks_per_node"),
+        (ResourceRequest(job_name="train", account="def smith"), "account"),
+        (ResourceRequest(job_name="a\nb", account="x"), "job_name"),
+        (ResourceRequest(job_name="", account="x"), "job_name"),
+    ],
+)
+def test_every_rule_names_its_field(site, request_: ResourceRequest, field: str):
+    assert _field_of(site, request_).field == field
+
+
+def test_a_valid_request_is_normalised(site):
+    checked = resolve(
+        site,
+        _ok(gpus=2, gpu_type="a100", cpus=8, mem="32gb", time="12:00:00", array="0-9%2",
+            mail_user="me@example.org", extra=("--exclusive",)),
+    )  # fmt: skip
+    assert checked.partition.name == "gpu"
+    assert (checked.mem, checked.time_s, checked.mail_type) == ("32G", 12 * 3600, "END,FAIL")
+    assert checked.signal_margin_s == 300
+
+
+def test_signal_margin_shrinks_for_short_jobs(site):
+    assert resolve(site, _ok(time="10")).signal_margin_s == 60
+    assert resolve(site, _ok(time="30")).signal_margin_s == 180
+
+
+def test_project_defaults_with_a_per_cluster_table(tmp_path: Path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(
+        "[tool.hpcbox.resources]\ngpus = 1\nmem = '8G'\ntime = '1:00:00'\n"
+        "[tool.hpcbox.resources.alliance]\naccount = 'def-smith'\nmem = '16G'\n"
+    )
+    assert project_defaults(pyproject, "edi") == ResourceRequest(gpus=1, mem="8G", time="1:00:00")
+    assert project_defaults(pyproject, "alliance") == ResourceRequest(
+        gpus=1, mem="16G", time="1:00:00", account="def-smith"
+    )
+
+
+def test_flags_win_over_project_defaults(tmp_path: Path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[tool.hpcbox.resources]\ngpus = 1\nmem = '8G'\nextra = ['--exclusive']\n")
+    request = request_for("edi", {"gpus": "2", "mem": None, "extra": []}, pyproject, "trainer")
+    assert request == ResourceRequest(job_name="trainer", gpus=2, mem="8G", extra=("--exclusive",))
+
+
+def test_bad_project_default_names_its_key(tmp_path: Path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[tool.hpcbox.resources]\ngpu = 1\n")
+    with pytest.raises(FieldError) as caught:
+        project_defaults(pyproject, "edi")
+    assert caught.value.field == "tool.hpcbox.resources.gpu"
+
+
+def test_non_numeric_flag_names_its_field(tmp_path: Path):
+    with pytest.raises(FieldError) as caught:
+        request_for("edi", {"cpus": "four"}, tmp_path / "pyproject.toml", "trainer")
+    assert caught.value.field == "cpus"
