@@ -1,0 +1,701 @@
+"""The sif stage: a Docker image → an Apptainer SIF, named by the image's content and kept in a cache.
+
+Two conversions give the same SIF contents:
+
+- reference: `docker save`, then Apptainer's own `apptainer build` from the archive;
+- fast (default): `docker export` of a created container streamed straight into `mksquashfs -tar`, then
+  the SIF assembled with `apptainer sif new/add`. What Apptainer's conversion adds to an image
+  (`/.singularity.d`: environment from ENV, runscript from ENTRYPOINT/CMD, labels, the definition and
+  inspect metadata) is taken from a real `apptainer build` of a config-only copy of the image (the same
+  config, no files: well under a second), so both paths carry exactly what Apptainer would write.
+
+Both build from the same definition file, whose %labels carry the image's id; the image's own labels
+(source revision, lock hash) come through from its config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from hpcbox.errors import HpcboxError
+from hpcbox.tools import docker
+from hpcbox.tools.apptainer import Apptainer, Command, engine, parse_sif_list
+
+COMPRESSIONS = ("gzip", "zstd", "xz", "lz4", "lzo")
+# gzip: every Apptainer and Singularity release (and the kernel's squashfs) reads it; zstd needs
+# Apptainer >= 1.1 / SingularityCE >= 3.x with a zstd-capable squashfuse or kernel.
+DEFAULT_COMPRESSION = "gzip"
+CONVERSIONS = ("fast", "reference")
+DEFAULT_CONVERSION = "fast"
+LABEL_IMAGE_ID = "io.hpcbox.image.id"
+LABEL_IMAGE_REF = "io.hpcbox.image.ref"
+BUILD_DATE_LABEL = "org.label-schema.build-date"
+DEFINITION = "hpcbox.def"
+ARCHIVE = "image.tar"
+# Entries `docker export` adds that are not part of the image (a created container's init layer).
+_NOT_IMAGE = frozenset({b".dockerenv", b"dev/console"})
+# SIF partition architecture codes (`apptainer sif add --partarch`).
+_PARTARCH = {
+    "386": 1,
+    "amd64": 2,
+    "arm": 3,
+    "arm64": 4,
+    "ppc64": 5,
+    "ppc64le": 6,
+    "mips": 7,
+    "mipsle": 8,
+    "mips64": 9,
+    "mips64le": 10,
+    "s390x": 11,
+    "riscv64": 12,
+}
+# What `apptainer build` creates at the root of an image, besides /.singularity.d itself.
+_ROOT_LINKS = (".exec", ".run", ".shell", ".test", "environment", "singularity")
+_BLOCK = 512
+_CHUNK = 1 << 20
+_IMAGE_CONFIG_KEYS = (
+    "User",
+    "ExposedPorts",
+    "Env",
+    "Entrypoint",
+    "Cmd",
+    "Volumes",
+    "WorkingDir",
+    "Labels",
+    "StopSignal",
+    "ArgsEscaped",
+)
+
+
+class ImageLike(Protocol):
+    """What this stage needs of the build stage's Image."""
+
+    @property
+    def ref(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Sif:
+    """A SIF in the cache: the sif stage's artifact."""
+
+    path: Path
+    sha256: str
+    size: int
+    compression: str
+    image_id: str
+    built: bool = False  # False: it came from the cache
+
+    def record(self) -> str:
+        fields = {key: value for key, value in asdict(self).items() if key != "built"}
+        return json.dumps({**fields, "path": self.path.name}, sort_keys=True, indent=1) + "\n"
+
+
+def cache_dir() -> Path:
+    """Where SIFs are kept: $HPCBOX_CACHE/sif, else .hpcbox/sif in the project."""
+    from hpcbox.config import find_root
+
+    root = os.environ.get("HPCBOX_CACHE")
+    if root:
+        return Path(root).resolve() / "sif"
+    return find_root() / ".hpcbox" / "sif"
+
+
+def sif_path_for(image_id: str, compression: str = DEFAULT_COMPRESSION, cache: Path | None = None) -> Path:
+    """The cache path of the SIF of image ``image_id`` (its content address) at ``compression``."""
+    return (cache or cache_dir()) / f"{image_id.removeprefix('sha256:')}.{compression}.sif"
+
+
+def cached(image_id: str, compression: str = DEFAULT_COMPRESSION, cache: Path | None = None) -> Sif | None:
+    """The cached SIF if its bytes still match its recorded sha256; None if absent or corrupted."""
+    path = sif_path_for(image_id, compression, cache)
+    record = path.with_suffix(".json")
+    if not path.is_file() or not record.is_file():
+        return None
+    try:
+        fields = json.loads(record.read_text())
+        sif = Sif(
+            path=path,
+            sha256=fields["sha256"],
+            size=int(fields["size"]),
+            compression=fields["compression"],
+            image_id=fields["image_id"],
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+    if path.stat().st_size != sif.size or file_sha256(path) != sif.sha256:
+        return None
+    return sif
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(_CHUNK * 4):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def rootfs_sha256(sif: Path, tool: Apptainer) -> str:
+    """sha256 of the SIF's root filesystem (the squashfs payload), found by `apptainer sif list`."""
+    rows = parse_sif_list(
+        tool.run("apptainer", ["sif", "list", sif.name], sif.parent, what=f"list {sif.name}")
+    )
+    filesystem = next((row for row in rows if row.type.startswith("FS")), None)
+    if filesystem is None:
+        raise HpcboxError(f"{sif} has no filesystem partition", "convert it again with `invoke sif --force`")
+    digest = hashlib.sha256()
+    with sif.open("rb") as handle:
+        handle.seek(filesystem.start)
+        remaining = filesystem.end - filesystem.start
+        while remaining:
+            block = handle.read(min(remaining, _CHUNK * 4))
+            if not block:
+                break
+            digest.update(block)
+            remaining -= len(block)
+    return digest.hexdigest()
+
+
+def definition(image_id: str, ref: str, archive: str = ARCHIVE, comment: str = "") -> str:
+    """An Apptainer definition building this image from its `docker save` archive, provenance in %labels."""
+    header = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
+    return (
+        f"{header}Bootstrap: docker-archive\nFrom: {archive}\n\n%labels\n"
+        f"    {LABEL_IMAGE_ID} {image_id}\n    {LABEL_IMAGE_REF} {ref}\n"
+    )
+
+
+def write_definition(image: ImageLike, directory: Path, name: str) -> Path:
+    """Write ``directory/name.def`` for building the SIF on a cluster (`apptainer build --fakeroot`)."""
+    info = _require_image(image.ref)
+    archive = f"{name}.tar"
+    text = definition(
+        info.id,
+        image.ref,
+        archive,
+        comment=(
+            f"Generated by `invoke sif --def-only` for {image.ref}.\n"
+            "For sites where SIFs must be built on the cluster:\n"
+            f"  docker save {image.ref} -o {archive}    (here; copy both files to the cluster)\n"
+            f"  apptainer build --fakeroot {name}.sif {name}.def    (there, next to {archive})"
+        ),
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{name}.def"
+    _write_atomically(target, text.encode())
+    return target
+
+
+def build_sif(
+    image: ImageLike,
+    *,
+    engine_choice: str = "auto",
+    conversion: str = DEFAULT_CONVERSION,
+    compression: str = DEFAULT_COMPRESSION,
+    cache: Path | None = None,
+    force: bool = False,
+    say: Callable[[str], None] = print,
+    on_line: Callable[[str], None] | None = None,
+) -> Sif:
+    """The SIF of ``image``: from the cache when its content is unchanged, else converted now."""
+    if conversion not in CONVERSIONS:
+        raise HpcboxError(
+            f"--path: unknown conversion {conversion!r}", f"choose one of: {', '.join(CONVERSIONS)}"
+        )
+    if compression not in COMPRESSIONS:
+        raise HpcboxError(
+            f"--compression: unknown compression {compression!r}", f"choose one of: {', '.join(COMPRESSIONS)}"
+        )
+    info = _require_image(image.ref)
+    cache = cache or cache_dir()
+    target = sif_path_for(info.id, compression, cache)
+    if not force:
+        hit = cached(info.id, compression, cache)
+        if hit is not None:
+            say(f"hpcbox: {target.name} is up to date")
+            return hit
+        if target.exists():
+            say(f"hpcbox: cached {target.name} no longer matches its recorded sha256; rebuilding it")
+    raw = docker.client().api.inspect_image(info.id)
+    tool = engine(engine_choice, on_line=on_line)
+    cache.mkdir(parents=True, exist_ok=True)
+    _check_disk(cache, info.size, conversion)
+    say(
+        f"hpcbox: converting {image.ref} to a SIF ({conversion} path, {compression}, Apptainer on "
+        f"{'the host' if tool.kind == 'host' else 'the helper container ' + tool.program})"
+    )
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache))
+    try:
+        (work / DEFINITION).write_text(definition(info.id, image.ref))
+        if conversion == "fast":
+            _convert_fast(tool, work, info.id, raw, compression, say, on_line)
+        else:
+            _convert_reference(tool, work, info.id, compression, say, on_line)
+        produced = work / "out.sif"
+        sif = Sif(
+            path=target,
+            sha256=file_sha256(produced),
+            size=produced.stat().st_size,
+            compression=compression,
+            image_id=info.id,
+            built=True,
+        )
+        os.replace(produced, target)
+        _write_atomically(target.with_suffix(".json"), sif.record().encode())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"hpcbox: wrote {target} ({sif.size / 1e6:.0f} MB) in {time.monotonic() - started:.1f} s")
+    return sif
+
+
+def _require_image(ref: str) -> docker.ImageInfo:
+    info = docker.image(ref)
+    if info is None:
+        raise HpcboxError(f"image {ref} is not built", "run `invoke build` first (same --flavour)")
+    return info
+
+
+def _check_disk(cache: Path, image_size: int, conversion: str) -> None:
+    # fast: the squashfs (at most the image's size) and the SIF holding it; reference adds the archive
+    # and Apptainer's extracted copy of the image.
+    needed = image_size * (2 if conversion == "fast" else 4) + (256 << 20)
+    free = shutil.disk_usage(cache).free
+    if free < needed:
+        raise HpcboxError(
+            f"not enough disk space in {cache} to convert: about {needed / 1e9:.1f} GB needed, "
+            f"{free / 1e9:.1f} GB free",
+            "free some space, or point HPCBOX_CACHE at a larger disk",
+        )
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, target)
+
+
+# --- reference: docker save + apptainer build -------------------------------------------------------
+
+
+def _convert_reference(
+    tool: Apptainer,
+    work: Path,
+    image_id: str,
+    compression: str,
+    say: Callable[[str], None],
+    on_line: Callable[[str], None] | None,
+) -> None:
+    say("hpcbox: docker save ...")
+    with (work / ARCHIVE).open("wb") as archive:
+        for chunk in docker.save(image_id):
+            archive.write(chunk)
+    args = ["build"]
+    if compression != DEFAULT_COMPRESSION:
+        args += ["--mksquashfs-args", f"-comp {compression}"]
+    tmp = work / "tmp"
+    tmp.mkdir()
+    tmpdir = str(tmp) if tool.kind == "host" else "/work/tmp"
+    tool.stream(
+        "apptainer",
+        [*args, "out.sif", DEFINITION],
+        work,
+        what="build the SIF with apptainer",
+        mounts=True,
+        env={"APPTAINER_TMPDIR": tmpdir},
+        on_line=on_line,
+    )
+
+
+# --- fast: docker export | mksquashfs -tar, then apptainer sif new/add --------------------------------
+
+
+def _convert_fast(
+    tool: Apptainer,
+    work: Path,
+    image_id: str,
+    raw: Mapping[str, Any],
+    compression: str,
+    say: Callable[[str], None],
+    on_line: Callable[[str], None] | None,
+) -> None:
+    if tool.kind == "host":
+        _require_tar_mksquashfs(tool, work)
+    epoch = _created_epoch(raw)
+    say("hpcbox: generating /.singularity.d with apptainer from the image's config ...")
+    objects = _apptainer_metadata(tool, work, raw, epoch)
+    overlay = _overlay_tar(work / "skeleton", epoch)
+    say(f"hpcbox: streaming docker export of {image_id[:19]} into mksquashfs ({compression}) ...")
+    _stream_squashfs(
+        tool, work, image_id, overlay, compression, epoch, int(raw.get("Size") or 0), on_line or print
+    )
+    arch = _PARTARCH.get(str(raw.get("Architecture") or "amd64"))
+    if arch is None:
+        raise HpcboxError(
+            f"image architecture {raw.get('Architecture')!r} has no SIF code", "use --path reference"
+        )
+    steps = [Command("apptainer", ("sif", "new", "out.sif"))]
+    for datatype, filename, path in objects:
+        steps.append(
+            Command(
+                "apptainer",
+                (
+                    "sif",
+                    "add",
+                    "--datatype",
+                    str(datatype),
+                    "--groupid",
+                    "1",
+                    "--filename",
+                    filename,
+                    "out.sif",
+                    path,
+                ),
+            )
+        )
+    steps.append(
+        Command(
+            "apptainer",
+            (
+                "sif",
+                "add",
+                "--datatype",
+                "4",
+                "--partfs",
+                "1",
+                "--parttype",
+                "2",
+                "--partarch",
+                str(arch),
+                "--groupid",
+                "1",
+                "out.sif",
+                "rootfs.sqfs",
+            ),
+        )
+    )
+    tool.script(steps, work, what="assemble the SIF with apptainer sif")
+
+
+def _require_tar_mksquashfs(tool: Apptainer, work: Path) -> None:
+    """The fast path streams a tar into mksquashfs: squashfs-tools 4.6 or newer."""
+    version = tool.run("mksquashfs", ["-version"], work, what="ask mksquashfs its version")
+    found = re.search(r"version (\d+)\.(\d+)", version)
+    if found is None or (int(found[1]), int(found[2])) < (4, 6):
+        raise HpcboxError(
+            f"the host's mksquashfs is too old for `-tar` ({found[0] if found else 'unknown version'})",
+            "install squashfs-tools 4.6 or newer, or use --path reference or --engine container",
+        )
+
+
+def _created_epoch(raw: Mapping[str, Any]) -> int:
+    """The image's creation time (seconds): every timestamp hpcbox adds is set to it, for reproducibility."""
+    created = str(raw.get("Created") or "")
+    match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", created)
+    if not match:
+        return 0
+    return int(datetime.fromisoformat(match[1]).replace(tzinfo=UTC).timestamp())
+
+
+def _apptainer_metadata(
+    tool: Apptainer, work: Path, raw: Mapping[str, Any], epoch: int
+) -> list[tuple[int, str, str]]:
+    """Build the config-only copy of the image with apptainer; keep its /.singularity.d and SIF objects.
+
+    Returns (datatype, filename, path) of the SIF's non-filesystem objects, in Apptainer's order.
+    """
+    (work / ARCHIVE).write_bytes(_config_only_archive(raw))
+    steps = [
+        Command("apptainer", ("build", "skeleton.sif", DEFINITION)),
+        Command("apptainer", ("sif", "list", "skeleton.sif"), stdout="skeleton.list"),
+    ]
+    # Apptainer writes the definition, two JSON objects and the filesystem, in that order.
+    for object_id in (1, 2, 3):
+        steps += [
+            Command(
+                "apptainer",
+                ("sif", "info", str(object_id), "skeleton.sif"),
+                stdout=f"object-{object_id}.info",
+            ),
+            Command(
+                "apptainer", ("sif", "dump", str(object_id), "skeleton.sif"), stdout=f"object-{object_id}"
+            ),
+        ]
+    steps += [
+        Command("apptainer", ("sif", "dump", "4", "skeleton.sif"), stdout="skeleton.sqfs"),
+        Command("unsquashfs", ("-no-xattrs", "-quiet", "-no-progress", "-d", "skeleton", "skeleton.sqfs")),
+    ]
+    tool.script(steps, work, what="build the /.singularity.d metadata with apptainer", mounts=True)
+    listed = [row.type for row in parse_sif_list((work / "skeleton.list").read_text())]
+    if len(listed) != 4 or not listed[0].startswith("Def.FILE") or not listed[3].startswith("FS"):
+        raise HpcboxError(f"unexpected SIF layout from this Apptainer: {listed}", "use --path reference")
+    created = datetime.fromtimestamp(epoch, UTC)
+    build_date = created.strftime("%A_%d_%B_%Y_%H:%M:") + f"{created.second}_UTC"  # Apptainer's format
+    labels = work / "skeleton" / ".singularity.d" / "labels.json"
+    for path in (labels, work / "object-2"):
+        path.write_text(_set_build_date(path.read_text(), build_date))
+    objects = []
+    for object_id, datatype in ((1, 1), (2, 6), (3, 6)):
+        name = re.search(r"Name:\s*(\S+)", (work / f"object-{object_id}.info").read_text())
+        objects.append((datatype, name[1] if name else f"object-{object_id}", f"object-{object_id}"))
+    return objects
+
+
+def _set_build_date(text: str, value: str) -> str:
+    # Apptainer stamps the build time; the image's creation time makes two conversions identical.
+    return re.sub(r'("' + re.escape(BUILD_DATE_LABEL) + r'"\s*:\s*")[^"]*(")', rf"\g<1>{value}\g<2>", text)
+
+
+def _config_only_archive(raw: Mapping[str, Any]) -> bytes:
+    """A `docker save`-style archive with the image's config and one empty layer."""
+    layer = io.BytesIO()
+    tarfile.open(fileobj=layer, mode="w").close()
+    config_source = raw.get("Config") or {}
+    config = {
+        "architecture": raw.get("Architecture") or "amd64",
+        "os": raw.get("Os") or "linux",
+        "config": {key: config_source[key] for key in _IMAGE_CONFIG_KEYS if config_source.get(key)},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer.getvalue()).hexdigest()]},
+    }
+    if raw.get("Variant"):
+        config["variant"] = raw["Variant"]
+    members = {
+        "config.json": json.dumps(config, sort_keys=True).encode(),
+        "layer.tar": layer.getvalue(),
+        "manifest.json": json.dumps(
+            [{"Config": "config.json", "RepoTags": None, "Layers": ["layer.tar"]}]
+        ).encode(),
+    }
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        for name, data in members.items():
+            entry = tarfile.TarInfo(name)
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
+    return archive.getvalue()
+
+
+def _overlay_tar(skeleton: Path, epoch: int) -> bytes:
+    """/.singularity.d and Apptainer's root links as tar entries: sorted, fixed times, owned by root."""
+    paths = [skeleton / ".singularity.d"]
+    paths += sorted(p for p in (skeleton / ".singularity.d").rglob("*"))
+    paths += [skeleton / name for name in _ROOT_LINKS if (skeleton / name).is_symlink()]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for path in paths:
+            entry = tar.gettarinfo(str(path), arcname=str(path.relative_to(skeleton)))
+            entry.mtime = epoch
+            entry.uid = entry.gid = 0
+            entry.uname = entry.gname = "root"
+            if entry.isreg():
+                with path.open("rb") as handle:
+                    tar.addfile(entry, handle)
+            else:
+                tar.addfile(entry)
+    data = buffer.getvalue()
+    return data[: _end_of_entries(data)]
+
+
+def _end_of_entries(data: bytes) -> int:
+    """Offset of the end-of-archive zero blocks in a tar made by tarfile."""
+    offset = 0
+    while offset + _BLOCK <= len(data) and data[offset : offset + _BLOCK] != bytes(_BLOCK):
+        offset += _BLOCK + _padded(_entry_data_size(data[offset : offset + _BLOCK]))
+    return offset
+
+
+def _stream_squashfs(
+    tool: Apptainer,
+    work: Path,
+    image_id: str,
+    overlay: bytes,
+    compression: str,
+    epoch: int,
+    image_size: int,
+    on_line: Callable[[str], None],
+) -> None:
+    read_end, write_end = os.pipe()
+    errors: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            with os.fdopen(write_end, "wb", buffering=_CHUNK) as pipe, _exported(image_id) as chunks:
+                _filter_export(chunks, pipe, overlay, epoch, _progress(image_size, on_line))
+        except BrokenPipeError:
+            pass  # mksquashfs stopped reading; its own error says why
+        except BaseException as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=feed, name="hpcbox-export", daemon=True)
+    args = [
+        "-",
+        "rootfs.sqfs",
+        "-tar",
+        "-noappend",
+        "-quiet",
+        "-no-progress",
+        "-comp",
+        compression,
+        "-mkfs-time",
+        str(epoch),
+        "-root-time",
+        str(epoch),
+        "-root-mode",
+        "0755",
+        "-root-uid",
+        "0",
+        "-root-gid",
+        "0",
+    ]
+    with os.fdopen(read_end, "rb", buffering=0) as stdin:
+        writer.start()
+        try:
+            tool.stream(
+                "mksquashfs",
+                args,
+                work,
+                what="make the squashfs with mksquashfs",
+                stdin=stdin,
+                on_line=on_line,
+            )
+        except HpcboxError:
+            if errors:
+                raise _export_error(errors[0]) from errors[0]
+            raise
+        finally:
+            stdin.close()
+            writer.join()
+    if errors:
+        raise _export_error(errors[0]) from errors[0]
+
+
+def _export_error(exc: BaseException) -> HpcboxError:
+    if isinstance(exc, HpcboxError):
+        return exc
+    return HpcboxError(f"docker export failed: {exc}", "check the Docker engine, then run `invoke sif` again")
+
+
+@contextlib.contextmanager
+def _exported(image_id: str) -> Iterator[Iterator[bytes]]:
+    """`docker export` of a created (never started) container of the image; the container is removed."""
+    container = docker.client().containers.create(
+        image_id, command=["true"], name=f"hpcbox-sif-export-{os.urandom(4).hex()}"
+    )
+    try:
+        yield container.export(chunk_size=_CHUNK)
+    finally:
+        container.remove(force=True)
+
+
+def _progress(total: int, on_line: Callable[[str], None]) -> Callable[[int], None]:
+    step = max(total // 10, 64 << 20)
+    shown = [0]
+
+    def report(done: int) -> None:
+        if done - shown[0] >= step:
+            shown[0] = done
+            share = f" (~{min(99, done * 100 // total)}%)" if total else ""
+            on_line(f"  exported {done / 1e6:.0f} MB{share}")
+
+    return report
+
+
+def _filter_export(
+    chunks: Iterable[bytes], out: IO[bytes], overlay: bytes, epoch: int, progress: Callable[[int], None]
+) -> None:
+    """Copy the export's tar entries to ``out`` minus the container's own files, then add ``overlay``.
+
+    Times are clamped to the image's creation (``epoch``): only what the created container added is
+    newer (its /etc/hosts, /dev, ...), so two exports of one image give the same stream.
+    """
+    reader = _Reader(chunks)
+    extended: list[bytes] = []  # PAX / GNU long-name records: they belong to the entry that follows
+    while True:
+        header = reader.exact(_BLOCK)
+        if header == bytes(_BLOCK):
+            break
+        size = _entry_data_size(header)
+        if header[156:157] in (b"x", b"L", b"K"):
+            extended.append(header + reader.exact(_padded(size)))
+            continue
+        keep = extended or header[:100].rstrip(b"\0") not in _NOT_IMAGE
+        if keep:
+            out.write(b"".join(extended) + _clamp_mtime(header, epoch))
+        extended = []
+        remaining = _padded(size)
+        while remaining:
+            piece = reader.read(min(remaining, _CHUNK))
+            if not piece:
+                raise HpcboxError("docker export ended in the middle of a file", "run `invoke sif` again")
+            if keep:
+                out.write(piece)
+            remaining -= len(piece)
+        progress(reader.consumed)
+    out.write(overlay + bytes(2 * _BLOCK))
+
+
+def _clamp_mtime(header: bytes, epoch: int) -> bytes:
+    field = header[136:148]
+    if not epoch or field[0] & 0x80 or int(field.rstrip(b"\0 ").strip() or b"0", 8) <= epoch:
+        return header
+    clamped = header[:136] + b"%011o\0" % epoch + b" " * 8 + header[156:]
+    return clamped[:148] + b"%06o\0 " % sum(clamped) + clamped[156:]
+
+
+def _entry_data_size(header: bytes) -> int:
+    if header[156:157] in (b"1", b"2", b"3", b"4", b"5", b"6"):
+        return 0
+    field = header[124:136]
+    if field[0] & 0x80:  # base-256, for sizes past 8 GiB
+        return int.from_bytes(field[1:], "big")
+    return int(field.rstrip(b"\0 ").strip() or b"0", 8)
+
+
+def _padded(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
+
+
+class _Reader:
+    """Reads exact byte counts from a stream of chunks."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._buffer = b""
+        self._offset = 0
+        self.consumed = 0
+
+    def read(self, limit: int) -> bytes:
+        if self._offset >= len(self._buffer):
+            self._buffer = next(self._chunks, b"")
+            self._offset = 0
+            if not self._buffer:
+                return b""
+        piece = self._buffer[self._offset : self._offset + limit]
+        self._offset += len(piece)
+        self.consumed += len(piece)
+        return piece
+
+    def exact(self, size: int) -> bytes:
+        parts = []
+        while size:
+            piece = self.read(size)
+            if not piece:
+                raise HpcboxError("docker export ended in the middle of an entry", "run `invoke sif` again")
+            parts.append(piece)
+            size -= len(piece)
+        return b"".join(parts)

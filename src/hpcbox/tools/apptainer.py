@@ -1,0 +1,329 @@
+"""Apptainer (or Singularity): the host's, through spython, or a real one inside hpcbox's helper container.
+
+Every command runs in a work directory with paths relative to it: on the host that directory is the
+working directory, in the helper container it is bind-mounted at /work. So callers write the same
+relative paths whichever engine runs, and results land on the host without copying.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import tarfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from hpcbox.errors import HpcboxError
+from hpcbox.tools import docker, proc
+
+ENGINES = ("auto", "host", "container")
+HELPER_DOCKERFILE = Path(__file__).resolve().parents[3] / "apptainer" / "helper.Dockerfile"
+HELPER_REPOSITORY = "hpcbox/apptainer-helper"
+HELPER_WORKDIR = "/work"
+# What `apptainer build` and a SIF mount need in a container; --privileged fails on many hosts.
+HELPER_RUN_OPTIONS = (
+    "--cap-add",
+    "SYS_ADMIN",
+    "--security-opt",
+    "seccomp=unconfined",
+    "--security-opt",
+    "apparmor=unconfined",
+    "--device",
+    "/dev/fuse",
+)
+ENGINE_HINT = (
+    "install Apptainer (https://apptainer.org/docs/admin/main/installation.html) or use --engine container"
+)
+_HELPER_START_FAILURES = (
+    (
+        "/dev/fuse",
+        "this host has no /dev/fuse: load the module (`modprobe fuse`), or install Apptainer "
+        "on the host and use --engine host",
+    ),
+    (
+        "operation not permitted",
+        "this Docker engine refuses SYS_ADMIN or unconfined seccomp (rootless or "
+        "restricted): use a rootful engine, or install Apptainer and use --engine host",
+    ),
+    (
+        "cap",
+        "this Docker engine refuses SYS_ADMIN (rootless or restricted): use a rootful engine, "
+        "or install Apptainer and use --engine host",
+    ),
+)
+_HELPER_START_DEFAULT_HINT = "fix what the Docker engine names, or install Apptainer and use --engine host"
+_SIF_LIST_ROW = re.compile(r"^(\d+)\s*\|(\d+)\s*\|\S+\s*\|(\d+)-(\d+)\s*\|(.+)$")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One step of a script: ``tool`` (apptainer, mksquashfs, unsquashfs) with ``args``, stdout to a file."""
+
+    tool: str
+    args: tuple[str, ...]
+    stdout: str = ""
+
+
+@dataclass(frozen=True)
+class SifObject:
+    """One data object listed by `apptainer sif list`."""
+
+    id: int
+    group: int
+    start: int
+    end: int
+    type: str
+
+
+@dataclass(frozen=True)
+class Apptainer:
+    """Where Apptainer runs: ``kind`` "host" (``program`` is its path) or "container" (the helper image)."""
+
+    kind: str
+    program: str
+
+    def argv(
+        self,
+        tool: str,
+        args: Sequence[str],
+        workdir: Path,
+        *,
+        mounts: bool = False,
+        stdin: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """The command line running ``tool args`` (tool: apptainer, mksquashfs, unsquashfs) in ``workdir``.
+
+        ``mounts``: the command mounts filesystems or builds (needs the helper's extra privileges).
+        """
+        if self.kind == "host":
+            return [self.program if tool == "apptainer" else tool, *args]
+        command = [
+            docker.build_cli(),
+            "run",
+            "--rm",
+            "--name",
+            f"hpcbox-apptainer-{os.urandom(4).hex()}",
+            "--network",
+            "none",
+            "-w",
+            HELPER_WORKDIR,
+            "-v",
+            f"{workdir.resolve()}:{HELPER_WORKDIR}",
+        ]
+        if stdin:
+            command.append("-i")
+        if mounts:
+            command += HELPER_RUN_OPTIONS
+        for key, value in (env or {}).items():
+            command += ["-e", f"{key}={value}"]
+        return [*command, self.program, tool, *args]
+
+    def run(
+        self,
+        tool: str,
+        args: Sequence[str],
+        workdir: Path,
+        *,
+        what: str,
+        mounts: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Run to completion; returns stdout. Failures carry the tool's own error lines."""
+        with self._helper_start_errors():
+            done = proc.run(
+                self.argv(tool, args, workdir, mounts=mounts, env=env),
+                what=what,
+                hint=self._hint(),
+                cwd=workdir,
+                env=self._host_env(env),
+            )
+        return done.stdout
+
+    def stream(
+        self,
+        tool: str,
+        args: Sequence[str],
+        workdir: Path,
+        *,
+        what: str,
+        mounts: bool = False,
+        env: Mapping[str, str] | None = None,
+        stdin: IO[bytes] | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> list[str]:
+        """Run with output shown line by line as it comes (progress), and its tail kept for errors."""
+        argv = self.argv(tool, args, workdir, mounts=mounts, stdin=stdin is not None, env=env)
+        with self._helper_start_errors():
+            return proc.stream(
+                argv,
+                what=what,
+                hint=self._hint(),
+                cwd=workdir,
+                env=self._host_env(env),
+                stdin=stdin,
+                on_line=on_line,
+            )
+
+    def script(
+        self,
+        commands: Sequence[Command],
+        workdir: Path,
+        *,
+        what: str,
+        mounts: bool = False,
+        on_line: Callable[[str], None] | None = None,
+    ) -> list[str]:
+        """Run several commands as one shell script (one helper container, not one per command)."""
+        lines = ["set -e"]
+        for command in commands:
+            program = self.program if command.tool == "apptainer" and self.kind == "host" else command.tool
+            line = shlex.join([program, *command.args])
+            if command.stdout:
+                line += " > " + shlex.quote(command.stdout)
+            lines.append(line)
+        text = "\n".join(lines)
+        if self.kind == "host":
+            argv = ["sh", "-c", text]
+        else:
+            argv = self.argv("sh", ["-c", text], workdir, mounts=mounts)
+        with self._helper_start_errors():
+            return proc.stream(argv, what=what, hint=self._hint(), cwd=workdir, on_line=on_line or _discard)
+
+    def inspect(self, sif: Path) -> dict:
+        """`apptainer inspect` of ``sif``: its labels, environment, runscript and definition, by name."""
+        if self.kind == "host" and shutil.which("singularity"):  # spython drives `singularity`
+            from spython.main import Client
+
+            result = Client.inspect(str(sif), json=True, quiet=True)
+            if not isinstance(result, dict):
+                raise HpcboxError(f"cannot inspect {sif}: {result}", self._hint())
+        else:
+            text = self.run(
+                "apptainer", ["inspect", "--all", "--json", sif.name], sif.parent, what=f"inspect {sif.name}"
+            )
+            result = json.loads(text)
+        data = result.get("data", result)
+        return data.get("attributes", data)
+
+    @contextlib.contextmanager
+    def _helper_start_errors(self) -> Iterator[None]:
+        """Turn "the helper container could not start" into one line naming the fix."""
+        try:
+            yield
+        except HpcboxError as exc:
+            if self.kind != "container":
+                raise
+            line = _daemon_line(f"{exc.message}\n{exc.details}")
+            if line is None:
+                raise
+            hint = next(
+                (hint for marker, hint in _HELPER_START_FAILURES if marker in line.lower()),
+                _HELPER_START_DEFAULT_HINT,
+            )
+            raise HpcboxError(
+                f"the Apptainer helper container cannot start: {line}", hint, details=exc.details
+            ) from exc
+
+    def _hint(self) -> str:
+        if self.kind == "host":
+            return "see Apptainer's error above; `--engine container` uses hpcbox's own Apptainer instead"
+        return "see Apptainer's error above"
+
+    def _host_env(self, env: Mapping[str, str] | None) -> dict[str, str] | None:
+        if self.kind == "host" and env:
+            return {**os.environ, **env}
+        return None
+
+
+def parse_sif_list(text: str) -> list[SifObject]:
+    """The rows of `apptainer sif list` output."""
+    rows = []
+    for line in text.splitlines():
+        match = _SIF_LIST_ROW.match(line.strip())
+        if match:
+            rows.append(
+                SifObject(int(match[1]), int(match[2]), int(match[3]), int(match[4]), match[5].strip())
+            )
+    return rows
+
+
+def _discard(line: str) -> None:
+    pass
+
+
+def _daemon_line(text: str) -> str | None:
+    """The Docker daemon's complaint when `docker run` itself failed, else None."""
+    for line in text.splitlines():
+        if "Error response from daemon:" in line:
+            return line.split("Error response from daemon:", 1)[1].strip()
+    return None
+
+
+def engine(choice: str = "auto", *, on_line: Callable[[str], None] | None = None) -> Apptainer:
+    """Apptainer on the host when it has one (or ``choice`` says so), else the helper container."""
+    if choice not in ENGINES:
+        raise HpcboxError(f"--engine: unknown engine {choice!r}", f"choose one of: {', '.join(ENGINES)}")
+    if choice in ("auto", "host"):
+        program = host_program()
+        if program is not None:
+            return Apptainer("host", program)
+        if choice == "host":
+            raise HpcboxError("--engine host: neither `apptainer` nor `singularity` is on PATH", ENGINE_HINT)
+    return Apptainer("container", ensure_helper(on_line=on_line))
+
+
+def host_program() -> str | None:
+    """The host's apptainer (or singularity) as spython finds it, or None."""
+    from spython.utils import check_install
+
+    for program in ("apptainer", "singularity"):
+        path = shutil.which(program)
+        if path is not None and check_install(program, quiet=True):
+            return path
+    return None
+
+
+def helper_ref() -> str:
+    """The helper image's tag: a hash of its Dockerfile and base, so an edit means a rebuild."""
+    from hpcbox import baseimage
+
+    override = os.environ.get("HPCBOX_APPTAINER_HELPER")
+    if override:
+        return override
+    digest = hashlib.sha256(HELPER_DOCKERFILE.read_bytes() + baseimage.base_ref().encode()).hexdigest()
+    return f"{HELPER_REPOSITORY}:{digest[:12]}"
+
+
+def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
+    """The helper image (Apptainer + squashfs-tools from Debian), built from Debian's mirror if missing."""
+    from hpcbox import baseimage
+
+    ref = helper_ref()
+    if docker.image(ref) is not None:
+        return ref
+    base = baseimage.ensure_base(on_line=on_line)
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        data = HELPER_DOCKERFILE.read_bytes()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    docker.build(
+        context.getvalue(),
+        dockerfile="Dockerfile",
+        tag_ref=ref,
+        build_args={"BASE": base.ref},
+        labels={},
+        secrets={},
+        on_line=on_line,
+    )
+    return ref

@@ -1,0 +1,197 @@
+"""The sif stage against a real dockerd and a real Apptainer (1.4, in hpcbox's helper container)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcbox.errors import HpcboxError
+from hpcbox.sif import (
+    BUILD_DATE_LABEL,
+    LABEL_IMAGE_ID,
+    build_sif,
+    cached,
+    rootfs_sha256,
+    sif_path_for,
+)
+from hpcbox.tools.apptainer import Apptainer
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _convert(image, cache: Path, **options):
+    return build_sif(image, cache=cache, say=_quiet, on_line=_quiet, **options)
+
+
+@pytest.fixture(scope="session")
+def small_sifs(small_image, sif_cache):
+    """The small image's SIF by both paths, each in its own cache directory."""
+    return {path: _convert(small_image, sif_cache / path, conversion=path) for path in ("fast", "reference")}
+
+
+# --- the trainer image, as on a cluster node ---------------------------------------------------------
+
+
+def test_trainer_help_runs_as_non_root_user(trainer_sif, cluster_node):
+    done = cluster_node.run(
+        f"id -u && apptainer exec --bind /disk/scratch:/scratch {cluster_node.sif(trainer_sif.path)} "
+        "python -m hpctrain --help"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "1500"
+    assert "make-data" in done.stdout and "train" in done.stdout
+
+
+def test_trainer_one_epoch_writes_metrics_into_bound_scratch(trainer_sif, cluster_node):
+    run = "sif-epoch"
+    done = cluster_node.run(
+        f"mkdir -p /disk/scratch/{run} && apptainer exec --bind /disk/scratch/{run}:/scratch "
+        f"{cluster_node.sif(trainer_sif.path)} sh -c "
+        "'python -m hpctrain make-data --out /scratch/digits.tar && mkdir -p /scratch/data && "
+        "tar -xf /scratch/digits.tar -C /scratch/data && python -m hpctrain train --data-dir /scratch/data "
+        "--output-dir /scratch/out --epochs 1 --device cpu --workers 0'",
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    metrics = cluster_node.scratch / run / "out" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    assert rows, "metrics.jsonl is empty"
+    assert (cluster_node.scratch / run / "out" / "checkpoints").is_dir()
+
+
+def test_nv_exits_zero_without_gpu(trainer_sif, cluster_node):
+    done = cluster_node.run(f"apptainer exec --nv {cluster_node.sif(trainer_sif.path)} true")
+    assert done.returncode == 0, done.stderr
+
+
+def test_inspect_shows_provenance(trainer_image, trainer_sif, apptainer_helper):
+    attributes = Apptainer("container", apptainer_helper).inspect(trainer_sif.path)
+    labels = attributes["labels"]
+    assert labels[LABEL_IMAGE_ID] == trainer_image.id == trainer_sif.image_id
+    for key in ("org.opencontainers.image.revision", "io.hpcbox.lock-sha256"):
+        assert labels[key] == trainer_image.labels[key]
+    assert "Bootstrap: docker-archive" in attributes["deffile"]
+
+
+def test_second_conversion_is_a_cache_hit(trainer_image, trainer_sif, sif_cache):
+    again = _convert(trainer_image, sif_cache)
+    assert again.built is False
+    assert again.path == trainer_sif.path == sif_path_for(trainer_image.id, cache=sif_cache)
+    assert again.sha256 == trainer_sif.sha256
+
+
+# --- the two conversion paths, on the small image -----------------------------------------------------
+
+
+def _inside(node, sif_path: Path) -> dict:
+    sif = node.sif(sif_path)
+    inspect = node.run(f"apptainer inspect --all --json {sif}")
+    env = node.run(f"apptainer exec {sif} env")
+    run = node.run(f"apptainer run {sif} one 'two three'")
+    default_run = node.run(f"apptainer run {sif}")
+    files = node.run(
+        f'apptainer exec {sif} sh -c \'cd /.singularity.d && find . | sort | xargs -d "\\n" '
+        'sha256sum 2>/dev/null; cd / && stat -c "%n %A %U %G %F" .* *\''
+    )
+    for done in (inspect, env, run, default_run, files):
+        assert done.returncode == 0, done.stderr
+    metadata = json.loads(inspect.stdout)["data"]["attributes"]
+    labels = {key: value for key, value in metadata.pop("labels").items() if key != BUILD_DATE_LABEL}
+    variables = sorted(
+        line
+        for line in env.stdout.splitlines()
+        if not line.startswith(("APPTAINER_CONTAINER=", "SINGULARITY_CONTAINER="))
+    )
+    return {
+        "labels": labels,
+        "metadata": metadata,
+        "env": variables,
+        "run": run.stdout,
+        "default_run": default_run.stdout,
+        "files": [line for line in files.stdout.splitlines() if "labels.json" not in line],
+    }
+
+
+def test_fast_and_reference_paths_give_the_same_container(small_sifs, cluster_node, small_image):
+    fast, reference = (_inside(cluster_node, small_sifs[path].path) for path in ("fast", "reference"))
+    assert fast == reference
+    assert fast["labels"][LABEL_IMAGE_ID] == small_image.id
+    assert "HPCBOX_GREETING=hello world" in fast["env"]
+    assert fast["run"].strip() == "tool one two three"
+    assert fast["default_run"].strip() == "tool --flag x y"
+
+
+def test_fast_path_payload_is_reproducible(small_image, small_sifs, sif_cache, apptainer_helper):
+    again = _convert(small_image, sif_cache / "fast-again")
+    helper = Apptainer("container", apptainer_helper)
+    assert rootfs_sha256(again.path, helper) == rootfs_sha256(small_sifs["fast"].path, helper)
+
+
+def test_corrupted_cached_sif_is_rebuilt(small_image, small_sifs, sif_cache):
+    cache = sif_cache / "corrupt"
+    first = _convert(small_image, cache)
+    with first.path.open("r+b") as handle:
+        handle.seek(first.size // 2)
+        byte = handle.read(1)
+        handle.seek(first.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    assert cached(small_image.id, cache=cache) is None
+    rebuilt = _convert(small_image, cache)
+    assert rebuilt.built is True
+    hit = cached(small_image.id, cache=cache)
+    assert hit is not None and (hit.path, hit.sha256) == (rebuilt.path, rebuilt.sha256)
+
+
+def test_zstd_is_a_separate_cache_entry_that_runs(small_image, sif_cache, cluster_node):
+    sif = _convert(small_image, sif_cache / "zstd", compression="zstd")
+    assert sif.path.name.endswith(".zstd.sif")
+    done = cluster_node.run(f"apptainer exec {cluster_node.sif(sif.path)} tool ok")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "tool ok"
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def test_image_not_built_is_one_line_and_leaves_nothing(tmp_path, run_id):
+    env = {**os.environ, "HPCBOX_CACHE": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", "sif", "--image", f"{run_id}/missing:1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == f"error: image {run_id}/missing:1 is not built"
+    assert not any(tmp_path.rglob("*.sif"))
+
+
+def test_not_enough_disk_is_refused_before_starting(small_image, tmp_path, monkeypatch):
+    import shutil
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=1 << 20))
+    with pytest.raises(HpcboxError, match="not enough disk space") as error:
+        _convert(small_image, tmp_path / "cache")
+    assert "HPCBOX_CACHE" in error.value.hint
+    assert not any((tmp_path / "cache").rglob("*"))
+
+
+def test_helper_that_cannot_start_is_one_line(tmp_path, run_id):
+    missing = Apptainer("container", f"{run_id}/no-such-helper:1")
+    with pytest.raises(HpcboxError) as error:
+        missing.run("apptainer", ["--version"], tmp_path, what="ask apptainer its version")
+    assert error.value.message.startswith("the Apptainer helper container cannot start:")
+    assert "\n" not in error.value.message and error.value.hint

@@ -1,0 +1,132 @@
+"""The sif stage's pure parts: the export stream filter, cache records, definitions, validation."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hpcbox.errors import HpcboxError
+from hpcbox.sif import (
+    BUILD_DATE_LABEL,
+    LABEL_IMAGE_ID,
+    Sif,
+    _filter_export,
+    _set_build_date,
+    build_sif,
+    cached,
+    definition,
+    file_sha256,
+    sif_path_for,
+)
+from hpcbox.tools.apptainer import engine, parse_sif_list
+
+EPOCH = 1_700_000_000
+
+
+def _entry(tar: tarfile.TarFile, name: str, data: bytes = b"", *, mtime: int = EPOCH - 10, **kw) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = mtime
+    for key, value in kw.items():
+        setattr(info, key, value)
+    tar.addfile(info, io.BytesIO(data) if data else None)
+
+
+def _export_like() -> bytes:
+    """A tar like `docker export` writes: ustar, the container's own files, one entry needing PAX."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _entry(tar, ".dockerenv", mtime=EPOCH + 500)
+        _entry(tar, "dev/console", mtime=EPOCH + 500)
+        _entry(tar, "etc/hosts", b"", mtime=EPOCH + 500)
+        _entry(tar, "usr/lib/python3/" + "long" * 40 + ".py", b"print('hi')\n" * 100)
+        _entry(tar, "usr/bin/tool", b"#!/bin/sh\n", mode=0o755, uid=1000, gid=1000)
+        _entry(tar, "bin", type=tarfile.SYMTYPE, linkname="usr/bin")
+    return buffer.getvalue()
+
+
+def _overlay() -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        _entry(tar, ".singularity.d/runscript", b"#!/bin/sh\n", mtime=EPOCH)
+    data = buffer.getvalue()
+    return data[: 512 + 512]  # header + one data block, no end-of-archive
+
+
+def test_filter_drops_container_files_clamps_times_and_appends_overlay():
+    out = io.BytesIO()
+    source = _export_like()
+    chunks = [source[i : i + 700] for i in range(0, len(source), 700)]  # chunk edges inside headers
+    seen: list[int] = []
+    _filter_export(chunks, out, _overlay(), EPOCH, seen.append)
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        members = {member.name: member for member in tar.getmembers()}
+        long_name = next(name for name in members if name.startswith("usr/lib/python3/long"))
+        assert tar.extractfile(long_name).read() == b"print('hi')\n" * 100
+    assert ".dockerenv" not in members and "dev/console" not in members
+    assert members["etc/hosts"].mtime == EPOCH
+    assert members["usr/bin/tool"].mtime == EPOCH - 10 and members["usr/bin/tool"].uid == 1000
+    assert members["bin"].issym() and members["bin"].linkname == "usr/bin"
+    assert list(members)[-1] == ".singularity.d/runscript"
+    assert seen[-1] <= len(source)
+
+
+def test_filter_reports_a_truncated_export():
+    source = _export_like()
+    with pytest.raises(HpcboxError, match="docker export ended"):
+        _filter_export([source[:1500]], io.BytesIO(), b"", EPOCH, lambda done: None)
+
+
+def test_definition_carries_the_image_id_in_labels():
+    text = definition("sha256:abc", "hpcbox/trainer:123", "trainer.tar", comment="made by hpcbox")
+    assert text.startswith("# made by hpcbox\nBootstrap: docker-archive\nFrom: trainer.tar\n")
+    assert f"    {LABEL_IMAGE_ID} sha256:abc\n" in text
+
+
+def test_build_date_is_replaced_without_touching_the_rest():
+    labels = json.dumps({BUILD_DATE_LABEL: "Monday_01_January_2026_10:00:1_UTC", "a": "b"}, indent="\t")
+    replaced = _set_build_date(labels, "Tuesday_14_November_2023_22:13:20_UTC")
+    assert json.loads(replaced) == {BUILD_DATE_LABEL: "Tuesday_14_November_2023_22:13:20_UTC", "a": "b"}
+
+
+def test_sif_list_rows_are_parsed():
+    text = """\
+------------------------------------------------------------------------------
+ID   |GROUP   |LINK    |SIF POSITION (start-end)  |TYPE
+------------------------------------------------------------------------------
+1    |1       |NONE    |32176-32222               |Def.FILE
+4    |1       |NONE    |40960-48562176            |FS (Squashfs/*System/amd64)
+"""
+    rows = parse_sif_list(text)
+    assert [(row.id, row.start, row.end) for row in rows] == [(1, 32176, 32222), (4, 40960, 48562176)]
+    assert rows[1].type.startswith("FS")
+
+
+def test_cache_entry_is_named_by_content_and_checked_by_sha256(tmp_path: Path):
+    path = sif_path_for("sha256:" + "ab" * 32, "zstd", tmp_path)
+    assert path == tmp_path / f"{'ab' * 32}.zstd.sif"
+    path.write_bytes(b"SIF" * 1000)
+    sif = Sif(path, file_sha256(path), path.stat().st_size, "zstd", "sha256:" + "ab" * 32)
+    path.with_suffix(".json").write_text(sif.record())
+    assert cached(sif.image_id, "zstd", tmp_path) == sif
+    path.write_bytes(b"SIX" + b"SIF" * 999)  # same size, different bytes
+    assert cached(sif.image_id, "zstd", tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"conversion": "slow"}, "--path"), ({"compression": "bzip2"}, "--compression")],
+)
+def test_bad_settings_name_their_option(options, field, tmp_path):
+    with pytest.raises(HpcboxError, match=f"^{field}: "):
+        build_sif(SimpleNamespace(ref="any:1"), cache=tmp_path, **options)
+
+
+def test_unknown_engine_names_the_option():
+    with pytest.raises(HpcboxError, match=r"^--engine: unknown engine 'podman'"):
+        engine("podman")
