@@ -3,5 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.engine",
     "tests.fixtures.images",
+    "tests.fixtures.sif",
     "tests.fixtures.cluster",
 ]

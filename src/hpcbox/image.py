@@ -256,6 +256,40 @@ def build_image(
     return _image(plan, built, built=True)
 
 
+def record_path(project: ProjectConfig, flavour: str) -> Path:
+    return project.state_dir / "images" / f"{flavour}.json"
+
+
+def record_image(project: ProjectConfig, image: Image) -> None:
+    """Remember the image just built (or found up to date) as the project's image of its flavour."""
+    path = record_path(project, image.flavour)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(image.to_json() + "\n")
+    partial.replace(path)
+    latest = path.with_name("latest")
+    latest.write_text(image.flavour + "\n")
+
+
+def last_image(project: ProjectConfig, flavour: str | None = None) -> Image:
+    """The image `invoke build` last made for ``flavour`` (default: the last one built), still present."""
+    if flavour is not None:
+        resolve_flavour(flavour, offline=False)
+    else:
+        latest = project.state_dir / "images" / "latest"
+        flavour = latest.read_text().strip() if latest.is_file() else None
+    path = record_path(project, flavour) if flavour else None
+    if path is None or not path.is_file():
+        raise HpcboxError(
+            "the image is not built" + (f" for flavour {flavour}" if flavour else ""),
+            "run `invoke build` first" + (f" (with --flavour {flavour})" if flavour else ""),
+        )
+    image = Image.from_json(path.read_text())
+    if docker.image(image.ref) is None:
+        raise HpcboxError(f"image {image.ref} is no longer in the Docker engine", "run `invoke build` again")
+    return image
+
+
 def _image(plan: BuildPlan, info: docker.ImageInfo, *, built: bool) -> Image:
     return Image(
         ref=plan.ref,

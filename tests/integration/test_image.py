@@ -161,3 +161,15 @@ def test_engine_not_permitted_is_one_line_error(docker_engine):
     finally:
         shutil.rmtree(home)
     assert_one_line_error(done, "not permitted to use the Docker engine", "docker group")
+
+
+def test_invoke_build_prints_the_tag_and_records_the_image_for_the_next_stage(
+    trainer_image, project_copy: Path
+):
+    done = invoke("build", "--offline", cwd=project_copy)
+    assert done.returncode == 0, done.stderr
+    ref = done.stdout.strip().splitlines()[-1]
+    assert docker.image(ref) is not None
+    recorded = image_stage.last_image(load_project(project_copy))
+    assert (recorded.ref, recorded.flavour) == (ref, "cpu")
+    assert image_stage.last_image(load_project(project_copy), "cpu").id == docker.image(ref).id

@@ -89,3 +89,12 @@ def test_bad_project_name_names_the_field(tmp_path: Path):
     (tmp_path / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "My Trainer"\n')
     with pytest.raises(HpcboxError, match=r"^tool.hpcbox.project: 'My Trainer'"):
         load_project(tmp_path)
+
+
+def test_next_stage_before_any_build_says_to_build_first(project):
+    with pytest.raises(HpcboxError, match=r"^the image is not built \(run `invoke build` first\)$"):
+        image_stage.last_image(project)
+    with pytest.raises(HpcboxError, match=r"^the image is not built for flavour cuda"):
+        image_stage.last_image(project, "cuda")
+    with pytest.raises(HpcboxError, match=r"unknown flavour 'rocm'"):
+        image_stage.last_image(project, "rocm")

@@ -1,0 +1,334 @@
+"""hpcbox tasks: `invoke --list` shows them, `invoke --help TASK` their options.
+
+Thin by design: parse flags, call the hpcbox package, print. Logic lives in src/hpcbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from invoke import Collection, task
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from hpcbox.errors import HpcboxError  # noqa: E402
+
+# The mini cluster's generated secrets and state, in this checkout's git-ignored .hpcbox/.
+CLUSTER_STATE = ROOT / ".hpcbox" / "cluster"
+
+
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn an HpcboxError into one line on stderr and exit status 1 (tracebacks with HPCBOX_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HpcboxError as exc:
+            import os
+
+            if os.environ.get("HPCBOX_DEBUG"):
+                raise
+            if exc.details:
+                print(exc.details, file=sys.stderr)
+            print(f"error: {exc.message}", file=sys.stderr)
+            if exc.hint:
+                print(f"  hint: {exc.hint}", file=sys.stderr)
+            sys.exit(1)
+
+    return wrapper
+
+
+# --- build (issue: foundation and build) ------------------------------------------------------
+
+
+@task(
+    help={
+        "flavour": "cuda (default; PyPI CUDA PyTorch) or cpu (Debian's CPU PyTorch; default offline)",
+        "offline": "build on a Debian base bootstrapped here instead of pulling from a registry",
+        "base": "base image to build on (overrides the flavour's default)",
+        "no_cache": "rebuild every layer even if nothing changed",
+    }
+)
+@friendly
+def build(c, flavour=None, offline=False, base=None, no_cache=False):
+    """Build the trainer image, tagged by content (no-op when nothing changed)."""
+    from hpcbox.config import load_project
+    from hpcbox.image import build_image, record_image
+
+    project = load_project()
+    image = build_image(project, flavour=flavour, offline=offline, base=base, no_cache=no_cache)
+    record_image(project, image)
+    print(image.ref)
+
+
+@task(help={"suite": "Debian suite (default trixie)", "force": "bootstrap again even if the image exists"})
+@friendly
+def base(c, suite="trixie", force=False):
+    """Bootstrap a Debian base image with debootstrap (for hosts with no registry)."""
+    from hpcbox.baseimage import ensure_base
+
+    made = ensure_base(suite, force=force)
+    print(f"{made.ref} {'bootstrapped' if made.created else 'is up to date'} ({made.id[:19]})")
+
+
+@task(help={"base": "image whose Debian mirror decides the apt pins (default: the bootstrapped base)"})
+@friendly
+def lock(c, base=None):
+    """Refresh the image's dependency locks (pinned Debian versions, hashed pip lock)."""
+    from hpcbox.baseimage import ensure_base
+    from hpcbox.config import load_project
+    from hpcbox.lock import refresh_locks
+
+    changed = refresh_locks(load_project(), base or ensure_base().ref)
+    print("locks changed: " + ", ".join(str(p) for p in changed) if changed else "locks are up to date")
+
+
+# --- trainer -----------------------------------------------------------------------------------
+
+
+# --- sif -----------------------------------------------------------------------------------------
+
+
+@task(
+    help={
+        "engine": "auto (default: the host's apptainer if on PATH, else hpcbox's helper container), "
+        "host, container",
+        "path": "fast (default: docker export streamed into mksquashfs) or reference (apptainer build)",
+        "compression": "gzip (default; readable by old Singularity releases), zstd, xz, lz4, lzo",
+        "def_only": "only write apptainer/<project>-<flavour>.def, for building on the cluster",
+        "flavour": "convert the image `invoke build` last made of this flavour (default: the last one built)",
+        "image": "convert this local image instead of the project's (e.g. myimage:tag)",
+        "force": "convert again even if the cached SIF is up to date",
+    }
+)
+@friendly
+def sif(
+    c, engine="auto", path="fast", compression="gzip", def_only=False, flavour=None, image=None, force=False
+):
+    """Convert the built image to an Apptainer SIF, cached by image content."""
+    from types import SimpleNamespace
+
+    from hpcbox.config import load_project
+    from hpcbox.image import last_image
+    from hpcbox.sif import build_sif, write_definition
+
+    project = load_project()
+    if image is None:
+        source = last_image(project, flavour)
+        name = f"{project.name}-{source.flavour}"
+    else:
+        source, name = SimpleNamespace(ref=image), project.name
+    if def_only:
+        print(write_definition(source, project.root / "apptainer", name))
+        return
+    made = build_sif(source, engine_choice=engine, conversion=path, compression=compression, force=force)
+    print(made.path)
+
+
+# --- sbatch / profiles ---------------------------------------------------------------------------
+
+
+def _trainer_args(remainder: str) -> tuple[str, ...]:
+    """Words after `--`: from sys.argv when it matches (invoke joins the remainder with spaces)."""
+    import shlex
+
+    if "--" in sys.argv:
+        after = sys.argv[sys.argv.index("--") + 1 :]
+        if " ".join(after) == remainder:
+            return tuple(after)
+    return tuple(shlex.split(remainder))
+
+
+@task(
+    iterable=["extra"],
+    help={
+        "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
+        "job-name": "job name (default: the project's name)",
+        "gpus": "GPUs per node",
+        "gpu-type": "GPU model, in the site's spelling (e.g. a100, V100)",
+        "cpus": "CPUs per task",
+        "mem": "memory per node, e.g. 16G",
+        "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
+        "ntasks-per-node": "tasks per node (one per GPU for torchrun/DDP)",
+        "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
+        "output": "write the script to this file instead of printing it",
+        "check": "also run `sbatch --test-only` on the cluster (the mini cluster for `local`)",
+        "sif": "SIF path on the cluster (default images/<project>.sif under the submit directory)",
+    },
+)
+@friendly
+def sbatch(
+    c,
+    cluster,
+    output=None,
+    gpus=None,
+    gpu_type=None,
+    cpus=None,
+    mem=None,
+    time=None,
+    job_name=None,
+    partition=None,
+    account=None,
+    qos=None,
+    nodes=None,
+    ntasks_per_node=None,
+    array=None,
+    mail_user=None,
+    mail_type=None,
+    extra=None,
+    sif=None,
+    check=False,
+):
+    """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`."""
+    from hpcbox import profiles, render, resources
+    from hpcbox.config import load_project
+
+    project = load_project()
+    profile = profiles.load_profile(cluster)
+    flags = {
+        "job_name": job_name, "partition": partition, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
+        "mem": mem, "time": time, "nodes": nodes, "ntasks_per_node": ntasks_per_node, "account": account,
+        "qos": qos, "array": array, "mail_user": mail_user, "mail_type": mail_type, "extra": extra or [],
+    }  # fmt: skip
+    request = resources.request_for(cluster, flags, project.root / "pyproject.toml", project.name)
+    script = render.render_sbatch(
+        profile,
+        resources.resolve(profile, request),
+        render.JobInputs.defaults(project.name, sif=sif),
+        _trainer_args(c.remainder),
+    )
+    if check:
+        print(_test_only(profile, script.text), file=sys.stderr)
+    if output:
+        script.write(Path(output))
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        print(script.text, end="")
+
+
+def _test_only(profile, text: str) -> str:
+    """`sbatch --test-only` on the cluster; wired for the mini cluster until shipping to real sites exists."""
+    from hpcbox import minicluster
+    from hpcbox.minicluster.spec import DEFAULT_NAME
+    from hpcbox.tools import slurm
+
+    running = None
+    if profile.name == "local":
+        running = minicluster.find(DEFAULT_NAME, CLUSTER_STATE)
+    if running is None:
+        raise HpcboxError(
+            f"--check cannot reach cluster {profile.name!r}",
+            "it works for `local` once `invoke cluster.up` has run; for other sites, submit with "
+            "`sbatch --test-only FILE` on the login node",
+        )
+    return slurm.test_only(running.ssh_target(), text)
+
+
+# --- cluster (the mini Slurm-in-Docker cluster) ----------------------------------------------------
+
+
+def _cluster_tasks() -> Collection:
+    """The `cluster.*` tasks, kept in their own namespace (defined here so they stay off the top level)."""
+    from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_PORT
+
+    def _find(name: str):
+        from hpcbox import minicluster
+
+        found = minicluster.find(name, CLUSTER_STATE)
+        if found is None:
+            raise HpcboxError(
+                f"no cluster named {name} is up here", f"start it: `invoke cluster.up --name {name}`"
+            )
+        return found
+
+    @task(help={"nodes": "compute nodes (default 2)", "name": "cluster name", "port": "login SSH port"})
+    @friendly
+    def up(c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT):
+        """Start the mini Slurm cluster (idempotent) and wait until every node is idle."""
+        from hpcbox import minicluster
+
+        cluster = minicluster.up(
+            minicluster.ClusterSpec(name=name, nodes=int(nodes), port=int(port)), CLUSTER_STATE, on_line=print
+        )
+        print(minicluster.status(cluster), end="")
+        print(f"login: ssh -i {cluster.key_path} -p {cluster.login_port} {cluster.user}@127.0.0.1")
+
+    @task(help={"name": "cluster name"})
+    @friendly
+    def status(c, name=DEFAULT_NAME):
+        """Show the cluster's nodes (sinfo) and jobs (squeue)."""
+        from hpcbox import minicluster
+
+        print(minicluster.status(_find(name)), end="")
+
+    @task(help={"name": "cluster name"})
+    @friendly
+    def down(c, name=DEFAULT_NAME):
+        """Remove the cluster's containers, network, volumes and keys."""
+        from hpcbox import minicluster
+
+        removed = minicluster.down(name, CLUSTER_STATE)
+        print(
+            f"removed {len(removed.containers)} containers, {len(removed.networks)} network(s), "
+            f"{len(removed.volumes)} volume(s) of {name}"
+        )
+
+    @task(help={"name": "cluster name"})
+    @friendly
+    def shell(c, name=DEFAULT_NAME):
+        """Open a shell on the login node as the cluster user, over SSH."""
+        import shlex
+
+        from hpcbox.tools import ssh
+
+        c.run(shlex.join(ssh.ssh_argv(_find(name).ssh_target(), tty=True)), pty=True, warn=True)
+
+    return Collection("cluster", up=up, status=status, down=down, shell=shell)
+
+
+# --- development: tests, lint, benchmarks -------------------------------------------------------
+
+SHELL_SCRIPTS = ("bootstrap", ".ci/run", "docker/apt-install.sh")
+
+
+@task
+def lint(c):
+    """Lint: ruff (rules and formatting) and shellcheck on the project's shell scripts."""
+    c.run("ruff check src tests bench tasks.py", pty=False)
+    c.run("ruff format --check src tests bench tasks.py", pty=False)
+    scripts = [*SHELL_SCRIPTS, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").rglob("*.sh"))]
+    scripts += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "apptainer").rglob("*.sh"))
+    c.run("shellcheck " + " ".join(scripts), pty=False)
+
+
+@task(
+    help={
+        "k": "only tests matching this pytest -k expression",
+        "unit": "only the unit tests (no Docker engine needed)",
+        "lint_first": "run `invoke lint` before the tests (default: yes)",
+    }
+)
+def test(c, k=None, unit=False, lint_first=True):
+    """Run the whole test suite (lint, unit and integration tests against real Docker, Apptainer, Slurm)."""
+    if lint_first:
+        lint(c)
+    args = ["pytest", "tests/unit" if unit else "tests"]
+    if k:
+        args += ["-k", k]
+    c.run(" ".join(args), pty=False)
+
+
+@task(help={"name": "benchmark to run (bench/bench_NAME.py); all when omitted"})
+def bench(c, name=None):
+    """Run benchmarks, write bench/results/NAME.json and print a table."""
+    c.run(f"python bench/run.py {name or ''}", pty=False)
+
+
+ns = Collection.from_module(sys.modules[__name__])
+ns.add_collection(_cluster_tasks())
