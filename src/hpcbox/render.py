@@ -224,7 +224,15 @@ clean_up() {{
         mkdir -p "$run_dir"
         cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
     fi
-    on_each_node rm -rf -- "$job_scratch" || echo "hpcbox: could not remove $job_scratch" >&2
+    local attempt
+    for attempt in 1 2 3; do
+        if on_each_node rm -rf -- "$job_scratch"; then
+            return 0
+        fi
+        # Slurm can refuse a new step on nodes whose previous step is still being torn down.
+        sleep $((attempt * 5))
+    done
+    echo "hpcbox: could not remove $job_scratch" >&2
 }}
 
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
@@ -269,9 +277,9 @@ echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, res
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"
-# A requeued job carries on from the checkpoints its previous run copied back.
+# A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
 if [[ -d $run_dir ]]; then
-    cp -a "$run_dir/." "$job_scratch/out/"
+    on_each_node cp -a "$run_dir/." "$job_scratch/out/"
 fi"""
 
 
@@ -289,9 +297,9 @@ fi"""
 
 def _run_trainer(profile: ClusterProfile, resources: Resources, trainer_args: tuple[str, ...]) -> str:
     apptainer = profile.apptainer
-    launcher = ["srun --kill-on-bad-exit=1"] if resources.tasks > 1 else []
+    multi_process = resources.tasks > 1
     # Each unit is one option with its value, kept together on a line.
-    units = [*launcher, f"{apptainer.command} exec"]
+    units = _per_node_launch(resources, apptainer.command) if multi_process else [f"{apptainer.command} exec"]
     if resources.gpus:
         units.append("--nv")
     units += [shlex.quote(option) for option in apptainer.options]
@@ -302,15 +310,22 @@ def _run_trainer(profile: ClusterProfile, resources: Resources, trainer_args: tu
         f'--bind "$job_scratch:{SCRATCH_MOUNT}"',
         f'--bind "$code_dir:{CODE_MOUNT}:ro"',
         f"--env PYTHONPATH={CODE_MOUNT}",
-        f"--pwd {SCRATCH_MOUNT}",
-        '"$sif"',
-        "python -m hpctrain train",
-        f"--data-dir {SCRATCH_MOUNT}/data",
-        f"--output-dir {SCRATCH_MOUNT}/out",
     ]
+    if multi_process:
+        # The trainer sizes its DataLoader workers by this: the CPUs of one process, not of the node.
+        units.append(f"--env SLURM_CPUS_PER_TASK={resources.cpus_per_task or 1}")
+    units += [f"--pwd {SCRATCH_MOUNT}", '"$sif"']
+    units += _torchrun(resources) if multi_process else ["python -m hpctrain train"]
+    units += [f"--data-dir {SCRATCH_MOUNT}/data", f"--output-dir {SCRATCH_MOUNT}/out"]
     command = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
-    if any("$" in arg or "`" in arg for arg in trainer_args):
-        command = "# shellcheck disable=SC2016  # the trainer's arguments are meant literally\n" + command
+    literal = [
+        *(["the per-node shell's"] if multi_process else []),
+        *(["the trainer's arguments"] if any("$" in arg or "`" in arg for arg in trainer_args) else []),
+    ]
+    if literal:
+        command = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + command
+    if multi_process:
+        command = _rendezvous() + "\n" + command
     return f"""\
 # The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
 {command} &
@@ -324,6 +339,52 @@ while kill -0 "$trainer_pid" 2>/dev/null; do
 done
 trainer_pid=""
 """[:-1]
+
+
+def _rendezvous() -> str:
+    return f"""\
+# Several processes: on each node one srun task runs hpctrain.torchrun, which starts that node's trainer
+# processes, passes USR1 and TERM on to them, and exits {CHECKPOINTED_EXIT} when they checkpointed.
+# Static rendezvous: a fixed set of nodes, the store on the job's first node (this one). A node's rank is
+# its index in the job, so global rank 0, which writes checkpoints and metrics, runs on this node, whose
+# scratch is copied back.
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+rendezvous_host=${{job_nodes%%$'\\n'*}}
+rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))"""
+
+
+def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
+    """srun, one task per node with all the node's CPUs, and a shell there that knows its node's index.
+
+    Not --kill-on-bad-exit: a node whose trainers checkpointed exits 75 moments before the others, and
+    killing those would turn the step's 75 into a failure. A node that fails leaves the others waiting
+    in a collective: --wait ends them a minute after the first task exits.
+    """
+    cpus = resources.ntasks_per_node * (resources.cpus_per_task or 1)
+    # SLURM_NODEID is set on each node; --env passes it through Apptainer's --containall too.
+    per_node = 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"'
+    return [
+        f"srun --nodes={resources.nodes}",
+        f"--ntasks={resources.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cpus}",
+        "--kill-on-bad-exit=0",
+        "--wait=60",
+        f"bash -c {shlex.quote(per_node)} per-node",
+        shlex.quote(apptainer_command),
+    ]
+
+
+def _torchrun(resources: Resources) -> list[str]:
+    return [
+        "python -m hpctrain.torchrun",
+        f"--nnodes={resources.nodes}",
+        f"--nproc-per-node={resources.ntasks_per_node}",
+        "--rdzv-backend=static",
+        '--master-addr="$rendezvous_host"',
+        '--master-port="$rendezvous_port"',
+        "-m hpctrain train",
+    ]
 
 
 def _finish() -> str:

@@ -1,20 +1,35 @@
-"""`python -m hpctrain.torchrun ...`: PyTorch's own torchrun, usable with builds that lack libuv.
+"""`python -m hpctrain.torchrun ...`: PyTorch's own torchrun, fixed for builds without libuv and for
+cluster signals.
 
-Debian's python3-torch 2.6 is built without libuv, yet its TCPStore still defaults to
+libuv: Debian's python3-torch 2.6 is built without libuv, yet its TCPStore still defaults to
 use_libuv=True, and torchrun's rendezvous backends create TCPStores without passing the flag (nor
 reading USE_LIBUV), so `torchrun` dies with "use_libuv was requested but PyTorch was build without
-libuv support". This wrapper makes the default follow the build (and USE_LIBUV, if set), then
-hands over to torch.distributed.run unchanged; the trainer's processes make their own store the same
-way. With a PyTorch that has libuv (PyPI wheels) it changes nothing, and plain torchrun works too.
+libuv support". This wrapper makes the default follow the build (and USE_LIBUV, if set); the
+trainer's processes make their own store the same way. With a PyTorch that has libuv (PyPI wheels)
+it changes nothing there.
+
+Signals: torchrun's agent does not pass SIGUSR1 on (its default action kills the agent and orphans
+the workers), and on SIGTERM it shuts the workers down and exits 1 whatever they did. Here both are
+passed to every worker, which checkpoints at the same step as the others and exits 75 (EXIT_REQUEUE);
+the agent then exits 75 too when every failed worker exited 75, so a job script can requeue.
+Everything else is torch.distributed.run unchanged (same arguments).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import sys
+from types import FrameType
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import PContext
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from hpctrain import EXIT_REQUEUE
 from hpctrain.distributed import libuv_available
+from hpctrain.signals import STOP_SIGNALS
 
 
 class _TCPStore(dist.TCPStore):
@@ -25,14 +40,44 @@ class _TCPStore(dist.TCPStore):
         super().__init__(*args, **kwargs)
 
 
+def _forward_stop_signals(workers: PContext) -> None:
+    """From now on, USR1 and TERM reach the workers instead of stopping the agent."""
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        for pid in workers.pids().values():
+            # One that already exited is the agent's monitor's business.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, forward)
+
+
+def _start_forwarding(start):
+    # PContext.start installs torchrun's own SIGTERM handler (raise, kill the workers): replace it after.
+    def start_then_forward(self: PContext) -> None:
+        start(self)
+        _forward_stop_signals(self)
+
+    return start_then_forward
+
+
 def main() -> None:
     wanted = os.environ.get("USE_LIBUV")
     _TCPStore.use_libuv_default = wanted == "1" if wanted is not None else libuv_available()
     if not _TCPStore.use_libuv_default:
         dist.TCPStore = _TCPStore  # before torchrun's modules bind the name
+    PContext.start = _start_forwarding(PContext.start)
     from torch.distributed.run import main as torchrun
 
-    torchrun()
+    try:
+        torchrun()
+    except ChildFailedError as failed:
+        exit_codes = {failure.exitcode for failure in failed.failures.values()}
+        if exit_codes == {EXIT_REQUEUE}:
+            print(f"hpctrain.torchrun: the workers checkpointed; exiting {EXIT_REQUEUE}", file=sys.stderr)
+            sys.exit(EXIT_REQUEUE)
+        raise
 
 
 if __name__ == "__main__":

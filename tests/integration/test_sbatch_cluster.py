@@ -9,6 +9,7 @@ Scripts for every other profile, with the mini cluster's partition substituted, 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 import time
 from pathlib import Path
@@ -181,6 +182,59 @@ def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
     wait_finished(cluster, job_id)
     assert f"requeueing job {job_id}" in log
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
+    deadline = time.monotonic() + 30
+    while scratch_left(cluster, job_id):
+        assert time.monotonic() < deadline, scratch_left(cluster, job_id)
+        time.sleep(1)
+
+
+TWO_NODES = dict(partition="cpu", nodes=2, ntasks_per_node=1)
+
+
+def metric_events(job_dir: JobDir, job_id: str, kind: str) -> list[dict]:
+    lines = job_dir.sh(f"cat runs/{job_id}/metrics.jsonl").stdout.splitlines()
+    return [record for record in map(json.loads, filter(None, lines)) if record["event"] == kind]
+
+
+def test_two_nodes_train_one_ddp_run_in_apptainer(job_dir: JobDir):
+    """2 nodes x 1 task: one torchrun per node, gloo across the nodes, ranks end with the same weights."""
+    script = render_local(ResourceRequest(job_name="ddp", time="10", **TWO_NODES), TRAIN_ARGS)
+    job_id = job_dir.submit(script, "ddp.sh")
+    state, exit_code = wait_finished(job_dir.cluster, job_id)
+    log = job_dir.sh(f"cat logs/ddp-{job_id}.out", check=False).stdout
+    assert (state, exit_code) == ("COMPLETED", "0:0"), log
+    assert sacct(job_dir.cluster, job_id, "NodeList") == ["node[1-2]"]
+    start = metric_events(job_dir, job_id, "start")[-1]
+    assert start["world_size"] == 2 and start["host"] == "node1", start  # rank 0 on the batch node
+    done = metric_events(job_dir, job_id, "done")[-1]
+    assert done["rank_weights_sha256"] == [done["weights_sha256"]] * 2, done
+    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip()
+    assert scratch_left(job_dir.cluster, job_id) == [], log
+
+
+def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
+    """USR1 reaches every rank through srun and torchrun: one checkpoint, requeue, both nodes resume."""
+    script = render_local(
+        ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES),
+        ("--epochs", "1000", "--device", "cpu", "--workers", "0"),
+    )
+    job_id = job_dir.submit(script, "ddp-limited.sh")
+    cluster = job_dir.cluster
+    deadline = time.monotonic() + 240
+    log = ""
+    while '"resumed": {' not in log:
+        assert time.monotonic() < deadline, log
+        time.sleep(3)
+        log = job_dir.sh(f"cat logs/ddp-limited-{job_id}.out", check=False).stdout
+    cluster.ssh(["scancel", job_id], check=True)
+    wait_finished(cluster, job_id)
+    assert f"requeueing job {job_id}" in log
+    assert "the workers checkpointed; exiting 75" in log
+    preempted = metric_events(job_dir, job_id, "preempted")
+    assert preempted and preempted[0]["signal"] == "SIGUSR1", log
+    resumed = next(event for event in metric_events(job_dir, job_id, "start") if event["resumed"])
+    assert resumed["world_size"] == 2
+    assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
     deadline = time.monotonic() + 30
     while scratch_left(cluster, job_id):
         assert time.monotonic() < deadline, scratch_left(cluster, job_id)

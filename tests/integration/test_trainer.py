@@ -266,6 +266,41 @@ def test_torchrun_two_gloo_processes_train_and_agree_on_weights(trainer: Trainer
     assert len(digests) == 2 and digests[0] == digests[1], digests
 
 
+TWO_PROCESSES = (
+    *("python", "-m", "hpctrain.torchrun", "--standalone", "--nproc-per-node", "2"),
+    *("-m", "hpctrain"),
+)
+
+
+def test_torchrun_passes_usr1_to_every_process_which_checkpoint_once_and_exit_75(
+    trainer: TrainerRunner,
+) -> None:
+    """Signalled as a job step's launcher is: the agent (PID 1 here) alone gets USR1."""
+    argv = (*TWO_PROCESSES, *trainer.train_argv("ddp-interrupted", "--workers", "0")[3:])
+    container = trainer.start(*argv)
+    output = trainer.workdir / "ddp-interrupted"
+    _wait_for_step(output, container, epoch=2)
+    container.kill(signal="SIGUSR1")
+    interrupted = trainer.finish(container)
+
+    assert_ok(interrupted, EXIT_REQUEUE)
+    preempted = events(output, "preempted")
+    assert len(preempted) == 1 and preempted[0]["signal"] == "SIGUSR1", preempted
+    assert preempted[0]["epoch"] >= 2 and 0 < preempted[0]["step"] < 45, preempted
+    assert (output / "checkpoints" / preempted[0]["checkpoint"]).is_file()
+    assert not events(output, "done")
+
+    resumed = trainer.run(*argv)
+    assert_ok(resumed)
+    assert events(output, "start")[-1]["resumed"]["step"] == preempted[0]["step"]
+    uninterrupted = trainer.run(*TWO_PROCESSES, *trainer.train_argv("ddp-whole", "--workers", "0")[3:])
+    assert_ok(uninterrupted)
+    whole = events(trainer.workdir / "ddp-whole", "done")[-1]
+    done = events(output, "done")[-1]
+    assert done["rank_weights_sha256"] == whole["rank_weights_sha256"] == [whole["weights_sha256"]] * 2
+    assert epoch_results(output) == epoch_results(trainer.workdir / "ddp-whole")
+
+
 def test_resnet18_trains_head_first_then_all_layers(trainer: TrainerRunner) -> None:
     result = trainer.train(
         "resnet", "--model", "resnet18", "--epochs", "2", "--steps-per-epoch", "3", "--workers", "0"

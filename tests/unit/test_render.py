@@ -221,7 +221,17 @@ if mode == "wait":
 '''
 
 STUB_SCONTROL = """#!/bin/sh
+if [ "$1 $2" = "show hostnames" ]; then
+    printf 'node1\\nnode2\\n'
+    exit 0
+fi
 echo "$@" >>"$STUB_SCONTROL_LOG"
+"""
+
+# Stand-in for srun on a one-node "cluster": drops srun's options, runs the command as node 0.
+STUB_SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do shift; done
+SLURM_NODEID=0 exec "$@"
 """
 
 
@@ -278,7 +288,7 @@ def make_sandbox(root: Path) -> Sandbox:
         archive.add(shard, arcname="shard-0000.npz")
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    for name, body in (("apptainer", STUB_APPTAINER), ("scontrol", STUB_SCONTROL)):
+    for name, body in (("apptainer", STUB_APPTAINER), ("scontrol", STUB_SCONTROL), ("srun", STUB_SRUN)):
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     node_scratch = root / "node-scratch"
@@ -388,6 +398,43 @@ def test_scancel_term_checkpoints_cleans_up_and_does_not_requeue(sandbox: Sandbo
     assert not sandbox.scratch_was.exists()
 
 
+MULTI_PROCESS = ResourceRequest(job_name="ddp", nodes=2, ntasks_per_node=2, cpus=3, time="30")
+
+
+def test_multi_process_job_runs_one_torchrun_per_node_with_static_rendezvous(sandbox: Sandbox):
+    sandbox.env.update(SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2")
+    status, output = sandbox.run(sandbox.script(MULTI_PROCESS, ("--epochs", "1")))
+    assert status == 0, output
+    argv = sandbox.recorded_argv
+    # The node's index reaches torchrun as its node rank, through --env (so also under --containall).
+    assert argv[:3] == ["exec", "--env", "PET_NODE_RANK=0"]
+    assert "SLURM_CPUS_PER_TASK=3" in argv  # per trainer process, not the node's 6
+    launcher = argv[argv.index("hpctrain.torchrun") - 2 : argv.index("--data-dir")]
+    assert launcher == [
+        "python", "-m", "hpctrain.torchrun", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=static",
+        "--master-addr=node1", f"--master-port={20000 + 4242 % 20000}", "-m", "hpctrain", "train",
+    ]  # fmt: skip
+    assert trainer_argv_tail(argv) == ["--epochs", "1"]
+    assert not sandbox.scratch_was.exists()
+
+
+def test_multi_process_job_sees_the_checkpoints_on_every_node_and_is_requeued(sandbox: Sandbox):
+    sandbox.env.update(SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2")
+    (sandbox.run_dir / "checkpoints").mkdir(parents=True)
+    (sandbox.run_dir / "checkpoints" / "old.pt").write_text("from the first run")
+    status, output = sandbox.run(sandbox.script(MULTI_PROCESS), mode="checkpoint")
+    assert status == 0, output
+    assert 'on_each_node cp -a "$run_dir/."' in sandbox.script(MULTI_PROCESS).text
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
+
+
+def test_single_process_job_has_no_srun_and_no_torchrun():
+    text = render("local", ResourceRequest(job_name="one", nodes=1, ntasks_per_node=1)).text
+    assert "hpctrain.torchrun" not in text
+    assert "srun" not in text
+
+
 def test_missing_inputs_fail_early_with_a_clear_line(sandbox: Sandbox):
     (sandbox.submit / "data" / "trainer.tar").unlink()
     status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="nodata")))
@@ -424,17 +471,19 @@ def test_arbitrary_job_name_and_arguments_reach_the_trainer_exactly(name: str, a
 # --- the task ------------------------------------------------------------------------------------
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
 def invoke(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    repo = Path(__file__).resolve().parents[2]
-    program = Path(os.environ.get("VIRTUAL_ENV", repo / ".venv")) / "bin" / "invoke"
+    program = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "invoke"
     return subprocess.run(
-        [str(program), "--search-root", str(repo), *argv], cwd=cwd, capture_output=True, text=True
+        [str(program), "--search-root", str(REPO), *argv], cwd=cwd, capture_output=True, text=True
     )
 
 
 def test_invoke_sbatch_passes_the_trainer_arguments_word_for_word(tmp_path: Path):
     args = ["--note", "two words", "it's", "$HOME", ""]
-    done = invoke("sbatch", "--cluster=local", "--gpus", "1", "--", *args, cwd=tmp_path)
+    done = invoke("sbatch", "--cluster=local", "--gpus", "1", "--", *args, cwd=REPO)
     assert done.returncode == 0, done.stderr
     expected = render(
         "local", ResourceRequest(job_name="trainer", gpus=1), args=args, inputs=JobInputs.defaults("trainer")
@@ -444,7 +493,7 @@ def test_invoke_sbatch_passes_the_trainer_arguments_word_for_word(tmp_path: Path
 
 def test_invoke_sbatch_writes_the_script_with_o(tmp_path: Path):
     target = tmp_path / "job.sh"
-    done = invoke("sbatch", "--cluster=edi", "-o", str(target), cwd=tmp_path)
+    done = invoke("sbatch", "--cluster=edi", "-o", str(target), cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert target.read_text().startswith(
         "#!/bin/bash\n#SBATCH --job-name=trainer\n#SBATCH --partition=PGR-Standard"
@@ -453,7 +502,7 @@ def test_invoke_sbatch_writes_the_script_with_o(tmp_path: Path):
 
 def test_invoke_sbatch_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path: Path):
     target = tmp_path / "job.sh"
-    done = invoke("sbatch", "--cluster=edi", "--time", "8-00:00:00", "-o", str(target), cwd=tmp_path)
+    done = invoke("sbatch", "--cluster=edi", "--time", "8-00:00:00", "-o", str(target), cwd=REPO)
     assert done.returncode == 1
     assert done.stderr.splitlines()[0] == (
         "error: time: 8-00:00:00 exceeds the limit of partition 'PGR-Standard' (allowed: up to 7-00:00:00)"

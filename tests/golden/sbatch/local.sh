@@ -47,7 +47,15 @@ clean_up() {
         mkdir -p "$run_dir"
         cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
     fi
-    on_each_node rm -rf -- "$job_scratch" || echo "hpcbox: could not remove $job_scratch" >&2
+    local attempt
+    for attempt in 1 2 3; do
+        if on_each_node rm -rf -- "$job_scratch"; then
+            return 0
+        fi
+        # Slurm can refuse a new step on nodes whose previous step is still being torn down.
+        sleep $((attempt * 5))
+    done
+    echo "hpcbox: could not remove $job_scratch" >&2
 }
 
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
@@ -89,9 +97,9 @@ echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, res
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"
-# A requeued job carries on from the checkpoints its previous run copied back.
+# A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
 if [[ -d $run_dir ]]; then
-    cp -a "$run_dir/." "$job_scratch/out/"
+    on_each_node cp -a "$run_dir/." "$job_scratch/out/"
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -102,11 +110,22 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
-# shellcheck disable=SC2016  # the trainer's arguments are meant literally
-srun --kill-on-bad-exit=1 apptainer exec --nv --bind "$job_scratch:/scratch" \
-    --bind "$code_dir:/code:ro" --env PYTHONPATH=/code --pwd /scratch "$sif" python -m hpctrain train \
-    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
-    'it'"'"'s $HOME and `date`' &
+# Several processes: on each node one srun task runs hpctrain.torchrun, which starts that node's trainer
+# processes, passes USR1 and TERM on to them, and exits 75 when they checkpointed.
+# Static rendezvous: a fixed set of nodes, the store on the job's first node (this one). A node's rank is
+# its index in the job, so global rank 0, which writes checkpoints and metrics, runs on this node, whose
+# scratch is copied back.
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+rendezvous_host=${job_nodes%%$'\n'*}
+rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
+# shellcheck disable=SC2016  # the per-node shell's and the trainer's arguments are meant literally
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --wait=60 \
+    bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer --nv \
+    --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
+    --env SLURM_CPUS_PER_TASK=1 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=2 \
+    --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
+    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
+    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
 trainer_pid=$!
 status=0
 wait "$trainer_pid" || status=$?

@@ -49,7 +49,15 @@ clean_up() {
         mkdir -p "$run_dir"
         cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
     fi
-    on_each_node rm -rf -- "$job_scratch" || echo "hpcbox: could not remove $job_scratch" >&2
+    local attempt
+    for attempt in 1 2 3; do
+        if on_each_node rm -rf -- "$job_scratch"; then
+            return 0
+        fi
+        # Slurm can refuse a new step on nodes whose previous step is still being torn down.
+        sleep $((attempt * 5))
+    done
+    echo "hpcbox: could not remove $job_scratch" >&2
 }
 
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
@@ -91,9 +99,9 @@ echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, res
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"
-# A requeued job carries on from the checkpoints its previous run copied back.
+# A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
 if [[ -d $run_dir ]]; then
-    cp -a "$run_dir/." "$job_scratch/out/"
+    on_each_node cp -a "$run_dir/." "$job_scratch/out/"
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then
