@@ -9,11 +9,9 @@ Docker to build.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import sys
-import tarfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,23 +100,12 @@ def build_context(project: ProjectConfig) -> bytes:
             f"no Dockerfile at {project.dockerfile} in {project.root}",
             "create it (see this repository's docker/Dockerfile) or set tool.hpcbox.dockerfile",
         )
-    paths = sorted(
-        {
-            *_files(project.root, project.docker_dir),
-            *_files(project.root, project.dockerfile),
-            *(p for code in project.code for p in _files(project.root, code)),
-        }
-    )
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for relative in paths:
-            data = (project.root / relative).read_bytes()
-            info = tarfile.TarInfo(relative)
-            info.size = len(data)
-            info.mode = 0o755 if os.access(project.root / relative, os.X_OK) else 0o644
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
+    paths = {
+        *_files(project.root, project.docker_dir),
+        *_files(project.root, project.dockerfile),
+        *(path for code in project.code for path in _files(project.root, code)),
+    }
+    return docker.context_tar({relative: project.root / relative for relative in paths})
 
 
 def _files(root: Path, relative: str) -> Iterator[str]:

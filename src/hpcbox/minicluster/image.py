@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +48,7 @@ def ensure_image(
     if existing is not None:
         return NodeImage(ref, existing.id, built=False)
     docker.build(
-        _context_tar(context),
+        docker.context_tar({p.relative_to(context).as_posix(): p for p in context.rglob("*") if p.is_file()}),
         dockerfile="Dockerfile",
         tag_ref=ref,
         build_args={"BASE": base.ref},
@@ -63,12 +61,3 @@ def ensure_image(
     if built is None:
         raise HpcboxError(f"the build of {ref} finished but the engine has no such image")
     return NodeImage(ref, built.id, built=True)
-
-
-def _context_tar(context: Path) -> bytes:
-    buffer = io.BytesIO()
-    # GNU format: a leading PAX header makes the docker CLI take the archive for a Dockerfile.
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for path in sorted(context.rglob("*")):
-            tar.add(path, arcname=path.relative_to(context).as_posix(), recursive=False)
-    return buffer.getvalue()

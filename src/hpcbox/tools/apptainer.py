@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import re
 import shlex
 import shutil
-import tarfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,14 +309,8 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
     if docker.image(ref) is not None:
         return ref
     base = baseimage.ensure_base(on_line=on_line)
-    context = io.BytesIO()
-    with tarfile.open(fileobj=context, mode="w") as tar:
-        data = HELPER_DOCKERFILE.read_bytes()
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
     docker.build(
-        context.getvalue(),
+        docker.context_tar({"Dockerfile": HELPER_DOCKERFILE}),
         dockerfile="Dockerfile",
         tag_ref=ref,
         build_args={"BASE": base.ref},

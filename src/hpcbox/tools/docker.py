@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import re
 import shutil
+import tarfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,6 +155,26 @@ def build_cli() -> str:
         "no docker client with BuildKit found" + (f" (tried {', '.join(seen)})" if seen else ""),
         "install the buildx plugin (`apt-get install docker-buildx`) or Debian's docker.io",
     )
+
+
+def context_tar(files: Mapping[str, Path]) -> bytes:
+    """A reproducible build context: ``files`` (name in the archive → file) in name order, with
+    fixed timestamps and owners, and modes reduced to 0755/0644 by the executable bit.
+
+    GNU format, never PAX: an archive that starts with a PAX header is taken by the docker CLI
+    for a plain Dockerfile.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name in sorted(files):
+            source = files[name]
+            data = source.read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o755 if os.access(source, os.X_OK) else 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 def build(
