@@ -206,7 +206,24 @@ def _functions(profile: ClusterProfile, resources: Resources) -> str:
     each_node = '"$@"'
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
-        each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap "$@"'
+        each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap --mem=0 "$@"'
+    batch_node_cleanup = ""
+    if resources.nodes > 1:
+        batch_node_cleanup = (
+            "\n    # This node's own first: after scancel, Slurm starts no more steps for the other nodes."
+            '\n    rm -rf -- "$job_scratch" || true'
+        )
+    signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
+    if resources.tasks > 1:
+        signal_trainer = (
+            "# USR1 to each node's torchrun, which tells its ranks: srun would signal every process of\n"
+            "        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.\n"
+            "        # TERM (scancel) needs nothing: Slurm signals every step itself.\n"
+            "        if [[ $1 == USR1 ]]; then\n"
+            '            on_each_node pkill --signal USR1 --uid "$(id -u)" --full \\\n'
+            "                '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true\n"
+            "        fi"
+        )
     return f"""\
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {{
@@ -223,7 +240,7 @@ clean_up() {{
     if [[ -d $job_scratch/out ]]; then
         mkdir -p "$run_dir"
         cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
-    fi
+    fi{batch_node_cleanup}
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
@@ -250,7 +267,7 @@ forward() {{
         terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
-        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+        {signal_trainer}
     fi
 }}
 
@@ -358,7 +375,8 @@ def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
 
     Not --kill-on-bad-exit: a node whose trainers checkpointed exits 75 moments before the others, and
     killing those would turn the step's 75 into a failure. A node that fails leaves the others waiting
-    in a collective: --wait ends them a minute after the first task exits.
+    in a collective: --wait ends them a minute after the first task exits. --mem=0 gives the step the
+    job's memory without taking it from the job, so that on_each_node can still start steps beside it.
     """
     cpus = resources.ntasks_per_node * (resources.cpus_per_task or 1)
     # SLURM_NODEID is set on each node; --env passes it through Apptainer's --containall too.
@@ -368,6 +386,7 @@ def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
         f"--ntasks={resources.nodes}",
         "--ntasks-per-node=1",
         f"--cpus-per-task={cpus}",
+        "--mem=0",
         "--kill-on-bad-exit=0",
         "--wait=60",
         f"bash -c {shlex.quote(per_node)} per-node",

@@ -6,11 +6,13 @@ from hpcbox.minicluster.spec import ClusterSpec
 
 # Timers are short so that a failed node is noticed (and its requeued job restarted) in seconds, not
 # the minutes a production cluster waits. cred_expire also sets how long a requeued job waits.
+# KillWait stays at Slurm's default: job scripts get those 30 s after scancel's TERM to copy results
+# back, and hpcbox's scripts are tested against what sites actually give them.
 _TIMERS = {
     "SlurmdTimeout": "10",
     "SlurmctldTimeout": "10",
     "MessageTimeout": "5",
-    "KillWait": "5",
+    "KillWait": "30",
     "MinJobAge": "600",
     "InactiveLimit": "0",
     "Waittime": "0",

@@ -33,7 +33,7 @@ terminated=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
-    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap "$@"
+    srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --mem=0 "$@"
 }
 
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
@@ -47,6 +47,8 @@ clean_up() {
         mkdir -p "$run_dir"
         cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
     fi
+    # This node's own first: after scancel, Slurm starts no more steps for the other nodes.
+    rm -rf -- "$job_scratch" || true
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
@@ -73,7 +75,13 @@ forward() {
         terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
-        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+        # USR1 to each node's torchrun, which tells its ranks: srun would signal every process of
+        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.
+        # TERM (scancel) needs nothing: Slurm signals every step itself.
+        if [[ $1 == USR1 ]]; then
+            on_each_node pkill --signal USR1 --uid "$(id -u)" --full \
+                '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true
+        fi
     fi
 }
 
@@ -119,9 +127,9 @@ job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 rendezvous_host=${job_nodes%%$'\n'*}
 rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
 # shellcheck disable=SC2016  # the per-node shell's and the trainer's arguments are meant literally
-srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --kill-on-bad-exit=0 --wait=60 \
-    bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer --nv \
-    --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --mem=0 --kill-on-bad-exit=0 \
+    --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
+    --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
     --env SLURM_CPUS_PER_TASK=1 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=2 \
     --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
     --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
