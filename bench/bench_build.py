@@ -48,7 +48,7 @@ def run() -> list[dict]:
             refs.append(ref)
             noop, _ = timed_build(project)
             init = project / "src/hpctrain/__init__.py"
-            init.write_text(init.read_text() + "\n# benchmark: a code-only change\n")
+            init.write_text(init.read_text() + f"\n# benchmark: a code-only change {os.urandom(8).hex()}\n")
             code_change, ref = timed_build(project)
             refs.append(ref)
         finally:

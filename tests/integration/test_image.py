@@ -56,20 +56,32 @@ def test_nothing_changed_is_a_cache_hit_and_code_change_rebuilds_only_the_code_l
     assert (again.built, again.id, again.ref) == (False, first.id, first.ref)
     assert messages == [f"hpcbox: {first.ref} is up to date"]
 
-    (project_copy / "src/hpctrain/__init__.py").write_text(
-        (project_copy / "src/hpctrain/__init__.py").read_text() + "\n# a code-only change\n"
-    )
+    # unique per run, so that BuildKit cannot have this code step cached from an earlier run
+    init = project_copy / "src/hpctrain/__init__.py"
+    init.write_text(init.read_text() + f"\n# a code-only change {os.urandom(8).hex()}\n")
     log: list[str] = []
     changed = image_stage.build_image(project, offline=True, say=lambda _: None, on_line=log.append)
     assert changed.built and changed.ref != first.ref
-    before, after = docker.image(first.ref).layers, docker.image(changed.ref).layers
-    assert len(before) == len(after)
-    differing = [index for index, (old, new) in enumerate(zip(before, after, strict=True)) if old != new]
-    assert len(differing) == 1, f"only the code layer may differ, layers {differing} did"
-    assert differing[0] >= len(before) - 2, "the code layer comes after every dependency layer"
-    assert any("deps-cpu" in line and "CACHED" in line for line in log) or any(
-        line.endswith("CACHED") for line in log
-    )
+    # What BuildKit ran rather than took from its cache: the code step and what follows it, nothing
+    # else. (Layer digests are no proof: after a --no-cache build the cache holds two equivalent
+    # layers for a step, and either may serve it.)
+    ran = executed_steps(log)
+    assert ran and all(step.startswith("[runtime ") for step in ran), ran
+    assert any("COPY src/hpctrain" in step for step in ran), ran
+    assert len(docker.image(first.ref).layers) == len(docker.image(changed.ref).layers)
+
+
+def executed_steps(build_log: list[str]) -> list[str]:
+    """Titles of the Dockerfile steps a BuildKit build executed (not CACHED), from its plain progress."""
+    titles: dict[str, str] = {}
+    cached: set[str] = set()
+    for line in build_log:
+        number, _, rest = line.partition(" ")
+        if rest.startswith("[") and not rest.startswith("[internal]") and "] FROM " not in rest:
+            titles.setdefault(number, rest)
+        elif rest == "CACHED":
+            cached.add(number)
+    return [title for number, title in titles.items() if number not in cached]
 
 
 def test_host_ca_bundle_is_used_but_never_lands_in_a_layer(trainer_image, project_copy: Path, tmp_path: Path):
