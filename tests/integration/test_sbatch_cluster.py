@@ -234,15 +234,11 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
     assert "the workers checkpointed; exiting 75" in log
     preempted = metric_events(job_dir, job_id, "preempted")
     assert preempted and preempted[0]["signal"] == "SIGUSR1", log
-    resumed = next(event for event in metric_events(job_dir, job_id, "start") if event["resumed"])
+    # The resumed run's start line, from rank 0's output in the job log (the job is cancelled while it runs).
+    starts = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": "start"')]
+    resumed = next(event for event in starts if event["resumed"])
     assert resumed["world_size"] == 2
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
-    # After scancel Slurm starts no new step, so only the batch node's scratch is removed for sure
-    # (documented; sites with $SLURM_TMPDIR or an epilog clean the rest).
-    deadline = time.monotonic() + 30
-    while any(left.startswith("node1:") for left in scratch_left(cluster, job_id)):
-        assert time.monotonic() < deadline, scratch_left(cluster, job_id)
-        time.sleep(1)
 
 
 def _fit_to_mini_cluster(
