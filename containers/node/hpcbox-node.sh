@@ -81,7 +81,12 @@ login() {
     install -m 0600 "$init/ssh_host_ed25519_key" /etc/ssh/ssh_host_ed25519_key
     install -m 0644 "$init/ssh_host_ed25519_key.pub" /etc/ssh/ssh_host_ed25519_key.pub
     local home=/home/$user
-    install -d -o "$user" -g "$user" -m 0755 "$home"
+    # The shared /home volume starts empty (mounted with nocopy): make the user's home as useradd would.
+    if [ ! -d "$home" ]; then
+        install -d -o "$user" -g "$user" -m 0755 "$home"
+        cp -a /etc/skel/. "$home/"
+        chown -R "$user:$user" "$home"
+    fi
     install -d -o "$user" -g "$user" -m 0700 "$home/.ssh"
     install -o "$user" -g "$user" -m 0600 "$init/authorized_keys" "$home/.ssh/authorized_keys"
     install -d -o "$user" -g "$user" -m 0755 "/data/$user"

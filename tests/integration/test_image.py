@@ -127,7 +127,12 @@ def test_failed_build_names_the_step_and_shows_its_last_lines(docker_engine, pro
 def invoke(*args: str, cwd: Path = REPO, env: dict | None = None, user: int | None = None):
     argv = [sys.executable, "-m", "invoke", "-r", str(REPO), *args]
     if user is not None:
-        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+        # The checkout (and the Python running the tests) may sit under a folder only root may enter,
+        # such as a 0700 home: keep the one capability that lets the user read and traverse files
+        # anyway. It does not grant write access, so the engine's socket stays as closed to the user
+        # as it is to anyone outside the docker group.
+        caps = ["--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *caps, *argv]
     return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env={**os.environ, **(env or {})})
 
 

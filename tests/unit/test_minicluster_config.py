@@ -57,7 +57,7 @@ def test_ssh_pins_the_host_key_and_uses_only_the_given_key(tmp_path: Path):
     assert f"UserKnownHostsFile={tmp_path / 'known_hosts'}" in argv
     assert f"IdentityFile={tmp_path / 'id'}" in argv
     assert argv[-3:] == ["-T", "127.0.0.1", "echo 'a b'"]
-    assert argv[argv.index("-p") + 1] == "2222"
+    assert "Port=2222" in argv and "User=researcher" in argv and "BatchMode=yes" in argv
 
 
 def test_keygen_and_known_hosts_line(tmp_path: Path):

@@ -1,6 +1,7 @@
 """The mini Slurm-in-Docker cluster (`local` profile): lifecycle used by `invoke cluster.*` and tests."""
 
-from hpcbox.minicluster.lifecycle import Cluster, Removed, down, find, node_states, status, up, wait_ready
+from hpcbox.minicluster.cluster import Cluster
+from hpcbox.minicluster.lifecycle import Removed, down, find, node_states, status, up, wait_ready
 from hpcbox.minicluster.spec import ClusterSpec
 
 __all__ = ["Cluster", "ClusterSpec", "Removed", "down", "find", "node_states", "status", "up", "wait_ready"]

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import docker.errors
 from docker.models.containers import Container
@@ -25,10 +25,8 @@ from testcontainers.core.network import Network
 from testcontainers.core.waiting_utils import WaitStrategy, WaitStrategyTarget
 
 from hpcbox.minicluster import slurmconf
+from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.spec import LABEL, USER, ClusterSpec, role
-
-if TYPE_CHECKING:
-    from hpcbox.minicluster.lifecycle import Cluster
 
 os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 # testcontainers reads the variable lazily, at the first start; set the value itself too, so that no
@@ -121,9 +119,13 @@ class ClusterNode(DockerContainer):
         }
 
     def shared_volumes(self) -> None:
+        """/home and /data, shared with the other nodes. `nocopy`: Docker would otherwise copy the
+        image's /home into each fresh volume as every container mounts it, and containers starting
+        side by side race in that copy ("mkdir .../_data/researcher: file exists"). The login node
+        creates the user's folders in the empty volumes instead."""
         spec = self.cluster.spec
-        self.with_volume_mapping(spec.home_volume, "/home", "rw")
-        self.with_volume_mapping(spec.data_volume, "/data", "rw")
+        self.with_volume_mapping(spec.home_volume, "/home", "rw,nocopy")
+        self.with_volume_mapping(spec.data_volume, "/data", "rw,nocopy")
 
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
