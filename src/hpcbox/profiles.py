@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcbox.errors import HpcboxError
-from hpcbox.resources import FieldError, parse_time
+from hpcbox.units import FieldError, parse_time
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "slurm" / "clusters"
 

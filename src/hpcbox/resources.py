@@ -13,15 +13,14 @@ import tomllib
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcbox.errors import HpcboxError
+from hpcbox.profiles import ClusterProfile, Partition
+from hpcbox.units import FieldError, format_time, parse_mem, parse_time
 
-if TYPE_CHECKING:
-    from hpcbox.profiles import ClusterProfile, Partition
+__all__ = ["FieldError", "ResourceRequest", "Resources", "format_time", "parse_mem", "parse_time", "resolve"]
 
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
 _ARRAY_RANGE = r"\d+(?:-\d+(?::\d+)?)?"
 _ARRAY = re.compile(rf"^{_ARRAY_RANGE}(?:,{_ARRAY_RANGE})*(?:%\d+)?$")
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -43,14 +42,6 @@ OWNED_OPTIONS = {
     "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
 }  # fmt: skip
 DEFAULT_SIGNAL_MARGIN_S = 300
-
-
-class FieldError(HpcboxError):
-    """Invalid input; `field` names the setting (a flag, a config key or a profile key) at fault."""
-
-    def __init__(self, field_name: str, problem: str, hint: str = "") -> None:
-        super().__init__(f"{field_name}: {problem}", hint)
-        self.field = field_name
 
 
 @dataclass(frozen=True)
@@ -110,45 +101,6 @@ class Resources:
         return self.nodes * self.ntasks_per_node
 
 
-def parse_time(text: str, field_name: str = "time") -> int:
-    """Seconds in a Slurm time: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
-    match = _TIME.match(text.strip())
-    if not match or text.strip() in ("0", ""):
-        raise FieldError(
-            field_name,
-            f"{text!r} is not a Slurm time "
-            "(allowed: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S, e.g. 1:30:00)",
-        )
-    days, first, second, third = (int(part) if part else None for part in match.groups())
-    if days is not None:
-        hours, minutes, seconds = first, second or 0, third or 0
-    elif third is not None:
-        hours, minutes, seconds = first, second, third
-    else:
-        hours, minutes, seconds = 0, first, second or 0
-    return (((days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def format_time(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
-
-
-def parse_mem(text: str) -> str:
-    """A Slurm memory size normalised to `<n><unit>` (unit M when none is given)."""
-    match = _MEM.match(text.strip())
-    if not match:
-        raise FieldError(
-            "mem",
-            f"{text!r} is not a Slurm memory size "
-            "(allowed: a whole number with a K, M, G or T suffix, e.g. 16G)",
-        )
-    return f"{int(match.group(1))}{(match.group(2) or 'M').upper()}"
-
-
 def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
     """Check `request` against `profile`; the first problem found raises FieldError."""
     job_name = _job_name(request.job_name)
@@ -196,7 +148,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
         mail_user=_mail_user(request.mail_user),
         mail_type=_mail_type(request.mail_type, request.mail_user),
         extra=tuple(_extra(option) for option in request.extra),
-        signal_margin_s=_signal_margin(time_s),
+        signal_margin_s=signal_margin(time_s),
     )
 
 
@@ -359,7 +311,7 @@ def _extra(option: str) -> str:
     return option
 
 
-def _signal_margin(time_s: int | None) -> int:
+def signal_margin(time_s: int | None) -> int:
     """Seconds before the time limit at which the trainer is told to checkpoint (Slurm is exact to ~60 s)."""
     if time_s is None:
         return DEFAULT_SIGNAL_MARGIN_S
