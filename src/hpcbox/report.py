@@ -1,0 +1,609 @@
+"""The job efficiency report: what a job used against what it asked for, with advice for the next one.
+
+Its inputs are what `invoke report` fetches after a job: sacct's parsable output (the job line and its
+steps), the trainer's metrics.jsonl and the GPU samples nvidia-smi wrote during the job. Everything
+here is pure (no SSH, no Slurm): each figure is one line with a verdict, and a figure whose input is
+missing says "unknown" and why instead of guessing a number.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcbox.resources import signal_margin
+from hpcbox.units import format_time
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure as PlotFigure
+
+SACCT_FIELDS: tuple[str, ...] = (
+    "JobID", "JobName", "Partition", "State", "ExitCode", "Restarts", "Elapsed", "ElapsedRaw",
+    "Timelimit", "TimelimitRaw", "NNodes", "NCPUS", "NTasks", "TotalCPU", "CPUTimeRAW", "ReqMem",
+    "MaxRSS", "AllocTRES", "ReqTRES", "NodeList", "Submit", "Start", "End",
+)  # fmt: skip
+
+# Memory and time requests are hard limits (the job is killed at them): ask for the peak plus this.
+HEADROOM = 1.25
+# The README's data-bound line: above this share of training time spent waiting for batches,
+# the loader, not the model, sets the pace.
+DATA_BOUND = 0.25
+# Mean GPU utilisation below this is worth a verdict of its own.
+GPU_BUSY = 50.0
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
+# ReqMem: Slurm before 21.08 appends c (per CPU) or n (per node); later versions print the job's
+# memory TRES, the total over its nodes, with no suffix.
+_REQ_MEM = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)([cn]?)$")
+_CPU_TIME = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
+_GPU_TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One line of the report: what was measured and what to do about it."""
+
+    name: str
+    value: str
+    verdict: str
+
+
+@dataclass(frozen=True)
+class Report:
+    job_id: str
+    state: str
+    figures: tuple[Figure, ...]
+    job_name: str = ""
+    exit_code: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryRequest:
+    """ReqMem as sacct prints it, resolved to bytes per node (the unit Slurm enforces)."""
+
+    per_node: int
+    form: str  # "node", "cpu" or "job" (the no-suffix total of Slurm 21.08+)
+
+
+@dataclass(frozen=True)
+class Training:
+    """What the trainer's metrics.jsonl says about the run (every attempt of a requeued job)."""
+
+    epochs_planned: int | None
+    epochs_done: int
+    finished: bool
+    mean_epoch_s: float | None
+    samples_per_s: float | None
+    data_wait: float | None
+    workers: int | None
+    resumed: int
+    preempted: int
+
+
+@dataclass(frozen=True)
+class GpuStats:
+    index: str
+    mean_utilisation: float
+    peak_memory: int
+    total_memory: int
+
+
+# -- parsing -----------------------------------------------------------------------------------------
+
+
+def parse_sacct(text: str) -> list[dict[str, str]]:
+    """Rows of `sacct --noheader --parsable2 --format=<SACCT_FIELDS>`, one dict per job or step line."""
+    rows = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) != len(SACCT_FIELDS):
+            raise ValueError(
+                f"sacct line has {len(values)} fields, expected {len(SACCT_FIELDS)} "
+                f"(run sacct with --parsable2 --format={','.join(SACCT_FIELDS)}): {line!r}"
+            )
+        rows.append(dict(zip(SACCT_FIELDS, values, strict=True)))
+    return rows
+
+
+def parse_size(text: str, default_unit: str = "") -> int:
+    """Bytes in a Slurm size such as 316008K, 1000M, 3.1G or 2T (binary units, as Slurm uses)."""
+    match = _SIZE.match(text.strip().upper())
+    if not match:
+        raise ValueError(f"{text!r} is not a Slurm size (a number with K, M, G, T or P)")
+    number, unit = match.groups()
+    return round(float(number) * _UNITS[unit or default_unit])
+
+
+def parse_req_mem(text: str, ncpus: int, nnodes: int) -> MemoryRequest:
+    """ReqMem in any of its forms: 500Mc (per CPU), 1Gn (per node), 1G (job total, Slurm 21.08+)."""
+    match = _REQ_MEM.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a Slurm memory request")
+    number, unit, suffix = match.groups()
+    amount = parse_size(number + unit, default_unit="M")
+    if suffix == "c":
+        return MemoryRequest(amount * ncpus // max(nnodes, 1), "cpu")
+    if suffix == "n":
+        return MemoryRequest(amount, "node")
+    return MemoryRequest(amount // max(nnodes, 1), "job")
+
+
+def parse_cpu_time(text: str) -> float:
+    """Seconds in sacct's TotalCPU: [D-][HH:]MM:SS[.mmm]."""
+    match = _CPU_TIME.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a sacct CPU time")
+    days, hours, minutes, seconds = match.groups()
+    return ((int(days or 0) * 24 + int(hours or 0)) * 60 + int(minutes)) * 60 + float(seconds)
+
+
+def format_size(size: float) -> str:
+    """Bytes in Slurm's style: the largest binary unit that keeps the number at 1 or more (3.1G, 1000M)."""
+    for unit in ("P", "T", "G", "M", "K"):
+        scaled = size / _UNITS[unit]
+        if scaled >= 1:
+            return f"{scaled:.1f}".removesuffix(".0") + unit
+    return f"{size:.0f}"
+
+
+def format_request(size: int) -> str:
+    """A request exactly, as Slurm prints one: the largest unit that divides it (1G, 1000M, 640M)."""
+    for unit in ("T", "G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size)
+
+
+def _times(count: int) -> str:
+    return f"{count} time" + ("s" if count != 1 else "")
+
+
+def gpus_asked(tres: str) -> int:
+    """N from gres/gpu=N in a TRES string (typed entries such as gres/gpu:a100=N repeat the count)."""
+    for item in tres.split(","):
+        key, _, count = item.partition("=")
+        if key == "gres/gpu":
+            return int(count)
+    return 0
+
+
+# -- sensible request sizes --------------------------------------------------------------------------
+
+
+def suggest_mem(peak: float) -> int:
+    """The peak plus headroom, rounded up to a size people ask for: 128M steps, whole G, then 4G steps."""
+    need = peak * HEADROOM
+    if need < _UNITS["G"]:
+        step = 128 * _UNITS["M"]
+    elif need < 16 * _UNITS["G"]:
+        step = _UNITS["G"]
+    else:
+        step = 4 * _UNITS["G"]
+    return math.ceil(need / step) * step
+
+
+def _round_time(seconds: float) -> int:
+    """Up to a limit people ask for: whole minutes to 10 min, 5 min to 1 h, 15 min to 6 h, then hours."""
+    minutes = math.ceil(seconds / 60)
+    step = 1 if minutes <= 10 else 5 if minutes <= 60 else 15 if minutes <= 360 else 60
+    return math.ceil(minutes / step) * step * 60
+
+
+def suggest_time(elapsed_s: float) -> int:
+    """A limit that leaves headroom after the run *and* after hpcbox's checkpoint signal: the job
+    script signals the trainer `signal_margin` before the limit, and a run still going then is
+    checkpointed and requeued rather than finished."""
+    need = elapsed_s * HEADROOM
+    limit = _round_time(need)
+    while limit - signal_margin(limit) < need:
+        limit = _round_time(limit + 1)
+    return limit
+
+
+# -- figures -----------------------------------------------------------------------------------------
+
+
+def _unknown(name: str, why: str) -> Figure:
+    return Figure(name, "unknown", f"unknown: {why}")
+
+
+def _not_started(job: dict[str, str]) -> bool:
+    return job["State"] == "PENDING" or job["Start"] in ("", "Unknown", "None")
+
+
+def cpu_figure(job: dict[str, str], training: Training | None) -> Figure:
+    """CPU efficiency as seff computes it: TotalCPU / (Elapsed x NCPUS)."""
+    if _not_started(job):
+        return _unknown("CPU", "the job has not started")
+    if job["State"] == "RUNNING":
+        return _unknown("CPU", "the job is still running (sacct adds CPU time when a step ends)")
+    elapsed, ncpus, nodes = int(job["ElapsedRaw"]), int(job["NCPUS"]), int(job["NNodes"] or 1)
+    if elapsed == 0:
+        return _unknown("CPU", "the job ran for less than a second")
+    busy = parse_cpu_time(job["TotalCPU"]) / elapsed
+    used = round(busy, 1)  # advice follows the figure the user reads
+    value = f"{busy / ncpus:.0%} efficiency: {used:.1f} of {ncpus} CPUs busy on average"
+    # A CPU shortfall slows a job down but never kills it: no headroom beyond the next whole CPU.
+    wanted = max(1, math.ceil(used / nodes))
+    per_node = " per node" if nodes > 1 else ""
+    if wanted * nodes >= ncpus:
+        return Figure("CPU", value, f"used {used:.1f} of {ncpus} CPUs: the request fits")
+    if training is not None and training.data_wait is not None and training.data_wait > DATA_BOUND:
+        return Figure(
+            "CPU",
+            value,
+            f"used {used:.1f} of {ncpus} CPUs while training waited on data: "
+            f"raise --workers to {ncpus // nodes - 1} before asking for fewer",
+        )
+    return Figure("CPU", value, f"used {used:.1f} of {ncpus} CPUs: ask for {wanted}{per_node}")
+
+
+def _stopped_early(job: dict[str, str]) -> bool:
+    """Failed, cancelled, killed: the run did not go to its end, so what it used is a lower bound."""
+    return job["State"] not in ("COMPLETED", "RUNNING", "TIMEOUT") and not job["State"].startswith(
+        "OUT_OF_MEMORY"
+    )
+
+
+def memory_figure(job: dict[str, str], steps: list[dict[str, str]]) -> Figure:
+    """Peak MaxRSS over the steps against the memory asked for per node."""
+    if _not_started(job):
+        return _unknown("memory", "the job has not started")
+    peaks = [parse_size(step["MaxRSS"]) for step in steps if step["MaxRSS"]]
+    if not peaks:
+        if job["State"] == "RUNNING":
+            return _unknown("memory", "the job is still running (sacct records MaxRSS when a step ends)")
+        return _unknown(
+            "memory",
+            "no MaxRSS recorded (the job was shorter than one accounting sample, or the cluster "
+            "does not gather memory use)",
+        )
+    peak = max(peaks)
+    nodes = int(job["NNodes"] or 1)
+    request = parse_req_mem(job["ReqMem"], int(job["NCPUS"]), nodes)
+    suggestion = f"--mem={format_request(suggest_mem(peak))}" + (" per node" if nodes > 1 else "")
+    if request.per_node == 0:
+        value = f"peak {format_size(peak)}, asked for all of the node's memory (--mem=0)"
+        return Figure("memory", value, f"ask for {suggestion}")
+    asked = format_request(request.per_node) + (" per node" if nodes > 1 else "")
+    form = f" ({job['ReqMem'].removesuffix('c')} per CPU)" if request.form == "cpu" else ""
+    value = f"peak {format_size(peak)} of {asked} asked{form} ({peak / request.per_node:.0%})"
+    if job["State"].startswith("OUT_OF_MEMORY"):
+        # Killed at the limit: the peak it would have reached is unknown, so add headroom to the limit.
+        bigger = format_request(suggest_mem(request.per_node * HEADROOM))
+        return Figure("memory", value, f"ran out of memory at {asked}: ask for at least --mem={bigger}")
+    peaked = f"asked {asked}, peaked at {format_size(peak)}"
+    if _stopped_early(job):
+        return Figure(
+            "memory", value, f"{peaked} before it stopped ({job['State']}): ask for at least {suggestion}"
+        )
+    if suggest_mem(peak) < request.per_node:
+        return Figure("memory", value, f"{peaked}: ask for {suggestion} next time")
+    if suggest_mem(peak) > request.per_node:
+        return Figure("memory", value, f"{peaked}, too close to the limit: ask for {suggestion}")
+    return Figure("memory", value, f"{peaked}: the request fits")
+
+
+def time_figure(job: dict[str, str]) -> Figure:
+    """Elapsed against the time limit, with a limit that fits the run and hpcbox's checkpoint signal."""
+    if _not_started(job):
+        return _unknown("time", "the job has not started")
+    elapsed = int(job["ElapsedRaw"])
+    limit = int(job["TimelimitRaw"]) * 60 if job["TimelimitRaw"].isdigit() else None
+    ran = format_time(elapsed)
+    if job["State"] == "RUNNING":
+        of = f" of {format_time(limit)}" if limit else ""
+        return Figure("time", f"running for {ran}{of}", "unknown: the job is still running")
+    suggestion = f"--time={format_time(suggest_time(elapsed))}"
+    if limit is None:
+        return Figure(
+            "time", f"{ran}, no time limit", f"ask for {suggestion}: jobs with a short limit start sooner"
+        )
+    asked = format_time(limit)
+    value = f"{ran} of {asked} ({elapsed / limit:.0%})"
+    if job["State"] == "TIMEOUT":
+        return Figure(
+            "time",
+            value,
+            f"killed at the {asked} limit before finishing: ask for at least "
+            f"--time={format_time(suggest_time(limit))}, or checkpoint and requeue",
+        )
+    if _stopped_early(job):
+        return Figure(
+            "time", value, f"stopped ({job['State']}) after {ran}: no full run to size it from, keep {asked}"
+        )
+    restarts = int(job["Restarts"] or 0)
+    if restarts:
+        # sacct -j shows the last run only: earlier runs may each have used the whole limit.
+        return Figure(
+            "time", value, f"requeued {_times(restarts)}, sacct shows the last run only: keep --time={asked}"
+        )
+    if suggest_time(elapsed) >= limit:
+        return Figure("time", value, f"ran {ran}: the {asked} limit fits")
+    return Figure("time", value, f"ran {ran} of {asked}: ask for {suggestion}")
+
+
+def gpu_figure(job: dict[str, str], gpu_csv: Path | None) -> Figure:
+    """Mean utilisation and peak memory per GPU from nvidia-smi's samples."""
+    asked = gpus_asked(job["AllocTRES"] or job["ReqTRES"])
+    if gpu_csv is None or not gpu_csv.is_file():
+        if asked:
+            return Figure("GPUs", f"{asked} asked", "unknown: no GPU samples (nvidia-smi not on the node)")
+        return Figure("GPUs", "none asked", "a CPU-only job: nothing to check")
+    stats = gpu_stats(read_gpu_samples(gpu_csv))
+    if not stats:
+        first_line = _first_line(gpu_csv)
+        said = f" ({first_line})" if first_line else ""
+        return Figure("GPUs", f"{asked} asked", f"unknown: no GPU samples in {gpu_csv.name}{said}")
+    value = "; ".join(
+        f"GPU {gpu.index}: {gpu.mean_utilisation:.0f}% busy, "
+        f"peak {format_size(gpu.peak_memory)} of {format_size(gpu.total_memory)}"
+        for gpu in stats
+    )
+    busy = [gpu for gpu in stats if gpu.mean_utilisation >= 1]
+    if asked and len(busy) < asked:
+        return Figure(
+            "GPUs", value, f"asked for {asked} GPUs, {len(busy)} did any work: ask for {max(len(busy), 1)}"
+        )
+    mean = sum(gpu.mean_utilisation for gpu in stats) / len(stats)
+    if mean < GPU_BUSY:
+        return Figure(
+            "GPUs",
+            value,
+            f"busy {mean:.0f}% on average: the GPUs wait for input; raise --workers or --batch-size "
+            "before asking for more GPUs",
+        )
+    return Figure("GPUs", value, f"busy {mean:.0f}% on average: well used")
+
+
+def throughput_figures(training: Training | None, why_missing: str) -> tuple[Figure, Figure]:
+    """Epoch time and samples/s, and the share of training time spent waiting for data."""
+    if training is None:
+        return _unknown("throughput", why_missing), _unknown("data wait", why_missing)
+    restarts = f", resumed {_times(training.resumed)}" if training.resumed else ""
+    planned = training.epochs_planned or "?"
+    progress = f"{training.epochs_done} of {planned} epochs{restarts}"
+    if training.mean_epoch_s is None or training.samples_per_s is None or training.data_wait is None:
+        why = "no epoch finished yet" + (
+            " (the run is still going or stopped early)" if not training.finished else ""
+        )
+        return Figure("throughput", progress, f"unknown: {why}"), _unknown("data wait", why)
+    value = f"{progress}, {training.mean_epoch_s:.1f} s per epoch, {training.samples_per_s:.0f} samples/s"
+    if training.finished:
+        verdict = f"finished all {planned} epochs" + (
+            f" after being stopped {_times(training.preempted)} and resumed from checkpoints"
+            if training.preempted
+            else ""
+        )
+    else:
+        verdict = (
+            f"stopped after {training.epochs_done} of {planned} epochs: rerun to resume from the checkpoint"
+        )
+    wait = f"{training.data_wait:.0%} of training time waiting for the next batch"
+    if training.data_wait > DATA_BOUND:
+        workers = training.workers or 0
+        more = max(2, 2 * workers)
+        wait_verdict = (
+            f"over {DATA_BOUND:.0%}: the loader is the bottleneck; raise --workers from {workers} to {more} "
+            f"and ask for --cpus={more + 1}"
+        )
+    else:
+        wait_verdict = f"under {DATA_BOUND:.0%}: the loader keeps up"
+    return Figure("throughput", value, verdict), Figure("data wait", wait, wait_verdict)
+
+
+# -- inputs ------------------------------------------------------------------------------------------
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of metrics.jsonl; a line that does not parse is skipped, since a job killed
+    mid-write leaves a partial last line."""
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "event" in record:
+            records.append(record)
+    return records
+
+
+def _latest_by(records: list[dict[str, Any]], event: str, *keys: str) -> list[dict[str, Any]]:
+    """One record per key, the last written: a run resumed from an older checkpoint repeats lines."""
+    latest = {tuple(r[k] for k in keys): r for r in records if r["event"] == event}
+    return [latest[key] for key in sorted(latest)]
+
+
+def summarise_training(records: list[dict[str, Any]]) -> Training:
+    starts = [r for r in records if r["event"] == "start"]
+    epochs = _latest_by(records, "epoch", "epoch")
+    # An epoch resumed mid-way reports the time since the resume only: not a whole epoch's time.
+    whole = [e for e in epochs if not e.get("resumed_at_step")] or epochs
+    train_time = sum(e["train_time_s"] for e in epochs)
+    planned = epochs[-1]["epochs"] if epochs else starts[-1]["config"]["epochs"] if starts else None
+    return Training(
+        epochs_planned=planned,
+        epochs_done=len(epochs),
+        finished=any(r["event"] == "done" for r in records),
+        mean_epoch_s=sum(e["epoch_time_s"] for e in whole) / len(whole) if whole else None,
+        # Weighted by training time: a resumed epoch's rate covers only its few steps after the resume.
+        samples_per_s=sum(e["samples_per_s"] * e["train_time_s"] for e in epochs) / train_time
+        if train_time
+        else None,
+        data_wait=sum(e["data_wait_s"] for e in epochs) / train_time if train_time else None,
+        workers=starts[-1]["workers"] if starts else None,
+        resumed=sum(1 for s in starts if s.get("resumed")),
+        preempted=sum(1 for r in records if r["event"] == "preempted"),
+    )
+
+
+def read_gpu_samples(path: Path) -> list[dict[str, str]]:
+    """nvidia-smi's CSV rows keyed by query field (timestamp, index, utilization.gpu, ...), with or
+    without units. Header lines recur (a requeued job appends) and anything else nvidia-smi printed
+    into the file (the job script sends its errors there too) is skipped."""
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    for cells in csv.reader(path.read_text().splitlines(), skipinitialspace=True):
+        if cells and cells[0] == "timestamp":
+            header = [cell.split(" [")[0] for cell in cells]
+        elif header is not None and len(cells) == len(header):
+            rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def _number(cell: str) -> float | None:
+    """'87 %', '87', '10240 MiB' as numbers; '[N/A]' and the like as None."""
+    try:
+        return float(cell.split()[0])
+    except (ValueError, IndexError):
+        return None
+
+
+def gpu_stats(rows: list[dict[str, str]]) -> list[GpuStats]:
+    by_gpu: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        by_gpu.setdefault(row["index"], []).append(row)
+    stats = []
+    for index, samples in sorted(by_gpu.items()):
+        busy = [u for u in (_number(s["utilization.gpu"]) for s in samples) if u is not None]
+        used = [m for m in (_number(s["memory.used"]) for s in samples) if m is not None]
+        total = [m for m in (_number(s["memory.total"]) for s in samples) if m is not None]
+        if busy and used and total:
+            mib = _UNITS["M"]
+            stats.append(
+                GpuStats(index, sum(busy) / len(busy), round(max(used) * mib), round(max(total) * mib))
+            )
+    return stats
+
+
+def _first_line(path: Path) -> str:
+    lines = path.read_text().strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+# -- the report --------------------------------------------------------------------------------------
+
+
+def build_report(
+    sacct_rows: list[dict[str, str]], metrics_jsonl: Path | None, gpu_csv: Path | None
+) -> Report:
+    """The report of one job from its sacct rows (job line first, as sacct prints it) and whichever
+    of its metrics and GPU samples were fetched."""
+    jobs = [row for row in sacct_rows if "." not in row["JobID"]]
+    if not jobs:
+        raise ValueError("sacct printed no job line (is the job id right, and is accounting enabled?)")
+    job = jobs[0]
+    steps = [row for row in sacct_rows if row["JobID"].startswith(job["JobID"] + ".")]
+    training = None
+    why_missing = "no metrics.jsonl (the trainer did not start, or the results were not fetched)"
+    if metrics_jsonl is not None and metrics_jsonl.is_file():
+        records = read_metrics(metrics_jsonl)
+        if records:
+            training = summarise_training(records)
+        else:
+            why_missing = f"{metrics_jsonl.name} has no records (the trainer did not get to its first line)"
+    figures = (
+        cpu_figure(job, training),
+        memory_figure(job, steps),
+        time_figure(job),
+        gpu_figure(job, gpu_csv),
+        *throughput_figures(training, why_missing),
+    )
+    return Report(job["JobID"], job["State"], figures, job_name=job["JobName"], exit_code=job["ExitCode"])
+
+
+def format_report(report: Report) -> str:
+    """The report for the terminal: a heading, then a line per figure with its verdict."""
+    name = f" ({report.job_name})" if report.job_name else ""
+    exit_code = f", exit code {report.exit_code}" if report.exit_code else ""
+    lines = [f"job {report.job_id}{name}: {report.state}{exit_code}"]
+    name_width = max(len(figure.name) for figure in report.figures)
+    value_width = max(len(figure.value) for figure in report.figures)
+    lines += [
+        f"  {figure.name:<{name_width}}  {figure.value:<{value_width}}  -> {figure.verdict}"
+        for figure in report.figures
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# -- the plot ----------------------------------------------------------------------------------------
+
+
+def report_plot(metrics_jsonl: Path | None, gpu_csv: Path | None) -> PlotFigure:
+    """The figure `plot_report` saves: losses per epoch (and per step when logged) and, with GPU
+    samples, utilisation over time. Every series carries a label, so callers can check what is drawn."""
+    # Imported here: matplotlib takes a second to import, and the text report does not need it.
+    from matplotlib.figure import Figure as PlotFigure
+
+    records = read_metrics(metrics_jsonl) if metrics_jsonl is not None and metrics_jsonl.is_file() else []
+    samples = read_gpu_samples(gpu_csv) if gpu_csv is not None and gpu_csv.is_file() else []
+    plot = PlotFigure(figsize=(8, 7 if samples else 4), layout="constrained")
+    loss_axes = plot.add_subplot(2 if samples else 1, 1, 1)
+    _plot_losses(loss_axes, records)
+    if samples:
+        _plot_gpus(plot.add_subplot(2, 1, 2), samples)
+    job_ids = [r.get("slurm_job_id") for r in records if r["event"] == "start" and r.get("slurm_job_id")]
+    plot.suptitle(f"job {job_ids[-1]}" if job_ids else "training run")
+    return plot
+
+
+def _plot_losses(axes: Any, records: list[dict[str, Any]]) -> None:
+    epochs = _latest_by(records, "epoch", "epoch")
+    starts = [r for r in records if r["event"] == "start"]
+    steps = _latest_by(records, "step", "epoch", "step")
+    if steps and starts:
+        per_epoch = starts[-1]["steps_per_epoch"]
+        axes.plot(
+            [s["epoch"] - 1 + s["step"] / per_epoch for s in steps],
+            [s["loss"] for s in steps],
+            color="0.6",
+            linewidth=1,
+            label="train loss (step)",
+        )
+    if epochs:
+        numbers = [e["epoch"] for e in epochs]
+        axes.plot(numbers, [e["train_loss"] for e in epochs], marker="o", label="train loss (epoch)")
+        axes.plot(numbers, [e["val_loss"] for e in epochs], marker="s", label="val loss (epoch)")
+    if not (epochs or steps):
+        axes.text(0.5, 0.5, "no losses logged", ha="center", va="center", transform=axes.transAxes)
+    axes.set_xlabel("epoch")
+    axes.set_ylabel("loss")
+    if epochs or steps:
+        axes.legend()
+
+
+def _plot_gpus(axes: Any, samples: list[dict[str, str]]) -> None:
+    times = [datetime.strptime(s["timestamp"], _GPU_TIMESTAMP) for s in samples]
+    first = min(times)
+    by_gpu: dict[str, tuple[list[float], list[float]]] = {}
+    for sample, when in zip(samples, times, strict=True):
+        busy = _number(sample["utilization.gpu"])
+        if busy is not None:
+            minutes, values = by_gpu.setdefault(sample["index"], ([], []))
+            minutes.append((when - first).total_seconds() / 60)
+            values.append(busy)
+    for index, (minutes, values) in sorted(by_gpu.items()):
+        axes.plot(minutes, values, label=f"GPU {index} utilisation")
+    axes.set_xlabel("minutes since the first sample")
+    axes.set_ylabel("utilisation (%)")
+    axes.set_ylim(0, 105)
+    axes.legend()
+
+
+def plot_report(metrics_jsonl: Path | None, gpu_csv: Path | None, png: Path) -> Path:
+    """`report_plot` saved as a PNG (matplotlib's Agg renderer: no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    plot = report_plot(metrics_jsonl, gpu_csv)
+    FigureCanvasAgg(plot).print_png(png)
+    return png
