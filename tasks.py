@@ -145,18 +145,34 @@ def _trainer_args(remainder: str) -> tuple[str, ...]:
     return tuple(shlex.split(remainder))
 
 
+RESOURCE_HELP = {
+    "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
+    "job-name": "job name (default: the project's name)",
+    "gpus": "GPUs per node",
+    "gpu-type": "GPU model, in the site's spelling (e.g. a100, V100)",
+    "cpus": "CPUs per task",
+    "mem": "memory per node, e.g. 16G",
+    "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
+    "ntasks-per-node": "tasks per node (one per GPU for torchrun/DDP)",
+    "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
+}
+
+
+def _resources(cluster: str, flags: dict[str, Any]):
+    """The profile and the checked resources for ``cluster``: flags over the project's defaults."""
+    from hpcbox import profiles, resources
+    from hpcbox.config import load_project
+
+    project = load_project()
+    profile = profiles.load_profile(cluster)
+    request = resources.request_for(cluster, flags, project.root / "pyproject.toml", project.name)
+    return project, profile, resources.resolve(profile, request)
+
+
 @task(
     iterable=["extra"],
     help={
-        "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
-        "job-name": "job name (default: the project's name)",
-        "gpus": "GPUs per node",
-        "gpu-type": "GPU model, in the site's spelling (e.g. a100, V100)",
-        "cpus": "CPUs per task",
-        "mem": "memory per node, e.g. 16G",
-        "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
-        "ntasks-per-node": "tasks per node (one per GPU for torchrun/DDP)",
-        "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
+        **RESOURCE_HELP,
         "output": "write the script to this file instead of printing it",
         "check": "also run `sbatch --test-only` on the cluster (the mini cluster for `local`)",
         "sif": "SIF path on the cluster (default images/<project>.sif under the submit directory)",
@@ -186,22 +202,16 @@ def sbatch(
     check=False,
 ):
     """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`."""
-    from hpcbox import profiles, render, resources
-    from hpcbox.config import load_project
+    from hpcbox import render
 
-    project = load_project()
-    profile = profiles.load_profile(cluster)
     flags = {
         "job_name": job_name, "partition": partition, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
         "mem": mem, "time": time, "nodes": nodes, "ntasks_per_node": ntasks_per_node, "account": account,
         "qos": qos, "array": array, "mail_user": mail_user, "mail_type": mail_type, "extra": extra or [],
     }  # fmt: skip
-    request = resources.request_for(cluster, flags, project.root / "pyproject.toml", project.name)
+    project, profile, checked = _resources(cluster, flags)
     script = render.render_sbatch(
-        profile,
-        resources.resolve(profile, request),
-        render.JobInputs.defaults(project.name, sif=sif),
-        _trainer_args(c.remainder),
+        profile, checked, render.JobInputs.defaults(project.name, sif=sif), _trainer_args(c.remainder)
     )
     if check:
         print(_test_only(profile, script.text), file=sys.stderr)
@@ -228,6 +238,184 @@ def _test_only(profile, text: str) -> str:
             "`sbatch --test-only FILE` on the login node",
         )
     return slurm.test_only(running.ssh_target(), text)
+
+
+# --- submit and the job's life after it ---------------------------------------------------------
+
+
+@task(
+    iterable=["extra"],
+    help={
+        **RESOURCE_HELP,
+        "data": "the dataset archive to stage on node scratch (default: tool.hpcbox.data)",
+        "flavour": "image flavour (default: the one `invoke build` last made)",
+        "offline": "build on the Debian base bootstrapped here (no registry)",
+        "host": "login host or ~/.ssh/config alias (default: the profile's)",
+        "user": "login user name (default: the profile's, else ~/.ssh/config)",
+        "port": "login SSH port",
+        "remote_root": "where hpcbox keeps SIFs, data and jobs on the cluster (default ~/hpcbox)",
+        "dry_run": "say what would be uploaded and run, and send nothing",
+    },
+)
+@friendly
+def submit(
+    c,
+    cluster,
+    data=None,
+    gpus=None,
+    gpu_type=None,
+    cpus=None,
+    mem=None,
+    time=None,
+    job_name=None,
+    partition=None,
+    account=None,
+    qos=None,
+    nodes=None,
+    ntasks_per_node=None,
+    array=None,
+    mail_user=None,
+    mail_type=None,
+    extra=None,
+    flavour=None,
+    offline=False,
+    host=None,
+    user=None,
+    port=None,
+    remote_root="hpcbox",
+    dry_run=False,
+):
+    """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
+    from hpcbox import jobs
+
+    flags = {
+        "job_name": job_name, "partition": partition, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
+        "mem": mem, "time": time, "nodes": nodes, "ntasks_per_node": ntasks_per_node, "account": account,
+        "qos": qos, "array": array, "mail_user": mail_user, "mail_type": mail_type, "extra": extra or [],
+    }  # fmt: skip
+    project, profile, checked = _resources(cluster, flags)
+    target = jobs.connection_target(profile, project, host=host, user=user, port=int(port) if port else None)
+    payload, environment = jobs.prepare_payload(
+        project, jobs.data_path(project, data), flavour=flavour, offline=offline, say=_say
+    )
+    record = jobs.submit(
+        project, profile, target, checked, _trainer_args(c.remainder), payload,
+        image=environment.ref, remote_root=remote_root, dry_run=dry_run, say=_say,
+    )  # fmt: skip
+    if record is not None:
+        _say(f"hpcbox: sent {record.bytes_sent:,} bytes ({', '.join(record.sent) or 'nothing new'})")
+        _say(f"hpcbox: log {record.log}")
+        print(record.job_id)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _job(job: str | None, cluster: str | None):
+    """The ledger's record of ``job`` (default: the last one submitted) and how to reach its cluster."""
+    from hpcbox import jobs, profiles
+    from hpcbox.config import load_project
+
+    project = load_project()
+    record = jobs.Ledger(project).find(job, cluster)
+    return project, record, jobs.connection_target(profiles.load_profile(record.cluster), project)
+
+
+# Invoke has no optional positional arguments: the job is `-j JOB`, and the last job when left out.
+JOB_HELP = {"job": "job id (default: the last job submitted from here)", "cluster": "the job's cluster"}
+
+
+@task(help=JOB_HELP)
+@friendly
+def status(c, job=None, cluster=None):
+    """Where a job is: state, why it is pending, elapsed time, node, exit code."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    _, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        print(jobs.describe(jobs.state(connection, record)))
+
+
+@task(help={"cluster": "only jobs on this cluster"})
+@friendly
+def jobs(c, cluster=None):
+    """The jobs submitted from this project, with their live states."""
+    from hpcbox import jobs as job_stage
+    from hpcbox.config import load_project
+
+    project = load_project()
+    lines = job_stage.overview(project, cluster)
+    print("\n".join(lines) if lines else "no jobs submitted from this project yet")
+
+
+@task(help={**JOB_HELP, "follow": "keep printing until the job ends"})
+@friendly
+def logs(c, job=None, cluster=None, follow=False):
+    """The job's output (Slurm log), optionally following it until the job ends."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    _, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        jobs.logs(connection, record, follow=follow, on_line=print)
+
+
+@task(help=JOB_HELP)
+@friendly
+def fetch(c, job=None, cluster=None):
+    """Copy the job's results, checkpoints, metrics and log to runs/<cluster>/<job>/ (resumable)."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    project, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        local, transfer = jobs.fetch(connection, project, record)
+    _say(f"hpcbox: received {transfer.received:,} bytes")
+    print(local)
+
+
+@task(help=JOB_HELP)
+@friendly
+def report(c, job=None, cluster=None):
+    """Was the job efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; + a PNG."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    project, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        text, png = jobs.report(connection, project, record)
+    print(text)
+    _say(f"hpcbox: plot {png}")
+
+
+@task(help=JOB_HELP)
+@friendly
+def cancel(c, job=None, cluster=None):
+    """Stop a job so that it keeps what it wrote: it checkpoints, copies results back, then ends."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    _, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        print(jobs.describe(jobs.cancel(connection, record, say=_say)))
+
+
+@task(
+    help={
+        "epochs": "epochs the demo trains (default 3)",
+        "name": "the mini cluster's name (default hpcbox-local)",
+        "port": "its login node's SSH port on 127.0.0.1 (default 2222)",
+    }
+)
+@friendly
+def demo(c, epochs=3, name=None, port=None):
+    """The whole pipeline on the mini cluster: build, sif, cluster up, submit, wait, fetch, report."""
+    from hpcbox.demo import run_demo
+    from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
+
+    run_demo(epochs=int(epochs), name=name or DEFAULT_NAME, port=int(port or DEFAULT_PORT), say=_say)
 
 
 # --- cluster (the mini Slurm-in-Docker cluster) ----------------------------------------------------

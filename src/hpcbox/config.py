@@ -23,6 +23,7 @@ class ProjectConfig:
     dockerfile: str = "docker/Dockerfile"
     docker_dir: str = "docker"
     image_repository: str = ""
+    data: str = ""  # the dataset archive a job stages, relative to the root (`--data` wins)
 
     @property
     def repository(self) -> str:
@@ -75,4 +76,5 @@ def load_project(root: Path | None = None) -> ProjectConfig:
         dockerfile=table.get("dockerfile", "docker/Dockerfile"),
         docker_dir=table.get("docker_dir", "docker"),
         image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY") or table.get("image_repository", ""),
+        data=str(table.get("data", "")),
     )

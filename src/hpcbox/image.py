@@ -38,6 +38,10 @@ FLAVOURS: Mapping[str, Flavour] = {
     ),
     "cpu": Flavour("cpu", "debian:trixie-slim", ("lock/apt-system.txt", "lock/apt-cpu.txt")),
 }
+# Dockerfile stages `invoke build` can stop at: the full image, or the environment without the code.
+RUNTIME = "runtime"
+ENVIRONMENT = "environment"
+TARGETS = (RUNTIME, ENVIRONMENT)
 DEFAULT_FLAVOUR = "cuda"
 OFFLINE_FLAVOUR = "cpu"
 CA_ENV_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
@@ -83,6 +87,7 @@ class BuildPlan:
     content_hash: str
     lock_hash: str
     ref: str
+    target: str = RUNTIME
 
 
 def resolve_flavour(name: str | None, offline: bool) -> Flavour:
@@ -92,8 +97,8 @@ def resolve_flavour(name: str | None, offline: bool) -> Flavour:
     return FLAVOURS[chosen]
 
 
-def build_context(project: ProjectConfig) -> bytes:
-    """The build context as a reproducible tarball: docker/ and the project's code, nothing else."""
+def build_context(project: ProjectConfig, *, with_code: bool = True) -> bytes:
+    """The build context as a reproducible tarball: docker/ and (``with_code``) the project's code."""
     dockerfile = project.root / project.dockerfile
     if not dockerfile.is_file():
         raise HpcboxError(
@@ -101,14 +106,15 @@ def build_context(project: ProjectConfig) -> bytes:
             "create it (see this repository's docker/Dockerfile) or set tool.hpcbox.dockerfile",
         )
     paths = {
-        *_files(project.root, project.docker_dir),
-        *_files(project.root, project.dockerfile),
-        *(path for code in project.code for path in _files(project.root, code)),
+        *project_files(project.root, project.docker_dir),
+        *project_files(project.root, project.dockerfile),
+        *(path for code in project.code if with_code for path in project_files(project.root, code)),
     }
     return docker.context_tar({relative: project.root / relative for relative in paths})
 
 
-def _files(root: Path, relative: str) -> Iterator[str]:
+def project_files(root: Path, relative: str) -> Iterator[str]:
+    """The files under ``root/relative`` that belong in an image or a code snapshot (no caches)."""
     top = root / relative
     if top.is_file():
         yield relative
@@ -141,11 +147,18 @@ def plan_build(
     flavour: str | None = None,
     offline: bool = False,
     base: str | None = None,
+    target: str = RUNTIME,
     say: Callable[[str], None] = print,
 ) -> BuildPlan:
-    """Decide base, context and tag; pulls or bootstraps the base image if it is missing."""
+    """Decide base, context and tag; pulls or bootstraps the base image if it is missing.
+
+    ``target`` ENVIRONMENT is the image without the project's code (the cluster's SIF): its context,
+    and so its tag, leave the code out.
+    """
+    if target not in TARGETS:
+        raise HpcboxError(f"unknown build target {target!r}", f"choose one of: {', '.join(TARGETS)}")
     chosen = resolve_flavour(flavour, offline)
-    context = build_context(project)
+    context = build_context(project, with_code=target == RUNTIME)
     if base is not None:
         base_ref = base
     elif offline:
@@ -170,9 +183,12 @@ def plan_build(
             "pull it, or build offline with `invoke build --offline`",
         )
     build_args = {"FLAVOUR": chosen.name, "BASE_IMAGE": base_ref, "BASE_IMAGE_ID": base_image.id}
+    if target != RUNTIME:
+        build_args["TARGET"] = target
     digest = hashlib.sha256(context)
     digest.update(json.dumps(build_args, sort_keys=True).encode())
     content_hash = digest.hexdigest()
+    repository = project.repository if target == RUNTIME else f"{project.repository}-{target}"
     return BuildPlan(
         flavour=chosen,
         base=base_ref,
@@ -180,7 +196,8 @@ def plan_build(
         context=context,
         content_hash=content_hash,
         lock_hash=lock_hash(project, chosen),
-        ref=f"{project.repository}:{content_hash[:12]}",
+        ref=f"{repository}:{content_hash[:12]}",
+        target=target,
     )
 
 
@@ -201,12 +218,13 @@ def build_image(
     base: str | None = None,
     ca_bundle: Path | None = None,
     no_cache: bool = False,
+    target: str = RUNTIME,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> Image:
     """Build the trainer image unless an image with the same content hash already exists."""
     docker.client()  # fail first, and clearly, when no engine answers
-    plan = plan_build(project, flavour=flavour, offline=offline, base=base, say=say)
+    plan = plan_build(project, flavour=flavour, offline=offline, base=base, target=target, say=say)
     labels = {
         LABEL_TITLE: project.name,
         LABEL_REVISION: source_revision(project.root),
@@ -234,6 +252,7 @@ def build_image(
         labels=labels,
         secrets={"host_ca": ca} if ca is not None else {},
         no_cache=no_cache,
+        target=plan.target,
         on_line=on_line or _echo,
     )
     built = docker.image(plan.ref)

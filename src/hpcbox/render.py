@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.profiles import ClusterProfile
-from hpcbox.resources import FieldError, Resources, format_time
+from hpcbox.resources import Resources
+from hpcbox.units import FieldError, format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
 CHECKPOINTED_EXIT = 75
@@ -123,10 +124,15 @@ def gpu_option(profile: ClusterProfile, resources: Resources) -> str | None:
     return f"--gpus-per-node={typed}"
 
 
-def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
+def log_file(resources: Resources, log_dir: str) -> str:
+    """The job's log path as written on its --output line (Slurm's %j / %A_%a patterns in it)."""
     job_key = "%A_%a" if resources.array else "%j"
     slug = _SLUG_UNSAFE.sub("_", resources.job_name).strip("_") or "job"
-    log = f"{inputs.log_dir.rstrip('/').replace('%', '%%')}/{slug}-{job_key}.out"
+    return f"{log_dir.rstrip('/').replace('%', '%%')}/{slug}-{job_key}.out"
+
+
+def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
+    log = log_file(resources, inputs.log_dir)
     options: list[tuple[str, str | None]] = [
         ("--job-name", resources.job_name),
         ("--partition", None if resources.partition.implicit else resources.partition.name),
@@ -198,6 +204,7 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs)
             'trainer_pid=""',
             'sampler_pid=""',
             'terminated=""',
+            'cleaned=""',
         ]
     )
 
@@ -216,11 +223,11 @@ def _functions(profile: ClusterProfile, resources: Resources) -> str:
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
     if resources.tasks > 1:
         signal_trainer = (
-            "# USR1 to each node's torchrun, which tells its ranks: srun would signal every process of\n"
+            "# To each node's torchrun, which tells its ranks: srun would signal every process of\n"
             "        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.\n"
-            "        # TERM (scancel) needs nothing: Slurm signals every step itself.\n"
-            "        if [[ $1 == USR1 ]]; then\n"
-            '            on_each_node pkill --signal USR1 --uid "$(id -u)" --full \\\n'
+            "        # After a plain scancel no step can start, but Slurm has signalled every process.\n"
+            "        if [[ $1 == USR1 || $1 == TERM ]]; then\n"
+            '            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \\\n'
             "                '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true\n"
             "        fi"
         )
@@ -233,6 +240,9 @@ on_each_node() {{
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
 # Runs on every way out: success, failure, scancel and the time limit.
 clean_up() {{
+    if [[ -n $cleaned ]]; then
+        return 0
+    fi
     if [[ -n $sampler_pid ]]; then
         kill "$sampler_pid" 2>/dev/null || true
         sampler_pid=""
@@ -244,6 +254,7 @@ clean_up() {{
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
+            cleaned=1
             return 0
         fi
         # Slurm can refuse a new step on nodes whose previous step is still being torn down.
@@ -260,7 +271,8 @@ on_exit() {{
     exit "$status"
 }}
 
-# Slurm signals this shell (USR1 before the time limit, TERM on scancel); the trainer checkpoints on both.
+# Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
+# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {{
     if [[ $1 != USR1 ]]; then
@@ -415,6 +427,12 @@ if [[ $status -eq {CHECKPOINTED_EXIT} && -z $terminated ]]; then
     exit 0
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
+if [[ -n $terminated ]]; then
+    # Stopped on request: once the results are safe on shared storage, end the job as cancelled.
+    clean_up
+    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2
+    scancel "$SLURM_JOB_ID" || true
+fi
 exit "$status"
 """[:-1]
 

@@ -20,6 +20,7 @@ from hpcbox.sif import (
     sif_path_for,
 )
 from hpcbox.tools.apptainer import Apptainer
+from tests.fixtures.sif import WITH_CODE
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -44,8 +45,8 @@ def small_sifs(small_image, sif_cache):
 
 def test_trainer_help_runs_as_non_root_user(trainer_sif, cluster_node):
     done = cluster_node.run(
-        f"id -u && apptainer exec --bind /disk/scratch:/scratch {cluster_node.sif(trainer_sif.path)} "
-        "python -m hpctrain --help"
+        f"id -u && apptainer exec {WITH_CODE} --bind /disk/scratch:/scratch "
+        f"{cluster_node.sif(trainer_sif.path)} python -m hpctrain --help"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "1500"
@@ -55,7 +56,7 @@ def test_trainer_help_runs_as_non_root_user(trainer_sif, cluster_node):
 def test_trainer_one_epoch_writes_metrics_into_bound_scratch(trainer_sif, cluster_node):
     run = "sif-epoch"
     done = cluster_node.run(
-        f"mkdir -p /disk/scratch/{run} && apptainer exec --bind /disk/scratch/{run}:/scratch "
+        f"mkdir -p /disk/scratch/{run} && apptainer exec {WITH_CODE} --bind /disk/scratch/{run}:/scratch "
         f"{cluster_node.sif(trainer_sif.path)} sh -c "
         "'python -m hpctrain make-data --out /scratch/digits.tar && mkdir -p /scratch/data && "
         "tar -xf /scratch/digits.tar -C /scratch/data && python -m hpctrain train --data-dir /scratch/data "
@@ -74,19 +75,19 @@ def test_nv_exits_zero_without_gpu(trainer_sif, cluster_node):
     assert done.returncode == 0, done.stderr
 
 
-def test_inspect_shows_provenance(trainer_image, trainer_sif, apptainer_helper):
+def test_inspect_shows_provenance(environment_image, trainer_sif, apptainer_helper):
     attributes = Apptainer("container", apptainer_helper).inspect(trainer_sif.path)
     labels = attributes["labels"]
-    assert labels[LABEL_IMAGE_ID] == trainer_image.id == trainer_sif.image_id
+    assert labels[LABEL_IMAGE_ID] == environment_image.id == trainer_sif.image_id
     for key in ("org.opencontainers.image.revision", "io.hpcbox.lock-sha256"):
-        assert labels[key] == trainer_image.labels[key]
+        assert labels[key] == environment_image.labels[key]
     assert "Bootstrap: docker-archive" in attributes["deffile"]
 
 
-def test_second_conversion_is_a_cache_hit(trainer_image, trainer_sif, sif_cache):
-    again = _convert(trainer_image, sif_cache)
+def test_second_conversion_is_a_cache_hit(environment_image, trainer_sif, sif_cache):
+    again = _convert(environment_image, sif_cache)
     assert again.built is False
-    assert again.path == trainer_sif.path == sif_path_for(trainer_image.id, cache=sif_cache)
+    assert again.path == trainer_sif.path == sif_path_for(environment_image.id, cache=sif_cache)
     assert again.sha256 == trainer_sif.sha256
 
 

@@ -186,10 +186,13 @@ def build(
     labels: Mapping[str, str],
     secrets: Mapping[str, Path],
     no_cache: bool = False,
+    target: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> None:
     """BuildKit build of the tar context on ``context_tar``; progress lines go to ``on_line``."""
     argv = [build_cli(), "build", "--progress=plain", "-f", dockerfile, "-t", tag_ref]
+    if target is not None:
+        argv += ["--target", target]
     for key, value in build_args.items():
         argv += ["--build-arg", f"{key}={value}"]
     for key, value in labels.items():
@@ -254,3 +257,30 @@ def run_once(ref: str, command: Sequence[str], *, what: str, user: str = "root")
     except docker.errors.ImageNotFound as exc:
         raise HpcboxError(f"cannot {what}: image {ref} is not there") from exc
     return output.decode(errors="replace")
+
+
+def run_for_file(ref: str, command: Sequence[str], path: str, *, what: str) -> bytes:
+    """Run ``command`` in a throwaway container of ``ref`` and return the file it wrote at ``path``.
+
+    Copied out of the stopped container, not read from its output: the engine's log driver keeps
+    output as text, and bytes that are not UTF-8 would not survive it.
+    """
+    engine = client()
+    try:
+        container = engine.containers.create(ref, list(command))
+    except docker.errors.ImageNotFound as exc:
+        raise HpcboxError(f"cannot {what}: image {ref} is not there") from exc
+    try:
+        container.start()
+        status = container.wait()["StatusCode"]
+        if status != 0:
+            stderr = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            raise proc.failure(what, status, stderr, "", list(command))
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+            member = archive.extractfile(archive.getmembers()[0])
+            if member is None:
+                raise HpcboxError(f"cannot {what}: {path} in the container is not a file")
+            return member.read()
+    finally:
+        container.remove(force=True)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import collections
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -42,13 +43,29 @@ def run(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     stdin: IO[bytes] | None = None,
+    input_bytes: bytes | None = None,
     check: bool = True,
+    timeout_s: float | None = None,
 ) -> Completed:
-    """Run ``argv`` to completion, capturing output; on failure raise with its stderr tail."""
+    """Run ``argv`` to completion, capturing output; on failure raise with its stderr tail.
+
+    ``timeout_s`` bounds the wait: past it the program is killed and that is the failure reported.
+    """
     try:
-        proc = subprocess.run(list(argv), env=env, cwd=cwd, stdin=stdin, capture_output=True, check=False)
+        proc = subprocess.run(
+            list(argv),
+            env=env,
+            cwd=cwd,
+            stdin=stdin if input_bytes is None else None,
+            input=input_bytes,
+            capture_output=True,
+            check=False,
+            timeout=timeout_s,
+        )
     except FileNotFoundError as exc:
         raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise HpcboxError(f"cannot {what}: no answer within {timeout_s:.0f} s", hint) from exc
     done = Completed(
         tuple(argv),
         proc.returncode,
@@ -71,12 +88,14 @@ def stream(
     input_bytes: bytes | None = None,
     on_line: Callable[[str], None] | None = None,
     tail_lines: int = TAIL_LINES,
+    carriage_returns: bool = False,
 ) -> list[str]:
     """Run ``argv`` with stdout and stderr merged, handing each line to ``on_line`` as it comes.
 
     ``input_bytes``, if given, is written to the program's stdin from a thread (so a large input
-    cannot deadlock against unread output). Returns the last ``tail_lines`` lines; on failure raises
-    with them as details.
+    cannot deadlock against unread output). ``carriage_returns`` also ends a line at "\r", where
+    progress meters (rsync's) redraw one line. Returns the last ``tail_lines`` lines; on failure
+    raises with them as details.
     """
     echo = on_line if on_line is not None else _print_line
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
@@ -95,14 +114,29 @@ def stream(
     if input_bytes is not None:
         threading.Thread(target=_feed, args=(proc.stdin, input_bytes), daemon=True).start()
     with proc.stdout:
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace").rstrip("\n")
+        for raw in _lines(proc.stdout, carriage_returns):
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            if carriage_returns and not line.strip():
+                continue  # the empty pieces between "\r" and "\n"
             tail.append(line)
             echo(line)
     returncode = proc.wait()
     if returncode != 0:
         raise failure(what, returncode, "\n".join(tail), hint, argv)
     return list(tail)
+
+
+def _lines(pipe: IO[bytes], carriage_returns: bool) -> Iterator[bytes]:
+    if not carriage_returns:
+        yield from pipe
+        return
+    pending = b""
+    while chunk := pipe.read1(65536):  # type: ignore[attr-defined]
+        pending += chunk
+        *complete, pending = re.split(rb"[\r\n]", pending)
+        yield from complete
+    if pending:
+        yield pending
 
 
 def _feed(pipe: IO[bytes] | None, data: bytes) -> None:

@@ -1,10 +1,87 @@
-"""Slurm's user commands, run on a cluster's login node over SSH."""
+"""Slurm's user commands (sbatch, squeue, sacct, scancel), run on a cluster's login node over SSH.
+
+Parsing of their output is kept in pure functions beside the calls, so it is tested on its own.
+"""
 
 from __future__ import annotations
 
+import shlex
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from hpcbox.errors import HpcboxError
 from hpcbox.tools import proc, ssh
+
+# Job states after which nothing more happens to a job (Slurm's "completed" family).
+FINISHED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "REVOKED",
+        "SPECIAL_EXIT",
+        "TIMEOUT",
+    }
+)
+
+# What squeue's reason codes mean, in words a user can act on.
+PENDING_REASONS = {
+    "Priority": "other jobs have higher priority; it will start when its turn comes",
+    "Resources": "waiting for nodes with the requested CPUs, memory or GPUs to become free",
+    "Dependency": "waiting for the jobs it depends on to finish",
+    "DependencyNeverSatisfied": "a job it depends on failed: it will never start; cancel it",
+    "BeginTime": "its --begin time has not come yet",
+    "JobHeldUser": "held by you: `scontrol release JOBID` lets it start",
+    "JobHeldAdmin": "held by an administrator",
+    "ReqNodeNotAvail": "a node it needs is down, drained or reserved",
+    "PartitionDown": "the partition is down",
+    "PartitionInactive": "the partition is inactive",
+    "PartitionNodeLimit": "it asks for more nodes than the partition allows",
+    "PartitionTimeLimit": "its time limit is above the partition's limit: it will not start",
+    "QOSMaxGRESPerUser": "you already use as many GPUs as your QOS allows; it starts when one of yours ends",
+    "QOSMaxJobsPerUserLimit": "you already run as many jobs as your QOS allows",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is above what the QOS allows: lower --time",
+    "QOSGrpGRES": "the QOS's group GPU limit is reached",
+    "QOSMaxCpuPerUserLimit": "you already use as many CPUs as your QOS allows",
+    "AssocGrpGRES": "your account's GPU limit is reached",
+    "AssocGrpCPUMinutesLimit": "your account has used its CPU-minutes allocation",
+    "AssocMaxJobsLimit": "your account already runs as many jobs as it may",
+    "AssocGrpJobsLimit": "your account's group already runs as many jobs as it may",
+    "InvalidAccount": "the account is not valid for you: check --account",
+    "InvalidQOS": "the QOS is not valid for you: check --qos",
+    "BadConstraints": "no node matches the constraints: the job cannot start as asked",
+    "NodeDown": "a node it needs is down",
+    "launch failed requeued held": "the job failed to launch and was held: `scontrol release JOBID`",
+    "None": "being scheduled",
+}
+
+
+@dataclass(frozen=True)
+class JobState:
+    """One job as squeue or sacct reports it."""
+
+    job_id: str
+    state: str  # e.g. PENDING, RUNNING, COMPLETED; "CANCELLED by 1500" is cut to CANCELLED
+    reason: str = ""
+    elapsed: str = ""
+    time_limit: str = ""
+    exit_code: str = ""
+    nodes: str = ""
+    source: str = ""  # squeue or sacct
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    @property
+    def reason_in_words(self) -> str:
+        return PENDING_REASONS.get(self.reason, "")
 
 
 def test_only(target: ssh.Target, script_text: str) -> str:
@@ -19,3 +96,97 @@ def test_only(target: ssh.Target, script_text: str) -> str:
             stdin=script,
         )
     return (done.stderr or done.stdout).strip()
+
+
+def parse_job_id(parsable: str) -> str:
+    """The job id from `sbatch --parsable` output (`ID` or `ID;cluster`)."""
+    first = parsable.strip().splitlines()[-1] if parsable.strip() else ""
+    job_id = first.split(";")[0]
+    if not job_id.isdigit():
+        raise HpcboxError(f"sbatch answered {parsable.strip()!r}, not a job id")
+    return job_id
+
+
+_SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
+_SACCT_FIELDS = "JobID,State,Reason,Elapsed,Timelimit,ExitCode,NodeList"
+
+
+def parse_squeue(text: str, job_id: str) -> JobState | None:
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 6 and fields[0] == job_id:
+            state, reason, elapsed, limit, nodes = fields[1:]
+            return JobState(job_id, state, reason, elapsed, limit, "", nodes, "squeue")
+    return None
+
+
+def parse_sacct(text: str, job_id: str) -> JobState | None:
+    """The allocation's line (JobID exactly ``job_id``); the last one when the job was requeued."""
+    found = None
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 7 and fields[0] == job_id:
+            state, reason, elapsed, limit, exit_code, nodes = fields[1:]
+            state = state.split()[0] if state else state
+            found = JobState(job_id, state, reason, elapsed, limit, exit_code, nodes, "sacct")
+    return found
+
+
+def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
+    """The job's state from squeue (while Slurm holds it) or else sacct; None if neither knows it."""
+    queued = connection.run(
+        ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
+        what=f"ask squeue about job {job_id}",
+        check=False,
+    )
+    state = parse_squeue(queued.stdout, job_id) if queued.returncode == 0 else None
+    if state is not None and not state.finished:
+        return state
+    # Finished, or already gone from squeue: sacct also knows the exit code.
+    accounted = connection.run(
+        ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={job_id}", f"--format={_SACCT_FIELDS}"],
+        what=f"ask sacct about job {job_id}",
+        check=False,
+    )
+    if accounted.returncode == 0:
+        return parse_sacct(accounted.stdout, job_id) or state
+    return state
+
+
+def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> str:
+    """`sacct --parsable2` of the job and its steps, ``fields`` in order (no header)."""
+    done = connection.run(
+        ["sacct", "--noheader", "--parsable2", f"--jobs={job_id}", f"--format={','.join(fields)}"],
+        what=f"read job {job_id}'s accounting with sacct",
+        hint="the report needs Slurm accounting (slurmdbd) on the cluster",
+    )
+    return done.stdout
+
+
+def submit(connection: ssh.Connection, submit_dir: str, script_name: str, script_text: str) -> str:
+    """Write the script into ``submit_dir/scripts`` and `sbatch --parsable` it from ``submit_dir``.
+
+    The log and run folders are made first (Slurm writes no log into a missing folder). If sbatch
+    refuses, its own message is the error and the script is removed again.
+    """
+    script = f"scripts/{script_name}"
+    command = (
+        f"cd {shlex.quote(submit_dir)} && mkdir -p scripts logs runs && cat > {shlex.quote(script)} && "
+        f"{{ sbatch --parsable {shlex.quote(script)} || {{ status=$?; rm -f {shlex.quote(script)}; "
+        "exit $status; }; }"
+    )
+    done = connection.run(
+        command,
+        what="submit the job with sbatch",
+        hint="the message is Slurm's own: change the resource it names, or the cluster profile",
+        input_bytes=script_text.encode(),
+    )
+    return parse_job_id(done.stdout)
+
+
+def cancel(connection: ssh.Connection, job_id: str, *, batch_signal: str | None = None) -> None:
+    """scancel the job; with ``batch_signal``, only signal its batch shell (the job script's trap)."""
+    argv = ["scancel"]
+    if batch_signal is not None:
+        argv += ["--batch", f"--signal={batch_signal}"]
+    connection.run([*argv, job_id], what=f"cancel job {job_id}", hint="is it your job, on this cluster?")

@@ -1,14 +1,23 @@
-"""OpenSSH: the one place that runs `ssh`, `scp` and `ssh-keygen`.
+"""OpenSSH and rsync: the one place that runs `ssh`, `scp`, `rsync` and `ssh-keygen`.
 
-Every connection pins the host key: StrictHostKeyChecking=yes against a known_hosts file the caller
-names (for the mini cluster, one written from the host key generated at `up`), key-only auth, no
-agent, no prompts.
+A `Target` either names everything (key, pinned known_hosts: the mini cluster, whose host key is
+generated at `up`) or leaves key, user, port and host keys to the user's own `~/.ssh/config`, so that
+ProxyJump, Kerberos and site aliases work as they do for them. Host keys are always checked
+(StrictHostKeyChecking=yes; a host not yet trusted is refused, never silently added).
+
+A `Connection` opens one master connection (ControlMaster) and runs every later ssh and rsync of the
+command through it: a site with two-factor login asks once per hpcbox command.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
-from collections.abc import Sequence
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,46 +25,72 @@ from hpcbox.errors import HpcboxError
 from hpcbox.tools import proc
 
 INSTALL_HINT = "install the OpenSSH client (`apt-get install openssh-client`)"
+RSYNC_HINT = "install rsync here (`apt-get install rsync`) and make sure the cluster has it too"
+# Within this many seconds a host that does not answer is reported, never waited on for longer.
+CONNECT_TIMEOUT_S = 10
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where to log in: ``user@host:port`` with ``key_path``, trusting only the keys in ``known_hosts``."""
+    """Where to log in. ``host`` may be an alias of ~/.ssh/config; None fields are left to that file.
+
+    ``key_path`` and ``known_hosts``, when given, are the only key offered and the only host keys
+    trusted (the mini cluster's generated ones).
+    """
 
     host: str
-    port: int
-    user: str
-    key_path: Path
-    known_hosts: Path
-    connect_timeout_s: int = 10
+    port: int | None = None
+    user: str | None = None
+    key_path: Path | None = None
+    known_hosts: Path | None = None
+    connect_timeout_s: int = CONNECT_TIMEOUT_S
 
     @property
     def address(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.host}{port}"
 
 
-def options(target: Target) -> list[str]:
-    """The `-o` options shared by ssh and scp for ``target``."""
-    settings = {
-        "IdentityFile": str(target.key_path),
-        "IdentitiesOnly": "yes",
-        "IdentityAgent": "none",
-        "UserKnownHostsFile": str(target.known_hosts),
-        "GlobalKnownHostsFile": "/dev/null",
+def options(target: Target, *, interactive: bool = False) -> list[str]:
+    """The `-o` options shared by ssh, scp and rsync's ssh for ``target``.
+
+    ``interactive`` lets ssh ask (a password, a second factor) on the user's terminal; otherwise it
+    fails at once instead of waiting for an answer nobody will type.
+    """
+    settings: dict[str, str] = {}
+    if target.key_path is not None:
+        settings |= {"IdentityFile": str(target.key_path), "IdentitiesOnly": "yes", "IdentityAgent": "none"}
+    if target.known_hosts is not None:
+        settings |= {"UserKnownHostsFile": str(target.known_hosts), "GlobalKnownHostsFile": "/dev/null"}
+    settings |= {
         "StrictHostKeyChecking": "yes",
-        "BatchMode": "yes",
-        "PasswordAuthentication": "no",
+        "BatchMode": "no" if interactive else "yes",
         "ConnectTimeout": str(target.connect_timeout_s),
         "ServerAliveInterval": "15",
+        "ServerAliveCountMax": "3",
         "LogLevel": "ERROR",
-        "User": target.user,
     }
+    if target.key_path is not None:
+        settings["PasswordAuthentication"] = "no"
+    if target.user:
+        settings["User"] = target.user
+    if target.port:
+        settings["Port"] = str(target.port)
     return [arg for key, value in settings.items() for arg in ("-o", f"{key}={value}")]
 
 
-def ssh_argv(target: Target, command: str | Sequence[str] | None = None, *, tty: bool = False) -> list[str]:
+def ssh_argv(
+    target: Target,
+    command: str | Sequence[str] | None = None,
+    *,
+    tty: bool = False,
+    control_path: Path | None = None,
+) -> list[str]:
     """argv of `ssh` to ``target`` running ``command`` (a shell string, or argv quoted with shlex)."""
-    argv = [proc.require("ssh", INSTALL_HINT), *options(target), "-p", str(target.port)]
+    argv = [proc.require("ssh", INSTALL_HINT), *options(target, interactive=tty)]
+    if control_path is not None:
+        argv += ["-o", f"ControlPath={control_path}", "-o", "ControlMaster=no"]
     argv.append("-t" if tty else "-T")
     argv.append(target.host)
     if command is not None:
@@ -84,7 +119,7 @@ def copy_to(target: Target, sources: Sequence[Path], remote_dir: str, *, what: s
     """`scp -r` local ``sources`` into ``remote_dir`` on ``target``."""
     if not sources:
         raise HpcboxError("nothing to copy", "name at least one file or folder")
-    argv = [proc.require("scp", INSTALL_HINT), *options(target), "-P", str(target.port), "-r", "-q"]
+    argv = [proc.require("scp", INSTALL_HINT), *options(target), "-r", "-q"]
     argv += [str(source) for source in sources]
     argv.append(f"{target.host}:{remote_dir}")
     proc.run(argv, what=what or f"copy files to {target.address}:{remote_dir}")
@@ -92,7 +127,7 @@ def copy_to(target: Target, sources: Sequence[Path], remote_dir: str, *, what: s
 
 def copy_from(target: Target, remote_path: str, local_dir: Path, *, what: str = "") -> None:
     """`scp -r` ``remote_path`` on ``target`` into ``local_dir``."""
-    argv = [proc.require("scp", INSTALL_HINT), *options(target), "-P", str(target.port), "-r", "-q"]
+    argv = [proc.require("scp", INSTALL_HINT), *options(target), "-r", "-q"]
     argv += [f"{target.host}:{remote_path}", str(local_dir)]
     proc.run(argv, what=what or f"copy {target.address}:{remote_path} here")
 
@@ -114,3 +149,162 @@ def known_hosts_line(host: str, port: int, public_key: str) -> str:
     key_type, key_data = public_key.split()[:2]
     name = host if port == 22 else f"[{host}]:{port}"
     return f"{name} {key_type} {key_data}"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """What one rsync moved: bytes sent and received over the wire (its --stats)."""
+
+    sent: int
+    received: int
+
+
+_STAT = re.compile(r"^Total bytes (sent|received): ([\d,]+)", re.MULTILINE)
+
+
+def parse_rsync_stats(lines: Sequence[str]) -> Transfer:
+    found = {kind: int(number.replace(",", "")) for kind, number in _STAT.findall("\n".join(lines))}
+    return Transfer(found.get("sent", 0), found.get("received", 0))
+
+
+class Connection:
+    """One SSH master connection to ``target`` for the life of a `with` block; every `run`, `stream`
+    and rsync inside it goes through that connection.
+
+    Opening it is where a host that is down, a refused key or an unknown host key shows up, as one
+    error within about ``connect_timeout_s``; the master asks for a password or second factor on the
+    terminal when there is one (and fails at once when there is not).
+    """
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._dir: Path | None = None
+
+    @property
+    def control_path(self) -> Path:
+        if self._dir is None:
+            raise HpcboxError("the SSH connection is not open", "use it inside `with Connection(...)`")
+        return self._dir / "master"
+
+    def __enter__(self) -> Connection:
+        # A short private folder: socket paths are limited to ~100 bytes, and no one else may use it.
+        self._dir = Path(tempfile.mkdtemp(prefix="hpcbox-ssh-"))
+        interactive = sys.stdin.isatty()
+        argv = [proc.require("ssh", INSTALL_HINT), *options(self.target, interactive=interactive)]
+        argv += ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes"]
+        argv += ["-o", "ControlPersist=yes", "-f", "-N", self.target.host]
+        try:
+            proc.run(
+                argv,
+                what=f"connect to {self.target.address}",
+                hint=self._hint(),
+                timeout_s=self.target.connect_timeout_s + 5 if not interactive else None,
+            )
+        except BaseException:
+            self._remove_dir()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._dir is None:
+            return
+        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}"]
+        proc.run([*argv, "-O", "exit", self.target.host], what="close the SSH connection", check=False)
+        self._remove_dir()
+
+    def _remove_dir(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def _hint(self) -> str:
+        key = f" and accepts {self.target.key_path}" if self.target.key_path else ""
+        return (
+            f"check that {self.target.address} is reachable{key}: try `ssh {self.target.host}` yourself "
+            "(host, user and key come from the cluster profile, flags and ~/.ssh/config)"
+        )
+
+    def argv(self, command: str | Sequence[str], *, tty: bool = False) -> list[str]:
+        return ssh_argv(self.target, command, tty=tty, control_path=self.control_path)
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        what: str,
+        check: bool = True,
+        hint: str = "",
+        input_bytes: bytes | None = None,
+    ) -> proc.Completed:
+        """Run ``command`` (a shell string, or argv) on the remote side and capture its output."""
+        return proc.run(self.argv(command), what=what, hint=hint, check=check, input_bytes=input_bytes)
+
+    def stream(self, command: str, *, what: str, on_line: Callable[[str], None]) -> None:
+        """Run ``command`` remotely, handing each line of its output to ``on_line`` as it arrives."""
+        proc.stream(self.argv(command), what=what, on_line=on_line, tail_lines=5)
+
+    def _rsync(
+        self,
+        sources: Sequence[str],
+        destination: str,
+        *,
+        what: str,
+        on_progress: Callable[[str], None] | None,
+    ) -> Transfer:
+        rsync = proc.require("rsync", RSYNC_HINT)
+        shell = shlex.join([proc.require("ssh", INSTALL_HINT), *options(self.target)])
+        shell += f" -o ControlPath={shlex.quote(str(self.control_path))} -o ControlMaster=no"
+        argv = [rsync, "--archive", "--partial", "--stats", "--rsh", shell]
+        if on_progress is not None:
+            argv.append("--info=progress2")
+        lines = proc.stream(
+            [*argv, *sources, destination],
+            what=what,
+            hint=RSYNC_HINT,
+            on_line=lambda line: on_progress(line.strip()) if on_progress and "%" in line else None,
+            tail_lines=40,
+            carriage_returns=True,
+        )
+        return parse_rsync_stats(lines)
+
+    def upload(
+        self, source: Path, remote_path: str, *, on_progress: Callable[[str], None] | None = None
+    ) -> Transfer:
+        """rsync ``source`` (a file, or a folder's contents with a trailing /) to ``remote_path``.
+
+        --partial keeps what arrived of an interrupted upload, so the next try sends only the rest.
+        """
+        name = str(source) + ("/" if source.is_dir() else "")
+        return self._rsync(
+            [name],
+            f"{self.target.host}:{remote_path}",
+            what=f"upload {source.name} to {self.target.address}",
+            on_progress=on_progress,
+        )
+
+    def download(self, remote_path: str, local: Path) -> Transfer:
+        """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable."""
+        local.mkdir(parents=True, exist_ok=True)
+        return self._rsync(
+            [f"{self.target.host}:{remote_path}"],
+            str(local) + "/",
+            what=f"download {remote_path} from {self.target.address}",
+            on_progress=None,
+        )
+
+
+def progress_printer(total: int, write: Callable[[str], None] | None = None) -> Callable[[str], None]:
+    """An rsync --info=progress2 line handler that prints bytes, rate and ETA at most every 2 s."""
+    out = write or (lambda text: print(text, file=sys.stderr, flush=True))
+    last = [0.0]
+
+    def show(line: str) -> None:
+        now = time.monotonic()
+        if now - last[0] < 2 and "100%" not in line:
+            return
+        last[0] = now
+        fields = line.split()
+        if len(fields) >= 4:
+            out(f"  {fields[0]} of {total:,} bytes ({fields[1]}), {fields[2]}, ETA {fields[3]}")
+
+    return show

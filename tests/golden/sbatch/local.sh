@@ -30,6 +30,7 @@ job_scratch=/disk/scratch/"${USER:-$(id -un)}"/hpcbox-"${SLURM_JOB_ID}"
 trainer_pid=""
 sampler_pid=""
 terminated=""
+cleaned=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
@@ -39,6 +40,9 @@ on_each_node() {
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
 # Runs on every way out: success, failure, scancel and the time limit.
 clean_up() {
+    if [[ -n $cleaned ]]; then
+        return 0
+    fi
     if [[ -n $sampler_pid ]]; then
         kill "$sampler_pid" 2>/dev/null || true
         sampler_pid=""
@@ -52,6 +56,7 @@ clean_up() {
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
+            cleaned=1
             return 0
         fi
         # Slurm can refuse a new step on nodes whose previous step is still being torn down.
@@ -68,18 +73,19 @@ on_exit() {
     exit "$status"
 }
 
-# Slurm signals this shell (USR1 before the time limit, TERM on scancel); the trainer checkpoints on both.
+# Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
+# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
     if [[ $1 != USR1 ]]; then
         terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
-        # USR1 to each node's torchrun, which tells its ranks: srun would signal every process of
+        # To each node's torchrun, which tells its ranks: srun would signal every process of
         # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.
-        # TERM (scancel) needs nothing: Slurm signals every step itself.
-        if [[ $1 == USR1 ]]; then
-            on_each_node pkill --signal USR1 --uid "$(id -u)" --full \
+        # After a plain scancel no step can start, but Slurm has signalled every process.
+        if [[ $1 == USR1 || $1 == TERM ]]; then
+            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \
                 '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true
         fi
     fi
@@ -151,4 +157,10 @@ if [[ $status -eq 75 && -z $terminated ]]; then
     exit 0
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
+if [[ -n $terminated ]]; then
+    # Stopped on request: once the results are safe on shared storage, end the job as cancelled.
+    clean_up
+    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2
+    scancel "$SLURM_JOB_ID" || true
+fi
 exit "$status"

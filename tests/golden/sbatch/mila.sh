@@ -32,6 +32,7 @@ job_scratch="${SLURM_TMPDIR:?the site sets SLURM_TMPDIR for every job}"/hpcbox-"
 trainer_pid=""
 sampler_pid=""
 terminated=""
+cleaned=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
@@ -41,6 +42,9 @@ on_each_node() {
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
 # Runs on every way out: success, failure, scancel and the time limit.
 clean_up() {
+    if [[ -n $cleaned ]]; then
+        return 0
+    fi
     if [[ -n $sampler_pid ]]; then
         kill "$sampler_pid" 2>/dev/null || true
         sampler_pid=""
@@ -52,6 +56,7 @@ clean_up() {
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
+            cleaned=1
             return 0
         fi
         # Slurm can refuse a new step on nodes whose previous step is still being torn down.
@@ -68,7 +73,8 @@ on_exit() {
     exit "$status"
 }
 
-# Slurm signals this shell (USR1 before the time limit, TERM on scancel); the trainer checkpoints on both.
+# Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
+# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
     if [[ $1 != USR1 ]]; then
@@ -133,4 +139,10 @@ if [[ $status -eq 75 && -z $terminated ]]; then
     exit 0
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
+if [[ -n $terminated ]]; then
+    # Stopped on request: once the results are safe on shared storage, end the job as cancelled.
+    clean_up
+    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2
+    scancel "$SLURM_JOB_ID" || true
+fi
 exit "$status"

@@ -1,0 +1,353 @@
+"""`invoke submit` and the job's life after it, against the mini cluster over SSH to its login node.
+
+A copy of this repository's project is built (the environment image, cpu flavour, offline), turned
+into a SIF and submitted as the cluster's ordinary user; what each step sends is read from rsync's own
+statistics, what each job did from its log, its sacct record and the files it left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hpcbox import jobs, profiles
+from hpcbox.config import load_project
+from hpcbox.errors import HpcboxError
+from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.tools import docker, slurm, ssh
+from tests.fixtures.cluster import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+    project_dir: Path
+    data: Path
+    sif_cache: Path
+    env: dict[str, str]  # what the CLI needs to reach this session's cluster and SIF cache
+
+    def project(self):
+        return load_project(self.project_dir)
+
+
+@pytest.fixture(scope="module")
+def setup(
+    minicluster, minicluster_state, session_project, trainer_image, trainer_sif, sif_cache, tmp_path_factory
+):
+    """The session's project copy (its environment SIF already in the session's cache), its dataset,
+    and the environment variables pointing the CLI at this run's cluster and SIF cache."""
+    data = tmp_path_factory.mktemp("submit-data") / "digits.tar"
+    data.write_bytes(
+        docker.run_for_file(
+            trainer_image.ref,
+            ["python", "-m", "hpctrain", "make-data", "--out", "/tmp/d.tar"],
+            "/tmp/d.tar",
+            what="make the dataset",
+        )
+    )
+    # The CLI finds SIFs in $HPCBOX_CACHE/sif: a folder beside the session's cache holding a link to it.
+    cache_root = tmp_path_factory.mktemp("submit-cache")
+    (cache_root / "sif").symlink_to(sif_cache)
+    env = {
+        "HPCBOX_MINICLUSTER": minicluster.name,
+        "HPCBOX_MINICLUSTER_STATE": str(minicluster_state),
+        "HPCBOX_CACHE": str(cache_root),
+    }
+    return Setup(session_project, data, sif_cache, env)
+
+
+def local_resources(**given):
+    profile = profiles.load_profile("local")
+    return profile, resolve(profile, ResourceRequest(**{"job_name": "submit-test", "time": "10", **given}))
+
+
+def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None):
+    project = setup.project()
+    payload, environment = jobs.prepare_payload(
+        project,
+        setup.data,
+        flavour="cpu",
+        offline=True,
+        cache=setup.sif_cache,
+        say=lambda _: None,
+        on_line=lambda _: None,
+    )
+    profile, checked = profile_and_resources or local_resources()
+    return jobs.submit(
+        project,
+        profile,
+        target or cluster.ssh_target(),
+        checked,
+        args,
+        payload,
+        image=environment.ref,
+        say=lambda _: None,
+    )
+
+
+def finished(cluster, record: jobs.JobRecord, timeout_s: float = 300) -> slurm.JobState:
+    with ssh.Connection(cluster.ssh_target()) as connection:
+        return jobs.wait(connection, record, timeout_s=timeout_s)
+
+
+def log_of(cluster, record: jobs.JobRecord) -> str:
+    return cluster.ssh(["cat", record.log]).stdout
+
+
+def scratch_left(cluster, job_id: str) -> list[str]:
+    left = []
+    for host in cluster.spec.compute_hosts:
+        done = cluster.exec(host, ["sh", "-c", f"ls -d /disk/scratch/*/hpcbox-{job_id} 2>/dev/null || true"])
+        left += [f"{host}:{line}" for line in done.stdout.split()]
+    return left
+
+
+@pytest.fixture(scope="module")
+def first_job(setup: Setup, minicluster) -> jobs.JobRecord:
+    """The first submit of the session to a cluster that has nothing of this project yet."""
+    record = submit(setup, minicluster)
+    assert record is not None
+    return record
+
+
+def test_first_submit_ships_everything_runs_the_trainer_and_fetches_results(
+    first_job: jobs.JobRecord, setup: Setup, minicluster, trainer_sif
+):
+    record = first_job
+    assert set(record.sent) == {"sif", "dataset", "code"}
+    assert record.sif_sha256 == trainer_sif.sha256  # the session's SIF: the same environment, built again
+    sif_size = minicluster.ssh(["stat", "-c", "%s", record.sif]).stdout.strip()
+    assert record.bytes_sent > int(sif_size)  # rsync's own count of what went over the wire
+    # Content-addressed SIF, checked on arrival: its sha256 on the cluster is the one in the ledger.
+    remote_sha = minicluster.ssh(["sha256sum", record.sif]).stdout.split()[0]
+    assert remote_sha == record.sif_sha256 and record.sif.endswith(f"/{record.sif_sha256}.sif")
+    # Nothing hpcbox made there is group- or world-writable, and no temporary upload is left.
+    loose = minicluster.ssh(
+        f"find {record.submit_dir} {record.sif.rsplit('/', 1)[0]} -perm /022 -o -name '.*partial'"
+    ).stdout
+    assert loose.strip() == ""
+
+    final = finished(minicluster, record)
+    assert (final.state, final.exit_code, final.source) == ("COMPLETED", "0:0", "sacct"), log_of(
+        minicluster, record
+    )
+    assert scratch_left(minicluster, record.job_id) == []
+
+    project = setup.project()
+    ledger = jobs.Ledger(project).find(record.job_id, "local")
+    assert ledger == record and ledger.code_revision != "" and ledger.resources["job_name"] == "submit-test"
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        local, transfer = jobs.fetch(connection, project, record)
+        again, second = jobs.fetch(connection, project, record)
+    assert local == again == setup.project_dir / "runs" / "local" / record.job_id
+    assert transfer.received > second.received  # the second fetch finds nothing new to bring
+    metrics = (local / "metrics.jsonl").read_text()
+    assert '"event": "done"' in metrics
+    assert list((local / "checkpoints").glob("ckpt-*.pt"))
+    assert (local / Path(record.log).name).read_text() == log_of(minicluster, record)
+
+
+def test_report_gives_every_figure_with_a_verdict_and_a_plot(
+    first_job: jobs.JobRecord, setup: Setup, minicluster
+):
+    from hpcbox import report as efficiency
+
+    finished(minicluster, first_job)
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        text, png = jobs.report(connection, setup.project(), first_job)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"job {first_job.job_id} (submit-test): COMPLETED"), text
+    for name in ("CPU", "memory", "time", "GPUs", "throughput", "data wait"):
+        assert any(line.strip().startswith(name) and "-> " in line for line in lines[1:]), (name, text)
+    assert "unknown" not in text.split("throughput", 1)[1], text  # the trainer's metrics were read
+    assert png == setup.project_dir / "runs" / "local" / first_job.job_id / "report.png"
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    labels = efficiency.report_plot(png.parent / "metrics.jsonl", None).axes[0].get_legend_handles_labels()[1]
+    assert "val loss (epoch)" in labels and "train loss (epoch)" in labels
+
+
+def test_a_code_only_change_sends_no_sif_and_the_job_runs_the_new_code(
+    first_job: jobs.JobRecord, setup: Setup, minicluster
+):
+    marker = f"code-change-{uuid.uuid4().hex[:8]}"
+    main = setup.project_dir / "src" / "hpctrain" / "__main__.py"
+    original = main.read_text()
+    main.write_text(f"import sys\nprint({marker!r}, file=sys.stderr)\n" + original)
+    try:
+        record = submit(setup, minicluster)
+    finally:
+        main.write_text(original)
+    assert record is not None
+    assert record.sent == ("code",)
+    assert record.bytes_sent < 1_000_000
+    assert (record.sif, record.sif_sha256) == (first_job.sif, first_job.sif_sha256)
+    assert record.code_snapshot != first_job.code_snapshot
+    final = finished(minicluster, record)
+    log = log_of(minicluster, record)
+    assert final.state == "COMPLETED", log
+    assert marker in log
+
+
+def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setup: Setup, minicluster):
+    record = submit(setup, minicluster, ("--epochs", "1000", "--workers", "0"))
+    assert record is not None
+    probe = ["sh", "-c", f"ls /disk/scratch/*/hpcbox-{record.job_id}/out/checkpoints/ 2>/dev/null"]
+    deadline = time.monotonic() + 240
+    while not any(minicluster.exec(host, probe).stdout.strip() for host in minicluster.spec.compute_hosts):
+        assert time.monotonic() < deadline, log_of(minicluster, record)
+        time.sleep(1)
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        final = jobs.cancel(connection, record, say=lambda _: None)
+    log = log_of(minicluster, record)
+    assert final.state == "CANCELLED", log
+    # The trainer was asked, not killed: it saved a checkpoint at the step it had reached.
+    assert "stopped by SIGTERM" in log, log
+    preempted = minicluster.ssh(["grep", '"event": "preempted"', f"{record.run_dir}/metrics.jsonl"]).stdout
+    assert '"signal": "SIGTERM"' in preempted, log
+    assert minicluster.ssh(["ls", f"{record.run_dir}/checkpoints"]).stdout.strip()
+    assert scratch_left(minicluster, record.job_id) == []
+
+
+def test_sbatch_refusal_shows_slurms_message_and_records_nothing(first_job, setup: Setup, minicluster):
+    local = profiles.load_profile("local")
+    claims_more = dataclasses.replace(local.partition("gpu"), gpus_per_node=8, default=True)
+    profile = dataclasses.replace(local, partitions=(claims_more,))
+    checked = resolve(profile, ResourceRequest(job_name="refused", gpus=8))
+    before = sorted(jobs.Ledger(setup.project()).directory.iterdir())
+    scripts = minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout
+    with pytest.raises(HpcboxError) as caught:
+        submit(setup, minicluster, profile_and_resources=(profile, checked))
+    assert "Requested node configuration is not available" in caught.value.message
+    assert sorted(jobs.Ledger(setup.project()).directory.iterdir()) == before
+    assert minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout == scripts
+
+
+@pytest.mark.parametrize("fault", ["nothing listens", "key refused"])
+def test_unreachable_or_refusing_host_fails_fast_and_records_nothing(
+    fault: str, first_job, setup: Setup, minicluster, tmp_path: Path
+):
+    good = minicluster.ssh_target()
+    if fault == "nothing listens":
+        target = dataclasses.replace(good, port=free_port())
+    else:
+        stranger = tmp_path / "stranger"
+        ssh.keygen(stranger, "stranger@nowhere")
+        target = dataclasses.replace(good, key_path=stranger)
+    ledger = jobs.Ledger(setup.project())
+    before = sorted(ledger.directory.iterdir()) if ledger.directory.exists() else []
+    started = time.monotonic()
+    with pytest.raises(HpcboxError) as caught:
+        submit(setup, minicluster, target=target)
+    assert time.monotonic() - started < 15 + 5  # the earlier stages are cache hits: about a second
+    assert caught.value.message.startswith(f"failed to connect to {target.address}")
+    assert "\n" not in caught.value.message
+    assert (sorted(ledger.directory.iterdir()) if ledger.directory.exists() else []) == before
+
+
+def invoke(setup: Setup, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "-r", str(REPO), *args],
+        cwd=setup.project_dir,
+        env={**os.environ, **setup.env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_the_commands_users_type_submit_status_logs_fetch(first_job, setup: Setup, minicluster):
+    done = invoke(setup, "submit", "--cluster=local", f"--data={setup.data}", "--time=10", "--", *SHORT)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), done.stdout
+    assert "the cluster has the sif already" in done.stderr
+    followed = invoke(setup, "logs", "--follow")
+    assert followed.returncode == 0, followed.stderr
+    assert '"event": "done"' in followed.stdout and "the trainer exited with status 0" in followed.stdout
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED") and "exit code 0:0" in status.stdout
+    listed = invoke(setup, "jobs")
+    assert (
+        f"job {job_id}: COMPLETED" in listed.stdout and f"job {first_job.job_id}: COMPLETED" in listed.stdout
+    )
+    fetched = invoke(setup, "fetch")
+    assert fetched.returncode == 0, fetched.stderr
+    assert (Path(fetched.stdout.strip()) / "metrics.jsonl").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("status", "-j", "999999"), "error: job 999999 was submitted from this project"),
+        (("submit", "--cluster=nowhere", "--data=x.tar"), "error: "),
+        (("submit", "--cluster=local", "--data=missing.tar"), "error: data: "),
+    ],
+)
+def test_bad_input_is_one_line_and_changes_nothing(args, message, setup: Setup):
+    ledger = jobs.Ledger(setup.project()).directory
+    before = sorted(ledger.iterdir()) if ledger.exists() else []
+    done = invoke(setup, *args)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(message), done.stderr
+    assert "Traceback" not in done.stderr
+    assert (sorted(ledger.iterdir()) if ledger.exists() else []) == before
+
+
+def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id: str, tmp_path: Path):
+    """`invoke demo`, the README's main command, in a copy of the project with no local state at all."""
+    from hpcbox import minicluster
+
+    project = tmp_path / "project"
+    shutil.copytree(setup.project_dir, project, ignore=shutil.ignore_patterns(".hpcbox", "runs", "*.tar"))
+    name = f"{run_id}-demo"
+    try:
+        demo = ["demo", f"--name={name}", f"--port={free_port()}", "--epochs=1"]
+        done = subprocess.run(
+            [sys.executable, "-m", "invoke", "-r", str(REPO), *demo],
+            cwd=project,
+            env={**os.environ, "HPCBOX_CACHE": setup.env["HPCBOX_CACHE"]},
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+    finally:
+        minicluster.down(name, project / ".hpcbox" / "cluster")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained 1 epochs: val accuracy" in done.stderr
+    record = jobs.Ledger(load_project(project)).find()
+    assert (project / "runs" / "local" / record.job_id / "metrics.jsonl").is_file()
+    assert "COMPLETED" in done.stderr
+
+
+def test_dry_run_says_what_it_would_send_and_sends_nothing(first_job, setup: Setup, minicluster):
+    init = setup.project_dir / "src" / "hpctrain" / "__init__.py"
+    original = init.read_text()
+    init.write_text(original + f"\n# dry run {uuid.uuid4().hex}\n")  # a code snapshot the cluster lacks
+    ledger = jobs.Ledger(setup.project()).directory
+    before = sorted(ledger.iterdir())
+    remote_before = minicluster.ssh(["find", first_job.submit_dir]).stdout
+    try:
+        done = invoke(setup, "submit", "--cluster=local", f"--data={setup.data}", "--dry-run", "--", *SHORT)
+    finally:
+        init.write_text(original)
+    assert done.returncode == 0, done.stderr
+    assert "would upload the code snapshot" in done.stderr
+    assert "#SBATCH --job-name=" in done.stderr and "would run `sbatch --parsable" in done.stderr
+    assert sorted(ledger.iterdir()) == before
+    assert minicluster.ssh(["find", first_job.submit_dir]).stdout == remote_before

@@ -1,0 +1,189 @@
+"""The submit stage's pure parts: Slurm output parsing, the ledger, the code snapshot, ssh options.
+
+What talks to a cluster is tested against the mini cluster in tests/integration/test_submit.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from hpcbox import jobs, ship
+from hpcbox.config import load_project
+from hpcbox.errors import HpcboxError
+from hpcbox.tools import slurm, ssh
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def record(job_id: str, cluster: str = "local", at: str = "2026-11-23T10:00:00+00:00") -> jobs.JobRecord:
+    return jobs.JobRecord(
+        job_id=job_id,
+        cluster=cluster,
+        host="researcher@127.0.0.1:2222",
+        submitted_at=at,
+        submit_dir="/home/researcher/hpcbox/trainer",
+        script="/home/researcher/hpcbox/trainer/scripts/x.sh",
+        log=f"/home/researcher/hpcbox/trainer/logs/trainer-{job_id}.out",
+        run_dir=f"/home/researcher/hpcbox/trainer/runs/{job_id}",
+        sif="/home/researcher/hpcbox/images/sha256/ab.sif",
+        sif_sha256="ab" * 32,
+        image="hpcbox/trainer-environment:0123456789ab",
+        code_revision="0123abc-dirty",
+        code_snapshot="cd" * 32,
+        dataset_sha256="ef" * 32,
+        resources={"job_name": "trainer", "gpus": 1},
+        trainer_args=("--epochs", "3", "it's $HOME"),
+        sent=("sif", "code"),
+        bytes_sent=1234,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "demo"\n')
+    return load_project(tmp_path)
+
+
+def test_ledger_round_trips_records_and_finds_the_last_by_default(project):
+    ledger = jobs.Ledger(project)
+    ledger.add(record("7", at="2026-11-23T10:00:00+00:00"), "#!/bin/bash\n")
+    ledger.add(record("12", cluster="edi", at="2026-11-23T11:00:00+00:00"), "#!/bin/bash\necho edi\n")
+    assert ledger.find() == record("12", cluster="edi", at="2026-11-23T11:00:00+00:00")
+    assert ledger.find("7").trainer_args == ("--epochs", "3", "it's $HOME")
+    assert ledger.find(cluster="local").job_id == "7"
+    assert ledger.path("edi", "12").with_suffix(".sh").read_text() == "#!/bin/bash\necho edi\n"
+    # Nothing but the records and their scripts: no partial files left behind.
+    assert sorted(p.name for p in ledger.directory.iterdir()) == [
+        "edi-12.json",
+        "edi-12.sh",
+        "local-7.json",
+        "local-7.sh",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("job", "cluster", "message"),
+    [
+        ("99", None, "job 99 was submitted from this project"),
+        ("7", "edi", "job 7 on cluster edi"),
+        ("7; rm -rf ~", None, "is not a job id"),
+    ],
+)
+def test_ledger_refuses_unknown_or_malformed_jobs_in_one_line(project, job, cluster, message):
+    jobs.Ledger(project).add(record("7"), "")
+    with pytest.raises(HpcboxError) as caught:
+        jobs.Ledger(project).find(job, cluster)
+    assert message in caught.value.message and "\n" not in caught.value.message
+
+
+def test_an_empty_ledger_says_how_to_start(project):
+    with pytest.raises(HpcboxError, match="no job was submitted") as caught:
+        jobs.Ledger(project).find()
+    assert "invoke submit" in caught.value.hint
+
+
+def test_the_same_job_id_on_two_clusters_needs_the_cluster(project):
+    jobs.Ledger(project).add(record("5", "local"), "")
+    jobs.Ledger(project).add(record("5", "edi"), "")
+    with pytest.raises(HpcboxError, match="several clusters"):
+        jobs.Ledger(project).find("5")
+    assert jobs.Ledger(project).find("5", "edi").cluster == "edi"
+
+
+def test_sbatch_parsable_output_gives_the_job_id():
+    assert slurm.parse_job_id("1234\n") == "1234"
+    assert slurm.parse_job_id("1234;cluster_a\n") == "1234"
+    with pytest.raises(HpcboxError, match="not a job id"):
+        slurm.parse_job_id("sbatch: error: Batch job submission failed")
+
+
+def test_squeue_and_sacct_lines_are_read_field_by_field():
+    queued = slurm.parse_squeue("41|PENDING|QOSMaxGRESPerUser|0:00|1:00:00|\n", "41")
+    assert queued == slurm.JobState("41", "PENDING", "QOSMaxGRESPerUser", "0:00", "1:00:00", "", "", "squeue")
+    assert "GPUs" in queued.reason_in_words and not queued.finished
+    # A requeued job has several allocation lines; the last is the current one, "CANCELLED by 1500" read
+    # as CANCELLED.
+    text = (
+        "42|NODE_FAIL|None|00:00:31|00:10:00|1:0|node1\n"
+        "42|CANCELLED by 1500|None|00:00:09|00:10:00|0:15|node2\n"
+    )
+    ended = slurm.parse_sacct(text, "42")
+    assert (ended.state, ended.exit_code, ended.nodes, ended.finished) == ("CANCELLED", "0:15", "node2", True)
+    assert slurm.parse_sacct(text, "4") is None
+    assert slurm.parse_squeue("", "41") is None
+
+
+def test_describe_explains_a_pending_reason_and_a_finished_job():
+    pending = slurm.JobState("9", "PENDING", "Priority", "0:00", "10:00", "", "", "squeue")
+    assert jobs.describe(pending) == (
+        "job 9: PENDING, (Priority: other jobs have higher priority; it will start when its turn comes), "
+        "elapsed 0:00 of 10:00"
+    )
+    done = slurm.JobState("9", "COMPLETED", "None", "00:01:02", "00:10:00", "0:0", "node1", "sacct")
+    assert jobs.describe(done) == "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0"
+
+
+def test_rsync_stats_are_parsed_with_thousands_separators():
+    lines = ["Number of files: 1 (reg: 1)", "Total bytes sent: 501,234,567", "Total bytes received: 1,035"]
+    assert ssh.parse_rsync_stats(lines) == ssh.Transfer(501_234_567, 1_035)
+
+
+def test_log_follow_command_is_valid_bash_and_quotes_the_path():
+    nasty = dataclasses.replace(record("3"), log="/home/r/logs/it's $(date) x-3.out")
+    for follow in (True, False):
+        command = jobs.follow_command(nasty, follow)
+        assert subprocess.run(["bash", "-n", "-c", command], check=False).returncode == 0
+        assert "'/home/r/logs/it'\"'\"'s $(date) x-3.out'" in command
+
+
+def test_code_snapshot_is_reproducible_and_holds_only_the_code(tmp_path: Path):
+    project = load_project(REPO)
+    first, again = ship.code_snapshot(project), ship.code_snapshot(project)
+    assert first == again
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(first.archive))) as tar:
+        names = tar.getnames()
+    assert "hpctrain/train.py" in names and "hpctrain/__init__.py" in names
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in names)
+    assert len(names) == first.files
+
+
+def test_dataset_is_addressed_by_content_and_keeps_its_archive_suffix(tmp_path: Path):
+    archive = tmp_path / "digits.tar.gz"
+    archive.write_bytes(b"not really a tarball")
+    found = ship.dataset(archive)
+    assert found.remote_name == hashlib.sha256(b"not really a tarball").hexdigest() + ".tar.gz"
+    with pytest.raises(HpcboxError, match=r"data: .* is not a file"):
+        ship.dataset(tmp_path / "missing.tar")
+
+
+def test_a_target_with_only_a_host_leaves_user_port_and_keys_to_ssh_config():
+    argv = ssh.ssh_argv(ssh.Target("edi"), "true")
+    joined = " ".join(argv)
+    assert "IdentityFile" not in joined and "User=" not in joined and "Port=" not in joined
+    assert "UserKnownHostsFile" not in joined
+    assert "StrictHostKeyChecking=yes" in argv and f"ConnectTimeout={ssh.CONNECT_TIMEOUT_S}" in argv
+
+
+def test_profile_login_gives_the_target_and_flags_win(project):
+    from hpcbox.profiles import load_profile
+
+    edi = load_profile("edi")
+    target = jobs.connection_target(edi, project)
+    assert (target.host, target.port, target.user) == (edi.login.host, None, edi.login.user)
+    given = jobs.connection_target(edi, project, host="myalias", user="s123", port=2200)
+    assert (given.host, given.port, given.user) == ("myalias", 2200, "s123")
+
+
+def test_record_json_is_stable(project):
+    text = record("8").to_json()
+    assert jobs.JobRecord.from_json(text) == record("8")
+    assert json.loads(text)["sif_sha256"] == "ab" * 32
