@@ -158,13 +158,22 @@ RESOURCE_HELP = {
 }
 
 
-def _resources(cluster: str, flags: dict[str, Any]):
-    """The profile and the checked resources for ``cluster``: flags over the project's defaults."""
+RESOURCE_FLAGS = (
+    "job_name", "partition", "gpus", "gpu_type", "cpus", "mem", "time", "nodes", "ntasks_per_node",
+    "account", "qos", "array", "mail_user", "mail_type", "extra",
+)  # fmt: skip
+
+
+def _resources(cluster: str, arguments: dict[str, Any]):
+    """The profile and the checked resources for ``cluster``: the task's resource flags (its
+    ``arguments``) over the project's defaults."""
     from hpcbox import profiles, resources
     from hpcbox.config import load_project
 
     project = load_project()
     profile = profiles.load_profile(cluster)
+    flags = {name: arguments[name] for name in RESOURCE_FLAGS}
+    flags["extra"] = flags["extra"] or []
     request = resources.request_for(cluster, flags, project.root / "pyproject.toml", project.name)
     return project, profile, resources.resolve(profile, request)
 
@@ -204,12 +213,7 @@ def sbatch(
     """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`."""
     from hpcbox import render
 
-    flags = {
-        "job_name": job_name, "partition": partition, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
-        "mem": mem, "time": time, "nodes": nodes, "ntasks_per_node": ntasks_per_node, "account": account,
-        "qos": qos, "array": array, "mail_user": mail_user, "mail_type": mail_type, "extra": extra or [],
-    }  # fmt: skip
-    project, profile, checked = _resources(cluster, flags)
+    project, profile, checked = _resources(cluster, locals())
     script = render.render_sbatch(
         profile, checked, render.JobInputs.defaults(project.name, sif=sif), _trainer_args(c.remainder)
     )
@@ -288,12 +292,7 @@ def submit(
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
     from hpcbox import jobs
 
-    flags = {
-        "job_name": job_name, "partition": partition, "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus,
-        "mem": mem, "time": time, "nodes": nodes, "ntasks_per_node": ntasks_per_node, "account": account,
-        "qos": qos, "array": array, "mail_user": mail_user, "mail_type": mail_type, "extra": extra or [],
-    }  # fmt: skip
-    project, profile, checked = _resources(cluster, flags)
+    project, profile, checked = _resources(cluster, locals())
     target = jobs.connection_target(profile, project, host=host, user=user, port=int(port) if port else None)
     payload, environment = jobs.prepare_payload(
         project, jobs.data_path(project, data), flavour=flavour, offline=offline, say=_say

@@ -24,6 +24,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.resources import ResourceRequest, resolve
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
+from tests.integration.test_sbatch_cluster import scratch_left
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -104,14 +105,6 @@ def finished(cluster, record: jobs.JobRecord, timeout_s: float = 300) -> slurm.J
 
 def log_of(cluster, record: jobs.JobRecord) -> str:
     return cluster.ssh(["cat", record.log]).stdout
-
-
-def scratch_left(cluster, job_id: str) -> list[str]:
-    left = []
-    for host in cluster.spec.compute_hosts:
-        done = cluster.exec(host, ["sh", "-c", f"ls -d /disk/scratch/*/hpcbox-{job_id} 2>/dev/null || true"])
-        left += [f"{host}:{line}" for line in done.stdout.split()]
-    return left
 
 
 @pytest.fixture(scope="module")

@@ -125,13 +125,6 @@ def copy_to(target: Target, sources: Sequence[Path], remote_dir: str, *, what: s
     proc.run(argv, what=what or f"copy files to {target.address}:{remote_dir}")
 
 
-def copy_from(target: Target, remote_path: str, local_dir: Path, *, what: str = "") -> None:
-    """`scp -r` ``remote_path`` on ``target`` into ``local_dir``."""
-    argv = [proc.require("scp", INSTALL_HINT), *options(target), "-r", "-q"]
-    argv += [f"{target.host}:{remote_path}", str(local_dir)]
-    proc.run(argv, what=what or f"copy {target.address}:{remote_path} here")
-
-
 def keygen(path: Path, comment: str) -> str:
     """A new passphrase-less ed25519 key pair at ``path`` (+ ``.pub``); returns the public key line."""
     if path.exists() or Path(f"{path}.pub").exists():
