@@ -402,6 +402,44 @@ def cancel(c, job=None, cluster=None):
 
 
 @task(
+    iterable=["extra"],
+    help={
+        **RESOURCE_HELP,
+        "command": "run this command there instead of an interactive `apptainer shell`",
+    },
+)
+@friendly
+def shell(
+    c,
+    cluster,
+    command=None,
+    gpus=None,
+    gpu_type=None,
+    cpus=None,
+    mem=None,
+    time="1:00:00",
+    job_name="hpcbox-shell",
+    partition=None,
+    account=None,
+    qos=None,
+    nodes=None,
+    ntasks_per_node=None,
+    array=None,
+    mail_user=None,
+    mail_type=None,
+    extra=None,
+):
+    """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    project, profile, checked = _resources(cluster, locals())
+    record = jobs.Ledger(project).find(cluster=cluster)
+    with ssh.Connection(jobs.connection_target(profile, project)) as connection:
+        jobs.shell(connection, profile, checked, record, command, on_line=print)
+
+
+@task(
     help={
         "epochs": "epochs the demo trains (default 3)",
         "name": "the mini cluster's name (default hpcbox-local)",

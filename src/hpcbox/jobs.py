@@ -457,3 +457,23 @@ def data_path(project: ProjectConfig, given: str | None) -> Path:
     raise HpcboxError(
         "data: no dataset given", 'pass --data PATH (one archive), or set data = "PATH" in [tool.hpcbox]'
     )
+
+
+def shell(
+    connection: ssh.Connection,
+    profile: ClusterProfile,
+    resources: Resources,
+    record: JobRecord,
+    command: str | None,
+    on_line: Callable[[str], None],
+) -> None:
+    """An allocation on a compute node with the SIF and code of ``record`` (the last job there):
+    `apptainer shell` on the user's terminal, or ``command`` with its output to ``on_line``."""
+    from hpcbox.render import render_shell
+
+    code_dir = f"{record.submit_dir}/code/{record.code_snapshot[:16]}"
+    remote = render_shell(profile, resources, record.sif, code_dir, command)
+    if command is None:
+        connection.interactive(remote)
+        return
+    connection.stream(remote, what=f"run a command on a compute node of {record.cluster}", on_line=on_line)

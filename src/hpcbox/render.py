@@ -124,6 +124,42 @@ def gpu_option(profile: ClusterProfile, resources: Resources) -> str | None:
     return f"--gpus-per-node={typed}"
 
 
+def render_shell(
+    profile: ClusterProfile, resources: Resources, sif: str, code_dir: str, command: str | None = None
+) -> str:
+    """The login-node shell command for `invoke shell`: an allocation on a compute node (srun) running
+    Apptainer on ``sif`` with the code at /code: `apptainer shell` on a terminal, or ``command``."""
+    _check_path("sif", sif)
+    _check_path("code_dir", code_dir)
+    options = [
+        f"--job-name={resources.job_name}",
+        *([] if resources.partition.implicit else [f"--partition={resources.partition.name}"]),
+        "--nodes=1",
+        "--ntasks=1",
+        *([f"--cpus-per-task={resources.cpus_per_task}"] if resources.cpus_per_task else []),
+        *([f"--mem={resources.mem}"] if resources.mem else []),
+        *([f"--time={format_time(resources.time_s)}"] if resources.time_s else []),
+        *([f"--account={resources.account}"] if resources.account else []),
+        *([f"--qos={resources.qos}"] if resources.qos else []),
+    ]
+    gpus = gpu_option(profile, resources)
+    if gpus:
+        options.append(gpus)
+    apptainer = [profile.apptainer.command, "shell" if command is None else "exec"]
+    if resources.gpus:
+        apptainer.append("--nv")
+    apptainer += list(profile.apptainer.options)
+    for bind in profile.apptainer.binds:
+        apptainer += ["--bind", bind]
+    apptainer += ["--bind", f"{code_dir}:{CODE_MOUNT}:ro", "--env", f"PYTHONPATH={CODE_MOUNT}", sif]
+    if command is not None:
+        apptainer += ["bash", "-c", command]
+    srun = ["srun", *options, *(["--pty"] if command is None else []), *apptainer]
+    setup = [line for line in (profile.prelude.strip(), *profile.apptainer.setup) if line]
+    # Environment modules read unset variables: the same `set +u` the job script uses around them.
+    return "\n".join(["set +u", *setup, "set -eu", shlex.join(srun)])
+
+
 def log_file(resources: Resources, log_dir: str) -> str:
     """The job's log path as written on its --output line (Slurm's %j / %A_%a patterns in it)."""
     job_key = "%A_%a" if resources.array else "%j"

@@ -344,3 +344,13 @@ def test_dry_run_says_what_it_would_send_and_sends_nothing(first_job, setup: Set
     assert "#SBATCH --job-name=" in done.stderr and "would run `sbatch --parsable" in done.stderr
     assert sorted(ledger.iterdir()) == before
     assert minicluster.ssh(["find", first_job.submit_dir]).stdout == remote_before
+
+
+def test_shell_command_runs_on_a_compute_node_in_the_last_jobs_environment(first_job, setup: Setup):
+    """`invoke shell --command`: the same allocation and Apptainer set-up as the interactive shell."""
+    check = "hostname; python -c 'import hpctrain, torch; print(hpctrain.__file__, torch.__version__)'"
+    done = invoke(setup, "shell", "--cluster=local", f"--command={check}")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()  # Apptainer's INFO lines come first
+    assert any(line.startswith("node") for line in lines), done.stdout
+    assert any(line.startswith("/code/hpctrain/__init__.py 2.") for line in lines), done.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcbox import profiles
-from hpcbox.render import JobInputs, JobScript, render_sbatch, sbatch_quote
+from hpcbox.render import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
 from hpcbox.resources import FieldError, ResourceRequest, resolve
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
@@ -509,3 +510,18 @@ def test_invoke_sbatch_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path
     )
     assert not target.exists()
     assert done.stdout == ""
+
+
+def test_shell_is_an_srun_allocation_running_apptainer_with_the_code_bound():
+    profile = profiles.load_profile("edi")
+    checked = resolve(profile, ResourceRequest(job_name="dbg", gpus=1, time="30"))
+    interactive = render_shell(profile, checked, "/h/images/x.sif", "/h/code/abc")
+    one_off = render_shell(profile, checked, "/h/images/x.sif", "/h/code/abc", "nvidia-smi; it's")
+    for text in (interactive, one_off):
+        assert subprocess.run(["bash", "-n", "-c", text], check=False).returncode == 0
+    last = shlex.split(interactive.splitlines()[-1])
+    assert last[0] == "srun" and "--pty" in last and "--gres=gpu:1" in last and "--time=00:30:00" in last
+    assert last[last.index("--nv") - 1] == "shell"
+    assert last[-5:] == ["--bind", "/h/code/abc:/code:ro", "--env", "PYTHONPATH=/code", "/h/images/x.sif"]
+    assert shlex.split(one_off.splitlines()[-1])[-3:] == ["bash", "-c", "nvidia-smi; it's"]
+    assert "--pty" not in one_off

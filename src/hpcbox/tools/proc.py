@@ -77,6 +77,14 @@ def run(
     return done
 
 
+def interactive(argv: Sequence[str]) -> int:
+    """Run ``argv`` on this process's own terminal (stdin, stdout and stderr inherited); its exit status."""
+    try:
+        return subprocess.call(list(argv))
+    except FileNotFoundError as exc:
+        raise HpcboxError(f"`{argv[0]}` not found") from exc
+
+
 def stream(
     argv: Sequence[str],
     *,

@@ -232,6 +232,10 @@ class Connection:
         """Run ``command`` (a shell string, or argv) on the remote side and capture its output."""
         return proc.run(self.argv(command), what=what, hint=hint, check=check, input_bytes=input_bytes)
 
+    def interactive(self, command: str) -> int:
+        """Run ``command`` remotely on the user's own terminal (ssh -t); its exit status."""
+        return proc.interactive(self.argv(command, tty=True))
+
     def stream(self, command: str, *, what: str, on_line: Callable[[str], None]) -> None:
         """Run ``command`` remotely, handing each line of its output to ``on_line`` as it arrives."""
         proc.stream(self.argv(command), what=what, on_line=on_line, tail_lines=5)
