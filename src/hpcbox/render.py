@@ -273,6 +273,19 @@ on_each_node() {{
     {each_node}
 }}
 
+# Copies the results to shared storage through a folder beside them, renaming each file into place
+# whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
+# the new one, never half of it.
+copy_back() {{
+    local incoming="$run_dir.incoming"
+    rm -rf -- "$incoming"
+    mkdir -p "$run_dir" "$incoming"
+    cp -a "$job_scratch/out/." "$incoming/" &&
+        (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{{}}" ';' &&
+            find . ! -type d -exec mv -f '{{}}' "$run_dir/{{}}" ';') &&
+        rm -rf -- "$incoming"
+}}
+
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
 # Runs on every way out: success, failure, scancel and the time limit.
 clean_up() {{
@@ -284,8 +297,7 @@ clean_up() {{
         sampler_pid=""
     fi
     if [[ -d $job_scratch/out ]]; then
-        mkdir -p "$run_dir"
-        cp -a "$job_scratch/out/." "$run_dir/" || echo "hpcbox: copying results to $run_dir failed" >&2
+        copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
     fi{batch_node_cleanup}
     local attempt
     for attempt in 1 2 3; do

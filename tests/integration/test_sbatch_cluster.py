@@ -232,12 +232,12 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
     wait_finished(cluster, job_id)
     assert f"requeueing job {job_id}" in log
     assert "the workers checkpointed; exiting 75" in log
-    # From rank 0's output in the job log, not the copied-back metrics file: the test ends the resumed run
-    # with a plain scancel, and under load Slurm's KillWait can end the script's copy-back midway.
-    events = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": ')]
-    preempted = [event for event in events if event["event"] == "preempted"]
+    # The copy-back renames whole files into place, so even a copy cut short by KillWait after the final
+    # scancel leaves the metrics the requeue copied back, preempted line included.
+    preempted = metric_events(job_dir, job_id, "preempted")
     assert preempted and preempted[0]["signal"] == "SIGUSR1", log
-    starts = [event for event in events if event["event"] == "start"]
+    # The resumed run's start line, from rank 0's output in the job log (the job is cancelled while it runs).
+    starts = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": "start"')]
     resumed = next(event for event in starts if event["resumed"])
     assert resumed["world_size"] == 2
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]

@@ -525,3 +525,32 @@ def test_shell_is_an_srun_allocation_running_apptainer_with_the_code_bound():
     assert last[-5:] == ["--bind", "/h/code/abc:/code:ro", "--env", "PYTHONPATH=/code", "/h/images/x.sif"]
     assert shlex.split(one_off.splitlines()[-1])[-3:] == ["bash", "-c", "nvidia-smi; it's"]
     assert "--pty" not in one_off
+
+
+# Stand-in for cp that is cut short while copying results back (as KillWait's SIGKILL would cut it):
+# half of each file lands in the staging folder, then it fails. Every other copy is the real cp.
+STUB_CP_CUT_SHORT = """#!/bin/bash
+destination=${!#}
+if [[ $destination == *.incoming/ ]]; then
+    for file in "${@: -2:1}"/*; do
+        [[ -f $file ]] && head -c 3 "$file" >"$destination/$(basename "$file")"
+    done
+    exit 1
+fi
+exec /bin/cp "$@"
+"""
+
+
+def test_a_copy_back_cut_short_leaves_the_earlier_results_whole(tmp_path: Path):
+    sandbox = make_sandbox(tmp_path)
+    sandbox.run_dir.mkdir(parents=True)
+    (sandbox.run_dir / "metrics.jsonl").write_text('{"epoch": 0}\n')  # what an earlier run copied back
+    stub = sandbox.root / "bin" / "cp"
+    stub.write_text(STUB_CP_CUT_SHORT)
+    stub.chmod(0o755)
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="cut")), "ok")
+    assert status == 0, output
+    assert f"copying results to {sandbox.run_dir} failed" in output
+    # The new metrics never replaced the earlier file half-written: renames only follow a whole copy.
+    assert (sandbox.run_dir / "metrics.jsonl").read_text() == '{"epoch": 0}\n'
+    assert sorted(p.name for p in sandbox.run_dir.iterdir()) == ["metrics.jsonl"]
