@@ -120,7 +120,7 @@ def test_failed_build_names_the_step_and_shows_its_last_lines(docker_engine, pro
         image_stage.build_image(
             load_project(project_copy), offline=True, say=lambda _: None, on_line=lambda _: None
         )
-    assert failed.value.message.startswith("image build failed at step [runtime ")
+    assert failed.value.message.startswith("image build failed at step [environment ")
     assert "about to fail: hpcbox-test" in failed.value.details
 
 
