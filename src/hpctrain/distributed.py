@@ -7,6 +7,7 @@ them this is a single process and every collective below is a no-op.
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -90,9 +91,23 @@ def setup(device_choice: str) -> Runtime:
     return Runtime(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
+# Tensors of the latest collectives, referenced from Python until the process group is gone.
+# A gloo worker thread drops its reference to a finished collective's tensors a moment after the
+# caller has returned; if Python has let go first, freeing the tensor takes the GIL. Meanwhile
+# the main thread holds the GIL in ProcessGroupGloo's destructor, which waits for that worker
+# thread: a deadlock at exit (pytorch/pytorch#56297; torch 2.8 releases the GIL there, #154976,
+# Debian's 2.6 does not). 64 collectives back is far beyond any worker thread's lag.
+_recent_tensors: deque[torch.Tensor] = deque(maxlen=64)
+
+
+def _hold(*tensors: torch.Tensor) -> None:
+    _recent_tensors.extend(tensors)
+
+
 def teardown(runtime: Runtime) -> None:
     if runtime.distributed and dist.is_initialized():
         dist.destroy_process_group()
+    _recent_tensors.clear()
 
 
 def any_rank(runtime: Runtime, flags: list[bool]) -> list[bool]:
@@ -100,6 +115,7 @@ def any_rank(runtime: Runtime, flags: list[bool]) -> list[bool]:
     if not runtime.distributed:
         return flags
     tensor = torch.tensor(flags, dtype=torch.int32, device=runtime.device)
+    _hold(tensor)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [bool(v) for v in tensor.tolist()]
 
@@ -107,6 +123,7 @@ def any_rank(runtime: Runtime, flags: list[bool]) -> list[bool]:
 def sum_across_ranks(runtime: Runtime, tensor: torch.Tensor) -> torch.Tensor:
     if runtime.distributed:
         tensor = tensor.clone()
+        _hold(tensor)
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
@@ -118,6 +135,7 @@ def average_buffers(runtime: Runtime, module: torch.nn.Module) -> None:
         return
     for buffer in module.buffers():
         if buffer.is_floating_point():
+            _hold(buffer)
             dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
             buffer.div_(runtime.world_size)
 
@@ -125,9 +143,19 @@ def average_buffers(runtime: Runtime, module: torch.nn.Module) -> None:
 def gather(runtime: Runtime, value: str) -> list[str]:
     if not runtime.distributed:
         return [value]
-    gathered: list[str] = [""] * runtime.world_size
-    dist.all_gather_object(gathered, value)
-    return gathered
+    # all_gather_object's own tensors die inside it, out of _hold's reach: gather bytes instead.
+    data = torch.tensor(list(value.encode()), dtype=torch.uint8, device=runtime.device)
+    size = torch.tensor([data.numel()], dtype=torch.int64, device=runtime.device)
+    sizes = [torch.zeros_like(size) for _ in range(runtime.world_size)]
+    _hold(size, *sizes)
+    dist.all_gather(sizes, size)
+    lengths = [int(s.item()) for s in sizes]
+    padded = torch.zeros(max(*lengths, 1), dtype=torch.uint8, device=runtime.device)
+    padded[: data.numel()] = data
+    gathered = [torch.zeros_like(padded) for _ in range(runtime.world_size)]
+    _hold(padded, *gathered)
+    dist.all_gather(gathered, padded)
+    return [bytes(t[:n].tolist()).decode() for t, n in zip(gathered, lengths, strict=True)]
 
 
 def barrier(runtime: Runtime) -> None:

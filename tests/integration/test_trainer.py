@@ -266,6 +266,17 @@ def test_torchrun_two_gloo_processes_train_and_agree_on_weights(trainer: Trainer
     assert len(digests) == 2 and digests[0] == digests[1], digests
 
 
+def test_gloo_process_groups_are_torn_down_without_deadlock(trainer: TrainerRunner) -> None:
+    # The intermittent 2-process exit hang: rank 0 stuck in destroy_process_group (issue 11).
+    iterations = 100
+    script = trainer.workdir / "gloo_teardown_loop.py"
+    shutil.copy(Path(__file__).parent / "scripts" / script.name, script)
+    result = trainer.run("python", f"{SCRATCH}/{script.name}", str(iterations))
+    assert_ok(result)
+    outcome = json.loads(result.stdout.splitlines()[-1])
+    assert outcome == {"exit_codes": [0, 0], "iterations": [iterations, iterations]}, result.stderr[-3000:]
+
+
 TWO_PROCESSES = (
     *("python", "-m", "hpctrain.torchrun", "--standalone", "--nproc-per-node", "2"),
     *("-m", "hpctrain"),
