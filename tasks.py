@@ -215,7 +215,11 @@ def sbatch(
 
     project, profile, checked = _resources(cluster, locals())
     script = render.render_sbatch(
-        profile, checked, render.JobInputs.defaults(project.name, sif=sif), _trainer_args(c.remainder)
+        profile,
+        checked,
+        render.JobInputs.defaults(project.name, sif=sif),
+        _trainer_args(c.remainder),
+        project.run,
     )
     if check:
         print(_test_only(profile, script.text), file=sys.stderr)

@@ -8,6 +8,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, command_from_table
 from hpcbox.errors import HpcboxError
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -24,6 +25,7 @@ class ProjectConfig:
     docker_dir: str = "docker"
     image_repository: str = ""
     data: str = ""  # the dataset archive a job stages, relative to the root (`--data` wins)
+    run: ContainerCommand = EXAMPLE_TRAINER  # what a job runs in the container
 
     @property
     def repository(self) -> str:
@@ -69,6 +71,14 @@ def load_project(root: Path | None = None) -> ProjectConfig:
             raise HpcboxError(
                 f"tool.hpcbox.code: {item} does not exist in {root}", "list your package's folder"
             )
+    run = table.get("run")
+    if run is not None and not isinstance(run, dict):
+        raise HpcboxError(
+            "tool.hpcbox.run: must be a table", 'e.g. [tool.hpcbox.run] module = "mypackage.train"'
+        )
+    command = EXAMPLE_TRAINER
+    if run is not None:
+        command = command_from_table(run, code, lambda relative: (root / relative).is_file())
     return ProjectConfig(
         root=root,
         name=name,
@@ -77,4 +87,5 @@ def load_project(root: Path | None = None) -> ProjectConfig:
         docker_dir=table.get("docker_dir", "docker"),
         image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY") or table.get("image_repository", ""),
         data=str(table.get("data", "")),
+        run=command,
     )

@@ -104,10 +104,9 @@ class Ledger:
             if (cluster is None or record.cluster == cluster) and (job_id is None or record.job_id == job_id)
         ]
         if not records:
-            which = f"job {job_id}" if job_id else "no job"
             where = f" on cluster {cluster}" if cluster else ""
             raise HpcboxError(
-                f"{which}{where} was submitted from this project"
+                f"job {job_id}{where} was not submitted from this project"
                 if job_id
                 else f"no job was submitted{where}",
                 "`invoke jobs` lists the jobs hpcbox submitted from here; `invoke submit` starts one",
@@ -214,7 +213,7 @@ def submit(
             sif_sha256=payload.sif_sha256,
             code_revision=source_revision(project.root),
         )
-        script = render_sbatch(profile, resources, inputs, trainer_args)
+        script = render_sbatch(profile, resources, inputs, trainer_args, project.run)
         stamp = datetime.now(UTC)
         script_name = f"{_slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
         if dry_run:
@@ -281,7 +280,7 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
         raise HpcboxError(
             f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
             "Slurm forgets finished jobs after a while where accounting is off; its results may still be "
-            f"in {record.run_dir} (`invoke fetch {record.job_id}`)",
+            f"in {record.run_dir} (`invoke fetch -j {record.job_id}`)",
         )
     return found
 

@@ -13,15 +13,13 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand
 from hpcbox.profiles import ClusterProfile
 from hpcbox.resources import Resources
 from hpcbox.units import FieldError, format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
 CHECKPOINTED_EXIT = 75
-# Inside the container: the job's node scratch and the code snapshot.
-SCRATCH_MOUNT = "/scratch"
-CODE_MOUNT = "/code"
 GPU_SAMPLE_INTERVAL_S = 30
 
 _SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
@@ -79,8 +77,13 @@ class JobScript:
 
 
 def render_sbatch(
-    profile: ClusterProfile, resources: Resources, inputs: JobInputs, trainer_args: tuple[str, ...] = ()
+    profile: ClusterProfile,
+    resources: Resources,
+    inputs: JobInputs,
+    trainer_args: tuple[str, ...] = (),
+    command: ContainerCommand = EXAMPLE_TRAINER,
 ) -> JobScript:
+    """The job script: `command` with its configured arguments, then `trainer_args`, in the container."""
     for name in ("sif", "code_dir", "dataset", "runs_dir", "log_dir"):
         _check_path(f"inputs.{name}", getattr(inputs, name))
     if any(char in inputs.code_dir for char in ":,"):
@@ -100,7 +103,7 @@ def render_sbatch(
         _functions(profile, resources),
         _stage_in(),
         _sampler(resources),
-        _run_trainer(profile, resources, trainer_args),
+        _run_trainer(profile, resources, command, trainer_args),
         _finish(),
     ]
     text = "\n\n".join(section for section in sections if section) + "\n"
@@ -372,7 +375,9 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi"""
 
 
-def _run_trainer(profile: ClusterProfile, resources: Resources, trainer_args: tuple[str, ...]) -> str:
+def _run_trainer(
+    profile: ClusterProfile, resources: Resources, command: ContainerCommand, trainer_args: tuple[str, ...]
+) -> str:
     apptainer = profile.apptainer
     multi_process = resources.tasks > 1
     # Each unit is one option with its value, kept together on a line.
@@ -392,20 +397,23 @@ def _run_trainer(profile: ClusterProfile, resources: Resources, trainer_args: tu
         # The trainer sizes its DataLoader workers by this: the CPUs of one process, not of the node.
         units.append(f"--env SLURM_CPUS_PER_TASK={resources.cpus_per_task or 1}")
     units += [f"--pwd {SCRATCH_MOUNT}", '"$sif"']
-    units += _torchrun(resources) if multi_process else ["python -m hpctrain train"]
-    units += [f"--data-dir {SCRATCH_MOUNT}/data", f"--output-dir {SCRATCH_MOUNT}/out"]
-    command = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
+    if multi_process:
+        units += [*_torchrun(resources), *_command_units(command.torchrun_words(), command.resolved_args())]
+    else:
+        units += _command_units(command.program_words(), command.resolved_args())
+    text = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
+    arguments = command.args + trainer_args
     literal = [
         *(["the per-node shell's"] if multi_process else []),
-        *(["the trainer's arguments"] if any("$" in arg or "`" in arg for arg in trainer_args) else []),
+        *(["the trainer's arguments"] if any("$" in arg or "`" in arg for arg in arguments) else []),
     ]
     if literal:
-        command = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + command
+        text = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + text
     if multi_process:
-        command = _rendezvous() + "\n" + command
+        text = _rendezvous() + "\n" + text
     return f"""\
 # The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
-{command} &
+{text} &
 trainer_pid=$!
 status=0
 wait "$trainer_pid" || status=$?
@@ -462,8 +470,17 @@ def _torchrun(resources: Resources) -> list[str]:
         "--rdzv-backend=static",
         '--master-addr="$rendezvous_host"',
         '--master-port="$rendezvous_port"',
-        "-m hpctrain train",
     ]
+
+
+def _command_units(head: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
+    """Quoted words grouped for reading: the program on one line, then each option with its values."""
+    units = [[shlex.quote(word) for word in head]]
+    for arg in args:
+        if arg.startswith("-"):
+            units.append([])
+        units[-1].append(shlex.quote(arg))
+    return [" ".join(unit) for unit in units]
 
 
 def _finish() -> str:

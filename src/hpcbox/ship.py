@@ -200,6 +200,10 @@ def ship(
     )
 
 
+# What rsync's receiver reports when the disk or the user's quota is full (errno 28 and 122).
+_NO_ROOM = ("No space left on device", "Disk quota exceeded")
+
+
 def _upload_checked(connection: ssh.Connection, local: Path, remote: str, sha256: str, size: int) -> int:
     folder, name = remote.rsplit("/", 1)
     partial = f"{folder}/.{name}.partial"
@@ -207,7 +211,19 @@ def _upload_checked(connection: ssh.Connection, local: Path, remote: str, sha256
         f"umask 022 && mkdir -p {shlex.quote(folder)}", what=f"create {folder} on {connection.target.address}"
     )
     progress = ssh.progress_printer(size) if size > 50_000_000 else None
-    transfer = connection.upload(local, partial, on_progress=progress)
+    try:
+        transfer = connection.upload(local, partial, on_progress=progress)
+    except HpcboxError as failed:
+        full = next((sign for sign in _NO_ROOM if sign in failed.details), None)
+        if full is None:
+            raise
+        # Kept for a resumed upload, the part that arrived would only hold on to the space that ran out.
+        connection.run(["rm", "-f", "--", partial], what=f"remove {partial}", check=False)
+        raise HpcboxError(
+            f"the cluster has no room for {local.name} ({size / 1e6:,.0f} MB) in {folder}: {full}",
+            "free space there (SIFs of environments no job uses any more can go) or ask for more quota; "
+            "nothing was submitted",
+        ) from failed
     temporary = shlex.quote(f".{name}.partial")
     check = (
         f"cd {shlex.quote(folder)} && "

@@ -8,7 +8,9 @@ statistics, what each job did from its log, its sacct record and the files it le
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -193,6 +195,36 @@ def test_a_code_only_change_sends_no_sif_and_the_job_runs_the_new_code(
     assert marker in log
 
 
+OWN_SCRIPT = """\
+import json, os, sys
+data_dir, output_dir = sys.argv[1], sys.argv[2]
+with open(os.path.join(output_dir, "own.json"), "w") as out:
+    json.dump({"argv": sys.argv[1:], "data": sorted(os.listdir(data_dir))}, out)
+"""
+
+
+def test_the_projects_own_script_from_tool_hpcbox_run_runs_and_its_output_comes_back(
+    first_job: jobs.JobRecord, setup: Setup, minicluster, tmp_path: Path
+):
+    project_dir = tmp_path / "own"
+    shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
+    (project_dir / "src" / "hpctrain" / "own_job.py").write_text(OWN_SCRIPT)
+    pyproject = project_dir / "pyproject.toml"
+    own_run = '[tool.hpcbox.run]\nscript = "src/hpctrain/own_job.py"\nargs = ["{data_dir}", "{output_dir}"]\n'
+    pyproject.write_text(re.sub(r"\[tool\.hpcbox\.run\]\n(?:[^\[\n].*\n)*", own_run, pyproject.read_text()))
+    assert load_project(project_dir).run.target == "/code/hpctrain/own_job.py"
+    args = ("it's $HOME", "--flag=a b")
+    record = submit(dataclasses.replace(setup, project_dir=project_dir), minicluster, args)
+    assert record is not None and record.sent == ("code",)  # the same environment: only the code travels
+    final = finished(minicluster, record)
+    assert final.state == "COMPLETED", log_of(minicluster, record)
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        local, _ = jobs.fetch(connection, load_project(project_dir), record)
+    own = json.loads((local / "own.json").read_text())
+    assert own["argv"] == ["/scratch/data", "/scratch/out", *args]
+    assert "manifest.json" in own["data"]  # the staged dataset, read on the node
+
+
 def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setup: Setup, minicluster):
     record = submit(setup, minicluster, ("--epochs", "1000", "--workers", "0"))
     assert record is not None
@@ -249,6 +281,35 @@ def test_unreachable_or_refusing_host_fails_fast_and_records_nothing(
     assert (sorted(ledger.directory.iterdir()) if ledger.directory.exists() else []) == before
 
 
+def test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly(first_job, setup: Setup, minicluster):
+    # A 64 MB file system over the SIF store, in the login node's mount namespace: the SIF cannot fit.
+    if os.geteuid() != 0:
+        pytest.fail("needs root on the host: it mounts a small tmpfs inside the login node", pytrace=False)
+    store = first_job.sif.rsplit("/", 1)[0]
+    pid = minicluster.node_container("login").attrs["State"]["Pid"]
+    in_login = ["nsenter", f"--target={pid}", "--mount", "--"]
+    uid = minicluster.ssh(["id", "-u"], check=True).stdout.strip()
+    options = f"size=64m,uid={uid},mode=0755"
+    subprocess.run([*in_login, "mount", "-t", "tmpfs", "-o", options, "hpcbox-full", store], check=True)
+    ledger = jobs.Ledger(setup.project())
+    before = sorted(ledger.directory.iterdir())
+    try:
+        with pytest.raises(HpcboxError) as caught:
+            submit(setup, minicluster)
+        left = minicluster.ssh(["ls", "-A", store], check=True).stdout
+    finally:
+        subprocess.run([*in_login, "umount", store], check=True)
+    assert caught.value.message.startswith("the cluster has no room for ") and f" in {store}: " in (
+        caught.value.message
+    )
+    assert caught.value.message.endswith(": No space left on device"), caught.value.message
+    assert "\n" not in caught.value.message
+    assert left.strip() == ""  # neither a SIF nor the part of one that arrived
+    assert sorted(ledger.directory.iterdir()) == before
+    remote_sha = minicluster.ssh(["sha256sum", first_job.sif], check=True).stdout.split()[0]
+    assert remote_sha == first_job.sif_sha256  # the real store, untouched underneath
+
+
 def invoke(setup: Setup, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "invoke", "-r", str(REPO), *args],
@@ -285,7 +346,7 @@ def test_the_commands_users_type_submit_status_logs_fetch(first_job, setup: Setu
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("status", "-j", "999999"), "error: job 999999 was submitted from this project"),
+        (("status", "-j", "999999"), "error: job 999999 was not submitted from this project"),
         (("submit", "--cluster=nowhere", "--data=x.tar"), "error: "),
         (("submit", "--cluster=local", "--data=missing.tar"), "error: data: "),
     ],
@@ -299,6 +360,21 @@ def test_bad_input_is_one_line_and_changes_nothing(args, message, setup: Setup):
     assert len(errors) == 1 and errors[0].startswith(message), done.stderr
     assert "Traceback" not in done.stderr
     assert (sorted(ledger.iterdir()) if ledger.exists() else []) == before
+
+
+def test_a_job_slurm_has_forgotten_is_one_line_that_says_where_its_results_are(first_job, setup: Setup):
+    # As after the cluster was rebuilt, or where accounting is off and the job has aged out of squeue.
+    ledger = jobs.Ledger(setup.project())
+    ghost = dataclasses.replace(first_job, job_id="987654", run_dir=first_job.run_dir + "-ghost")
+    path = ledger.add(ghost, "")
+    try:
+        done = invoke(setup, "status", "-j", "987654")
+    finally:
+        path.unlink()
+        path.with_suffix(".sh").unlink()
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == "error: job 987654 is known to neither squeue nor sacct on local"
+    assert "invoke fetch -j 987654" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id: str, tmp_path: Path):

@@ -73,8 +73,8 @@ def test_ledger_round_trips_records_and_finds_the_last_by_default(project):
 @pytest.mark.parametrize(
     ("job", "cluster", "message"),
     [
-        ("99", None, "job 99 was submitted from this project"),
-        ("7", "edi", "job 7 on cluster edi"),
+        ("99", None, "job 99 was not submitted from this project"),
+        ("7", "edi", "job 7 on cluster edi was not submitted from this project"),
         ("7; rm -rf ~", None, "is not a job id"),
     ],
 )

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcbox import profiles
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
 from hpcbox.render import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
 from hpcbox.resources import FieldError, ResourceRequest, resolve
 
@@ -259,10 +260,15 @@ class Sandbox:
         log = self.root / "scontrol.log"
         return log.read_text().splitlines() if log.exists() else []
 
-    def script(self, request: ResourceRequest, args: tuple[str, ...] = ()) -> JobScript:
+    def script(
+        self,
+        request: ResourceRequest,
+        args: tuple[str, ...] = (),
+        command: ContainerCommand = EXAMPLE_TRAINER,
+    ) -> JobScript:
         local = profiles.load_profile("local")
         profile = dataclasses.replace(local, node_scratch=str(self.node_scratch))
-        return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), args)
+        return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), args, command)
 
     def start(self, script: JobScript, mode: str) -> subprocess.Popen:
         path = self.submit / "job.sh"
@@ -434,6 +440,45 @@ def test_single_process_job_has_no_srun_and_no_torchrun():
     text = render("local", ResourceRequest(job_name="one", nodes=1, ntasks_per_node=1)).text
     assert "hpctrain.torchrun" not in text
     assert "srun" not in text
+
+
+NASTY_ARGS = ("--note", "it's $HOME and `date` $(id)", "", "two\nlines", "{output_dir}/best.pt")
+
+
+@pytest.mark.parametrize(
+    ("command", "runs"),
+    [
+        (ContainerCommand("module", "mypkg.fit", NASTY_ARGS), ["python", "-m", "mypkg.fit"]),
+        (ContainerCommand("script", "/code/mypkg/train.py", NASTY_ARGS), ["python", "/code/mypkg/train.py"]),
+        (ContainerCommand("program", "fit", NASTY_ARGS), ["fit"]),
+    ],
+)
+def test_configured_command_reaches_the_container_word_for_word(sandbox: Sandbox, command, runs):
+    script = sandbox.script(ResourceRequest(job_name="mine"), ("--epochs", "2"), command)
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    argv = sandbox.recorded_argv
+    in_container = argv[argv.index(str(sandbox.submit / "images" / "trainer.sif")) + 1 :]
+    resolved = [*NASTY_ARGS[:-1], "/scratch/out/best.pt"]
+    assert in_container == [*runs, *resolved, "--epochs", "2"]
+
+
+@pytest.mark.parametrize(
+    ("command", "launch"),
+    [
+        (ContainerCommand("module", "mypkg.fit", ("-v",)), "-m mypkg.fit -v"),
+        (ContainerCommand("script", "/code/train.py", ("-v",)), "/code/train.py -v"),
+        (ContainerCommand("program", "fit", ("-v",)), "--no-python fit -v"),
+    ],
+)
+def test_torchrun_starts_the_configured_command_in_each_process(command, launch):
+    profile = profiles.load_profile("local")
+    request = ResourceRequest(job_name="mine", nodes=2, ntasks_per_node=2, time="10")
+    text = render_sbatch(profile, resolve(profile, request), INPUTS, (), command).text
+    one_line = text.replace(" \\\n    ", " ")
+    assert f'--master-port="$rendezvous_port" {launch} &\n' in one_line
+    assert shellcheck(text).stdout == ""
 
 
 def test_missing_inputs_fail_early_with_a_clear_line(sandbox: Sandbox):

@@ -1,0 +1,117 @@
+"""What a job runs in the container: the project's program and its arguments (`[tool.hpcbox.run]`).
+
+One of
+    module = "mypackage.train"     python -m mypackage.train ARGS
+    script = "scripts/train.py"    python /code/scripts/train.py ARGS (a file among the `code` paths)
+    program = "mytrain"            an executable in the image (a console entry point, or an absolute path)
+with `args`, in which {data_dir} and {output_dir} stand for the dataset staged on node scratch and the
+folder copied back to the run folder. The default is the example trainer, `python -m hpctrain train`.
+Under several processes per node, the same program is started by torchrun.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from hpcbox.units import FieldError
+
+# Inside the container: the job's node scratch and the code snapshot.
+SCRATCH_MOUNT = "/scratch"
+CODE_MOUNT = "/code"
+DATA_DIR = f"{SCRATCH_MOUNT}/data"
+OUTPUT_DIR = f"{SCRATCH_MOUNT}/out"
+PLACEHOLDERS = {"{data_dir}": DATA_DIR, "{output_dir}": OUTPUT_DIR}
+KINDS = ("module", "script", "program")
+
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PROGRAM = re.compile(r"^(/[A-Za-z0-9._+@/-]+|[A-Za-z0-9._+@-]+)$")
+
+
+@dataclass(frozen=True)
+class ContainerCommand:
+    """`kind` is one of KINDS; `target` the module name, the script's path in the container or the program."""
+
+    kind: str
+    target: str
+    args: tuple[str, ...] = ()
+
+    def resolved_args(self) -> tuple[str, ...]:
+        """`args` with {data_dir} and {output_dir} replaced by the paths inside the container."""
+        resolved = []
+        for arg in self.args:
+            for placeholder, path in PLACEHOLDERS.items():
+                arg = arg.replace(placeholder, path)
+            resolved.append(arg)
+        return tuple(resolved)
+
+    def program_words(self) -> tuple[str, ...]:
+        """How one process is started: the words before the arguments."""
+        if self.kind == "module":
+            return ("python", "-m", self.target)
+        if self.kind == "script":
+            return ("python", self.target)
+        return (self.target,)
+
+    def torchrun_words(self) -> tuple[str, ...]:
+        """How torchrun is told to start each process: a module, a script, or any program."""
+        if self.kind == "module":
+            return ("-m", self.target)
+        if self.kind == "script":
+            return (self.target,)
+        return ("--no-python", self.target)
+
+
+EXAMPLE_TRAINER = ContainerCommand(
+    "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
+)
+
+
+def command_from_table(table: Mapping[str, object], code_paths: Sequence[str], exists) -> ContainerCommand:
+    """Validate `[tool.hpcbox.run]`. `exists(path)` says whether a project-relative file exists."""
+    field = "tool.hpcbox.run"
+    unknown = sorted(set(table) - {*KINDS, "args"})
+    if unknown:
+        raise FieldError(f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)} and args")
+    given = [kind for kind in KINDS if kind in table]
+    if len(given) != 1:
+        raise FieldError(field, f"give exactly one of {', '.join(KINDS)} (found {len(given)})")
+    kind = given[0]
+    value = table[kind]
+    if not isinstance(value, str) or not value:
+        raise FieldError(f"{field}.{kind}", f"must be a non-empty string, not {value!r}")
+    args = table.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
+        raise FieldError(f"{field}.args", 'must be a list of strings, e.g. args = ["--epochs", "10"]')
+    if any("\0" in arg for arg in args):
+        raise FieldError(
+            f"{field}.args", "an argument contains a NUL byte, which no program argument can hold"
+        )
+    if kind == "module" and not _MODULE.match(value):
+        raise FieldError(f"{field}.module", f"{value!r} is not a Python module name, e.g. mypackage.train")
+    if kind == "program" and not _PROGRAM.match(value):
+        raise FieldError(
+            f"{field}.program", f"{value!r} is not a program name or an absolute path in the image"
+        )
+    target = _script_in_container(value, code_paths, exists) if kind == "script" else value
+    return ContainerCommand(kind, target, tuple(args))
+
+
+def _script_in_container(script: str, code_paths: Sequence[str], exists) -> str:
+    """Where a project-relative script lands: the code snapshot keeps each code path's last part."""
+    field = "tool.hpcbox.run.script"
+    path = PurePosixPath(script)
+    if path.is_absolute() or ".." in path.parts:
+        raise FieldError(field, f"{script!r} must be a path inside the project, e.g. scripts/train.py")
+    if not exists(script):
+        raise FieldError(field, f"{script} does not exist in the project")
+    for code in code_paths:
+        code_path = PurePosixPath(code)
+        if path == code_path or code_path in path.parents:
+            inside = path.relative_to(code_path)
+            return str(PurePosixPath(CODE_MOUNT, code_path.name, inside))
+    raise FieldError(
+        field, f"{script} is not among the code paths {list(code_paths)}: add its folder to code"
+    )

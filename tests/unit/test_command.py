@@ -1,0 +1,95 @@
+"""`[tool.hpcbox.run]`: what a job runs in the container, read and checked from pyproject.toml."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
+from hpcbox.config import load_project
+from hpcbox.errors import HpcboxError
+from hpcbox.units import FieldError
+
+
+def project_with(tmp_path: Path, run: str, code: str = '["src/mypkg", "train.py"]') -> Path:
+    (tmp_path / "src" / "mypkg").mkdir(parents=True)
+    (tmp_path / "src" / "mypkg" / "fit.py").write_text("print('fit')\n")
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "outside.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent(f"""\
+            [project]
+            name = "mine"
+            [tool.hpcbox]
+            code = {code}
+            """)
+        + textwrap.dedent(run)
+    )
+    return tmp_path
+
+
+def test_without_a_run_table_the_job_runs_the_example_trainer(tmp_path: Path):
+    project = load_project(project_with(tmp_path, ""))
+    assert project.run == EXAMPLE_TRAINER
+    assert EXAMPLE_TRAINER.program_words() + EXAMPLE_TRAINER.resolved_args() == (
+        "python", "-m", "hpctrain", "train", "--data-dir", "/scratch/data", "--output-dir", "/scratch/out",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("run", "expected"),
+    [
+        ('module = "mypkg.fit"\nargs = ["--data", "{data_dir}"]',
+         ContainerCommand("module", "mypkg.fit", ("--data", "{data_dir}"))),
+        ('script = "src/mypkg/fit.py"', ContainerCommand("script", "/code/mypkg/fit.py")),
+        ('script = "train.py"\nargs = ["--out={output_dir}/x"]',
+         ContainerCommand("script", "/code/train.py", ("--out={output_dir}/x",))),
+        ('program = "mytrain"', ContainerCommand("program", "mytrain")),
+        ('program = "/opt/venv/bin/fit"', ContainerCommand("program", "/opt/venv/bin/fit")),
+    ],
+)  # fmt: skip
+def test_module_script_or_program_is_read_with_its_arguments(tmp_path: Path, run: str, expected):
+    project = load_project(project_with(tmp_path, "[tool.hpcbox.run]\n" + run))
+    assert project.run == expected
+
+
+def test_placeholders_become_the_paths_inside_the_container():
+    command = ContainerCommand("script", "/code/train.py", ("--out={output_dir}/x", "{data_dir}", "{other}"))
+    assert command.resolved_args() == ("--out=/scratch/out/x", "/scratch/data", "{other}")
+    assert command.program_words() == ("python", "/code/train.py")
+    assert command.torchrun_words() == ("/code/train.py",)
+    assert ContainerCommand("program", "fit").torchrun_words() == ("--no-python", "fit")
+    assert ContainerCommand("module", "a.b").torchrun_words() == ("-m", "a.b")
+
+
+@pytest.mark.parametrize(
+    ("run", "field", "says"),
+    [
+        ('module = "mypkg.fit"\nscript = "train.py"', "tool.hpcbox.run", "exactly one of module, script"),
+        ('args = ["--x"]', "tool.hpcbox.run", "exactly one of module, script, program (found 0)"),
+        ('modul = "mypkg.fit"', "tool.hpcbox.run.modul", "unknown key"),
+        ('module = "mypkg-fit"', "tool.hpcbox.run.module", "is not a Python module name"),
+        ('module = ""', "tool.hpcbox.run.module", "must be a non-empty string"),
+        ('program = "my train"', "tool.hpcbox.run.program", "is not a program name"),
+        ('program = "$(reboot)"', "tool.hpcbox.run.program", "is not a program name"),
+        ('script = "missing.py"', "tool.hpcbox.run.script", "missing.py does not exist"),
+        ('script = "outside.py"', "tool.hpcbox.run.script", "is not among the code paths"),
+        ('script = "../train.py"', "tool.hpcbox.run.script", "must be a path inside the project"),
+        ('script = "/etc/passwd"', "tool.hpcbox.run.script", "must be a path inside the project"),
+        ('module = "m"\nargs = "--epochs 3"', "tool.hpcbox.run.args", "must be a list of strings"),
+        ('module = "m"\nargs = [3]', "tool.hpcbox.run.args", "must be a list of strings"),
+    ],
+)  # fmt: skip
+def test_bad_run_table_names_the_field(tmp_path: Path, run: str, field: str, says: str):
+    with pytest.raises(FieldError) as refused:
+        load_project(project_with(tmp_path, "[tool.hpcbox.run]\n" + run))
+    assert refused.value.field == field
+    assert says in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_run_that_is_not_a_table_is_refused(tmp_path: Path):
+    with pytest.raises(HpcboxError, match=r"^tool.hpcbox.run: must be a table"):
+        load_project(project_with(tmp_path, 'run = "python train.py"\n'))
