@@ -67,25 +67,43 @@ def build(c, flavour=None, offline=False, base=None, no_cache=False):
     print(image.ref)
 
 
-@task(help={"suite": "Debian suite (default trixie)", "force": "bootstrap again even if the image exists"})
+@task(
+    help={
+        "suite": "Debian suite when the project pins no base (default trixie)",
+        "mirror": "Debian mirror to bootstrap from (default deb.debian.org)",
+        "force": "bootstrap again even if the image exists",
+    }
+)
 @friendly
-def base(c, suite="trixie", force=False):
-    """Bootstrap a Debian base image with debootstrap (for hosts with no registry)."""
-    from hpcbox.baseimage import ensure_base
+def base(c, suite="trixie", mirror=None, force=False):
+    """Bootstrap the Debian base image (for hosts with no registry), as docker/lock/base.toml pins it."""
+    from hpcbox import baseimage
+    from hpcbox.config import load_project
 
-    made = ensure_base(suite, force=force)
+    project = load_project()
+    lock = baseimage.project_lock(project.root, project.docker_dir)
+    made = baseimage.ensure_base(suite, lock=lock, mirror=mirror, force=force)
     print(f"{made.ref} {'bootstrapped' if made.created else 'is up to date'} ({made.id[:19]})")
 
 
-@task(help={"base": "image whose Debian mirror decides the apt pins (default: the bootstrapped base)"})
+@task(
+    help={
+        "base": "image whose Debian mirror decides the apt pins (default: the newly pinned base)",
+        "mirror": "Debian mirror to pin the base from (default deb.debian.org)",
+    }
+)
 @friendly
-def lock(c, base=None):
-    """Refresh the image's dependency locks (pinned Debian versions, hashed pip lock)."""
-    from hpcbox.baseimage import ensure_base
+def lock(c, base=None, mirror=None):
+    """Refresh the image's locks: the Debian base, pinned Debian versions, the hashed pip lock."""
     from hpcbox.config import load_project
-    from hpcbox.lock import refresh_locks
+    from hpcbox.lock import refresh_base_lock, refresh_locks
 
-    changed = refresh_locks(load_project(), base or ensure_base().ref)
+    project = load_project()
+    changed = []
+    if base is None:
+        base_lock, base = refresh_base_lock(project, mirror=mirror)
+        changed += [base_lock] if base_lock else []
+    changed += refresh_locks(project, base)
     print("locks changed: " + ", ".join(str(p) for p in changed) if changed else "locks are up to date")
 
 

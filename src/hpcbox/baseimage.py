@@ -1,17 +1,31 @@
-"""A Debian base image made without any registry: debootstrap into a folder, then `docker import`.
+"""A Debian base image made without any registry, the same on every machine that builds it.
 
 Air-gapped build hosts (and CI here) cannot pull from a registry but can reach a Debian mirror;
 this is the base every offline image (trainer, Apptainer helper, mini cluster nodes) builds on.
+
+mmdebstrap writes the root filesystem as one tarball, every file stamped with SOURCE_DATE_EPOCH and
+no per-run files (logs, caches, machine-id): with the same packages it is the same bytes. hpcbox
+then loads it as an image whose config carries that same time instead of the moment of the
+import, so the image id, a hash of the config, is the same too. A project pins the base in
+`docker/lock/base.toml` (suite, time, and the exact package versions it must contain); a mirror
+that has moved on stops the bootstrap with the package that changed, before anything is tagged.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
+import platform
 import shutil
-import subprocess
+import tarfile
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
@@ -19,11 +33,21 @@ from hpcbox.tools import docker, proc
 
 DEFAULT_SUITE = "trixie"
 SUITES = ("bookworm", "trixie", "sid")
+LOCK_NAME = "base.toml"
+# The suite alone, named explicitly: left to itself mmdebstrap adds -updates and -security, which move
+# every few days; the suite itself changes only at point releases.
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
 _APT_NO_CACHE = """\
 APT::Install-Recommends "false";
 APT::Install-Suggests "false";
 Dpkg::Options { "--force-confdef"; "--force-confold"; };
 DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin || true"; };
+"""
+_LOCK_HEADER = """\
+# The Debian base of offline builds: mmdebstrap --variant=minbase of `suite` from Debian's mirror,
+# every file stamped at `source_date_epoch`, and exactly these packages (a mirror that serves other
+# versions stops the bootstrap). The same lock gives the same base image, byte for byte, on any
+# machine. Regenerate with `invoke lock`.
 """
 
 
@@ -35,85 +59,224 @@ class BaseImage:
     created: bool
 
 
-def base_ref(suite: str = DEFAULT_SUITE) -> str:
-    return os.environ.get("HPCBOX_BASE_REPOSITORY", "hpcbox/debian") + f":{suite}"
+@dataclass(frozen=True)
+class BaseLock:
+    suite: str
+    source_date_epoch: int
+    packages: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """Names the base made from this lock: a changed lock never reuses an older base."""
+        canonical = json.dumps([self.suite, self.source_date_epoch, sorted(self.packages.items())])
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    def to_toml(self) -> str:
+        packages = "".join(f'"{name}" = "{version}"\n' for name, version in sorted(self.packages.items()))
+        return (
+            f'{_LOCK_HEADER}suite = "{self.suite}"\nsource_date_epoch = {self.source_date_epoch}\n\n'
+            f"[packages]\n{packages}"
+        )
+
+
+def read_lock(path: Path) -> BaseLock:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise HpcboxError(
+            f"{path}: cannot read the base lock: {exc}", "regenerate it: `invoke lock`"
+        ) from exc
+    suite, epoch, packages = data.get("suite"), data.get("source_date_epoch"), data.get("packages")
+    if suite not in SUITES:
+        raise HpcboxError(f"{path}: suite: {suite!r} is not one of {', '.join(SUITES)}", "run `invoke lock`")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise HpcboxError(f"{path}: source_date_epoch: {epoch!r} is not seconds", "run `invoke lock`")
+    if (
+        not isinstance(packages, dict)
+        or not packages
+        or any(not isinstance(v, str) for v in packages.values())
+    ):
+        raise HpcboxError(f"{path}: packages: must map each package to its version", "run `invoke lock`")
+    return BaseLock(suite, epoch, dict(packages))
+
+
+def project_lock(root: Path, docker_dir: str = "docker") -> BaseLock | None:
+    """The project's base lock, if it pins one."""
+    path = root / docker_dir / "lock" / LOCK_NAME
+    return read_lock(path) if path.is_file() else None
+
+
+def base_ref(suite: str = DEFAULT_SUITE, lock: BaseLock | None = None) -> str:
+    repository = os.environ.get("HPCBOX_BASE_REPOSITORY", "hpcbox/debian")
+    return f"{repository}:{suite}-{lock.digest}" if lock else f"{repository}:{suite}"
 
 
 def ensure_base(
     suite: str = DEFAULT_SUITE,
     *,
+    lock: BaseLock | None = None,
     mirror: str | None = None,
     ref: str | None = None,
     force: bool = False,
     on_line: Callable[[str], None] | None = None,
 ) -> BaseImage:
-    """The bootstrapped base image for ``suite``, made only if missing (or when ``force``).
+    """The bootstrapped base image, made only if missing (or when ``force``).
 
-    ``mirror`` defaults to debootstrap's own default Debian mirror.
+    With ``lock``, its suite, time and packages; without, ``suite`` as the mirror serves it today.
+    ``mirror`` defaults to Debian's own (deb.debian.org), the suite without -updates and -security.
     """
+    suite = lock.suite if lock else suite
     if suite not in SUITES:
         raise HpcboxError(f"unknown Debian suite {suite!r}", f"choose one of: {', '.join(SUITES)}")
-    target = ref or base_ref(suite)
+    target = ref or base_ref(suite, lock)
     existing = docker.image(target)
     if existing is not None and not force:
         return BaseImage(target, existing.id, suite, created=False)
-    debootstrap = proc.require(
-        "debootstrap", "install it: `apt-get install debootstrap` (`./bootstrap` does)"
-    )
-    if os.geteuid() != 0:
-        raise HpcboxError(
-            "bootstrapping a base image needs root (debootstrap creates device nodes)",
-            "run `invoke base` as root, or pull a registry base instead",
-        )
-    work = Path(tempfile.mkdtemp(prefix="hpcbox-debootstrap-", dir=_scratch_dir()))
-    try:
-        rootfs = work / "rootfs"
-        proc.stream(
-            [debootstrap, "--variant=minbase", suite, str(rootfs), *([mirror] if mirror else [])],
-            what=f"debootstrap Debian {suite}",
-            hint="check that the Debian mirror is reachable from this machine (or pass another mirror)",
-            on_line=on_line,
-        )
-        _tidy(rootfs)
-        image_id = _import(rootfs, target, suite)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    epoch = lock.source_date_epoch if lock else int(time.time())
+    with _workdir() as work:
+        layer = _bootstrap(suite, epoch, work, mirror, on_line)
+        if lock is not None:
+            check_packages(lock, installed_packages(layer))
+        image_id = _load(layer, target, suite, epoch, lock, work)
     return BaseImage(target, image_id, suite, created=True)
 
 
-def _scratch_dir() -> str:
-    # /tmp is often a small tmpfs; a root filesystem of ~200 MB belongs on disk.
-    return "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
+def relock(
+    suite: str = DEFAULT_SUITE, *, mirror: str | None = None, on_line: Callable[[str], None] | None = None
+) -> tuple[BaseLock, BaseImage]:
+    """Bootstrap ``suite`` as the mirror serves it now and pin that: the new lock and its base image."""
+    if suite not in SUITES:
+        raise HpcboxError(f"unknown Debian suite {suite!r}", f"choose one of: {', '.join(SUITES)}")
+    epoch = int(time.time())
+    with _workdir() as work:
+        layer = _bootstrap(suite, epoch, work, mirror, on_line)
+        lock = BaseLock(suite, epoch, installed_packages(layer))
+        target = base_ref(suite, lock)
+        image_id = _load(layer, target, suite, epoch, lock, work)
+    return lock, BaseImage(target, image_id, suite, created=True)
 
 
-def _tidy(rootfs: Path) -> None:
-    """Drop what debootstrap leaves behind that an image should not carry."""
-    for cached in (rootfs / "var/cache/apt/archives").glob("*.deb"):
-        cached.unlink()
-    shutil.rmtree(rootfs / "var/lib/apt/lists", ignore_errors=True)
-    (rootfs / "var/lib/apt/lists/partial").mkdir(parents=True)
-    (rootfs / "etc/apt/apt.conf.d/90hpcbox").write_text(_APT_NO_CACHE)
+class _workdir:
+    """A scratch folder on disk (/tmp is often a small tmpfs; a root filesystem is ~120 MB)."""
+
+    def __enter__(self) -> Path:
+        if os.geteuid() != 0:
+            raise HpcboxError(
+                "bootstrapping a base image needs root (mmdebstrap creates device nodes)",
+                "run `invoke base` as root, or pull a registry base instead",
+            )
+        scratch = "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
+        self.path = Path(tempfile.mkdtemp(prefix="hpcbox-base-", dir=scratch))
+        return self.path
+
+    def __exit__(self, *_exc: object) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _import(rootfs: Path, ref: str, suite: str) -> str:
-    tar = subprocess.Popen(
-        ["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-c", "."],
-        stdout=subprocess.PIPE,
+def _bootstrap(suite: str, epoch: int, work: Path, mirror: str | None, on_line) -> Path:
+    mmdebstrap = proc.require("mmdebstrap", "install it: `apt-get install mmdebstrap` (`./bootstrap` does)")
+    layer = work / "rootfs.tar"
+    apt_config = work / "90hpcbox"
+    apt_config.write_text(_APT_NO_CACHE)
+    proc.stream(
+        [
+            mmdebstrap,
+            "--variant=minbase",
+            "--mode=root",
+            "--format=tar",
+            f"--customize-hook=copy-in {apt_config} /etc/apt/apt.conf.d",
+            suite,
+            str(layer),
+            mirror or DEFAULT_MIRROR,
+        ],
+        what=f"bootstrap Debian {suite} with mmdebstrap",
+        hint="check that the Debian mirror is reachable from this machine (or pass another mirror)",
+        on_line=on_line,
+        env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)},
     )
-    assert tar.stdout is not None
-    changes = [
-        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "ENV LANG=C.UTF-8",
-        'CMD ["bash"]',
-        f"LABEL io.hpcbox.base.suite={suite}",
-    ]
-    try:
-        image_id = docker.import_rootfs(tar.stdout, ref, changes)
-    finally:
-        tar.stdout.close()
-        tar.wait()
-    if tar.returncode != 0:
+    return layer
+
+
+def installed_packages(layer: Path) -> dict[str, str]:
+    """Package → version of what dpkg has installed in a root filesystem tarball."""
+    with tarfile.open(layer) as archive:
+        member = next(m for m in archive if m.name.lstrip("./") == "var/lib/dpkg/status")
+        status = archive.extractfile(member)
+        assert status is not None
+        text = status.read().decode()
+    packages = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and line[0] != " ")
+        if fields.get("Status", "").endswith(" installed"):
+            arch = fields.get("Architecture", "all")
+            name = fields["Package"] if arch in ("all", _debian_arch()) else f"{fields['Package']}:{arch}"
+            packages[name] = fields["Version"]
+    return packages
+
+
+def check_packages(lock: BaseLock, installed: Mapping[str, str]) -> None:
+    for name, version in sorted(lock.packages.items()):
+        got = installed.get(name)
+        if got != version:
+            now = f"it now serves {got}" if got else "it no longer installs it"
+            raise HpcboxError(
+                f"the base lock pins {name} {version}, but Debian's {lock.suite} mirror has moved on ({now})",
+                "run `invoke lock` to pin today's base (and rebuild), or build on a mirror that still "
+                "serves the locked versions (`invoke base --mirror URL`)",
+            )
+    extra = sorted(set(installed) - set(lock.packages))
+    if extra:
         raise HpcboxError(
-            f"failed to archive the bootstrapped {suite} root filesystem (tar exit {tar.returncode})"
+            f"Debian's {lock.suite} mirror now adds {extra[0]} {installed[extra[0]]} to the base, "
+            "which the base lock does not list",
+            "run `invoke lock` to pin today's base (and rebuild)",
         )
+
+
+def _load(layer: Path, ref: str, suite: str, epoch: int, lock: BaseLock | None, work: Path) -> str:
+    """Load the root filesystem as a one-layer image whose config holds only fixed values."""
+    digest = _sha256(layer)
+    stamp = datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = {"io.hpcbox.base.suite": suite, **({"io.hpcbox.base.lock": lock.digest} if lock else {})}
+    config = {
+        "architecture": _debian_arch(),
+        "os": "linux",
+        "created": stamp,
+        "config": {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
+            "Cmd": ["bash"],
+            "Labels": labels,
+        },
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]},
+        "history": [{"created": stamp, "created_by": f"mmdebstrap --variant=minbase {suite}"}],
+    }
+    config_bytes = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    image_id = "sha256:" + hashlib.sha256(config_bytes).hexdigest()
+    manifest = [{"Config": "config.json", "RepoTags": [ref], "Layers": [f"{digest}/layer.tar"]}]
+    archive_path = work / "image.tar"
+    with tarfile.open(archive_path, "w") as archive:
+        for name, data in (("config.json", config_bytes), ("manifest.json", json.dumps(manifest).encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, fileobj=io.BytesIO(data))
+        archive.add(layer, arcname=f"{digest}/layer.tar")
+    with archive_path.open("rb") as stream:
+        docker.load(stream)
+    loaded = docker.image(ref)
+    if loaded is None or loaded.id != image_id:
+        got = loaded.id if loaded else "no image"
+        raise HpcboxError(f"loading the base image {ref} gave {got}, not {image_id}")
     return image_id
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _debian_arch() -> str:
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)

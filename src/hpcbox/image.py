@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -159,24 +160,25 @@ def plan_build(
         raise HpcboxError(f"unknown build target {target!r}", f"choose one of: {', '.join(TARGETS)}")
     chosen = resolve_flavour(flavour, offline)
     context = build_context(project, with_code=target == RUNTIME)
+    base_lock = baseimage.project_lock(project.root, project.docker_dir)
     if base is not None:
         base_ref = base
     elif offline:
-        base_ref = baseimage.base_ref()
+        base_ref = baseimage.base_ref(lock=base_lock)
     else:
         base_ref = chosen.registry_base
         if docker.image(base_ref) is None and not docker.pull(base_ref):
             chosen = resolve_flavour(flavour, offline=True)
-            base_ref = baseimage.base_ref()
+            base_ref = baseimage.base_ref(lock=base_lock)
             offline = True
             say(
                 f"hpcbox: no registry reachable to pull {chosen.registry_base}; building the {chosen.name} "
-                f"flavour offline on a Debian base bootstrapped with debootstrap ({base_ref})"
+                f"flavour offline on a Debian base bootstrapped from Debian's mirror ({base_ref})"
             )
     base_image = docker.image(base_ref)
     if base_image is None and offline and base is None:
         say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `invoke base`)")
-        base_image = docker.image(baseimage.ensure_base(ref=base_ref).ref)
+        base_image = docker.image(baseimage.ensure_base(lock=base_lock, ref=base_ref).ref)
     if base_image is None:
         raise HpcboxError(
             f"base image {base_ref} is not available",
@@ -244,22 +246,50 @@ def build_image(
             f"CA bundle {ca} does not exist", "point PIP_CERT / SSL_CERT_FILE at a readable file"
         )
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
-    docker.build(
-        plan.context,
-        dockerfile=project.dockerfile,
-        tag_ref=plan.ref,
-        build_args={key: value for key, value in (("FLAVOUR", plan.flavour.name), ("BASE_IMAGE", plan.base))},
-        labels=labels,
-        secrets={"host_ca": ca} if ca is not None else {},
-        no_cache=no_cache,
-        target=plan.target,
-        on_line=on_line or _echo,
-    )
+    try:
+        docker.build(
+            plan.context,
+            dockerfile=project.dockerfile,
+            tag_ref=plan.ref,
+            build_args={"FLAVOUR": plan.flavour.name, "BASE_IMAGE": plan.base},
+            labels=labels,
+            secrets={"host_ca": ca} if ca is not None else {},
+            no_cache=no_cache,
+            target=plan.target,
+            on_line=on_line or _echo,
+        )
+    except HpcboxError as failed:
+        raise _gone_pin(project, failed.details) or failed from failed
     built = docker.image(plan.ref)
     if built is None:
         raise HpcboxError(f"the build reported success but {plan.ref} is not in the engine")
     say(f"hpcbox: built {plan.ref}")
     return _image(plan, built, built=True)
+
+
+# apt's words for a pinned version its mirror no longer has (superseded by a point release).
+_APT_VERSION_GONE = re.compile(r"E: Version '([^']+)' for '([^']+)' was not found")
+
+
+def _gone_pin(project: ProjectConfig, build_output: str) -> HpcboxError | None:
+    """The one line for a build that failed because Debian dropped a pinned version, else None."""
+    gone = _APT_VERSION_GONE.search(build_output)
+    if gone is None:
+        return None
+    version, package = gone.groups()
+    lock_dir = project.root / project.docker_dir / "lock"
+    pinned_in = next(
+        (
+            path.relative_to(project.root).as_posix()
+            for path in sorted(lock_dir.glob("apt-*.txt"))
+            if f"{package}={version}" in path.read_text().split()
+        ),
+        "the Debian locks",
+    )
+    return HpcboxError(
+        f"Debian no longer serves {package} {version}, pinned in {pinned_in} (a point release replaced it)",
+        "run `invoke lock` to pin today's versions, then build again",
+    )
 
 
 def record_path(project: ProjectConfig, flavour: str) -> Path:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox import baseimage
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import docker, proc
@@ -67,6 +68,28 @@ def relock_apt(lock: AptLock, versions: dict[str, str]) -> str:
         match = _PIN.match(line.strip()) if line.strip() and not line.startswith("#") else None
         lines.append(f"{match.group(1)}={versions[match.group(1)]}" if match else line)
     return "\n".join(lines) + "\n"
+
+
+def refresh_base_lock(
+    project: ProjectConfig, *, mirror: str | None = None, say: Callable[[str], None] = print
+) -> tuple[Path | None, str]:
+    """Pin the Debian base as the mirror serves it today: the lock file if it changed, and the base
+    image (made or found) in which to resolve the apt pins."""
+    path = project.root / project.docker_dir / "lock" / baseimage.LOCK_NAME
+    current = baseimage.read_lock(path) if path.is_file() else None
+    pinned, made = baseimage.relock(current.suite if current else baseimage.DEFAULT_SUITE, mirror=mirror)
+    relative = path.relative_to(project.root)
+    if current is not None and (current.suite, dict(current.packages)) == (
+        pinned.suite,
+        dict(pinned.packages),
+    ):
+        # Same packages, only a newer time: keep the lock, and so every image built on it.
+        docker.remove_image(made.ref)
+        say(f"hpcbox: {relative}: the mirror still serves the {len(current.packages)} pinned packages")
+        return None, baseimage.ensure_base(lock=current).ref
+    path.write_text(pinned.to_toml())
+    say(f"hpcbox: {relative}: Debian {pinned.suite} base, {len(pinned.packages)} packages pinned")
+    return path, made.ref
 
 
 def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str], None] = print) -> list[Path]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,24 @@ def assert_one_line_error(done, *fragments: str) -> None:
     for fragment in fragments:
         assert fragment in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_pinned_debian_version_that_is_gone_is_one_line_naming_it_and_the_lock(
+    docker_engine, project_copy: Path
+):
+    lock = project_copy / "docker/lock/apt-system.txt"
+    lock.write_text(
+        re.sub(r"(?m)^ca-certificates=.*$", "ca-certificates=20250419+hpcbox.gone", lock.read_text())
+    )
+    repository = os.environ["HPCBOX_IMAGE_REPOSITORY"]  # project_copy's own
+    done = invoke("build", "--offline", cwd=project_copy)
+    assert_one_line_error(
+        done,
+        "error: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in "
+        "docker/lock/apt-system.txt (a point release replaced it)",
+        "invoke lock",
+    )
+    assert docker_engine.images.list(name=repository) == []  # nothing built or tagged
 
 
 def test_unknown_flavour_is_one_line_error():

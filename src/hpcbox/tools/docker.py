@@ -126,12 +126,12 @@ def save(ref: str) -> Iterator[bytes]:
     return client().images.get(ref).save(chunk_size=1 << 20)
 
 
-def import_rootfs(tar_stream: IO[bytes], ref: str, changes: Sequence[str] = ()) -> str:
-    """`docker import` a root filesystem tarball read from ``tar_stream``; returns the image id."""
-    cli = build_cli()
-    argv = [cli, "import", *[arg for change in changes for arg in ("--change", change)], "-", ref]
-    done = proc.run(argv, what=f"import {ref}", stdin=tar_stream)
-    return done.stdout.strip()
+def load(archive: IO[bytes]) -> None:
+    """`docker load` an image archive (the `docker save` layout) read from ``archive``."""
+    try:
+        client().images.load(archive)
+    except docker.errors.APIError as exc:
+        raise HpcboxError(f"docker could not load the image archive: {exc.explanation}") from exc
 
 
 @functools.cache

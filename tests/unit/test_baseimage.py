@@ -1,0 +1,96 @@
+"""The base lock file and the package list read from a root filesystem tarball."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from hpcbox import baseimage
+from hpcbox.errors import HpcboxError
+
+REPO = Path(__file__).resolve().parents[2]
+
+STATUS = """\
+Package: bash
+Status: install ok installed
+Architecture: amd64
+Version: 5.2.37-2+b10
+Description: GNU Bourne Again SHell
+ with a continuation line: Version: 9
+
+Package: removed-one
+Status: deinstall ok config-files
+Architecture: amd64
+Version: 1.0
+
+Package: libstdc++6
+Status: install ok installed
+Architecture: amd64
+Version: 14.2.0-19
+
+Package: tzdata
+Status: install ok installed
+Architecture: all
+Version: 2025b-4
+"""
+
+
+def test_the_repositorys_base_lock_reads_and_writes_back_unchanged():
+    path = REPO / "docker" / "lock" / baseimage.LOCK_NAME
+    lock = baseimage.read_lock(path)
+    assert lock.suite == "trixie" and lock.source_date_epoch > 1_700_000_000
+    assert "bash" in lock.packages and "libstdc++6" in lock.packages
+    assert lock.to_toml() == path.read_text()
+    assert baseimage.base_ref(lock=lock).endswith(f":trixie-{lock.digest}")
+
+
+def test_installed_packages_are_read_from_dpkgs_status_in_the_tarball(tmp_path: Path):
+    layer = tmp_path / "rootfs.tar"
+    with tarfile.open(layer, "w") as archive:
+        data = STATUS.encode()
+        info = tarfile.TarInfo("./var/lib/dpkg/status")
+        info.size = len(data)
+        archive.addfile(info, io.BytesIO(data))
+    assert baseimage.installed_packages(layer) == {
+        "bash": "5.2.37-2+b10",
+        "libstdc++6": "14.2.0-19",
+        "tzdata": "2025b-4",
+    }
+
+
+def test_a_lock_differing_from_the_packages_names_the_first_difference():
+    lock = baseimage.BaseLock("trixie", 1, {"bash": "5.2", "zlib1g": "1.3"})
+    with pytest.raises(HpcboxError) as gone:
+        baseimage.check_packages(lock, {"bash": "5.2"})
+    assert gone.value.message.startswith("the base lock pins zlib1g 1.3, ")
+    assert gone.value.message.endswith("(it no longer installs it)")
+    with pytest.raises(HpcboxError, match=r"^Debian's trixie mirror now adds sed 4.9 to the base"):
+        baseimage.check_packages(lock, {"bash": "5.2", "zlib1g": "1.3", "sed": "4.9"})
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            'suite = "buster"\nsource_date_epoch = 1\n[packages]\nbash = "5"\n',
+            "suite: 'buster' is not one of",
+        ),
+        ('suite = "trixie"\nsource_date_epoch = "today"\n[packages]\nbash = "5"\n', "source_date_epoch"),
+        ('suite = "trixie"\nsource_date_epoch = 1\n', "packages: must map each package"),
+        (
+            'suite = "trixie"\nsource_date_epoch = 1\n[packages]\nbash = 5\n',
+            "packages: must map each package",
+        ),
+        ("suite = trixie\n", "cannot read the base lock"),
+    ],
+)
+def test_a_malformed_base_lock_is_one_line_naming_the_file(tmp_path: Path, text: str, says: str):
+    path = tmp_path / "base.toml"
+    path.write_text(text)
+    with pytest.raises(HpcboxError) as refused:
+        baseimage.read_lock(path)
+    assert refused.value.message.startswith(f"{path}: ") and says in refused.value.message
+    assert "\n" not in refused.value.message
