@@ -6,6 +6,7 @@ Thin by design: parse flags, call the hpcbox package, print. Logic lives in src/
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -154,7 +155,6 @@ def sif(
 
 def _trainer_args(remainder: str) -> tuple[str, ...]:
     """Words after `--`: from sys.argv when it matches (invoke joins the remainder with spaces)."""
-    import shlex
 
     if "--" in sys.argv:
         after = sys.argv[sys.argv.index("--") + 1 :]
@@ -530,7 +530,6 @@ def _cluster_tasks() -> Collection:
     @friendly
     def shell(c, name=DEFAULT_NAME):
         """Open a shell on the login node as the cluster user, over SSH."""
-        import shlex
 
         from hpcbox.tools import ssh
 
@@ -547,8 +546,10 @@ SHELL_SCRIPTS = ("bootstrap", ".ci/run", "docker/apt-install.sh")
 @task
 def lint(c):
     """Lint: ruff (rules and formatting) and shellcheck on the project's shell scripts."""
-    c.run("ruff check src tests bench tasks.py", pty=False)
-    c.run("ruff format --check src tests bench tasks.py", pty=False)
+    # This environment's tools, whichever way invoke was started (activated or not).
+    ruff = shlex.join([sys.executable, "-m", "ruff"])
+    c.run(f"{ruff} check src tests bench tasks.py", pty=False)
+    c.run(f"{ruff} format --check src tests bench tasks.py", pty=False)
     scripts = [*SHELL_SCRIPTS, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").rglob("*.sh"))]
     scripts += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "apptainer").rglob("*.sh"))
     c.run("shellcheck " + " ".join(scripts), pty=False)
@@ -565,16 +566,16 @@ def test(c, k=None, unit=False, lint_first=True):
     """Run the whole test suite (lint, unit and integration tests against real Docker, Apptainer, Slurm)."""
     if lint_first:
         lint(c)
-    args = ["pytest", "tests/unit" if unit else "tests"]
+    args = [sys.executable, "-m", "pytest", "tests/unit" if unit else "tests"]
     if k:
         args += ["-k", k]
-    c.run(" ".join(args), pty=False)
+    c.run(shlex.join(args), pty=False)
 
 
 @task(help={"name": "benchmark to run (bench/bench_NAME.py); all when omitted"})
 def bench(c, name=None):
-    """Run benchmarks, write bench/results/NAME.json and print a table."""
-    c.run(f"python bench/run.py {name or ''}", pty=False)
+    """Run benchmarks (`invoke bench --name submit`), write bench/results/NAME.json, print a table."""
+    c.run(shlex.join([sys.executable, "bench/run.py", *([name] if name else [])]), pty=False)
 
 
 ns = Collection.from_module(sys.modules[__name__])

@@ -66,6 +66,8 @@ def run() -> list[dict]:
         project = load_project(root)
         image = build_image(project, flavour="cpu", offline=True, say=lambda _: None, on_line=lambda _: None)
         data = make_dataset(project, image.ref, say=lambda _: None)
+        # The environment image and its SIF exist before the clock starts (a user has built them).
+        jobs.prepare_payload(project, data, flavour="cpu", offline=True, say=lambda _: None)
         spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=_free_port())
         try:
             cluster = minicluster.up(spec, root / ".hpcbox" / "cluster")
