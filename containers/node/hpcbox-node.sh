@@ -43,7 +43,11 @@ accounting() {
     wait_for 60 mariadb-admin ping
     local password
     password=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf)
+    # The database exists before slurmdbd first connects: when it does not, slurmdbd creates it and
+    # reconnects on the same handle, which libmariadb 11.8.9 leaves unable to read any result
+    # ("Number of columns in result (=1) ... (=0)", a fatal error in _check_mysql_concat_is_sane).
     mariadb <<SQL
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
 CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '${password}';
 ALTER USER 'slurm'@'localhost' IDENTIFIED BY '${password}';
 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
