@@ -20,4 +20,7 @@ if [ -n "${DEBIAN_MIRROR:-}" ]; then
 fi
 apt-get "$@" update
 grep -v -e '^#' -e '^$' "$lock" | xargs apt-get "$@" install -y --no-install-recommends
-rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/log/apt /var/log/dpkg.log
+# Caches and logs that record when and where the step ran (so no two builds would match), not what
+# it installed: ldconfig's aux-cache, fontconfig's caches (rebuilt per user on demand), install logs.
+rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb /var/log/apt /var/log/*.log \
+    /var/cache/ldconfig/aux-cache /var/cache/fontconfig/*

@@ -156,8 +156,16 @@ def relock(
     return lock, BaseImage(target, image_id, suite, created=True)
 
 
+WORKDIR_PREFIX = "hpcbox-base-"
+
+
+def scratch_dir() -> Path:
+    """Where bootstraps work: on disk (/tmp is often a small tmpfs; a root filesystem is ~120 MB)."""
+    return Path("/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir())
+
+
 class _workdir:
-    """A scratch folder on disk (/tmp is often a small tmpfs; a root filesystem is ~120 MB)."""
+    """A scratch folder named after this process; those of processes that died mid-bootstrap go first."""
 
     def __enter__(self) -> Path:
         if os.geteuid() != 0:
@@ -165,8 +173,12 @@ class _workdir:
                 "bootstrapping a base image needs root (mmdebstrap creates device nodes)",
                 "run `invoke base` as root, or pull a registry base instead",
             )
-        scratch = "/var/tmp" if os.access("/var/tmp", os.W_OK) else tempfile.gettempdir()
-        self.path = Path(tempfile.mkdtemp(prefix="hpcbox-base-", dir=scratch))
+        scratch = scratch_dir()
+        for left in scratch.glob(f"{WORKDIR_PREFIX}*-*"):
+            pid = left.name[len(WORKDIR_PREFIX) :].split("-", 1)[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(left, ignore_errors=True)
+        self.path = Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-", dir=scratch))
         return self.path
 
     def __exit__(self, *_exc: object) -> None:

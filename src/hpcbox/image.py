@@ -55,6 +55,8 @@ LABEL_BASE_DIGEST = "org.opencontainers.image.base.digest"
 LABEL_FLAVOUR = "io.hpcbox.flavour"
 LABEL_LOCK = "io.hpcbox.lock-sha256"
 LABEL_CONTENT = "io.hpcbox.content-hash"
+# The time every file of the SIF is stamped with: the pinned base's, so it depends on docker/ alone.
+LABEL_SOURCE_DATE_EPOCH = "io.hpcbox.source-date-epoch"
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class BuildPlan:
     lock_hash: str
     ref: str
     target: str = RUNTIME
+    source_date_epoch: int | None = None  # from the base lock; None on an unpinned base
 
 
 def resolve_flavour(name: str | None, offline: bool) -> Flavour:
@@ -185,6 +188,10 @@ def plan_build(
             "pull it, or build offline with `invoke build --offline`",
         )
     build_args = {"FLAVOUR": chosen.name, "BASE_IMAGE": base_ref, "BASE_IMAGE_ID": base_image.id}
+    pinned_base = base_lock is not None and base_ref == baseimage.base_ref(lock=base_lock)
+    source_date_epoch = base_lock.source_date_epoch if pinned_base and base_lock else None
+    if source_date_epoch is not None:
+        build_args["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
     if target != RUNTIME:
         build_args["TARGET"] = target
     digest = hashlib.sha256(context)
@@ -200,6 +207,7 @@ def plan_build(
         lock_hash=lock_hash(project, chosen),
         ref=f"{repository}:{content_hash[:12]}",
         target=target,
+        source_date_epoch=source_date_epoch,
     )
 
 
@@ -236,6 +244,10 @@ def build_image(
         LABEL_LOCK: plan.lock_hash,
         LABEL_CONTENT: plan.content_hash,
     }
+    build_args = {"FLAVOUR": plan.flavour.name, "BASE_IMAGE": plan.base}
+    if plan.source_date_epoch is not None:
+        labels[LABEL_SOURCE_DATE_EPOCH] = str(plan.source_date_epoch)
+        build_args["SOURCE_DATE_EPOCH"] = str(plan.source_date_epoch)
     existing = docker.image(plan.ref)
     if existing is not None and not no_cache:
         say(f"hpcbox: {plan.ref} is up to date")
@@ -251,7 +263,7 @@ def build_image(
             plan.context,
             dockerfile=project.dockerfile,
             tag_ref=plan.ref,
-            build_args={"FLAVOUR": plan.flavour.name, "BASE_IMAGE": plan.base},
+            build_args=build_args,
             labels=labels,
             secrets={"host_ca": ca} if ca is not None else {},
             no_cache=no_cache,

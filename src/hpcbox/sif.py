@@ -22,10 +22,12 @@ import json
 import os
 import re
 import shutil
+import struct
 import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from hpcbox.errors import HpcboxError
+from hpcbox.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer, Command, engine, parse_sif_list
 
@@ -171,13 +174,15 @@ def rootfs_sha256(sif: Path, tool: Apptainer) -> str:
     return digest.hexdigest()
 
 
-def definition(image_id: str, ref: str, archive: str = ARCHIVE, comment: str = "") -> str:
-    """An Apptainer definition building this image from its `docker save` archive, provenance in %labels."""
+def definition(image_id: str | None, ref: str, archive: str = ARCHIVE, comment: str = "") -> str:
+    """An Apptainer definition building this image from its `docker save` archive, provenance in %labels.
+
+    ``image_id`` None leaves the Docker image id out: a reproducible SIF must not carry it, since the
+    engine gives the same content a new id on every build (its layers keep their build times).
+    """
     header = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
-    return (
-        f"{header}Bootstrap: docker-archive\nFrom: {archive}\n\n%labels\n"
-        f"    {LABEL_IMAGE_ID} {image_id}\n    {LABEL_IMAGE_REF} {ref}\n"
-    )
+    labels = ([f"    {LABEL_IMAGE_ID} {image_id}\n"] if image_id else []) + [f"    {LABEL_IMAGE_REF} {ref}\n"]
+    return f"{header}Bootstrap: docker-archive\nFrom: {archive}\n\n%labels\n" + "".join(labels)
 
 
 def write_definition(image: ImageLike, directory: Path, name: str) -> Path:
@@ -232,6 +237,7 @@ def build_sif(
         if target.exists():
             say(f"hpcbox: cached {target.name} no longer matches its recorded sha256; rebuilding it")
     raw = docker.client().api.inspect_image(info.id)
+    reproducible = _source_date_epoch(raw) is not None
     tool = engine(engine_choice, on_line=on_line)
     cache.mkdir(parents=True, exist_ok=True)
     _check_disk(cache, info.size, conversion)
@@ -242,7 +248,7 @@ def build_sif(
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache))
     try:
-        (work / DEFINITION).write_text(definition(info.id, image.ref))
+        (work / DEFINITION).write_text(definition(None if reproducible else info.id, image.ref))
         if conversion == "fast":
             _convert_fast(tool, work, info.id, raw, compression, say, on_line)
         else:
@@ -390,6 +396,36 @@ def _convert_fast(
         )
     )
     tool.script(steps, work, what="assemble the SIF with apptainer sif")
+    identity = ((raw.get("Config") or {}).get("Labels") or {}).get(LABEL_CONTENT) or image_id
+    normalise_header(work / "out.sif", epoch, f"{identity} {compression}")
+
+
+# SIF (format 01) global header and descriptors, little-endian and packed, as sylabs/sif lays them out.
+_SIF_ID = 48  # 16-byte UUID, then created and modified times (int64)
+_SIF_DESCRIPTORS = struct.Struct("<qqqq")  # free, total, offset, size of the descriptor table
+_SIF_DESCRIPTOR_SIZE = 585
+_DESCRIPTOR_USED = 4
+_DESCRIPTOR_TIMES = 41  # created, modified, uid, gid: four int64
+
+
+def normalise_header(path: Path, epoch: int, identity: str) -> None:
+    """Replace what `apptainer sif` stamps per run (a random UUID, the wall-clock time, the builder's
+    uid/gid) with values from the content: the same image gives the same SIF, byte for byte."""
+    image_uuid = uuid.UUID(bytes=hashlib.sha256(identity.encode()).digest()[:16], version=4)
+    with path.open("r+b") as sif:
+        header = sif.read(128)
+        if header[32:41] != b"SIF_MAGIC":
+            raise HpcboxError(f"{path} is not a SIF file", "run `invoke sif --force`")
+        sif.seek(_SIF_ID)
+        sif.write(image_uuid.bytes + struct.pack("<qq", epoch, epoch))
+        _free, total, offset, _size = _SIF_DESCRIPTORS.unpack_from(header, 80)
+        for index in range(total):
+            start = offset + index * _SIF_DESCRIPTOR_SIZE
+            sif.seek(start + _DESCRIPTOR_USED)
+            if sif.read(1) != b"\x01":
+                continue
+            sif.seek(start + _DESCRIPTOR_TIMES)
+            sif.write(struct.pack("<qqqq", epoch, epoch, 0, 0))
 
 
 def _require_tar_mksquashfs(tool: Apptainer, work: Path) -> None:
@@ -403,8 +439,20 @@ def _require_tar_mksquashfs(tool: Apptainer, work: Path) -> None:
         )
 
 
+def _source_date_epoch(raw: Mapping[str, Any]) -> int | None:
+    """The time `invoke build` stamped a reproducible image with (from its pinned base), if any."""
+    value = ((raw.get("Config") or {}).get("Labels") or {}).get(LABEL_SOURCE_DATE_EPOCH, "")
+    return int(value) if str(value).isdigit() else None
+
+
 def _created_epoch(raw: Mapping[str, Any]) -> int:
-    """The image's creation time (seconds): every timestamp hpcbox adds is set to it, for reproducibility."""
+    """Every time in the SIF: the image's source date when it has one, else its creation time.
+
+    Later times are clamped down to it, so a reproducible image's SIF does not depend on when it was built.
+    """
+    pinned = _source_date_epoch(raw)
+    if pinned is not None:
+        return pinned
     created = str(raw.get("Created") or "")
     match = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", created)
     if not match:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,16 +48,16 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
     stale = dataclasses.replace(lock, packages={**lock.packages, "bash": "5.0-1+hpcbox.gone"})
     path.write_text(stale.to_toml())
     repository = f"{run_id}/stalebase"
-    # Compared with what was there before: an interrupted run elsewhere may have left its own folder.
-    scratch_before = set(Path("/var/tmp").glob("hpcbox-base-*"))
-    done = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "invoke", "-r", str(REPO), "base"],
         cwd=project_copy,
         env={**os.environ, "HPCBOX_BASE_REPOSITORY": repository},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-    )
+    ) as bootstrap:
+        stdout, stderr = bootstrap.communicate(timeout=600)
+    done = subprocess.CompletedProcess(bootstrap.args, bootstrap.returncode, stdout, stderr)
     assert done.returncode == 1, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
@@ -65,4 +66,25 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
     ], done.stderr
     assert "invoke lock" in done.stderr and "Traceback" not in done.stderr
     assert docker_engine.images.list(name=repository) == []  # nothing tagged
-    assert set(Path("/var/tmp").glob("hpcbox-base-*")) == scratch_before  # and no bootstrap left on disk
+    # and no bootstrap left on disk (its folder is named after its process)
+    assert list(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{bootstrap.pid}-*")) == []
+
+
+def test_a_bootstrap_clears_what_a_killed_bootstrap_left(docker_engine, run_id: str):
+    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = baseimage.scratch_dir() / f"{baseimage.WORKDIR_PREFIX}{dead.pid}-{run_id}"
+    (left / "rootfs.tar").parent.mkdir()
+    (left / "rootfs.tar").write_bytes(bytes(1024))
+    alive = baseimage.scratch_dir() / f"{baseimage.WORKDIR_PREFIX}{os.getpid()}-{run_id}"
+    alive.mkdir()
+    ref = f"{run_id}/debian:cleared"
+    try:
+        baseimage.ensure_base(lock=lock, ref=ref, force=True, on_line=lambda _: None)
+        assert not left.exists()  # its process is gone: removed
+        assert alive.exists()  # this process is alive: someone's bootstrap in progress, kept
+    finally:
+        shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)
+        docker.remove_image(ref)

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from hpcbox.errors import HpcboxError
+from hpcbox.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.sif import (
     BUILD_DATE_LABEL,
     LABEL_IMAGE_ID,
+    LABEL_IMAGE_REF,
     build_sif,
     cached,
     rootfs_sha256,
@@ -78,8 +80,11 @@ def test_nv_exits_zero_without_gpu(trainer_sif, cluster_node):
 def test_inspect_shows_provenance(environment_image, trainer_sif, apptainer_helper):
     attributes = Apptainer("container", apptainer_helper).inspect(trainer_sif.path)
     labels = attributes["labels"]
-    assert labels[LABEL_IMAGE_ID] == environment_image.id == trainer_sif.image_id
-    for key in ("org.opencontainers.image.revision", "io.hpcbox.lock-sha256"):
+    assert labels[LABEL_IMAGE_REF] == environment_image.ref
+    # Built on the pinned base, the image is reproducible: its SIF names the content, not the engine's
+    # image id (which differs from machine to machine for the same content).
+    assert LABEL_IMAGE_ID not in labels and trainer_sif.image_id == environment_image.id
+    for key in ("org.opencontainers.image.revision", LABEL_LOCK, LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH):
         assert labels[key] == environment_image.labels[key]
     assert "Bootstrap: docker-archive" in attributes["deffile"]
 

@@ -14,6 +14,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.sif import (
     BUILD_DATE_LABEL,
     LABEL_IMAGE_ID,
+    LABEL_IMAGE_REF,
     Sif,
     _filter_export,
     _set_build_date,
@@ -21,6 +22,7 @@ from hpcbox.sif import (
     cached,
     definition,
     file_sha256,
+    normalise_header,
     sif_path_for,
 )
 from hpcbox.tools.apptainer import engine, parse_sif_list
@@ -88,6 +90,11 @@ def test_definition_carries_the_image_id_in_labels():
     assert f"    {LABEL_IMAGE_ID} sha256:abc\n" in text
 
 
+def test_a_reproducible_images_definition_leaves_the_engines_image_id_out():
+    text = definition(None, "hpcbox/trainer:123")
+    assert LABEL_IMAGE_ID not in text and f"    {LABEL_IMAGE_REF} hpcbox/trainer:123\n" in text
+
+
 def test_build_date_is_replaced_without_touching_the_rest():
     labels = json.dumps({BUILD_DATE_LABEL: "Monday_01_January_2026_10:00:1_UTC", "a": "b"}, indent="\t")
     replaced = _set_build_date(labels, "Tuesday_14_November_2023_22:13:20_UTC")
@@ -130,3 +137,11 @@ def test_bad_settings_name_their_option(options, field, tmp_path):
 def test_unknown_engine_names_the_option():
     with pytest.raises(HpcboxError, match=r"^--engine: unknown engine 'podman'"):
         engine("podman")
+
+
+def test_a_file_that_is_not_a_sif_is_left_untouched(tmp_path: Path):
+    path = tmp_path / "out.sif"
+    path.write_bytes(b"#!/usr/bin/env run-singularity\n" + bytes(200))
+    with pytest.raises(HpcboxError, match="is not a SIF file"):
+        normalise_header(path, EPOCH, "content")
+    assert path.read_bytes() == b"#!/usr/bin/env run-singularity\n" + bytes(200)
