@@ -106,9 +106,13 @@ def project_lock(root: Path, docker_dir: str = "docker") -> BaseLock | None:
     return read_lock(path) if path.is_file() else None
 
 
-def base_ref(suite: str = DEFAULT_SUITE, lock: BaseLock | None = None) -> str:
-    repository = os.environ.get("HPCBOX_BASE_REPOSITORY", "hpcbox/debian")
-    return f"{repository}:{suite}-{lock.digest}" if lock else f"{repository}:{suite}"
+BASE_REPOSITORY = "hpcbox/debian"
+
+
+def base_ref(suite: str = DEFAULT_SUITE, lock: BaseLock | None = None, *, canonical: bool = False) -> str:
+    """The base's tag here (HPCBOX_BASE_REPOSITORY renames it), or with ``canonical`` everywhere."""
+    repository = BASE_REPOSITORY if canonical else os.environ.get("HPCBOX_BASE_REPOSITORY", BASE_REPOSITORY)
+    return f"{repository}:{lock.suite}-{lock.digest}" if lock else f"{repository}:{suite}"
 
 
 def ensure_base(

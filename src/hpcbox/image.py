@@ -92,6 +92,7 @@ class BuildPlan:
     ref: str
     target: str = RUNTIME
     source_date_epoch: int | None = None  # from the base lock; None on an unpinned base
+    base_name: str = ""  # the base as the image's label names it: the same on every machine when pinned
 
 
 def resolve_flavour(name: str | None, offline: bool) -> Flavour:
@@ -187,15 +188,16 @@ def plan_build(
             f"base image {base_ref} is not available",
             "pull it, or build offline with `invoke build --offline`",
         )
-    build_args = {"FLAVOUR": chosen.name, "BASE_IMAGE": base_ref, "BASE_IMAGE_ID": base_image.id}
+    # The base by its id, not its name: the name is local (HPCBOX_BASE_REPOSITORY), the id is content.
+    hashed = {"FLAVOUR": chosen.name, "BASE_IMAGE_ID": base_image.id}
     pinned_base = base_lock is not None and base_ref == baseimage.base_ref(lock=base_lock)
     source_date_epoch = base_lock.source_date_epoch if pinned_base and base_lock else None
     if source_date_epoch is not None:
-        build_args["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
+        hashed["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
     if target != RUNTIME:
-        build_args["TARGET"] = target
+        hashed["TARGET"] = target
     digest = hashlib.sha256(context)
-    digest.update(json.dumps(build_args, sort_keys=True).encode())
+    digest.update(json.dumps(hashed, sort_keys=True).encode())
     content_hash = digest.hexdigest()
     repository = project.repository if target == RUNTIME else f"{project.repository}-{target}"
     return BuildPlan(
@@ -208,6 +210,7 @@ def plan_build(
         ref=f"{repository}:{content_hash[:12]}",
         target=target,
         source_date_epoch=source_date_epoch,
+        base_name=baseimage.base_ref(lock=base_lock, canonical=True) if source_date_epoch else base_ref,
     )
 
 
@@ -238,7 +241,7 @@ def build_image(
     labels = {
         LABEL_TITLE: project.name,
         LABEL_REVISION: source_revision(project.root),
-        LABEL_BASE_NAME: plan.base,
+        LABEL_BASE_NAME: plan.base_name,
         LABEL_BASE_DIGEST: plan.base_id,
         LABEL_FLAVOUR: plan.flavour.name,
         LABEL_LOCK: plan.lock_hash,

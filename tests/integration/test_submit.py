@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pty
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -430,3 +432,52 @@ def test_shell_command_runs_on_a_compute_node_in_the_last_jobs_environment(first
     lines = done.stdout.splitlines()  # Apptainer's INFO lines come first
     assert any(line.startswith("node") for line in lines), done.stdout
     assert any(line.startswith("/code/hpctrain/__init__.py 2.") for line in lines), done.stdout
+
+
+def test_interactive_shell_is_apptainer_on_a_compute_node_on_the_users_terminal(first_job, setup: Setup):
+    """`invoke shell` on a terminal (a pty here): Apptainer's prompt on a compute node, as typed at."""
+    terminal, user_side = pty.openpty()
+    shell = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "-r", str(REPO), "shell", "--cluster=local"],
+        cwd=setup.project_dir,
+        env={**os.environ, **setup.env, "TERM": "dumb"},
+        stdin=user_side,
+        stdout=user_side,
+        stderr=user_side,
+        start_new_session=True,
+    )
+    os.close(user_side)
+    try:
+        before_prompt = _read_terminal(terminal, until=b"Apptainer>", timeout_s=240)
+        os.write(terminal, b'echo "marker-$((6 * 7)) on $(hostname) in ${APPTAINER_NAME}"; exit\n')
+        after = _read_terminal(terminal, until=None, timeout_s=120)
+        assert shell.wait(timeout=60) == 0, (before_prompt + after).decode(errors="replace")
+    finally:
+        if shell.poll() is None:
+            shell.kill()
+        os.close(terminal)
+    said = re.search(rb"\nmarker-42 on (\S+) in (\S+)\r?\n", after)
+    assert said is not None, after.decode(errors="replace")
+    assert said.group(1).startswith(b"node") and said.group(2) == Path(first_job.sif).name.encode()
+
+
+def _read_terminal(terminal: int, *, until: bytes | None, timeout_s: float) -> bytes:
+    """What the terminal shows until ``until`` appears (None: until the other side closes it)."""
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while until is None or until not in seen:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the terminal showed no {until!r} in {timeout_s} s: {seen[-2000:]!r}")
+        ready, _, _ = select.select([terminal], [], [], 1)
+        if not ready:
+            continue
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:  # EIO: every process on the other side has closed it
+            chunk = b""
+        if not chunk:
+            if until is None:
+                return seen
+            raise AssertionError(f"the terminal closed before {until!r}: {seen[-2000:]!r}")
+        seen += chunk
+    return seen

@@ -47,6 +47,14 @@ def test_the_repositorys_base_lock_reads_and_writes_back_unchanged():
     assert baseimage.base_ref(lock=lock).endswith(f":trixie-{lock.digest}")
 
 
+def test_the_base_tag_follows_the_locks_suite_and_a_local_repository_but_not_its_canonical_name(monkeypatch):
+    lock = baseimage.BaseLock("bookworm", 1_700_000_000, {"bash": "5.2.15-2+b7"})
+    monkeypatch.setenv("HPCBOX_BASE_REPOSITORY", "lab/debian")
+    assert baseimage.base_ref("trixie", lock) == f"lab/debian:bookworm-{lock.digest}"
+    assert baseimage.base_ref(lock=lock, canonical=True) == f"hpcbox/debian:bookworm-{lock.digest}"
+    assert baseimage.base_ref("trixie") == "lab/debian:trixie"
+
+
 def test_installed_packages_are_read_from_dpkgs_status_in_the_tarball(tmp_path: Path):
     layer = tmp_path / "rootfs.tar"
     with tarfile.open(layer, "w") as archive:

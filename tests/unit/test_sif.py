@@ -12,6 +12,7 @@ import pytest
 
 from hpcbox.errors import HpcboxError
 from hpcbox.sif import (
+    ARCHIVE,
     BUILD_DATE_LABEL,
     LABEL_IMAGE_ID,
     LABEL_IMAGE_REF,
@@ -22,6 +23,7 @@ from hpcbox.sif import (
     cached,
     definition,
     file_sha256,
+    local_names,
     normalise_header,
     sif_path_for,
 )
@@ -85,14 +87,17 @@ def test_filter_reports_a_truncated_export():
 
 
 def test_definition_carries_the_image_id_in_labels():
-    text = definition("sha256:abc", "hpcbox/trainer:123", "trainer.tar", comment="made by hpcbox")
-    assert text.startswith("# made by hpcbox\nBootstrap: docker-archive\nFrom: trainer.tar\n")
-    assert f"    {LABEL_IMAGE_ID} sha256:abc\n" in text
+    text = definition(
+        local_names("sha256:abc", "hpcbox/trainer:123"), "trainer.tar", comment="made by hpcbox"
+    )
+    assert text.startswith("# made by hpcbox\nBootstrap: docker-archive\nFrom: trainer.tar\n\n%labels\n")
+    assert (
+        f"    {LABEL_IMAGE_ID} sha256:abc\n" in text and f"    {LABEL_IMAGE_REF} hpcbox/trainer:123\n" in text
+    )
 
 
-def test_a_reproducible_images_definition_leaves_the_engines_image_id_out():
-    text = definition(None, "hpcbox/trainer:123")
-    assert LABEL_IMAGE_ID not in text and f"    {LABEL_IMAGE_REF} hpcbox/trainer:123\n" in text
+def test_a_reproducible_images_definition_names_nothing_local():
+    assert definition({}) == f"Bootstrap: docker-archive\nFrom: {ARCHIVE}\n"
 
 
 def test_build_date_is_replaced_without_touching_the_rest():
