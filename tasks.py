@@ -173,12 +173,13 @@ RESOURCE_HELP = {
     "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
     "ntasks-per-node": "tasks per node (one per GPU for torchrun/DDP)",
     "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
+    "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
 }
 
 
 RESOURCE_FLAGS = (
     "job_name", "partition", "gpus", "gpu_type", "cpus", "mem", "time", "nodes", "ntasks_per_node",
-    "account", "qos", "array", "mail_user", "mail_type", "extra",
+    "account", "qos", "array", "mail_user", "mail_type", "extra", "max_restarts",
 )  # fmt: skip
 
 
@@ -225,6 +226,7 @@ def sbatch(
     mail_user=None,
     mail_type=None,
     extra=None,
+    max_restarts=None,
     sif=None,
     check=False,
 ):
@@ -303,6 +305,7 @@ def submit(
     mail_user=None,
     mail_type=None,
     extra=None,
+    max_restarts=None,
     flavour=None,
     offline=False,
     host=None,
@@ -450,6 +453,7 @@ def shell(
     mail_user=None,
     mail_type=None,
     extra=None,
+    max_restarts=None,
 ):
     """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
     from hpcbox import jobs

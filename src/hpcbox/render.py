@@ -104,7 +104,7 @@ def render_sbatch(
         _stage_in(),
         _sampler(resources),
         _run_trainer(profile, resources, command, trainer_args),
-        _finish(),
+        _finish(resources.max_restarts),
     ]
     text = "\n\n".join(section for section in sections if section) + "\n"
     return JobScript(text=text, cluster=profile.name, resources=resources, inputs=inputs)
@@ -483,13 +483,19 @@ def _command_units(head: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
     return [" ".join(unit) for unit in units]
 
 
-def _finish() -> str:
+def _finish(max_restarts: int) -> str:
     return f"""\
 if [[ $status -eq {CHECKPOINTED_EXIT} && -z $terminated ]]; then
-    echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${{SLURM_JOB_ID}}" >&2
-    clean_up
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+    if (( ${{SLURM_RESTART_COUNT:-0}} < {max_restarts} )); then
+        echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${{SLURM_JOB_ID}}" \\
+            "(restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of at most {max_restarts})" >&2
+        clean_up
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+    echo "hpcbox: the trainer checkpointed before the time limit, but job ${{SLURM_JOB_ID}} has been" \\
+        "requeued {max_restarts} times (--max-restarts); its checkpoints are in $run_dir:" \\
+        "\\`scontrol requeue ${{SLURM_JOB_ID}}\\` carries on from them" >&2
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
 if [[ -n $terminated ]]; then

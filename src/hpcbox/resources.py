@@ -42,6 +42,11 @@ OWNED_OPTIONS = {
     "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
 }  # fmt: skip
 DEFAULT_SIGNAL_MARGIN_S = 300
+# How often a checkpointed job requeues itself: enough for a week on a one-day partition, and bounded,
+# so a trainer that checkpoints without progressing cannot hold a place in the queue forever.
+DEFAULT_MAX_RESTARTS = 10
+MAX_RESTARTS_LIMIT = 100
+WHOLE_NUMBERS = ("gpus", "cpus", "nodes", "ntasks_per_node", "max_restarts")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class ResourceRequest:
     mail_user: str | None = None
     mail_type: str | None = None
     extra: tuple[str, ...] = ()
+    max_restarts: int | None = None
 
     def over(self, defaults: ResourceRequest) -> ResourceRequest:
         """This request with its unset fields taken from `defaults`."""
@@ -95,6 +101,7 @@ class Resources:
     mail_type: str | None = None
     extra: tuple[str, ...] = ()
     signal_margin_s: int = DEFAULT_SIGNAL_MARGIN_S
+    max_restarts: int = DEFAULT_MAX_RESTARTS
 
     @property
     def tasks(self) -> int:
@@ -149,6 +156,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
         mail_type=_mail_type(request.mail_type, request.mail_user),
         extra=tuple(_extra(option) for option in request.extra),
         signal_margin_s=signal_margin(time_s),
+        max_restarts=_max_restarts(request.max_restarts),
     )
 
 
@@ -170,7 +178,7 @@ def project_defaults(pyproject: Path, cluster: str) -> ResourceRequest:
 def request_for(cluster: str, flags: dict[str, Any], pyproject: Path, project_name: str) -> ResourceRequest:
     """Flags (strings, as typed) over the project's defaults for `cluster`; jobs take the project's name."""
     given = {name: value for name, value in flags.items() if value not in (None, [], ())}
-    for name in ("gpus", "cpus", "nodes", "ntasks_per_node"):
+    for name in WHOLE_NUMBERS:
         if name in given:
             given[name] = _whole_number(name, given[name])
     if "extra" in given:
@@ -199,7 +207,7 @@ def _request_from_table(table: dict[str, Any], where: str) -> ResourceRequest:
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
                 raise FieldError(f"{where}.{key}", 'must be a list of sbatch options, e.g. ["--exclusive"]')
             value = tuple(value)
-        elif name in ("gpus", "cpus", "nodes", "ntasks_per_node"):
+        elif name in WHOLE_NUMBERS:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise FieldError(f"{where}.{key}", f"{value!r} must be a whole number")
         elif not isinstance(value, str):
@@ -223,6 +231,15 @@ def _at_least(field_name: str, value: int | None, minimum: int, *, default: int 
     if value < minimum:
         raise FieldError(field_name, f"{value} is below {minimum} (allowed: {minimum} or more)")
     return value
+
+
+def _max_restarts(value: int | None) -> int:
+    restarts = _at_least("max_restarts", value, 0, default=DEFAULT_MAX_RESTARTS)
+    if restarts > MAX_RESTARTS_LIMIT:
+        raise FieldError(
+            "max_restarts", f"{restarts} is above {MAX_RESTARTS_LIMIT} (allowed: 0-{MAX_RESTARTS_LIMIT})"
+        )
+    return restarts
 
 
 def _gpu_type(profile: ClusterProfile, partition: Partition, gpus: int, gpu_type: str | None) -> str | None:

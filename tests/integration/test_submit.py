@@ -434,6 +434,75 @@ def test_shell_command_runs_on_a_compute_node_in_the_last_jobs_environment(first
     assert any(line.startswith("/code/hpctrain/__init__.py 2.") for line in lines), done.stdout
 
 
+def _secret_needles(cluster) -> dict[str, bytes]:
+    """Pieces of every secret the cluster was given, long enough never to occur by chance."""
+    munge = cluster.secrets.munge_key.read_bytes()
+    needles = {
+        "munge key (start)": munge[:48],
+        "munge key (middle)": munge[len(munge) // 2 : len(munge) // 2 + 48],
+        "database password": cluster.secrets.db_password.read_bytes().strip(),
+    }
+    for name, key in (
+        ("user's SSH key", cluster.secrets.user_key),
+        ("host's SSH key", cluster.secrets.host_key),
+    ):
+        body = [line for line in key.read_text().splitlines() if line and not line.startswith("-----")]
+        needles[name] = body[len(body) // 2].encode()  # a base64 line from inside the private key
+    return needles
+
+
+def _found_in(chunks, needles: dict[str, bytes]) -> list[str]:
+    """Which needles occur in a byte stream, read chunk by chunk (with overlap across chunk borders)."""
+    overlap = max(len(needle) for needle in needles.values()) - 1
+    found, tail = set(), b""
+    for chunk in chunks:
+        window = tail + chunk
+        found |= {name for name, needle in needles.items() if needle in window}
+        tail = window[-overlap:]
+    return sorted(found)
+
+
+def _file_chunks(path: Path, size: int = 1 << 23):
+    with path.open("rb") as stream:
+        while chunk := stream.read(size):
+            yield chunk
+
+
+def test_no_image_sif_script_ledger_or_log_holds_a_secret(
+    first_job, setup: Setup, minicluster, environment_image, trainer_sif, docker_engine
+):
+    """Keys are generated at `up` and copied into containers as they start: never in an image layer,
+    and nothing hpcbox writes (here or on the cluster) carries them."""
+    needles = _secret_needles(minicluster)
+    # The scan finds what it looks for: in the secrets themselves, read in chunks smaller than a needle.
+    originals = [minicluster.secrets.munge_key, minicluster.secrets.user_key, minicluster.secrets.host_key]
+    found = {name for path in originals for name in _found_in(_file_chunks(path, size=7), needles)}
+    assert found == set(needles) - {"database password"}
+    assert finished(minicluster, first_job).state == "COMPLETED"
+    places = {
+        # The uncompressed layers (the SIF's squashfs is compressed: its files are these layers' files).
+        f"node image {minicluster.image}": docker_engine.images.get(minicluster.image).save(),
+        f"environment image {environment_image.ref}": docker_engine.images.get(environment_image.ref).save(),
+        # The SIF as shipped: header, definition, labels and metadata partitions are stored uncompressed.
+        f"SIF {trainer_sif.path.name}": _file_chunks(trainer_sif.path),
+    }
+    local = [path for path in sorted((setup.project_dir / ".hpcbox").rglob("*")) if path.is_file()]
+    local += [path for path in sorted((setup.project_dir / "runs").rglob("*")) if path.is_file()]
+    assert any(path.suffix == ".json" for path in local) and any(path.suffix == ".sh" for path in local)
+    places.update({str(path.relative_to(setup.project_dir)): _file_chunks(path) for path in local})
+    # On the cluster: everything hpcbox made in the project's folder (scripts, logs, code, runs), as bytes.
+    remote = subprocess.run(
+        ssh.ssh_argv(minicluster.ssh_target(), f"tar -cf - -C {first_job.submit_dir} ."),
+        capture_output=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    assert first_job.log.startswith(first_job.submit_dir) and len(remote) > 10_000
+    places[f"cluster:{first_job.submit_dir}"] = iter([remote])
+    leaks = {place: found for place, chunks in places.items() if (found := _found_in(chunks, needles))}
+    assert leaks == {}
+
+
 def test_interactive_shell_is_apptainer_on_a_compute_node_on_the_users_terminal(first_job, setup: Setup):
     """`invoke shell` on a terminal (a pty here): Apptainer's prompt on a compute node, as typed at."""
     terminal, user_side = pty.openpty()

@@ -365,6 +365,22 @@ def test_checkpointed_trainer_is_requeued_after_copy_back(sandbox: Sandbox):
     assert not sandbox.scratch_was.exists()
 
 
+@pytest.mark.parametrize(("restarts_so_far", "requeued"), [(1, True), (2, False)])
+def test_a_job_requeues_itself_at_most_max_restarts_times(sandbox: Sandbox, restarts_so_far, requeued):
+    again = dataclasses.replace(sandbox, env={**sandbox.env, "SLURM_RESTART_COUNT": str(restarts_so_far)})
+    status, output = again.run(
+        again.script(ResourceRequest(job_name="bounded", max_restarts=2)), "checkpoint"
+    )
+    assert sandbox.scontrol_calls() == (["requeue 4242"] if requeued else []), output
+    if requeued:
+        assert status == 0 and "(restart 2 of at most 2)" in output, output
+    else:
+        assert status == 75, output  # the job ends FAILED with the trainer's "checkpointed" status
+        assert "has been requeued 2 times (--max-restarts)" in output and "scontrol requeue 4242" in output
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"  # copied back either way
+    assert not sandbox.scratch_was.exists()
+
+
 def test_requeued_job_starts_from_the_copied_back_checkpoints(sandbox: Sandbox):
     (sandbox.run_dir / "checkpoints").mkdir(parents=True)
     (sandbox.run_dir / "checkpoints" / "last.pt").write_text("from the first run")

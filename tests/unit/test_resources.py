@@ -8,6 +8,8 @@ import pytest
 
 from hpcbox import profiles
 from hpcbox.resources import (
+    DEFAULT_MAX_RESTARTS,
+    MAX_RESTARTS_LIMIT,
     FieldError,
     ResourceRequest,
     format_time,
@@ -239,3 +241,17 @@ def test_non_numeric_flag_names_its_field(tmp_path: Path):
     with pytest.raises(FieldError) as caught:
         request_for("edi", {"cpus": "four"}, tmp_path / "pyproject.toml", "trainer")
     assert caught.value.field == "cpus"
+
+
+def test_max_restarts_is_bounded_by_default_and_checked(site, tmp_path: Path):
+    assert resolve(site, _ok()).max_restarts == DEFAULT_MAX_RESTARTS
+    assert resolve(site, _ok(max_restarts=0)).max_restarts == 0
+    assert _field_of(site, _ok(max_restarts=-1)).field == "max_restarts"
+    above = _field_of(site, _ok(max_restarts=MAX_RESTARTS_LIMIT + 1))
+    assert above.field == "max_restarts" and f"0-{MAX_RESTARTS_LIMIT}" in above.message
+    with pytest.raises(FieldError) as caught:
+        request_for("edi", {"max_restarts": "lots"}, tmp_path / "pyproject.toml", "trainer")
+    assert caught.value.field == "max_restarts"
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[tool.hpcbox.resources]\nmax-restarts = 3\n")
+    assert request_for("edi", {}, pyproject, "trainer").max_restarts == 3

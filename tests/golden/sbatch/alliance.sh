@@ -150,10 +150,16 @@ done
 trainer_pid=""
 
 if [[ $status -eq 75 && -z $terminated ]]; then
-    echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${SLURM_JOB_ID}" >&2
-    clean_up
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+    if (( ${SLURM_RESTART_COUNT:-0} < 10 )); then
+        echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${SLURM_JOB_ID}" \
+            "(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of at most 10)" >&2
+        clean_up
+        scontrol requeue "$SLURM_JOB_ID"
+        exit 0
+    fi
+    echo "hpcbox: the trainer checkpointed before the time limit, but job ${SLURM_JOB_ID} has been" \
+        "requeued 10 times (--max-restarts); its checkpoints are in $run_dir:" \
+        "\`scontrol requeue ${SLURM_JOB_ID}\` carries on from them" >&2
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
 if [[ -n $terminated ]]; then
