@@ -46,6 +46,8 @@ DEFAULT_COMPRESSION = "gzip"
 CONVERSIONS = ("fast", "reference")
 DEFAULT_CONVERSION = "fast"
 LABEL_IMAGE_ID = "io.hpcbox.image.id"
+# The Apptainer and mksquashfs that made the SIF: the same image gives the same SIF with the same ones.
+LABEL_CONVERTER = "io.hpcbox.sif.converter"
 LABEL_IMAGE_REF = "io.hpcbox.image.ref"
 BUILD_DATE_LABEL = "org.label-schema.build-date"
 DEFINITION = "hpcbox.def"
@@ -255,7 +257,9 @@ def build_sif(
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache))
     try:
-        (work / DEFINITION).write_text(definition({} if reproducible else local_names(info.id, image.ref)))
+        labels = {} if reproducible else local_names(info.id, image.ref)
+        labels[LABEL_CONVERTER] = tool.versions(work)
+        (work / DEFINITION).write_text(definition(labels))
         if conversion == "fast":
             _convert_fast(tool, work, info.id, raw, compression, say, on_line)
         else:

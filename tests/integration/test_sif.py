@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.sif import (
     BUILD_DATE_LABEL,
+    LABEL_CONVERTER,
     LABEL_IMAGE_ID,
     LABEL_IMAGE_REF,
     build_sif,
@@ -83,6 +85,7 @@ def test_inspect_shows_provenance(environment_image, trainer_sif, apptainer_help
     # Built on the pinned base, the image is reproducible: its SIF names the content, not what this
     # engine calls it (its id differs from build to build for the same content; its tag is local).
     assert LABEL_IMAGE_ID not in labels and LABEL_IMAGE_REF not in labels
+    assert re.match(r"apptainer version 1\.4\.\S+; mksquashfs version 4\.\d", labels[LABEL_CONVERTER])
     assert trainer_sif.image_id == environment_image.id
     for key in ("org.opencontainers.image.revision", LABEL_LOCK, LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH):
         assert labels[key] == environment_image.labels[key]

@@ -196,6 +196,17 @@ class Apptainer:
         with self._helper_start_errors():
             return proc.stream(argv, what=what, hint=self._hint(), cwd=workdir, on_line=on_line or _discard)
 
+    def versions(self, workdir: Path) -> str:
+        """Apptainer's and mksquashfs's versions on one line: a SIF's bytes depend on them."""
+        apptainer = shlex.quote(self.program) if self.kind == "host" else "apptainer"
+        text = self.run(
+            "sh",
+            ["-c", f"{apptainer} --version && mksquashfs -version | head -n 1"],
+            workdir,
+            what="ask Apptainer and mksquashfs for their versions",
+        )
+        return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
     def inspect(self, sif: Path) -> dict:
         """`apptainer inspect` of ``sif``: its labels, environment, runscript and definition, by name."""
         if self.kind == "host" and shutil.which("singularity"):  # spython drives `singularity`
