@@ -141,7 +141,7 @@ def render_shell(
         "--ntasks=1",
         *([f"--cpus-per-task={resources.cpus_per_task}"] if resources.cpus_per_task else []),
         *([f"--mem={resources.mem}"] if resources.mem else []),
-        *([f"--time={format_time(resources.time_s)}"] if resources.time_s else []),
+        *([f"--time={format_time(resources.time_s)}"] if resources.time_s is not None else []),
         *([f"--account={resources.account}"] if resources.account else []),
         *([f"--qos={resources.qos}"] if resources.qos else []),
     ]
@@ -179,7 +179,7 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
         ("--ntasks-per-node", str(resources.ntasks_per_node)),
         ("--cpus-per-task", str(resources.cpus_per_task) if resources.cpus_per_task else None),
         ("--mem", resources.mem),
-        ("--time", format_time(resources.time_s) if resources.time_s else None),
+        ("--time", format_time(resources.time_s) if resources.time_s is not None else None),
         ("--account", resources.account),
         ("--qos", resources.qos),
         ("--array", resources.array),

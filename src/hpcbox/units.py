@@ -25,7 +25,7 @@ class FieldError(HpcboxError):
 def parse_time(text: str, field_name: str = "time") -> int:
     """Seconds in a Slurm time: M, M:S, H:M:S, D-H, D-H:M or D-H:M:S."""
     match = _TIME.match(text.strip())
-    if not match or text.strip() in ("0", ""):
+    if not match:
         raise FieldError(
             field_name,
             f"{text!r} is not a Slurm time "
@@ -38,7 +38,14 @@ def parse_time(text: str, field_name: str = "time") -> int:
         hours, minutes, seconds = first, second, third
     else:
         hours, minutes, seconds = 0, first, second or 0
-    return (((days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    total = (((days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total == 0:
+        # sbatch takes --time=0 as "no limit", the opposite of what anyone typing zero means.
+        raise FieldError(
+            field_name,
+            f"{text!r} is zero, which Slurm reads as no limit (allowed: a positive time, e.g. 1:30:00)",
+        )
+    return total
 
 
 def format_time(seconds: int) -> str:

@@ -125,6 +125,7 @@ def _error_for(user_dir: Path, text: str) -> FieldError:
         (('request = "gres"', 'request = "gpus"'), "gpus.request"),
         (('node_scratch = "/tmp"', 'node_scratch = "scratch"'), "storage.node_scratch"),
         (('max_time = "1-00:00:00"', 'max_time = "a day"'), "partitions[0].max_time"),
+        (('max_time = "1-00:00:00"', 'max_time = "0:00"'), "partitions[0].max_time"),
         (("gpus_per_node = 4", 'gpus_per_node = "4"'), "partitions[0].gpus_per_node"),
         (("cpus_per_gpu = 8\n", ""), "partitions[0].cpus_per_gpu"),  # neither given nor marked unknown
         (('host = "login.example.org"', 'hostname = "x"'), "login.host"),

@@ -562,13 +562,24 @@ def test_invoke_sbatch_writes_the_script_with_o(tmp_path: Path):
     )
 
 
-def test_invoke_sbatch_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("time", "error"),
+    [
+        (
+            "8-00:00:00",
+            "time: 8-00:00:00 exceeds the limit of partition 'PGR-Standard' (allowed: up to 7-00:00:00)",
+        ),
+        (
+            "0:00",
+            "time: '0:00' is zero, which Slurm reads as no limit (allowed: a positive time, e.g. 1:30:00)",
+        ),
+    ],
+)
+def test_invoke_sbatch_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path: Path, time, error):
     target = tmp_path / "job.sh"
-    done = invoke("sbatch", "--cluster=edi", "--time", "8-00:00:00", "-o", str(target), cwd=REPO)
+    done = invoke("sbatch", "--cluster=edi", "--time", time, "-o", str(target), cwd=REPO)
     assert done.returncode == 1
-    assert done.stderr.splitlines()[0] == (
-        "error: time: 8-00:00:00 exceeds the limit of partition 'PGR-Standard' (allowed: up to 7-00:00:00)"
-    )
+    assert done.stderr.splitlines() == [f"error: {error}"]
     assert not target.exists()
     assert done.stdout == ""
 

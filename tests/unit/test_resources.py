@@ -78,12 +78,22 @@ def test_format_time_round_trips():
         assert parse_time(format_time(seconds)) == seconds
 
 
-@pytest.mark.parametrize("text", ["1h", "1:00:00:00", "-1", "", "0", "1.5", "one-hour"])
+@pytest.mark.parametrize("text", ["1h", "1:00:00:00", "-1", "", "1.5", "one-hour"])
 def test_malformed_time_names_the_field(site, text: str):
     with pytest.raises(FieldError) as caught:
         resolve(site, _ok(time=text))
     assert caught.value.field == "time"
     assert "H:M:S" in caught.value.message
+
+
+@pytest.mark.parametrize("text", ["0", "00", "0:00", "0:0:0", "00:00:00", "0-0", "0-00:00:00"])
+def test_a_time_of_zero_is_refused_rather_than_dropped(site, text: str):
+    """sbatch reads --time=0 as no limit at all: zero is refused, never rendered nor left out."""
+    error = _field_of(site, _ok(time=text))
+    assert error.field == "time"
+    assert error.message == (
+        f"time: {text!r} is zero, which Slurm reads as no limit (allowed: a positive time, e.g. 1:30:00)"
+    )
 
 
 @pytest.mark.parametrize(("text", "normal"), [("16G", "16G"), ("500", "500M"), ("2gb", "2G"), ("1T", "1T")])
