@@ -12,7 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from invoke import Collection, task
+import invoke
+from invoke import Collection
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -21,6 +22,24 @@ from hpcbox.errors import HpcboxError  # noqa: E402
 
 # The mini cluster's generated secrets and state, in this checkout's git-ignored .hpcbox/.
 CLUSTER_STATE = ROOT / ".hpcbox" / "cluster"
+
+
+class HpcboxTask(invoke.Task):
+    """A task whose options are all flags and whose short flags leave `-h` to invoke's `--help`.
+
+    Invoke makes an option without a default positional (so `invoke sbatch --help` would read
+    `--help` as the cluster's name) and gives options the first free letter of their name as a short
+    flag (`--check` and `--host` would take `-h`, and `--remote-root`, out of letters, `--`).
+    """
+
+    def fill_implicit_positionals(self, positional):
+        return [] if positional is None else positional
+
+    def arg_opts(self, name, default, taken_names):
+        return super().arg_opts(name, default, {*taken_names, "h", "-"})
+
+
+task = functools.partial(invoke.task, klass=HpcboxTask)
 
 
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -166,6 +185,13 @@ def _trainer_args(remainder: str) -> tuple[str, ...]:
 RESOURCE_HELP = {
     "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
     "job-name": "job name (default: the project's name)",
+    "partition": "partition (default: the profile's default one)",
+    "nodes": "nodes (default 1)",
+    "account": "Slurm account to charge",
+    "qos": "quality of service",
+    "array": "job array spec, e.g. 0-9%2",
+    "mail-user": "address Slurm mails about the job",
+    "mail-type": "what Slurm mails about (default END,FAIL with --mail-user)",
     "gpus": "GPUs per node",
     "gpu-type": "GPU model, in the site's spelling (e.g. a100, V100)",
     "cpus": "CPUs per task",

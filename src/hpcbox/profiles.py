@@ -127,10 +127,12 @@ def available() -> dict[str, Path]:
     return found
 
 
-def load_profile(name: str) -> ClusterProfile:
+def load_profile(name: str | None) -> ClusterProfile:
     profiles = available()
+    allowed = ", ".join(sorted(profiles)) or "none found"
+    if not name:
+        raise FieldError("cluster", f"no cluster given (allowed: {allowed})", "pass --cluster=NAME")
     if name not in profiles:
-        allowed = ", ".join(sorted(profiles)) or "none found"
         raise FieldError(
             "cluster",
             f"no profile named {name!r} (allowed: {allowed})",

@@ -1,0 +1,69 @@
+"""The invoke layer: every task answers --help (both spellings) and -h, and no option hides -h."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Program
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_tasks():
+    spec = importlib.util.spec_from_file_location("hpcbox_tasks", REPO / "tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # tasks.py builds its namespace from its own module entry
+    spec.loader.exec_module(module)
+    return module
+
+
+TASKS = _load_tasks()
+NAMES = sorted(TASKS.ns.task_names)
+
+
+def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        Program(namespace=TASKS.ns, binary="invoke").run(["invoke", *argv])
+    output = capsys.readouterr()
+    assert exited.value.code == 0, output.err
+    return output.out
+
+
+def test_every_task_is_listed():
+    assert {"sbatch", "submit", "shell", "logs", "cluster.up"} <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("form", ["--help TASK", "TASK --help", "TASK -h"])
+def test_help_works_for_every_task(name: str, form: str, capsys):
+    output = _help(form.replace("TASK", name).split(), capsys)
+    assert output.startswith(f"Usage: invoke [--core-opts] {name} ")
+    for line in inspect.getdoc(TASKS.ns[name]).splitlines():
+        assert line in output
+    options = output.split("Options:\n", 1)[1]
+    assert not any(line.lstrip().startswith(("-h ", "-h,", "-- ", "--=")) for line in options.splitlines())
+
+
+def test_sbatch_help_through_the_real_command_line():
+    """Run the way people do: `--help` after a task whose cluster used to be positional."""
+    for argv in (["sbatch", "--help"], ["sbatch", "-h"], ["--help", "sbatch"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "invoke", *argv], cwd=REPO, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert "Render the job script for a cluster" in done.stdout
+        assert "-k, --check" in done.stdout
+
+
+def test_a_missing_cluster_is_one_line_naming_the_flag():
+    done = subprocess.run(
+        [sys.executable, "-m", "invoke", "sbatch", "--gpus", "1"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0].startswith("error: cluster: no cluster given (allowed: alliance,")
+    assert done.stdout == ""
