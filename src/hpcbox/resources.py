@@ -30,7 +30,8 @@ MAIL_TYPES = (
     "NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
     "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS",
 )  # fmt: skip
-# sbatch options hpcbox writes itself, with the flag to use instead of --extra.
+# sbatch options --extra may not give, with what to use instead: those hpcbox writes itself, and those
+# that would undo what it writes (a task count, GPUs it does not start a process for, no requeue).
 OWNED_OPTIONS = {
     "--job-name": "use --job-name", "--partition": "use --partition", "--gres": "use --gpus/--gpu-type",
     "--gpus-per-node": "use --gpus/--gpu-type", "--gpus": "use --gpus", "--cpus-per-task": "use --cpus",
@@ -40,7 +41,18 @@ OWNED_OPTIONS = {
     "--output": "it sets the log path", "--error": "it sets the log path",
     "--signal": "it handles the time limit", "--requeue": "it requeues checkpointed jobs",
     "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
+    "--ntasks": "it writes --ntasks-per-node; use --nodes and --ntasks-per-node",
+    "--ntasks-per-gpu": "it writes --ntasks-per-node; use --ntasks-per-node",
+    "--no-requeue": "it requeues checkpointed jobs; use --max-restarts 0",
+    "--gpus-per-task": "it starts one process per GPU on each node; use --gpus (per node)",
+    "--gpus-per-socket": "it starts one process per GPU on each node; use --gpus (per node)",
+    "--tres-per-task": "it sizes each task itself; use --cpus and --gpus",
+    "--cpus-per-gpu": "it writes --cpus-per-task; use --cpus (CPUs per task, one task per GPU)",
+    "--wrap": "the job script is hpcbox's; name the program in [tool.hpcbox.run]",
+    "--wait": "submit returns the job id; follow the job with `invoke status` or `invoke logs --follow`",
 }  # fmt: skip
+# Allowed only without --mem: sbatch takes one way of sizing memory.
+PER_UNIT_MEMORY = ("--mem-per-cpu", "--mem-per-gpu")
 DEFAULT_SIGNAL_MARGIN_S = 300
 # How often a checkpointed job requeues itself: enough for a week on a one-day partition, and bounded,
 # so a trainer that checkpoints without progressing cannot hold a place in the queue forever.
@@ -154,7 +166,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
         array=_array(request.array),
         mail_user=_mail_user(request.mail_user),
         mail_type=_mail_type(request.mail_type, request.mail_user),
-        extra=tuple(_extra(option) for option in request.extra),
+        extra=_extras(request.extra, request.mem),
         signal_margin_s=signal_margin(time_s),
         max_restarts=_max_restarts(request.max_restarts),
     )
@@ -319,13 +331,30 @@ def _mail_type(kinds: str | None, address: str | None) -> str | None:
     return kinds
 
 
-def _extra(option: str) -> str:
+def _extras(options: tuple[str, ...], mem: str | None) -> tuple[str, ...]:
+    names = [_extra_name(option, mem) for option in options]
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise FieldError("extra", f"{name} is given twice (sbatch keeps only the last; give it once)")
+    return options
+
+
+def _extra_name(option: str, mem: str | None) -> str:
+    """The option's name, once it is one sbatch option that does not undo what hpcbox writes."""
     if not _EXTRA.match(option) or any(unicodedata.category(char) == "Cc" for char in option):
         raise FieldError("extra", f"{option!r} is not one sbatch option (allowed: --name or --name=value)")
     name = option.split("=", 1)[0]
     if name in OWNED_OPTIONS:
         raise FieldError("extra", f"{name} is written by hpcbox ({OWNED_OPTIONS[name]})")
-    return option
+    if name in PER_UNIT_MEMORY and mem is not None:
+        raise FieldError("extra", f"{name} conflicts with --mem {mem} (use one of them)")
+    # sbatch takes any unambiguous prefix of an option's name: --part=x would be --partition=x.
+    spelled_out = sorted(known for known in (*OWNED_OPTIONS, *PER_UNIT_MEMORY) if known.startswith(name))
+    if spelled_out and name not in spelled_out:
+        raise FieldError(
+            "extra", f"{name} abbreviates {' or '.join(spelled_out)} (spell sbatch options out in full)"
+        )
+    return name
 
 
 def signal_margin(time_s: int | None) -> int:

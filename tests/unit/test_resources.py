@@ -204,6 +204,38 @@ def test_every_rule_names_its_field(site, request_: ResourceRequest, field: str)
     assert _field_of(site, request_).field == field
 
 
+@pytest.mark.parametrize(
+    ("given", "extra", "message"),
+    [
+        ({"mem": "16G"}, ("--mem-per-cpu=4G",), "--mem-per-cpu conflicts with --mem 16G (use one of them)"),
+        ({"mem": "16G"}, ("--mem-per-gpu=40G",), "--mem-per-gpu conflicts with --mem 16G (use one of them)"),
+        ({}, ("--ntasks=8",), "--ntasks is written by hpcbox (it writes --ntasks-per-node; use --nodes and "
+                              "--ntasks-per-node)"),
+        ({}, ("--no-requeue",), "--no-requeue is written by hpcbox (it requeues checkpointed jobs; use "
+                                "--max-restarts 0)"),
+        ({"gpus": 1}, ("--gpus-per-task=1",), "--gpus-per-task is written by hpcbox (it starts one process "
+                                              "per GPU on each node; use --gpus (per node))"),
+        ({}, ("--tres-per-task=gres/gpu:1",), "--tres-per-task is written by hpcbox (it sizes each task "
+                                              "itself; use --cpus and --gpus)"),
+        ({}, ("--gres=gpu:2",), "--gres is written by hpcbox (use --gpus/--gpu-type)"),
+        ({}, ("--time=1:00:00",), "--time is written by hpcbox (use --time)"),
+        ({}, ("--part=gpu",), "--part abbreviates --partition (spell sbatch options out in full)"),
+        ({}, ("--no-re",), "--no-re abbreviates --no-requeue (spell sbatch options out in full)"),
+        ({}, ("--constraint=a100", "--exclusive", "--constraint=v100"),
+         "--constraint is given twice (sbatch keeps only the last; give it once)"),
+    ],
+)  # fmt: skip
+def test_extra_options_cannot_undo_what_hpcbox_writes(site, given, extra, message):
+    error = _field_of(site, _ok(extra=extra, **given))
+    assert error.field == "extra"
+    assert error.message == f"extra: {message}"
+
+
+def test_extra_options_that_change_nothing_hpcbox_writes_pass_through(site):
+    extra = ("--exclusive", "--constraint=a100", "--mem-per-cpu=4G", "--gpu-bind=closest", "--time-min=30")
+    assert resolve(site, _ok(gpus=2, extra=extra)).extra == extra
+
+
 def test_a_valid_request_is_normalised(site):
     checked = resolve(
         site,
