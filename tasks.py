@@ -197,7 +197,7 @@ RESOURCE_HELP = {
     "cpus": "CPUs per task",
     "mem": "memory per node, e.g. 16G",
     "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
-    "ntasks-per-node": "tasks per node (one per GPU for torchrun/DDP)",
+    "ntasks-per-node": "processes per node (DDP: one per GPU, the default; launcher srun: Slurm tasks)",
     "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
     "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
 }
@@ -220,7 +220,7 @@ def _resources(cluster: str, arguments: dict[str, Any]):
     flags = {name: arguments[name] for name in RESOURCE_FLAGS}
     flags["extra"] = flags["extra"] or []
     request = resources.request_for(cluster, flags, project.root / "pyproject.toml", project.name)
-    return project, profile, resources.resolve(profile, request)
+    return project, profile, resources.resolve(profile, request, ddp=project.run.ddp)
 
 
 @task(

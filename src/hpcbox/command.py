@@ -6,7 +6,9 @@ One of
     program = "mytrain"            an executable in the image (a console entry point, or an absolute path)
 with `args`, in which {data_dir} and {output_dir} stand for the dataset staged on node scratch and the
 folder copied back to the run folder. The default is the example trainer, `python -m hpctrain train`.
-Under several processes per node, the same program is started by torchrun.
+`launcher` says how several processes start: "torchrun" (the default: DDP, one process per GPU, each
+node's processes started by torchrun) or "srun" (one process per Slurm task, as MPI programs and
+independent workers expect, however many GPUs there are).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ DATA_DIR = f"{SCRATCH_MOUNT}/data"
 OUTPUT_DIR = f"{SCRATCH_MOUNT}/out"
 PLACEHOLDERS = {"{data_dir}": DATA_DIR, "{output_dir}": OUTPUT_DIR}
 KINDS = ("module", "script", "program")
+LAUNCHERS = ("torchrun", "srun")
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PROGRAM = re.compile(r"^(/[A-Za-z0-9._+@/-]+|[A-Za-z0-9._+@-]+)$")
@@ -37,6 +40,12 @@ class ContainerCommand:
     kind: str
     target: str
     args: tuple[str, ...] = ()
+    launcher: str = "torchrun"  # one of LAUNCHERS
+
+    @property
+    def ddp(self) -> bool:
+        """Its processes are DDP ranks, each with a GPU of its own when the job has GPUs."""
+        return self.launcher == "torchrun"
 
     def resolved_args(self) -> tuple[str, ...]:
         """`args` with {data_dir} and {output_dir} replaced by the paths inside the container."""
@@ -63,6 +72,22 @@ class ContainerCommand:
             return (self.target,)
         return ("--no-python", self.target)
 
+    def process_pattern(self) -> str:
+        """A POSIX extended regex for the command line of one of its processes (`pkill --full`)."""
+        target = _ere_literal(self.target)
+        if self.kind == "module":
+            return rf"^([^ ]*/)?python[0-9.]* -m {target}( |$)"
+        if self.kind == "script":
+            return rf"^([^ ]*/)?python[0-9.]* {target}( |$)"
+        # A console entry point runs as `python /venv/bin/name`, a shell script as `bash name`.
+        program = target if self.target.startswith("/") else f"([^ ]*/)?{target}"
+        return rf"^(([^ ]*/)?(python[0-9.]*|bash|sh) )?{program}( |$)"
+
+
+def _ere_literal(text: str) -> str:
+    special = ".[]{}()*+?|$\\"
+    return "".join(f"[{char}]" if char in special else "\\^" if char == "^" else char for char in text)
+
 
 EXAMPLE_TRAINER = ContainerCommand(
     "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
@@ -72,9 +97,14 @@ EXAMPLE_TRAINER = ContainerCommand(
 def command_from_table(table: Mapping[str, object], code_paths: Sequence[str], exists) -> ContainerCommand:
     """Validate `[tool.hpcbox.run]`. `exists(path)` says whether a project-relative file exists."""
     field = "tool.hpcbox.run"
-    unknown = sorted(set(table) - {*KINDS, "args"})
+    unknown = sorted(set(table) - {*KINDS, "args", "launcher"})
     if unknown:
-        raise FieldError(f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)} and args")
+        raise FieldError(
+            f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args and launcher"
+        )
+    launcher = table.get("launcher", "torchrun")
+    if launcher not in LAUNCHERS:
+        raise FieldError(f"{field}.launcher", f"{launcher!r} (allowed: {', '.join(LAUNCHERS)})")
     given = [kind for kind in KINDS if kind in table]
     if len(given) != 1:
         raise FieldError(field, f"give exactly one of {', '.join(KINDS)} (found {len(given)})")
@@ -96,7 +126,7 @@ def command_from_table(table: Mapping[str, object], code_paths: Sequence[str], e
             f"{field}.program", f"{value!r} is not a program name or an absolute path in the image"
         )
     target = _script_in_container(value, code_paths, exists) if kind == "script" else value
-    return ContainerCommand(kind, target, tuple(args))
+    return ContainerCommand(kind, target, tuple(args), launcher)
 
 
 def _script_in_container(script: str, code_paths: Sequence[str], exists) -> str:

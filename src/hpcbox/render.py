@@ -15,12 +15,14 @@ from pathlib import Path
 
 from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand
 from hpcbox.profiles import ClusterProfile
-from hpcbox.resources import Resources
+from hpcbox.resources import Resources, ddp_processes
 from hpcbox.units import FieldError, format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
 CHECKPOINTED_EXIT = 75
 GPU_SAMPLE_INTERVAL_S = 30
+# What a process started by srun learns of its place in the job (MPI and most launchers read these).
+SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")
 
 _SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -89,6 +91,8 @@ def render_sbatch(
     if any(char in inputs.code_dir for char in ":,"):
         # Apptainer splits --bind specs at ':' and ','.
         raise FieldError("inputs.code_dir", f"{inputs.code_dir!r} contains ':' or ','")
+    if command.ddp and resources.gpus:
+        ddp_processes(resources.gpus, resources.ntasks_per_node)
     for arg in trainer_args:
         if "\0" in arg:
             raise FieldError(
@@ -100,7 +104,7 @@ def render_sbatch(
         "set -euo pipefail",
         _prelude(profile),
         _variables(profile, resources, inputs),
-        _functions(profile, resources),
+        _functions(profile, resources, command),
         _stage_in(),
         _sampler(resources),
         _run_trainer(profile, resources, command, trainer_args),
@@ -248,7 +252,7 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs)
     )
 
 
-def _functions(profile: ClusterProfile, resources: Resources) -> str:
+def _functions(profile: ClusterProfile, resources: Resources, command: ContainerCommand) -> str:
     each_node = '"$@"'
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
@@ -261,13 +265,18 @@ def _functions(profile: ClusterProfile, resources: Resources) -> str:
         )
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
     if resources.tasks > 1:
+        to_whom, pattern = (
+            ("each node's torchrun, which tells its ranks", "^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ")
+            if command.ddp
+            else ("each task's process on every node", command.process_pattern())
+        )
         signal_trainer = (
-            "# To each node's torchrun, which tells its ranks: srun would signal every process of\n"
+            f"# To {to_whom}: srun would signal every process of\n"
             "        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.\n"
             "        # After a plain scancel no step can start, but Slurm has signalled every process.\n"
             "        if [[ $1 == USR1 || $1 == TERM ]]; then\n"
             '            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \\\n'
-            "                '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true\n"
+            f"                {shlex.quote(pattern)} || true\n"
             "        fi"
         )
     return f"""\
@@ -380,8 +389,14 @@ def _run_trainer(
 ) -> str:
     apptainer = profile.apptainer
     multi_process = resources.tasks > 1
+    torchrun = multi_process and command.ddp
     # Each unit is one option with its value, kept together on a line.
-    units = _per_node_launch(resources, apptainer.command) if multi_process else [f"{apptainer.command} exec"]
+    if not multi_process:
+        units = [f"{apptainer.command} exec"]
+    elif torchrun:
+        units = _per_node_launch(resources, apptainer.command)
+    else:
+        units = _per_task_launch(resources, apptainer.command)
     if resources.gpus:
         units.append("--nv")
     units += [shlex.quote(option) for option in apptainer.options]
@@ -397,20 +412,22 @@ def _run_trainer(
         # The trainer sizes its DataLoader workers by this: the CPUs of one process, not of the node.
         units.append(f"--env SLURM_CPUS_PER_TASK={resources.cpus_per_task or 1}")
     units += [f"--pwd {SCRATCH_MOUNT}", '"$sif"']
-    if multi_process:
+    if torchrun:
         units += [*_torchrun(resources), *_command_units(command.torchrun_words(), command.resolved_args())]
     else:
         units += _command_units(command.program_words(), command.resolved_args())
     text = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
     arguments = command.args + trainer_args
     literal = [
-        *(["the per-node shell's"] if multi_process else []),
+        *([f"the per-{'node' if torchrun else 'task'} shell's"] if multi_process else []),
         *(["the trainer's arguments"] if any("$" in arg or "`" in arg for arg in arguments) else []),
     ]
     if literal:
         text = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + text
-    if multi_process:
+    if torchrun:
         text = _rendezvous() + "\n" + text
+    elif multi_process:
+        text = "# Several processes, not DDP: srun starts one per Slurm task, each in a container.\n" + text
     return f"""\
 # The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
 {text} &
@@ -458,6 +475,27 @@ def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
         "--kill-on-bad-exit=0",
         "--wait=60",
         f"bash -c {shlex.quote(per_node)} per-node",
+        shlex.quote(apptainer_command),
+    ]
+
+
+def _per_task_launch(resources: Resources, apptainer_command: str) -> list[str]:
+    """srun, one task per process as Slurm counts them, each told its place in the job.
+
+    The task's Slurm identity goes in through --env, which Apptainer's --containall keeps; the step
+    runs with --kill-on-bad-exit=0 --wait=60 and --mem=0 for the reasons _per_node_launch gives.
+    """
+    identity = " ".join(f'--env "{name}=${name}"' for name in SLURM_TASK_IDENTITY)
+    per_task = f'exec "$1" exec {identity} "${{@:2}}"'
+    return [
+        f"srun --nodes={resources.nodes}",
+        f"--ntasks={resources.tasks}",
+        f"--ntasks-per-node={resources.ntasks_per_node}",
+        f"--cpus-per-task={resources.cpus_per_task or 1}",
+        "--mem=0",
+        "--kill-on-bad-exit=0",
+        "--wait=60",
+        f"bash -c {shlex.quote(per_task)} per-task",
         shlex.quote(apptainer_command),
     ]
 

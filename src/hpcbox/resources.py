@@ -120,14 +120,19 @@ class Resources:
         return self.nodes * self.ntasks_per_node
 
 
-def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
-    """Check `request` against `profile`; the first problem found raises FieldError."""
+def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = True) -> Resources:
+    """Check `request` against `profile`; the first problem found raises FieldError.
+
+    ``ddp``: the job's processes are DDP ranks (torchrun), so each takes a GPU of its own and there are
+    as many per node as GPUs unless asked otherwise; else a task count is Slurm's plain one.
+    """
     job_name = _job_name(request.job_name)
     partition = profile.partition(request.partition)
     gpus = _at_least("gpus", request.gpus, 0, default=0)
     cpus = _at_least("cpus", request.cpus, 1, default=None)
     nodes = _at_least("nodes", request.nodes, 1, default=1)
-    ntasks = _at_least("ntasks_per_node", request.ntasks_per_node, 1, default=1)
+    ntasks = _at_least("ntasks_per_node", request.ntasks_per_node, 1, default=None)
+    ntasks = ddp_processes(gpus, ntasks) if ddp and gpus else ntasks or 1
     gpu_type = _gpu_type(profile, partition, gpus, request.gpu_type)
     if partition.gpus_per_node is not None and gpus > partition.gpus_per_node:
         raise FieldError(
@@ -170,6 +175,18 @@ def resolve(profile: ClusterProfile, request: ResourceRequest) -> Resources:
         signal_margin_s=signal_margin(time_s),
         max_restarts=_max_restarts(request.max_restarts),
     )
+
+
+def ddp_processes(gpus: int, ntasks_per_node: int | None) -> int:
+    """DDP processes per node on `gpus` GPUs per node: one per GPU, since each rank takes its own."""
+    if ntasks_per_node not in (None, gpus):
+        raise FieldError(
+            "ntasks_per_node",
+            f"{ntasks_per_node} DDP processes per node on {gpus} GPU{'s' if gpus > 1 else ''} per node: "
+            f"each process needs a GPU of its own (allowed: {gpus}, or leave it out)",
+            'a program that is not DDP: set launcher = "srun" in [tool.hpcbox.run]',
+        )
+    return gpus
 
 
 def project_defaults(pyproject: Path, cluster: str) -> ResourceRequest:

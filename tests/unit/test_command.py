@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def test_without_a_run_table_the_job_runs_the_example_trainer(tmp_path: Path):
          ContainerCommand("script", "/code/train.py", ("--out={output_dir}/x",))),
         ('program = "mytrain"', ContainerCommand("program", "mytrain")),
         ('program = "/opt/venv/bin/fit"', ContainerCommand("program", "/opt/venv/bin/fit")),
+        ('program = "fit"\nlauncher = "srun"', ContainerCommand("program", "fit", launcher="srun")),
     ],
 )  # fmt: skip
 def test_module_script_or_program_is_read_with_its_arguments(tmp_path: Path, run: str, expected):
@@ -80,6 +82,7 @@ def test_placeholders_become_the_paths_inside_the_container():
         ('script = "/etc/passwd"', "tool.hpcbox.run.script", "must be a path inside the project"),
         ('module = "m"\nargs = "--epochs 3"', "tool.hpcbox.run.args", "must be a list of strings"),
         ('module = "m"\nargs = [3]', "tool.hpcbox.run.args", "must be a list of strings"),
+        ('module = "m"\nlauncher = "mpirun"', "tool.hpcbox.run.launcher", "(allowed: torchrun, srun)"),
     ],
 )  # fmt: skip
 def test_bad_run_table_names_the_field(tmp_path: Path, run: str, field: str, says: str):
@@ -93,3 +96,30 @@ def test_bad_run_table_names_the_field(tmp_path: Path, run: str, field: str, say
 def test_run_that_is_not_a_table_is_refused(tmp_path: Path):
     with pytest.raises(HpcboxError, match=r"^tool.hpcbox.run: must be a table"):
         load_project(project_with(tmp_path, 'run = "python train.py"\n'))
+
+
+@pytest.mark.parametrize(
+    ("command", "matches", "misses"),
+    [
+        (ContainerCommand("module", "my.fit"),
+         ["python -m my.fit --x", "/opt/venv/bin/python3.11 -m my.fit"],
+         ["python -m my_fit", "python -m my.fitter", "srun python -m my.fit", "python -m other my.fit"]),
+        (ContainerCommand("script", "/code/a+b/train.py"),
+         ["python /code/a+b/train.py --x", "/usr/bin/python3 /code/a+b/train.py"],
+         ["python /code/aab/train.py", "python /code/a+b/trainXpy",
+          "apptainer exec x.sif python /code/a+b/train.py"]),
+        (ContainerCommand("program", "fit"),
+         ["fit --x", "/opt/venv/bin/fit", "/opt/venv/bin/python3 /opt/venv/bin/fit --x", "bash fit"],
+         ["fitter", "python -m fit", "srun fit", "refit"]),
+        (ContainerCommand("program", "/opt/bin/fit"),
+         ["/opt/bin/fit --x", "python3 /opt/bin/fit"],
+         ["/opt/bin/fitter", "/usr/bin/fit", "fit"]),
+    ],
+)  # fmt: skip
+def test_process_pattern_finds_the_programs_own_processes(command, matches, misses):
+    """The pattern is read by pkill --full as a POSIX extended regex; grep -E reads it the same way."""
+    lines = "\n".join([*matches, *misses]) + "\n"
+    found = subprocess.run(
+        ["grep", "-E", command.process_pattern()], input=lines, capture_output=True, text=True
+    )
+    assert found.stdout.splitlines() == matches

@@ -268,7 +268,8 @@ class Sandbox:
     ) -> JobScript:
         local = profiles.load_profile("local")
         profile = dataclasses.replace(local, node_scratch=str(self.node_scratch))
-        return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), args, command)
+        checked = resolve(profile, request, ddp=command.ddp)
+        return render_sbatch(profile, checked, JobInputs.defaults("trainer"), args, command)
 
     def start(self, script: JobScript, mode: str) -> subprocess.Popen:
         path = self.submit / "job.sh"
@@ -450,6 +451,88 @@ def test_multi_process_job_sees_the_checkpoints_on_every_node_and_is_requeued(sa
     assert 'on_each_node cp -a "$run_dir/."' in sandbox.script(MULTI_PROCESS).text
     assert sandbox.scontrol_calls() == ["requeue 4242"]
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
+
+
+NOT_DDP = ContainerCommand("program", "fit", ("--out", "{output_dir}"), launcher="srun")
+SIX_TASKS_ONE_GPU = ResourceRequest(job_name="tasks", partition="gpu", gpus=1, ntasks_per_node=6, cpus=2)
+
+
+def test_a_program_that_is_not_ddp_runs_once_per_slurm_task(sandbox: Sandbox):
+    script = sandbox.script(SIX_TASKS_ONE_GPU, ("--epochs", "1"), NOT_DDP)
+    assert "#SBATCH --ntasks-per-node=6\n" in script.text and "#SBATCH --gres=gpu:1\n" in script.text
+    assert "srun --nodes=1 --ntasks=6 --ntasks-per-node=6 --cpus-per-task=2 --mem=0" in script.text
+    assert "torchrun" not in script.text and "rendezvous" not in script.text
+    assert bash_syntax(script.text).returncode == 0
+    assert shellcheck(script.text).stdout == ""
+    sandbox.env.update(SLURM_PROCID="5", SLURM_LOCALID="5", SLURM_NTASKS="6")
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    argv = sandbox.recorded_argv
+    # Each task knows its place in the job, through --env (so also under --containall).
+    assert argv[:9] == [
+        "exec", "--env", "SLURM_PROCID=5", "--env", "SLURM_LOCALID=5", "--env", "SLURM_NODEID=0",
+        "--env", "SLURM_NTASKS=6",
+    ]  # fmt: skip
+    assert "--nv" in argv and "SLURM_CPUS_PER_TASK=2" in argv
+    sif = str(sandbox.submit / "images" / "trainer.sif")
+    assert argv[argv.index(sif) + 1 :] == ["fit", "--out", "/scratch/out", "--epochs", "1"]
+
+
+# Stand-in for `apptainer exec` that runs the command after the SIF here, as the container would.
+STUB_APPTAINER_EXEC = r"""#!/usr/bin/env python3
+import json, os, pathlib, sys
+
+args = sys.argv[1:]
+pathlib.Path(os.environ["STUB_RECORD"]).write_text(json.dumps(args))
+scratch = next(a.split(":")[0] for a in args if a.endswith(":/scratch"))
+os.environ["STUB_OUT"] = str(pathlib.Path(scratch, "out"))
+command = args[args.index("--pwd") + 3 :]
+os.execvp(command[0], command)
+"""
+
+# A program that checkpoints on USR1 or TERM, and otherwise runs for a minute.
+STUB_PROGRAM = r"""#!/usr/bin/env python3
+import os, pathlib, signal, sys, time
+
+out = pathlib.Path(os.environ["STUB_OUT"])
+
+def checkpoint(signum, frame):
+    (out / "checkpoints").mkdir(exist_ok=True)
+    (out / "checkpoints" / "last.pt").write_text(signal.Signals(signum).name)
+    sys.exit(75)
+
+signal.signal(signal.SIGUSR1, checkpoint)
+signal.signal(signal.SIGTERM, checkpoint)
+pathlib.Path(os.environ["STUB_READY"]).write_text(str(os.getpid()))
+time.sleep(60)
+sys.exit(9)
+"""
+
+
+def test_usr1_reaches_each_task_of_a_program_that_is_not_ddp(sandbox: Sandbox):
+    """The batch shell finds the program's processes by their command line (pkill), not through srun."""
+    program = sandbox.root / "bin" / "fit"
+    for path, body in ((sandbox.root / "bin" / "apptainer", STUB_APPTAINER_EXEC), (program, STUB_PROGRAM)):
+        path.write_text(body)
+        path.chmod(0o755)
+    command = ContainerCommand("program", str(program), launcher="srun")
+    process = sandbox.start(sandbox.script(SIX_TASKS_ONE_GPU, (), command), mode="wait")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGUSR1)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+
+
+def test_ddp_processes_that_do_not_match_the_gpus_are_refused_at_render_time():
+    """Resources checked for a program that is not DDP cannot be rendered for one that is."""
+    profile = profiles.load_profile("local")
+    checked = resolve(profile, SIX_TASKS_ONE_GPU, ddp=False)
+    with pytest.raises(FieldError) as refused:
+        render_sbatch(profile, checked, INPUTS, (), EXAMPLE_TRAINER)
+    assert refused.value.field == "ntasks_per_node"
+    assert "6 DDP processes per node on 1 GPU per node" in refused.value.message
 
 
 def test_single_process_job_has_no_srun_and_no_torchrun():

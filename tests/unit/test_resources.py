@@ -156,6 +156,29 @@ def test_cpus_per_gpu_above_the_site_limit(site):
     assert resolve(site, _ok(gpus=2, cpus=8, ntasks_per_node=2)).cpus_per_task == 8
 
 
+def test_ddp_processes_default_to_the_gpus_per_node(site):
+    assert resolve(site, _ok(gpus=2)).ntasks_per_node == 2
+    assert resolve(site, _ok(gpus=2, ntasks_per_node=2, nodes=2)).tasks == 4
+    assert resolve(site, _ok()).ntasks_per_node == 1
+    assert resolve(site, _ok(ntasks_per_node=4)).ntasks_per_node == 4  # CPU-only DDP (gloo): as asked
+
+
+@pytest.mark.parametrize(("gpus", "ntasks"), [(1, 6), (2, 1), (4, 2)])
+def test_ddp_processes_that_do_not_match_the_gpus_are_refused(site, gpus: int, ntasks: int):
+    error = _field_of(site, _ok(gpus=gpus, ntasks_per_node=ntasks))
+    assert error.field == "ntasks_per_node"
+    assert error.message == (
+        f"ntasks_per_node: {ntasks} DDP processes per node on {gpus} GPU{'s' if gpus > 1 else ''} per node: "
+        f"each process needs a GPU of its own (allowed: {gpus}, or leave it out)"
+    )
+    assert 'launcher = "srun"' in error.hint
+
+
+def test_a_plain_task_count_is_honoured_when_the_job_is_not_ddp(site):
+    assert resolve(site, _ok(gpus=1, ntasks_per_node=6), ddp=False).ntasks_per_node == 6
+    assert resolve(site, _ok(gpus=2), ddp=False).ntasks_per_node == 1  # one process with both GPUs
+
+
 def test_missing_required_account(site):
     error = _field_of(site, ResourceRequest(job_name="train"))
     assert error.field == "account"

@@ -2,7 +2,7 @@
 #SBATCH --job-name=digits
 #SBATCH --partition=PGR-Standard
 #SBATCH --nodes=1
-#SBATCH --ntasks-per-node=1
+#SBATCH --ntasks-per-node=2
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=32G
 #SBATCH --time=1-00:00:00
@@ -92,7 +92,13 @@ forward() {
         terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
-        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+        # To each node's torchrun, which tells its ranks: srun would signal every process of
+        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.
+        # After a plain scancel no step can start, but Slurm has signalled every process.
+        if [[ $1 == USR1 || $1 == TERM ]]; then
+            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \
+                '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true
+        fi
     fi
 }
 
@@ -129,9 +135,21 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 
 # The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
-# shellcheck disable=SC2016  # the trainer's arguments are meant literally
-apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
-    --env PYTHONPATH=/code --pwd /scratch "$sif" python -m hpctrain train --data-dir /scratch/data \
+# Several processes: on each node one srun task runs hpctrain.torchrun, which starts that node's trainer
+# processes, passes USR1 and TERM on to them, and exits 75 when they checkpointed.
+# Static rendezvous: a fixed set of nodes, the store on the job's first node (this one). A node's rank is
+# its index in the job, so global rank 0, which writes checkpoints and metrics, runs on this node, whose
+# scratch is copied back.
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+rendezvous_host=${job_nodes%%$'\n'*}
+rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
+# shellcheck disable=SC2016  # the per-node shell's and the trainer's arguments are meant literally
+srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=8 --mem=0 --kill-on-bad-exit=0 \
+    --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
+    --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
+    --env SLURM_CPUS_PER_TASK=4 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=1 \
+    --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
+    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
     --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
 trainer_pid=$!
 status=0
