@@ -259,7 +259,7 @@ def _fit_to_mini_cluster(
         mem="1G" if request.mem else None,
         account=ACCOUNT if site.account_required else None,
         nodes=1 if request.nodes else None,
-        ntasks_per_node=1 if request.ntasks_per_node else None,
+        ntasks_per_node=None,  # DDP: one process per GPU
     )
     return profile, fitted
 
