@@ -200,12 +200,14 @@ RESOURCE_HELP = {
     "ntasks-per-node": "processes per node (DDP: one per GPU, the default; launcher srun: Slurm tasks)",
     "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
     "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
+    "log": "the job's log (sbatch --output), e.g. logs/%x-%j.out; patterns %j %x %u %A %a %%",
+    "error-log": "stderr's own log (sbatch --error; default: stderr goes to --log)",
 }
 
 
 RESOURCE_FLAGS = (
     "job_name", "partition", "gpus", "gpu_type", "cpus", "mem", "time", "nodes", "ntasks_per_node",
-    "account", "qos", "array", "mail_user", "mail_type", "extra", "max_restarts",
+    "account", "qos", "array", "mail_user", "mail_type", "extra", "max_restarts", "log", "error_log",
 )  # fmt: skip
 
 
@@ -253,6 +255,8 @@ def sbatch(
     mail_type=None,
     extra=None,
     max_restarts=None,
+    log=None,
+    error_log=None,
     sif=None,
     check=False,
 ):
@@ -332,6 +336,8 @@ def submit(
     mail_type=None,
     extra=None,
     max_restarts=None,
+    log=None,
+    error_log=None,
     flavour=None,
     offline=False,
     host=None,
@@ -480,6 +486,8 @@ def shell(
     mail_type=None,
     extra=None,
     max_restarts=None,
+    log=None,
+    error_log=None,
 ):
     """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
     from hpcbox import jobs

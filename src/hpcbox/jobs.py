@@ -8,6 +8,7 @@ file per job written atomically; the commands after submit find their job there.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,13 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hpcbox import ship
+from hpcbox import logpaths, ship
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
 from hpcbox.image import ENVIRONMENT, Image, build_image, last_image
 from hpcbox.profiles import ClusterProfile
 from hpcbox.provenance import source_revision
-from hpcbox.render import JobInputs, JobScript, log_file, render_sbatch
+from hpcbox.render import JobInputs, JobScript, render_sbatch
 from hpcbox.resources import Resources
 from hpcbox.tools import slurm, ssh
 
@@ -57,6 +58,7 @@ class JobRecord:
     sent: tuple[str, ...] = ()
     bytes_sent: int = 0
     timings_s: dict[str, float] = field(default_factory=dict)
+    error_log: str | None = None  # stderr's own log, when the job has one
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -220,14 +222,19 @@ def submit(
             say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
             say(script.text)
             return None
-        job_id = slurm.submit(connection, remote.submit_dir, script_name, script.text)
+        job_id = slurm.submit(
+            connection, remote.submit_dir, script_name, script.text, script.directories_to_create
+        )
+        user = ""
+        if any("%u" in pattern for pattern in script.log_patterns if pattern):
+            user = connection.run(["id", "-un"], what="ask the cluster for your user name").stdout.strip()
     timings = {
         "connect": round(connected - started, 3),
         "ship": round(shipped - connected, 3),
         "sbatch": round(time.monotonic() - shipped, 3),
     }
     record = _record(
-        profile, remote, script, script_name, job_id, stamp, payload, image, trainer_args, timings
+        profile, remote, script, script_name, job_id, user, stamp, payload, image, trainer_args, timings
     )
     Ledger(project).add(record, script.text)
     return record
@@ -243,13 +250,14 @@ def _record(
     script: JobScript,
     script_name: str,
     job_id: str,
+    user: str,
     stamp: datetime,
     payload: ship.Payload,
     image: str,
     trainer_args: tuple[str, ...],
     timings: dict[str, float],
 ) -> JobRecord:
-    log = log_file(script.resources, script.inputs.log_dir).replace("%j", job_id).replace("%%", "%")
+    log, error_log = log_paths(script, remote.submit_dir, job_id, user)
     resources = asdict(script.resources)
     return JobRecord(
         job_id=job_id,
@@ -258,7 +266,7 @@ def _record(
         submitted_at=stamp.isoformat(timespec="seconds"),
         submit_dir=remote.submit_dir,
         script=f"{remote.submit_dir}/scripts/{script_name}",
-        log=f"{remote.submit_dir}/{log}",
+        log=log,
         run_dir=f"{remote.submit_dir}/{script.inputs.runs_dir}/{job_id}",
         sif=remote.sif,
         sif_sha256=payload.sif_sha256,
@@ -271,7 +279,20 @@ def _record(
         sent=remote.sent,
         bytes_sent=remote.bytes_sent,
         timings_s=timings,
+        error_log=error_log,
     )
+
+
+def log_paths(script: JobScript, submit_dir: str, job_id: str, user: str) -> tuple[str, str | None]:
+    """Where job ``job_id`` of ``user`` writes its log and its stderr's own log (None: none), on the
+    cluster; an array task's id is `*`."""
+
+    def on_cluster(pattern: str) -> str:
+        path = logpaths.expand(pattern, job_id=job_id, job_name=script.resources.job_name, user=user)
+        return path if path.startswith("/") else f"{submit_dir}/{path}"
+
+    output, error = script.log_patterns
+    return on_cluster(output), on_cluster(error) if error else None
 
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
@@ -325,22 +346,33 @@ def wait(
 
 
 def follow_command(record: JobRecord, follow: bool) -> str:
-    """The remote shell command printing the job's log, to the end of the job with ``follow``."""
-    log = shlex.quote(record.log)
+    """The remote shell command printing the job's logs, to the end of the job with ``follow``."""
+    logs = _log_words(record)
+    first = _log_words(dataclasses.replace(record, error_log=None))
     if not follow:
-        return f"if test -f {log}; then cat {log}; else echo 'hpcbox: no log yet at '{log} >&2; fi"
+        return f"""
+set --; for log in {logs}; do if test -f "$log"; then set -- "$@" "$log"; fi; done
+if test $# -gt 0; then tail -n +1 -- "$@"; else echo 'hpcbox: no log yet at '{first} >&2; fi
+"""
     finished = "|".join(sorted(slurm.FINISHED_STATES))
     job_state = f"squeue --noheader --states=all --jobs={record.job_id} --format=%T 2>/dev/null"
-    # Until the job ends: wait for the log to appear, then tail it; a requeued job comes back to PENDING
+    # Until the job ends: wait for a log to appear, then tail them; a requeued job comes back to PENDING
     # and writes on in the same log, so only a finished state (or a job Slurm forgot) ends it.
     return f"""
 over() {{ case "$({job_state})" in ""|{finished}) return 0;; *) return 1;; esac; }}
-until test -f {log} || over; do sleep 2; done
-test -f {log} || exit 0
-tail -n +1 -F {log} 2>/dev/null & tailer=$!
+any_log() {{ for log in {logs}; do if test -f "$log"; then return 0; fi; done; return 1; }}
+until any_log || over; do sleep 2; done
+any_log || exit 0
+tail -n +1 -F -- {logs} 2>/dev/null & tailer=$!
 until over; do sleep 3; done
 sleep 2; kill "$tailer"
 """
+
+
+def _log_words(record: JobRecord) -> str:
+    """The job's log paths as shell words: quoted, but for the `*` standing for an array task's id."""
+    paths = [record.log, *([record.error_log] if record.error_log else [])]
+    return " ".join("*".join(shlex.quote(part) for part in path.split("*")) for path in paths)
 
 
 def logs(
@@ -366,9 +398,13 @@ def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord)
             f"job {record.job_id} has no results in {record.run_dir} yet",
             "the job script copies them there when the trainer stops; `invoke status` tells where it is",
         )
-    transfer = connection.download(f"{record.run_dir}/", local)
-    log_transfer = connection.download(record.log, local)
-    return local, ssh.Transfer(transfer.sent + log_transfer.sent, transfer.received + log_transfer.received)
+    transfers = [connection.download(f"{record.run_dir}/", local)]
+    listed = connection.run(
+        f'for log in {_log_words(record)}; do if test -f "$log"; then printf "%s\\n" "$log"; fi; done',
+        what="look for the job's logs",
+    )
+    transfers += [connection.download(log, local) for log in listed.stdout.splitlines() if log]
+    return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
 
 
 def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[str, Path]:

@@ -13,6 +13,7 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox import logpaths
 from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand
 from hpcbox.profiles import ClusterProfile
 from hpcbox.resources import Resources, ddp_processes
@@ -36,7 +37,7 @@ class JobInputs:
     code_dir: str
     dataset: str  # ONE archive (tar, optionally compressed), extracted on node scratch
     runs_dir: str  # each job's results land in <runs_dir>/<job id>
-    log_dir: str  # must exist before sbatch runs: Slurm writes no log into a missing directory
+    log_dir: str  # where the log goes unless the job names its own path
     sif_sha256: str | None = None
     code_revision: str | None = None
 
@@ -73,9 +74,13 @@ class JobScript:
             partial.unlink(missing_ok=True)
 
     @property
+    def log_patterns(self) -> tuple[str, str | None]:
+        return log_patterns(self.resources, self.inputs.log_dir)
+
+    @property
     def directories_to_create(self) -> tuple[str, ...]:
         """Made by the submit step, before sbatch, relative to the submit directory."""
-        return (self.inputs.log_dir, self.inputs.runs_dir)
+        return (*log_folders(self.resources, self.inputs), self.inputs.runs_dir)
 
 
 def render_sbatch(
@@ -100,7 +105,7 @@ def render_sbatch(
             )
     sections = [
         _headers(profile, resources, inputs),
-        _provenance(profile, inputs),
+        _provenance(profile, inputs, log_folders(resources, inputs)),
         "set -euo pipefail",
         _prelude(profile),
         _variables(profile, resources, inputs),
@@ -167,15 +172,27 @@ def render_shell(
     return "\n".join(["set +u", *setup, "set -eu", shlex.join(srun)])
 
 
-def log_file(resources: Resources, log_dir: str) -> str:
-    """The job's log path as written on its --output line (Slurm's %j / %A_%a patterns in it)."""
-    job_key = "%A_%a" if resources.array else "%j"
-    slug = _SLUG_UNSAFE.sub("_", resources.job_name).strip("_") or "job"
-    return f"{log_dir.rstrip('/').replace('%', '%%')}/{slug}-{job_key}.out"
+def log_patterns(resources: Resources, log_dir: str) -> tuple[str, str | None]:
+    """The job's --output and --error patterns, as sbatch reads them (no --error: stderr goes to the
+    log). The default log is `<log_dir>/<job name>-%j.out` (`%A_%a` for arrays)."""
+    output = resources.log
+    if output is None:
+        job_key = "%A_%a" if resources.array else "%j"
+        slug = _SLUG_UNSAFE.sub("_", resources.job_name).strip("_") or "job"
+        output = f"{logpaths.escape(log_dir.rstrip('/'))}/{slug}-{job_key}.out"
+    return output, None if resources.error_log in (None, output) else resources.error_log
+
+
+def log_folders(resources: Resources, inputs: JobInputs) -> tuple[str, ...]:
+    """The folders the logs go to, which must exist before sbatch: Slurm writes no log into a missing
+    one. Relative ones are under the submit directory."""
+    patterns = [pattern for pattern in log_patterns(resources, inputs.log_dir) if pattern]
+    folders = [logpaths.folder(pattern, resources.job_name) for pattern in patterns]
+    return tuple(dict.fromkeys(folder for folder in folders if folder))
 
 
 def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
-    log = log_file(resources, inputs.log_dir)
+    log, error_log = log_patterns(resources, inputs.log_dir)
     options: list[tuple[str, str | None]] = [
         ("--job-name", resources.job_name),
         ("--partition", None if resources.partition.implicit else resources.partition.name),
@@ -190,6 +207,7 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
         ("--mail-user", resources.mail_user),
         ("--mail-type", resources.mail_type),
         ("--output", log),
+        ("--error", error_log),
         ("--signal", f"B:USR1@{resources.signal_margin_s}"),
     ]
     lines = ["#!/bin/bash"]
@@ -205,12 +223,12 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
     return "\n".join(lines)
 
 
-def _provenance(profile: ClusterProfile, inputs: JobInputs) -> str:
+def _provenance(profile: ClusterProfile, inputs: JobInputs, log_folders: tuple[str, ...]) -> str:
     return "\n".join(
         [
             f"# Rendered by hpcbox for cluster {_comment(profile.name)}: re-render it, rather than edit it.",
             "# Submit it from the directory the relative paths below start at, once the log folder exists:",
-            f"#   mkdir -p {_comment(shlex.quote(inputs.log_dir))} && sbatch <this file>",
+            f"#   mkdir -p {_comment(shlex.join(log_folders))} && sbatch <this file>",
             f"# sif: {_comment(inputs.sif)}",
             f"# sif sha256: {_comment(inputs.sif_sha256 or 'unknown')}",
             f"# code revision: {_comment(inputs.code_revision or 'unknown')}",

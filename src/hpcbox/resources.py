@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcbox import logpaths
 from hpcbox.errors import HpcboxError
 from hpcbox.profiles import ClusterProfile, Partition
 from hpcbox.units import FieldError, format_time, parse_mem, parse_time
@@ -38,7 +39,7 @@ OWNED_OPTIONS = {
     "--mem": "use --mem", "--time": "use --time", "--nodes": "use --nodes",
     "--ntasks-per-node": "use --ntasks-per-node", "--account": "use --account", "--qos": "use --qos",
     "--array": "use --array", "--mail-user": "use --mail-user", "--mail-type": "use --mail-type",
-    "--output": "it sets the log path", "--error": "it sets the log path",
+    "--output": "use --log", "--error": "use --error-log",
     "--signal": "it handles the time limit", "--requeue": "it requeues checkpointed jobs",
     "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
     "--ntasks": "it writes --ntasks-per-node; use --nodes and --ntasks-per-node",
@@ -81,6 +82,8 @@ class ResourceRequest:
     mail_type: str | None = None
     extra: tuple[str, ...] = ()
     max_restarts: int | None = None
+    log: str | None = None
+    error_log: str | None = None
 
     def over(self, defaults: ResourceRequest) -> ResourceRequest:
         """This request with its unset fields taken from `defaults`."""
@@ -114,6 +117,8 @@ class Resources:
     extra: tuple[str, ...] = ()
     signal_margin_s: int = DEFAULT_SIGNAL_MARGIN_S
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    log: str | None = None  # sbatch --output pattern; None: hpcbox's default under the log folder
+    error_log: str | None = None  # sbatch --error pattern; None: stderr goes to the log
 
     @property
     def tasks(self) -> int:
@@ -174,6 +179,8 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
         extra=_extras(request.extra, request.mem),
         signal_margin_s=signal_margin(time_s),
         max_restarts=_max_restarts(request.max_restarts),
+        log=_log("log", request.log, request.array),
+        error_log=_log("error_log", request.error_log, request.array),
     )
 
 
@@ -331,6 +338,10 @@ def _array(spec: str | None) -> str | None:
     if spec is not None and not _ARRAY.match(spec):
         raise FieldError("array", f"{spec!r} is not a job array spec (allowed: e.g. 0-9, 1,3,5, 0-99:2%10)")
     return spec
+
+
+def _log(field_name: str, pattern: str | None, array: str | None) -> str | None:
+    return None if pattern is None else logpaths.check(field_name, pattern, array=array is not None)
 
 
 def _mail_user(address: str | None) -> str | None:

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import jobs, ship
+from hpcbox import jobs, profiles, ship
 from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
+from hpcbox.render import JobInputs, render_sbatch
+from hpcbox.resources import ResourceRequest, resolve
 from hpcbox.tools import slurm, ssh
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,6 +145,40 @@ def test_log_follow_command_is_valid_bash_and_quotes_the_path():
         command = jobs.follow_command(nasty, follow)
         assert subprocess.run(["bash", "-n", "-c", command], check=False).returncode == 0
         assert "'/home/r/logs/it'\"'\"'s $(date) x-3.out'" in command
+
+
+def test_the_ledger_records_the_logs_sbatch_writes():
+    local = profiles.load_profile("local")
+
+    def paths(**given):
+        checked = resolve(local, ResourceRequest(job_name="fit", **given))
+        script = render_sbatch(local, checked, JobInputs.defaults("trainer"))
+        return jobs.log_paths(script, "/home/r/hpcbox/trainer", "77", "r")
+
+    assert paths() == ("/home/r/hpcbox/trainer/logs/fit-77.out", None)
+    assert paths(log="%x/%u-%j.out", error_log="/scratch/%x/%%-%j.err") == (
+        "/home/r/hpcbox/trainer/fit/r-77.out",
+        "/scratch/fit/%-77.err",
+    )
+    assert paths(array="0-3") == ("/home/r/hpcbox/trainer/logs/fit-77_*.out", None)
+
+
+def test_logs_prints_every_log_there_is(tmp_path: Path):
+    """The command `invoke logs` runs on the cluster, run here: the log, stderr's own, array tasks'."""
+    (tmp_path / "fit-5.out").write_text("out\n")
+    (tmp_path / "fit-5.err").write_text("err\n")
+    for task in (0, 1):
+        (tmp_path / f"sweep-9_{task}.out").write_text(f"task {task}\n")
+    both = dataclasses.replace(record("5"), log=f"{tmp_path}/fit-5.out", error_log=f"{tmp_path}/fit-5.err")
+    array = dataclasses.replace(record("9"), log=f"{tmp_path}/sweep-9_*.out")
+    missing = dataclasses.replace(record("6"), log=f"{tmp_path}/it's-6.out")
+
+    def run(job: jobs.JobRecord) -> subprocess.CompletedProcess:
+        return subprocess.run(["sh", "-c", jobs.follow_command(job, False)], capture_output=True, text=True)
+
+    assert run(both).stdout == f"==> {tmp_path}/fit-5.out <==\nout\n\n==> {tmp_path}/fit-5.err <==\nerr\n"
+    assert run(array).stdout.count("==> ") == 2 and "task 0\n" in run(array).stdout
+    assert run(missing).stderr == f"hpcbox: no log yet at {tmp_path}/it's-6.out\n"
 
 
 def test_code_snapshot_is_reproducible_and_holds_only_the_code(tmp_path: Path):

@@ -163,15 +163,23 @@ def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -
     return done.stdout
 
 
-def submit(connection: ssh.Connection, submit_dir: str, script_name: str, script_text: str) -> str:
+def submit(
+    connection: ssh.Connection,
+    submit_dir: str,
+    script_name: str,
+    script_text: str,
+    directories: tuple[str, ...] = ("logs", "runs"),
+) -> str:
     """Write the script into ``submit_dir/scripts`` and `sbatch --parsable` it from ``submit_dir``.
 
-    The log and run folders are made first (Slurm writes no log into a missing folder). If sbatch
-    refuses, its own message is the error and the script is removed again.
+    ``directories`` (the log and run folders, relative ones under ``submit_dir``) are made first:
+    Slurm writes no log into a missing folder. If sbatch refuses, its own message is the error and
+    the script is removed again.
     """
     script = f"scripts/{script_name}"
     command = (
-        f"cd {shlex.quote(submit_dir)} && mkdir -p scripts logs runs && cat > {shlex.quote(script)} && "
+        f"cd {shlex.quote(submit_dir)} && mkdir -p -- {shlex.join(['scripts', *directories])} && "
+        f"cat > {shlex.quote(script)} && "
         f"{{ sbatch --parsable {shlex.quote(script)} || {{ status=$?; rm -f {shlex.quote(script)}; "
         "exit $status; }; }"
     )
