@@ -6,6 +6,7 @@ Thin by design: parse flags, call the hpcbox package, print. Logic lives in src/
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -50,8 +51,6 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except HpcboxError as exc:
-            import os
-
             if os.environ.get("HPCBOX_DEBUG"):
                 raise
             if exc.details:
@@ -221,7 +220,9 @@ def _resources(cluster: str, arguments: dict[str, Any]):
     profile = profiles.load_profile(cluster)
     flags = {name: arguments[name] for name in RESOURCE_FLAGS}
     flags["extra"] = flags["extra"] or []
-    request = resources.request_for(cluster, flags, project.root / "pyproject.toml", project.name)
+    request = resources.request_for(
+        cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
+    )
     return project, profile, resources.resolve(profile, request, ddp=project.run.ddp)
 
 

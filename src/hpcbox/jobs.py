@@ -223,7 +223,12 @@ def submit(
             say(script.text)
             return None
         job_id = slurm.submit(
-            connection, remote.submit_dir, script_name, script.text, script.directories_to_create
+            connection,
+            remote.submit_dir,
+            script_name,
+            script.text,
+            script.directories_to_create,
+            unset=script.overriding_environment,
         )
         user = ""
         if any("%u" in pattern for pattern in script.log_patterns if pattern):

@@ -16,7 +16,7 @@ from pathlib import Path
 from hpcbox import logpaths
 from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand
 from hpcbox.profiles import ClusterProfile
-from hpcbox.resources import Resources, ddp_processes
+from hpcbox.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
 from hpcbox.units import FieldError, format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
@@ -76,6 +76,17 @@ class JobScript:
     @property
     def log_patterns(self) -> tuple[str, str | None]:
         return log_patterns(self.resources, self.inputs.log_dir)
+
+    @property
+    def overriding_environment(self) -> tuple[str, ...]:
+        """The SBATCH_* variables sbatch would prefer to what this script says, which submit unsets:
+        the script already holds what was asked for, by flag or by the environment hpcbox ran in."""
+        written = {
+            "account": self.resources.account,
+            "partition": None if self.resources.partition.implicit else self.resources.partition.name,
+            "qos": self.resources.qos,
+        }
+        return tuple(variable for name, variable in SBATCH_ENVIRONMENT.items() if written[name] is not None)
 
     @property
     def directories_to_create(self) -> tuple[str, ...]:

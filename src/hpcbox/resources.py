@@ -11,6 +11,7 @@ import dataclasses
 import re
 import tomllib
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ DEFAULT_SIGNAL_MARGIN_S = 300
 # so a trainer that checkpoints without progressing cannot hold a place in the queue forever.
 DEFAULT_MAX_RESTARTS = 10
 MAX_RESTARTS_LIMIT = 100
+# What sbatch takes from its environment when its command line does not say (and before #SBATCH lines).
+SBATCH_ENVIRONMENT = {"account": "SBATCH_ACCOUNT", "partition": "SBATCH_PARTITION", "qos": "SBATCH_QOS"}
 WHOLE_NUMBERS = ("gpus", "cpus", "nodes", "ntasks_per_node", "max_restarts")
 
 
@@ -211,9 +214,23 @@ def project_defaults(pyproject: Path, cluster: str) -> ResourceRequest:
     return _request_from_table(per_cluster, f"tool.hpcbox.resources.{cluster}").over(base)
 
 
-def request_for(cluster: str, flags: dict[str, Any], pyproject: Path, project_name: str) -> ResourceRequest:
-    """Flags (strings, as typed) over the project's defaults for `cluster`; jobs take the project's name."""
+def request_for(
+    cluster: str,
+    flags: dict[str, Any],
+    pyproject: Path,
+    project_name: str,
+    environ: Mapping[str, str] | None = None,
+) -> ResourceRequest:
+    """Flags (strings, as typed) over SBATCH_ACCOUNT/PARTITION/QOS in ``environ`` over the project's
+    defaults for `cluster`, as sbatch ranks its options, environment and #SBATCH lines; jobs take the
+    project's name."""
     given = {name: value for name, value in flags.items() if value not in (None, [], ())}
+    for name, variable in SBATCH_ENVIRONMENT.items():
+        value = (environ or {}).get(variable)
+        if value and name not in given:
+            if not _WORD.match(value):
+                raise FieldError(variable, f"{value!r} is not a Slurm {name} name")
+            given[name] = value
     for name in WHOLE_NUMBERS:
         if name in given:
             given[name] = _whole_number(name, given[name])
@@ -313,7 +330,7 @@ def _account(profile: ClusterProfile, account: str | None) -> str | None:
                 "account",
                 f"cluster {profile.name!r} requires an account "
                 f"(allowed: a Slurm account you belong to{example})",
-                "pass --account, or set account in [tool.hpcbox.resources.<cluster>]",
+                "pass --account, set SBATCH_ACCOUNT, or set account in [tool.hpcbox.resources.<cluster>]",
             )
         return None
     if not _WORD.match(account):
@@ -328,7 +345,7 @@ def _qos(profile: ClusterProfile, partition: Partition, qos: str | None) -> str 
         )
     qos = qos or partition.qos
     if qos is None and profile.qos_required:
-        raise FieldError("qos", f"cluster {profile.name!r} requires a QOS", "pass --qos")
+        raise FieldError("qos", f"cluster {profile.name!r} requires a QOS", "pass --qos, or set SBATCH_QOS")
     if qos is not None and not _WORD.match(qos):
         raise FieldError("qos", f"{qos!r} is not a QOS name")
     return qos

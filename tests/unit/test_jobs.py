@@ -181,6 +181,44 @@ def test_logs_prints_every_log_there_is(tmp_path: Path):
     assert run(missing).stderr == f"hpcbox: no log yet at {tmp_path}/it's-6.out\n"
 
 
+STUB_SBATCH = """#!/bin/sh
+echo "account=${SBATCH_ACCOUNT-unset} qos=${SBATCH_QOS-unset} script=$2" >"$STUB_SEEN"
+echo 4711
+"""
+
+
+def test_submit_makes_the_log_folders_and_unsets_what_the_script_says(tmp_path: Path, monkeypatch):
+    """The command `invoke submit` runs on the login node, run here with a stand-in sbatch."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(STUB_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    submit_dir = tmp_path / "it's here"
+    submit_dir.mkdir()
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_SEEN": str(tmp_path / "seen"),
+           "SBATCH_ACCOUNT": "remote-default", "SBATCH_QOS": "remote-qos"}  # fmt: skip
+
+    class Here:
+        def run(self, command, *, what, hint="", input_bytes=None):
+            done = subprocess.run(["sh", "-c", command], input=input_bytes, env=env, capture_output=True)
+            assert done.returncode == 0, done.stderr
+            return subprocess.CompletedProcess(done.args, 0, done.stdout.decode(), done.stderr.decode())
+
+    local = profiles.load_profile("local")
+    checked = resolve(local, ResourceRequest(job_name="fit", account="mine", log="out/%x/%j.log"))
+    script = render_sbatch(local, checked, JobInputs.defaults("trainer"))
+    assert script.overriding_environment == ("SBATCH_ACCOUNT", "SBATCH_PARTITION")
+    job_id = slurm.submit(
+        Here(), str(submit_dir), "fit.sh", script.text, script.directories_to_create,
+        unset=script.overriding_environment,
+    )  # fmt: skip
+    assert job_id == "4711"
+    assert (submit_dir / "scripts" / "fit.sh").read_text() == script.text
+    assert (submit_dir / "out" / "fit").is_dir() and (submit_dir / "runs").is_dir()
+    # The script's own --account wins; the QOS it leaves to the site comes from the environment.
+    assert (tmp_path / "seen").read_text() == "account=unset qos=remote-qos script=scripts/fit.sh\n"
+
+
 def test_code_snapshot_is_reproducible_and_holds_only_the_code(tmp_path: Path):
     project = load_project(REPO)
     first, again = ship.code_snapshot(project), ship.code_snapshot(project)

@@ -320,3 +320,34 @@ def test_max_restarts_is_bounded_by_default_and_checked(site, tmp_path: Path):
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text("[tool.hpcbox.resources]\nmax-restarts = 3\n")
     assert request_for("edi", {}, pyproject, "trainer").max_restarts == 3
+
+
+def test_a_site_with_default_accounts_needs_no_account():
+    alliance = profiles.load_profile("alliance")
+    assert not alliance.account_required
+    assert resolve(alliance, ResourceRequest(job_name="j", gpus=1, gpu_type="a100")).account is None
+
+
+def test_the_environment_satisfies_a_required_account_and_a_flag_wins_over_it(tmp_path: Path):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[tool.hpcbox.resources]\naccount = 'from-pyproject'\nqos = 'normal'\n")
+    environ = {"SBATCH_ACCOUNT": "from-env", "SBATCH_PARTITION": "m3g", "SBATCH_QOS": "", "HOME": "/x"}
+    m3 = profiles.load_profile("m3")
+    from_env = request_for("m3", {}, tmp_path / "none.toml", "trainer", environ)
+    assert (from_env.account, from_env.partition, from_env.qos) == ("from-env", "m3g", None)
+    assert resolve(m3, from_env).account == "from-env"  # the site requires one: the environment gives it
+    flagged = request_for("m3", {"account": "from-flag"}, pyproject, "trainer", environ)
+    assert (flagged.account, flagged.qos) == ("from-flag", "normal")  # flag > environment > pyproject
+    assert request_for("m3", {}, pyproject, "trainer", environ).account == "from-env"
+
+
+def test_a_malformed_sbatch_variable_is_named(tmp_path: Path):
+    with pytest.raises(FieldError) as refused:
+        request_for("edi", {}, tmp_path / "none.toml", "trainer", {"SBATCH_ACCOUNT": "a b"})
+    assert refused.value.field == "SBATCH_ACCOUNT"
+    assert refused.value.message == "SBATCH_ACCOUNT: 'a b' is not a Slurm account name"
+
+
+def test_a_missing_required_account_says_how_to_give_one(site):
+    error = _field_of(site, ResourceRequest(job_name="train"))
+    assert "SBATCH_ACCOUNT" in error.hint

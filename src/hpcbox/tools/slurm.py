@@ -169,17 +169,19 @@ def submit(
     script_name: str,
     script_text: str,
     directories: tuple[str, ...] = ("logs", "runs"),
+    unset: tuple[str, ...] = (),
 ) -> str:
     """Write the script into ``submit_dir/scripts`` and `sbatch --parsable` it from ``submit_dir``.
 
     ``directories`` (the log and run folders, relative ones under ``submit_dir``) are made first:
-    Slurm writes no log into a missing folder. If sbatch refuses, its own message is the error and
-    the script is removed again.
+    Slurm writes no log into a missing folder. ``unset``: environment variables sbatch must not
+    see. If sbatch refuses, its own message is the error and the script is removed again.
     """
     script = f"scripts/{script_name}"
+    unset_first = f"unset {shlex.join(unset)} && " if unset else ""
     command = (
         f"cd {shlex.quote(submit_dir)} && mkdir -p -- {shlex.join(['scripts', *directories])} && "
-        f"cat > {shlex.quote(script)} && "
+        f"cat > {shlex.quote(script)} && {unset_first}"
         f"{{ sbatch --parsable {shlex.quote(script)} || {{ status=$?; rm -f {shlex.quote(script)}; "
         "exit $status; }; }"
     )
