@@ -69,6 +69,7 @@ class ClusterProfile:
     partitions: tuple[Partition, ...]
     gpu_request: str = "gres"
     gpu_type_required: bool = False
+    max_mig_slices: int | None = None  # MIG slices one job may ask for (None: no limit published)
     account_required: bool = False
     account_hint: str = ""
     qos_required: bool = False
@@ -201,6 +202,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         partitions=partitions,
         gpu_request=gpus.choice("request", GPU_REQUEST_STYLES),
         gpu_type_required=gpus.boolean("type_required", default=False),
+        max_mig_slices=gpus.integer("max_mig_slices", minimum=1) if "max_mig_slices" in gpus.data else None,
         account_required=accounting.boolean("account_required", default=False),
         account_hint=accounting.optional_string("account_hint") or "",
         qos_required=accounting.boolean("qos_required", default=False),
@@ -214,6 +216,14 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
     )
     for table in (reader, gpus, accounting):
         table.reject_extra(set())
+    for index, partition in enumerate(partitions):
+        if partition.default_gpu_type and not profile.gpu_type_required:
+            # A site that takes untyped requests gets them: a default type would narrow every job.
+            raise FieldError(
+                f"partitions[{index}].default_gpu_type",
+                "is only for sites that need a GPU type (gpus.type_required = true); here a request "
+                "without one stays untyped",
+            )
     return profile
 
 

@@ -25,6 +25,8 @@ __all__ = ["FieldError", "ResourceRequest", "Resources", "format_time", "parse_m
 
 _ARRAY_RANGE = r"\d+(?:-\d+(?::\d+)?)?"
 _ARRAY = re.compile(rf"^{_ARRAY_RANGE}(?:,{_ARRAY_RANGE})*(?:%\d+)?$")
+# NVIDIA's MIG profile names (3g.20gb: 3 compute slices, 20 GB), as sites spell slices: a100_3g.20gb.
+MIG_SLICE = re.compile(r"(^|_)\d+g\.\d+gb$")
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _MAIL = re.compile(r"^[^@\s\"'\\]+@[^@\s\"'\\]+$")
 _EXTRA = re.compile(r"^--[a-z][a-z0-9-]*(?:=\S.*)?$")
@@ -142,6 +144,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
     ntasks = _at_least("ntasks_per_node", request.ntasks_per_node, 1, default=None)
     ntasks = ddp_processes(gpus, ntasks) if ddp and gpus else ntasks or 1
     gpu_type = _gpu_type(profile, partition, gpus, request.gpu_type)
+    _mig_slices(profile, gpu_type, gpus * nodes)
     if partition.gpus_per_node is not None and gpus > partition.gpus_per_node:
         raise FieldError(
             "gpus",
@@ -320,6 +323,16 @@ def _gpu_type(profile: ClusterProfile, partition: Partition, gpus: int, gpu_type
             f"partition {partition.name!r} has no {gpu_type!r} GPUs (allowed: {allowed or 'none'})",
         )
     return gpu_type
+
+
+def _mig_slices(profile: ClusterProfile, gpu_type: str | None, slices: int) -> None:
+    limit = profile.max_mig_slices
+    if gpu_type and MIG_SLICE.search(gpu_type) and limit is not None and slices > limit:
+        raise FieldError(
+            "gpus",
+            f"{slices} {gpu_type} MIG slices in one job; cluster {profile.name!r} allows up to {limit} "
+            f"(allowed: {limit}, or whole GPUs)",
+        )
 
 
 def _account(profile: ClusterProfile, account: str | None) -> str | None:

@@ -72,9 +72,12 @@ def test_shipped_profiles_carry_the_sites_public_facts():
     assert [p.name for p in mila.partitions] == ["unkillable", "main", "long"]
     assert mila.partition("long").preemptible
 
+    assert alliance.max_mig_slices == 1
+    assert {"v100l", "a100_3g.20gb"} <= set(alliance.default_partition.gpu_types)
+
     carc = profiles.load_profile("carc")
     assert carc.apptainer.setup[0] == "module purge"
-    assert carc.partition("gpu").default_gpu_type == "v100"
+    assert not carc.gpu_type_required and carc.partition("gpu").default_gpu_type is None
 
     local = profiles.load_profile("local")
     assert local.default_partition.name == "cpu"
@@ -136,6 +139,25 @@ def test_profile_mistakes_name_the_key(user_dir: Path, change: tuple[str, str], 
     assert change[0] in MINIMAL
     error = _error_for(user_dir, MINIMAL.replace(*change))
     assert error.field == field
+
+
+@pytest.mark.parametrize("spelling", ["UNLIMITED", "unlimited", "INFINITE", "infinite", "Infinite"])
+def test_a_partition_without_a_time_limit(user_dir: Path, spelling: str):
+    (user_dir / "site.toml").write_text(
+        MINIMAL.replace('max_time = "1-00:00:00"', f'max_time = "{spelling}"')
+    )
+    assert profiles.load_profile("site").partition("gpu").max_time_s is None
+
+
+def test_a_default_gpu_type_needs_a_site_that_requires_types(user_dir: Path):
+    error = _error_for(user_dir, MINIMAL + 'default_gpu_type = "a100"\n')
+    assert error.field == "partitions[0].default_gpu_type"
+    assert "a request without one stays untyped" in error.message
+    (user_dir / "typed.toml").write_text(
+        MINIMAL.replace('request = "gres"', 'request = "gres"\ntype_required = true')
+        + 'default_gpu_type = "a100"\n'
+    )
+    assert profiles.load_profile("typed").partition("gpu").default_gpu_type == "a100"
 
 
 def test_a_fact_both_given_and_marked_unknown_is_rejected(user_dir: Path):

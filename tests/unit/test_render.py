@@ -106,8 +106,15 @@ def test_gpu_request_in_each_sites_dialect():
         ]
 
     assert gpu_lines("edi", ResourceRequest(job_name="j", gpus=2)) == ["#SBATCH --gres=gpu:2"]
-    assert gpu_lines("carc", ResourceRequest(job_name="j", gpus=1, account="a")) == [
-        "#SBATCH --gres=gpu:v100:1"
+    assert gpu_lines("carc", ResourceRequest(job_name="j", gpus=1, account="a")) == ["#SBATCH --gres=gpu:1"]
+    assert gpu_lines("carc", ResourceRequest(job_name="j", gpus=2, gpu_type="a100", account="a")) == [
+        "#SBATCH --gres=gpu:a100:2"
+    ]
+    assert gpu_lines("alliance", ResourceRequest(job_name="j", gpus=1, gpu_type="a100_3g.20gb")) == [
+        "#SBATCH --gpus-per-node=a100_3g.20gb:1"
+    ]
+    assert gpu_lines("alliance", ResourceRequest(job_name="j", gpus=4, gpu_type="v100l")) == [
+        "#SBATCH --gpus-per-node=v100l:4"
     ]
     assert gpu_lines("alliance", ResourceRequest(job_name="j", gpus=2, gpu_type="h100", account="def-x")) == [
         "#SBATCH --gpus-per-node=h100:2"

@@ -189,7 +189,19 @@ def test_required_gpu_type_is_asked_for():
     profile = profiles.load_profile("alliance")
     error = _field_of(profile, _ok(gpus=1))
     assert error.field == "gpu_type"
-    assert "a100, h100" in error.message
+    assert "h100, a100, v100l" in error.message
+
+
+def test_one_job_gets_at_most_the_mig_slices_the_site_allows():
+    alliance = profiles.load_profile("alliance")
+    error = _field_of(alliance, _ok(gpus=2, gpu_type="a100_3g.20gb"))
+    assert error.message == (
+        "gpus: 2 a100_3g.20gb MIG slices in one job; cluster 'alliance' allows up to 1 "
+        "(allowed: 1, or whole GPUs)"
+    )
+    assert _field_of(alliance, _ok(gpus=1, nodes=2, gpu_type="a100_1g.5gb")).field == "gpus"
+    assert resolve(alliance, _ok(gpus=1, gpu_type="a100_3g.20gb")).gpus == 1
+    assert resolve(alliance, _ok(gpus=4, gpu_type="a100")).gpus == 4
 
 
 def test_single_type_partition_fills_in_a_required_type():

@@ -9,7 +9,7 @@
 #SBATCH --mail-type=END,FAIL
 #SBATCH --output=logs/digits-%j.out
 #SBATCH --signal=B:USR1@300
-#SBATCH --gres=gpu:v100:1
+#SBATCH --gres=gpu:1
 #SBATCH --requeue
 #SBATCH --open-mode=append
 
