@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox import profiles
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
 from hpcbox.render import JobInputs, JobScript, render_sbatch
 from hpcbox.resources import ResourceRequest, resolve
 from hpcbox.tools import slurm, ssh
@@ -270,6 +271,24 @@ def test_every_profiles_script_passes_sbatch_test_only(minicluster, name: str):
 
     profile, request = _fit_to_mini_cluster(name, GOLDEN_REQUESTS[name])
     script = render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), TRAINER_ARGS)
+    answer = slurm.test_only(minicluster.ssh_target(), script.text)
+    assert "to start at" in answer, answer
+
+
+@pytest.mark.parametrize(
+    ("request_", "command"),
+    [
+        (ResourceRequest(job_name="logs", log="out/%x/%u-%j.log", error_log="out/%x/%j.err",
+                         extra=("--mem-per-cpu=100M",)), EXAMPLE_TRAINER),
+        (ResourceRequest(job_name="tasks", partition="gpu", gpus=1, ntasks_per_node=2, time="5"),
+         ContainerCommand("program", "fit", launcher="srun")),
+        (ResourceRequest(job_name="ddp", partition="gpu", gpus=2, time="5"), EXAMPLE_TRAINER),
+    ],
+)  # fmt: skip
+def test_scripts_with_their_own_logs_and_launchers_pass_sbatch_test_only(minicluster, request_, command):
+    profile = local_profile()
+    checked = resolve(profile, request_, ddp=command.ddp)
+    script = render_sbatch(profile, checked, JobInputs.defaults("trainer"), (), command)
     answer = slurm.test_only(minicluster.ssh_target(), script.text)
     assert "to start at" in answer, answer
 
