@@ -191,6 +191,30 @@ def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
         time.sleep(1)
 
 
+def test_a_program_that_is_not_ddp_runs_once_per_task_with_stderr_apart(job_dir: JobDir):
+    """launcher = "srun": Slurm's tasks, each in its own container and told its place; its own logs."""
+    each_task = (
+        'echo "task $SLURM_PROCID of $SLURM_NTASKS" >{output_dir}/task-$SLURM_PROCID; '
+        'echo "err $SLURM_PROCID" >&2'
+    )
+    command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
+    request = ResourceRequest(job_name="tasks", partition="cpu", ntasks_per_node=2, time="5",
+                              log="tasklogs/%x/%j.out", error_log="tasklogs/%x/%j.err")  # fmt: skip
+    profile = local_profile()
+    script = render_sbatch(
+        profile, resolve(profile, request, ddp=False), JobInputs.defaults("trainer"), (), command
+    )
+    job_id = job_dir.submit(script, "tasks.sh")
+    state, exit_code = wait_finished(job_dir.cluster, job_id)
+    out = job_dir.sh(f"cat tasklogs/tasks/{job_id}.out", check=False).stdout
+    err = job_dir.sh(f"cat tasklogs/tasks/{job_id}.err", check=False).stdout
+    assert (state, exit_code) == ("COMPLETED", "0:0"), out + err
+    assert job_dir.sh(f"cat runs/{job_id}/task-0 runs/{job_id}/task-1").stdout == "task 0 of 2\ntask 1 of 2\n"
+    assert sorted(line for line in err.splitlines() if line.startswith("err ")) == ["err 0", "err 1"], err
+    assert "the trainer exited with status 0" in err
+    assert scratch_left(job_dir.cluster, job_id) == []
+
+
 TWO_NODES = dict(partition="cpu", nodes=2, ntasks_per_node=1)
 
 
