@@ -201,12 +201,18 @@ RESOURCE_HELP = {
     "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
     "log": "the job's log (sbatch --output), e.g. logs/%x-%j.out; patterns %j %x %u %A %a %%",
     "error-log": "stderr's own log (sbatch --error; default: stderr goes to --log)",
+    "container": "apptainer or singularity (default: the profile's)",
+    "cleanenv": "the container starts without the host's environment (--cleanenv)",
+    "no-home": "the container does not mount your home directory (--no-home)",
+    "bind": "one more bind into the container, /host or /host:/container[:ro] (repeatable)",
+    "home": "the home directory in the container, /host[:/container] (--home)",
 }
 
 
 RESOURCE_FLAGS = (
     "job_name", "partition", "gpus", "gpu_type", "cpus", "mem", "time", "nodes", "ntasks_per_node",
     "account", "qos", "array", "mail_user", "mail_type", "extra", "max_restarts", "log", "error_log",
+    "container", "cleanenv", "no_home", "bind", "home",
 )  # fmt: skip
 
 
@@ -219,7 +225,6 @@ def _resources(cluster: str, arguments: dict[str, Any]):
     project = load_project()
     profile = profiles.load_profile(cluster)
     flags = {name: arguments[name] for name in RESOURCE_FLAGS}
-    flags["extra"] = flags["extra"] or []
     request = resources.request_for(
         cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
     )
@@ -227,7 +232,7 @@ def _resources(cluster: str, arguments: dict[str, Any]):
 
 
 @task(
-    iterable=["extra"],
+    iterable=["extra", "bind"],
     help={
         **RESOURCE_HELP,
         "output": "write the script to this file instead of printing it",
@@ -258,6 +263,11 @@ def sbatch(
     max_restarts=None,
     log=None,
     error_log=None,
+    container=None,
+    cleanenv=False,
+    no_home=False,
+    bind=None,
+    home=None,
     sif=None,
     check=False,
 ):
@@ -303,7 +313,7 @@ def _test_only(profile, text: str) -> str:
 
 
 @task(
-    iterable=["extra"],
+    iterable=["extra", "bind"],
     help={
         **RESOURCE_HELP,
         "data": "the dataset archive to stage on node scratch (default: tool.hpcbox.data)",
@@ -339,6 +349,11 @@ def submit(
     max_restarts=None,
     log=None,
     error_log=None,
+    container=None,
+    cleanenv=False,
+    no_home=False,
+    bind=None,
+    home=None,
     flavour=None,
     offline=False,
     host=None,
@@ -460,7 +475,7 @@ def cancel(c, job=None, cluster=None):
 
 
 @task(
-    iterable=["extra"],
+    iterable=["extra", "bind"],
     help={
         **RESOURCE_HELP,
         "command": "run this command there instead of an interactive `apptainer shell`",
@@ -489,6 +504,11 @@ def shell(
     max_restarts=None,
     log=None,
     error_log=None,
+    container=None,
+    cleanenv=False,
+    no_home=False,
+    bind=None,
+    home=None,
 ):
     """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
     from hpcbox import jobs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,10 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         setup=tuple(apptainer_table.str_list("setup", default=[])),
         options=tuple(apptainer_table.str_list("options", default=[])),
         workdir_on_scratch=apptainer_table.boolean("workdir_on_scratch", default=False),
-        binds=tuple(_bind(apptainer_table, item) for item in apptainer_table.str_list("binds", default=[])),
+        binds=tuple(
+            check_bind(f"{apptainer_table.where}.binds", item)
+            for item in apptainer_table.str_list("binds", default=[])
+        ),
     )
     apptainer_table.reject_extra(set())
     partitions = tuple(
@@ -257,18 +261,33 @@ def _partition(table: _Reader) -> Partition:
     return partition
 
 
-def _bind(table: _Reader, spec: str) -> str:
-    source, _, target = spec.partition(":")
-    target = target.split(":", 1)[0] or source
+def check_bind(field_name: str, spec: str) -> str:
+    """An Apptainer --bind spec, /host or /host:/container[:ro|rw], that leaves hpcbox's own mounts be."""
+    source, _, rest = spec.partition(":")
+    target, _, options = rest.partition(":")
+    target = target or source
+    problem = ""
     if not source.startswith("/") or not target.startswith("/"):
-        raise FieldError(f"{table.where}.binds", f"{spec!r}: use absolute paths, /host or /host:/container")
-    if target.rstrip("/") in RESERVED_CONTAINER_PATHS:
+        problem = "use absolute paths, /host or /host:/container"
+    elif options not in ("", "ro", "rw"):
+        problem = f"{options!r} is not a bind option (allowed: ro, rw)"
+    elif "," in spec or any(unicodedata.category(char) in ("Cc", "Zl", "Zp") for char in spec):
+        problem = "contains ',' (Apptainer splits binds there) or control characters"
+    elif target.rstrip("/") in RESERVED_CONTAINER_PATHS:
         raise FieldError(
-            f"{table.where}.binds",
+            field_name,
             f"{spec!r}: {target} is where hpcbox binds the job's scratch or code",
-            "bind the site area elsewhere, e.g. /scratch:/cluster/scratch",
+            "bind it elsewhere, e.g. /scratch:/cluster/scratch",
         )
+    if problem:
+        raise FieldError(field_name, f"{spec!r}: {problem}")
     return spec
+
+
+def bind_target(spec: str) -> str:
+    """Where a --bind spec appears in the container."""
+    source, _, rest = spec.partition(":")
+    return (rest.partition(":")[0] or source).rstrip("/") or "/"
 
 
 class _Reader:

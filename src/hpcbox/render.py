@@ -168,11 +168,12 @@ def render_shell(
     gpus = gpu_option(profile, resources)
     if gpus:
         options.append(gpus)
-    apptainer = [profile.apptainer.command, "shell" if command is None else "exec"]
+    apptainer = [_runtime(profile, resources), "shell" if command is None else "exec"]
     if resources.gpus:
         apptainer.append("--nv")
-    apptainer += list(profile.apptainer.options)
-    for bind in profile.apptainer.binds:
+    for option in _container_options(profile, resources):
+        apptainer += option
+    for bind in _binds(profile, resources):
         apptainer += ["--bind", bind]
     apptainer += ["--bind", f"{code_dir}:{CODE_MOUNT}:ro", "--env", f"PYTHONPATH={CODE_MOUNT}", sif]
     if command is not None:
@@ -416,22 +417,22 @@ fi"""
 def _run_trainer(
     profile: ClusterProfile, resources: Resources, command: ContainerCommand, trainer_args: tuple[str, ...]
 ) -> str:
-    apptainer = profile.apptainer
+    runtime = _runtime(profile, resources)
     multi_process = resources.tasks > 1
     torchrun = multi_process and command.ddp
     # Each unit is one option with its value, kept together on a line.
     if not multi_process:
-        units = [f"{apptainer.command} exec"]
+        units = [f"{runtime} exec"]
     elif torchrun:
-        units = _per_node_launch(resources, apptainer.command)
+        units = _per_node_launch(resources, runtime)
     else:
-        units = _per_task_launch(resources, apptainer.command)
+        units = _per_task_launch(resources, runtime)
     if resources.gpus:
         units.append("--nv")
-    units += [shlex.quote(option) for option in apptainer.options]
-    if apptainer.workdir_on_scratch:
+    units += [shlex.join(option) for option in _container_options(profile, resources)]
+    if profile.apptainer.workdir_on_scratch:
         units.append('--workdir "$job_scratch/tmp"')
-    units += [f"--bind {shlex.quote(bind)}" for bind in apptainer.binds]
+    units += [f"--bind {shlex.quote(bind)}" for bind in _binds(profile, resources)]
     units += [
         f'--bind "$job_scratch:{SCRATCH_MOUNT}"',
         f'--bind "$code_dir:{CODE_MOUNT}:ro"',
@@ -470,6 +471,23 @@ while kill -0 "$trainer_pid" 2>/dev/null; do
 done
 trainer_pid=""
 """[:-1]
+
+
+def _runtime(profile: ClusterProfile, resources: Resources) -> str:
+    return resources.container.command or profile.apptainer.command
+
+
+def _container_options(profile: ClusterProfile, resources: Resources) -> list[list[str]]:
+    """The profile's container options, then the job's: each option with its value."""
+    job = resources.container
+    switches = (("--cleanenv", job.cleanenv), ("--no-home", job.no_home))
+    options = [[option] for option in profile.apptainer.options]
+    options += [[flag] for flag, wanted in switches if wanted]
+    return options + ([["--home", job.home]] if job.home else [])
+
+
+def _binds(profile: ClusterProfile, resources: Resources) -> list[str]:
+    return [*profile.apptainer.binds, *resources.container.binds]
 
 
 def _rendezvous() -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from hpcbox import logpaths
 from hpcbox.errors import HpcboxError
-from hpcbox.profiles import ClusterProfile, Partition
+from hpcbox.profiles import APPTAINER_COMMANDS, ClusterProfile, Partition, bind_target, check_bind
 from hpcbox.units import FieldError, format_time, parse_mem, parse_time
 
 __all__ = ["FieldError", "ResourceRequest", "Resources", "format_time", "parse_mem", "parse_time", "resolve"]
@@ -64,6 +64,8 @@ DEFAULT_MAX_RESTARTS = 10
 MAX_RESTARTS_LIMIT = 100
 # What sbatch takes from its environment when its command line does not say (and before #SBATCH lines).
 SBATCH_ENVIRONMENT = {"account": "SBATCH_ACCOUNT", "partition": "SBATCH_PARTITION", "qos": "SBATCH_QOS"}
+LISTS = ("extra", "bind")
+SWITCHES = ("cleanenv", "no_home")
 WHOLE_NUMBERS = ("gpus", "cpus", "nodes", "ntasks_per_node", "max_restarts")
 
 
@@ -89,6 +91,11 @@ class ResourceRequest:
     max_restarts: int | None = None
     log: str | None = None
     error_log: str | None = None
+    container: str | None = None
+    cleanenv: bool | None = None
+    no_home: bool | None = None
+    bind: tuple[str, ...] = ()
+    home: str | None = None
 
     def over(self, defaults: ResourceRequest) -> ResourceRequest:
         """This request with its unset fields taken from `defaults`."""
@@ -99,6 +106,17 @@ class ResourceRequest:
             for f in dataclasses.fields(self)
         }
         return ResourceRequest(**merged)
+
+
+@dataclass(frozen=True)
+class ContainerOptions:
+    """How this job's container runs, on top of the profile's [apptainer] settings."""
+
+    command: str | None = None  # apptainer or singularity; None: the profile's
+    cleanenv: bool = False  # --cleanenv: none of the host's environment in the container
+    no_home: bool = False  # --no-home: the home directory is not mounted
+    binds: tuple[str, ...] = ()  # more --bind specs, after the profile's
+    home: str | None = None  # --home /host[:/container]
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,7 @@ class Resources:
     max_restarts: int = DEFAULT_MAX_RESTARTS
     log: str | None = None  # sbatch --output pattern; None: hpcbox's default under the log folder
     error_log: str | None = None  # sbatch --error pattern; None: stderr goes to the log
+    container: ContainerOptions = ContainerOptions()
 
     @property
     def tasks(self) -> int:
@@ -187,6 +206,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
         max_restarts=_max_restarts(request.max_restarts),
         log=_log("log", request.log, request.array),
         error_log=_log("error_log", request.error_log, request.array),
+        container=_container(profile, request),
     )
 
 
@@ -227,7 +247,10 @@ def request_for(
     """Flags (strings, as typed) over SBATCH_ACCOUNT/PARTITION/QOS in ``environ`` over the project's
     defaults for `cluster`, as sbatch ranks its options, environment and #SBATCH lines; jobs take the
     project's name."""
-    given = {name: value for name, value in flags.items() if value not in (None, [], ())}
+    # A flag left off is not asked for: it neither sets False nor an empty list over the defaults.
+    given = {
+        name: value for name, value in flags.items() if value not in (None, [], ()) and value is not False
+    }
     for name, variable in SBATCH_ENVIRONMENT.items():
         value = (environ or {}).get(variable)
         if value and name not in given:
@@ -237,8 +260,9 @@ def request_for(
     for name in WHOLE_NUMBERS:
         if name in given:
             given[name] = _whole_number(name, given[name])
-    if "extra" in given:
-        given["extra"] = tuple(given["extra"])
+    for name in LISTS:
+        if name in given:
+            given[name] = tuple(given[name])
     request = ResourceRequest(**given).over(project_defaults(pyproject, cluster))
     return request if request.job_name else dataclasses.replace(request, job_name=project_name)
 
@@ -259,10 +283,13 @@ def _request_from_table(table: dict[str, Any], where: str) -> ResourceRequest:
             continue
         if name not in fields:
             raise FieldError(f"{where}.{key}", f"is not a resource (allowed: {', '.join(fields)})")
-        if name == "extra":
+        if name in LISTS:
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-                raise FieldError(f"{where}.{key}", 'must be a list of sbatch options, e.g. ["--exclusive"]')
+                raise FieldError(f"{where}.{key}", 'must be a list of strings, e.g. ["--exclusive"]')
             value = tuple(value)
+        elif name in SWITCHES:
+            if not isinstance(value, bool):
+                raise FieldError(f"{where}.{key}", f"{value!r} must be true or false")
         elif name in WHOLE_NUMBERS:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise FieldError(f"{where}.{key}", f"{value!r} must be a whole number")
@@ -323,6 +350,30 @@ def _gpu_type(profile: ClusterProfile, partition: Partition, gpus: int, gpu_type
             f"partition {partition.name!r} has no {gpu_type!r} GPUs (allowed: {allowed or 'none'})",
         )
     return gpu_type
+
+
+def _container(profile: ClusterProfile, request: ResourceRequest) -> ContainerOptions:
+    if request.container is not None and request.container not in APPTAINER_COMMANDS:
+        raise FieldError("container", f"{request.container!r} (allowed: {', '.join(APPTAINER_COMMANDS)})")
+    taken = {bind_target(spec): "the profile" for spec in profile.apptainer.binds}
+    for spec in request.bind:
+        check_bind("bind", spec)
+        if bind_target(spec) in taken:
+            raise FieldError(
+                "bind", f"{spec!r}: {bind_target(spec)} is already bound by {taken[bind_target(spec)]}"
+            )
+        taken[bind_target(spec)] = "an earlier --bind"
+    if request.home is not None:
+        if request.no_home:
+            raise FieldError("home", "given with --no-home (use one of them)")
+        check_bind("home", request.home)
+    return ContainerOptions(
+        command=request.container,
+        cleanenv=bool(request.cleanenv),
+        no_home=bool(request.no_home),
+        binds=request.bind,
+        home=request.home,
+    )
 
 
 def _mig_slices(profile: ClusterProfile, gpu_type: str | None, slices: int) -> None:

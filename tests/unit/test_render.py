@@ -542,6 +542,34 @@ def test_ddp_processes_that_do_not_match_the_gpus_are_refused_at_render_time():
     assert "6 DDP processes per node on 1 GPU per node" in refused.value.message
 
 
+CONTAINER_OPTIONS = ResourceRequest(
+    job_name="own", container="singularity", cleanenv=True, home="/home/me/alt:/home/me",
+    bind=("/datasets:/datasets:ro", "/tmp/it's here"),
+)  # fmt: skip
+
+
+def test_a_jobs_container_options_reach_the_runtime(sandbox: Sandbox):
+    (sandbox.root / "bin" / "singularity").symlink_to(sandbox.root / "bin" / "apptainer")
+    script = sandbox.script(CONTAINER_OPTIONS)
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    argv = sandbox.recorded_argv
+    before_sif = argv[: argv.index(str(sandbox.submit / "images" / "trainer.sif"))]
+    assert before_sif[:4] == ["exec", "--cleanenv", "--home", "/home/me/alt:/home/me"]
+    binds = [before_sif[i + 1] for i, word in enumerate(before_sif) if word == "--bind"]
+    assert binds[:2] == ["/datasets:/datasets:ro", "/tmp/it's here"]
+
+
+def test_the_shell_runs_the_same_container_options():
+    profile = profiles.load_profile("edi")
+    checked = resolve(profile, dataclasses.replace(CONTAINER_OPTIONS, cleanenv=None, no_home=True, home=None))
+    words = shlex.split(render_shell(profile, checked, "/h/x.sif", "/h/code").splitlines()[-1])
+    assert words[words.index("singularity") : words.index("singularity") + 7] == [
+        "singularity", "shell", "--no-home", "--bind", "/datasets:/datasets:ro", "--bind", "/tmp/it's here",
+    ]  # fmt: skip
+
+
 def test_single_process_job_has_no_srun_and_no_torchrun():
     text = render("local", ResourceRequest(job_name="one", nodes=1, ntasks_per_node=1)).text
     assert "hpctrain.torchrun" not in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from hpcbox import profiles
 from hpcbox.resources import (
     DEFAULT_MAX_RESTARTS,
     MAX_RESTARTS_LIMIT,
+    ContainerOptions,
     FieldError,
     ResourceRequest,
     format_time,
@@ -363,3 +365,44 @@ def test_a_malformed_sbatch_variable_is_named(tmp_path: Path):
 def test_a_missing_required_account_says_how_to_give_one(site):
     error = _field_of(site, ResourceRequest(job_name="train"))
     assert "SBATCH_ACCOUNT" in error.hint
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "says"),
+    [
+        ({"container": "docker"}, "container", "'docker' (allowed: apptainer, singularity)"),
+        ({"bind": ("data:/data",)}, "bind", "use absolute paths"),
+        ({"bind": ("/data:/scratch",)}, "bind", "/scratch is where hpcbox binds the job's scratch or code"),
+        ({"bind": ("/a,/b",)}, "bind", "contains ','"),
+        ({"bind": ("/data:/data:rx",)}, "bind", "'rx' is not a bind option (allowed: ro, rw)"),
+        ({"bind": ("/data", "/other:/data/")}, "bind", "/data is already bound by an earlier --bind"),
+        ({"home": "/h:/code"}, "home", "/code is where hpcbox binds"),
+        ({"home": "/h", "no_home": True}, "home", "given with --no-home (use one of them)"),
+    ],
+)
+def test_container_options_are_checked_and_name_their_flag(site, given, field, says):
+    error = _field_of(site, _ok(**given))
+    assert error.field == field
+    assert says in error.message
+
+
+def test_a_bind_over_one_the_profile_makes_is_refused():
+    alliance = profiles.load_profile("alliance")
+    error = _field_of(alliance, _ok(bind=("/home/me/project:/project",)))
+    assert error.message == "bind: '/home/me/project:/project': /project is already bound by the profile"
+
+
+def test_container_options_from_flags_and_pyproject(tmp_path: Path, site):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("[tool.hpcbox.resources]\ncleanenv = true\nbind = ['/data:/data:ro']\n")
+    # Switches left off (False) and empty lists leave the project's defaults be.
+    flags = {"cleanenv": False, "no_home": True, "bind": [], "container": "singularity"}
+    request = request_for("edi", flags, pyproject, "trainer")
+    container = resolve(site, dataclasses.replace(request, account="a")).container
+    assert container == ContainerOptions(
+        "singularity", cleanenv=True, no_home=True, binds=("/data:/data:ro",)
+    )
+    pyproject.write_text("[tool.hpcbox.resources]\ncleanenv = 'yes'\n")
+    with pytest.raises(FieldError) as refused:
+        request_for("edi", {}, pyproject, "trainer")
+    assert refused.value.field == "tool.hpcbox.resources.cleanenv"
