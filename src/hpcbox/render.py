@@ -225,11 +225,17 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {name}={sbatch_quote(value)}" for name, value in options if value is not None]
     gpus = gpu_option(profile, resources)
+    extra = list(resources.extra)
+    site_gres = [option for option in extra if option.startswith("--gres=")]
+    if gpus and gpus.startswith("--gres=") and site_gres:
+        # sbatch keeps only the last --gres: the GPUs and the site's other resources share one.
+        gpus = ",".join([gpus, *(option.partition("=")[2] for option in site_gres)])
+        extra = [option for option in extra if option not in site_gres]
     if gpus:
         lines.append(f"#SBATCH {gpus}")
     # A requeued job writes on in the same log rather than truncating its earlier run's output.
     lines += ["#SBATCH --requeue", "#SBATCH --open-mode=append"]
-    for option in resources.extra:
+    for option in extra:
         name, has_value, value = option.partition("=")
         lines.append(f"#SBATCH {name}={sbatch_quote(value)}" if has_value else f"#SBATCH {name}")
     return "\n".join(lines)

@@ -34,10 +34,9 @@ MAIL_TYPES = (
     "NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
     "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS",
 )  # fmt: skip
-# sbatch options --extra may not give, with what to use instead: those hpcbox writes itself, and those
-# that would undo what it writes (a task count, GPUs it does not start a process for, no requeue).
+# sbatch options hpcbox writes itself, with the flag to use instead of --extra.
 OWNED_OPTIONS = {
-    "--job-name": "use --job-name", "--partition": "use --partition", "--gres": "use --gpus/--gpu-type",
+    "--job-name": "use --job-name", "--partition": "use --partition",
     "--gpus-per-node": "use --gpus/--gpu-type", "--gpus": "use --gpus", "--cpus-per-task": "use --cpus",
     "--mem": "use --mem", "--time": "use --time", "--nodes": "use --nodes",
     "--ntasks-per-node": "use --ntasks-per-node", "--account": "use --account", "--qos": "use --qos",
@@ -45,16 +44,22 @@ OWNED_OPTIONS = {
     "--output": "use --log", "--error": "use --error-log",
     "--signal": "it handles the time limit", "--requeue": "it requeues checkpointed jobs",
     "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
-    "--ntasks": "it writes --ntasks-per-node; use --nodes and --ntasks-per-node",
-    "--ntasks-per-gpu": "it writes --ntasks-per-node; use --ntasks-per-node",
-    "--no-requeue": "it requeues checkpointed jobs; use --max-restarts 0",
-    "--gpus-per-task": "it starts one process per GPU on each node; use --gpus (per node)",
-    "--gpus-per-socket": "it starts one process per GPU on each node; use --gpus (per node)",
-    "--tres-per-task": "it sizes each task itself; use --cpus and --gpus",
-    "--cpus-per-gpu": "it writes --cpus-per-task; use --cpus (CPUs per task, one task per GPU)",
-    "--wrap": "the job script is hpcbox's; name the program in [tool.hpcbox.run]",
-    "--wait": "submit returns the job id; follow the job with `invoke status` or `invoke logs --follow`",
 }  # fmt: skip
+# sbatch options that would undo what hpcbox writes: what they do to the job, and what to use instead.
+UNDOING_OPTIONS = {
+    "--ntasks": "sets a task count beside --ntasks-per-node (use --nodes and --ntasks-per-node)",
+    "--ntasks-per-gpu": "sets a task count beside --ntasks-per-node (use --ntasks-per-node)",
+    "--no-requeue": "stops the requeue after a checkpoint (use --max-restarts 0)",
+    "--gpus-per-task": "allocates GPUs hpcbox starts no process for (use --gpus, per node)",
+    "--gpus-per-socket": "allocates GPUs hpcbox starts no process for (use --gpus, per node)",
+    "--tres-per-task": "sizes tasks behind --cpus-per-task and the GPU request (use --cpus and --gpus)",
+    "--cpus-per-gpu": "conflicts with --cpus-per-task (use --cpus: CPUs per task, one task per GPU)",
+    "--wrap": "replaces the job script (name the program in [tool.hpcbox.run])",
+    "--wait": "keeps sbatch from returning (follow the job with `invoke status` or `invoke logs --follow`)",
+}
+# Generic resources that reach GPUs (or take the job's away): only --gpus/--gpu-type ask for those.
+GPU_GRES = ("gpu", "mps", "shard", "none")
+_GRES = re.compile(r"^[A-Za-z0-9_]+(?::[A-Za-z0-9_.-]+)*(?:,[A-Za-z0-9_]+(?::[A-Za-z0-9_.-]+)*)*$")
 # Allowed only without --mem: sbatch takes one way of sizing memory.
 PER_UNIT_MEMORY = ("--mem-per-cpu", "--mem-per-gpu")
 DEFAULT_SIGNAL_MARGIN_S = 300
@@ -452,18 +457,34 @@ def _extra_name(option: str, mem: str | None) -> str:
     """The option's name, once it is one sbatch option that does not undo what hpcbox writes."""
     if not _EXTRA.match(option) or any(unicodedata.category(char) == "Cc" for char in option):
         raise FieldError("extra", f"{option!r} is not one sbatch option (allowed: --name or --name=value)")
-    name = option.split("=", 1)[0]
+    name, _, value = option.partition("=")
     if name in OWNED_OPTIONS:
         raise FieldError("extra", f"{name} is written by hpcbox ({OWNED_OPTIONS[name]})")
+    if name in UNDOING_OPTIONS:
+        raise FieldError("extra", f"{name} {UNDOING_OPTIONS[name]}")
     if name in PER_UNIT_MEMORY and mem is not None:
         raise FieldError("extra", f"{name} conflicts with --mem {mem} (use one of them)")
+    if name == "--gres":
+        _site_gres(value)
     # sbatch takes any unambiguous prefix of an option's name: --part=x would be --partition=x.
-    spelled_out = sorted(known for known in (*OWNED_OPTIONS, *PER_UNIT_MEMORY) if known.startswith(name))
+    known = (*OWNED_OPTIONS, *UNDOING_OPTIONS, *PER_UNIT_MEMORY, "--gres")
+    spelled_out = sorted(option for option in known if option.startswith(name))
     if spelled_out and name not in spelled_out:
         raise FieldError(
             "extra", f"{name} abbreviates {' or '.join(spelled_out)} (spell sbatch options out in full)"
         )
     return name
+
+
+def _site_gres(value: str) -> None:
+    """--gres for the site's other generic resources (e.g. local disk); GPUs go through --gpus."""
+    if not _GRES.match(value):
+        raise FieldError("extra", f"--gres={value}: not a list of name[:type][:count] (e.g. lscratch:10)")
+    for item in value.split(","):
+        if item.split(":", 1)[0].lower() in GPU_GRES:
+            raise FieldError(
+                "extra", f"--gres={value}: {item} reaches GPUs behind hpcbox's back (use --gpus/--gpu-type)"
+            )
 
 
 def signal_margin(time_s: int | None) -> int:

@@ -124,6 +124,25 @@ def test_gpu_request_in_each_sites_dialect():
     ]
 
 
+def test_the_sites_other_generic_resources_share_the_gpus_gres_line():
+    """sbatch keeps only the last --gres, so --extra=--gres=... joins the GPU request's line."""
+
+    def gres_lines(name: str, request: ResourceRequest) -> list[str]:
+        text = render(name, request).text
+        assert shellcheck(text).stdout == ""
+        return [line for line in text.splitlines() if line.startswith(("#SBATCH --gres", "#SBATCH --gpus"))]
+
+    disk = ("--gres=lscratch:10",)
+    assert gres_lines("edi", ResourceRequest(job_name="j", gpus=2, extra=disk)) == [
+        "#SBATCH --gres=gpu:2,lscratch:10"
+    ]
+    assert gres_lines("edi", ResourceRequest(job_name="j", extra=disk)) == ["#SBATCH --gres=lscratch:10"]
+    assert gres_lines("alliance", ResourceRequest(job_name="j", gpus=1, gpu_type="a100", extra=disk)) == [
+        "#SBATCH --gpus-per-node=a100:1",
+        "#SBATCH --gres=lscratch:10",
+    ]
+
+
 def test_alliance_script_contains_the_runtime_and_writes_no_partition():
     text = render("alliance", GOLDEN_REQUESTS["alliance"]).text
     assert "--partition" not in text

@@ -246,15 +246,19 @@ def test_every_rule_names_its_field(site, request_: ResourceRequest, field: str)
     [
         ({"mem": "16G"}, ("--mem-per-cpu=4G",), "--mem-per-cpu conflicts with --mem 16G (use one of them)"),
         ({"mem": "16G"}, ("--mem-per-gpu=40G",), "--mem-per-gpu conflicts with --mem 16G (use one of them)"),
-        ({}, ("--ntasks=8",), "--ntasks is written by hpcbox (it writes --ntasks-per-node; use --nodes and "
+        ({}, ("--ntasks=8",), "--ntasks sets a task count beside --ntasks-per-node (use --nodes and "
                               "--ntasks-per-node)"),
-        ({}, ("--no-requeue",), "--no-requeue is written by hpcbox (it requeues checkpointed jobs; use "
-                                "--max-restarts 0)"),
-        ({"gpus": 1}, ("--gpus-per-task=1",), "--gpus-per-task is written by hpcbox (it starts one process "
-                                              "per GPU on each node; use --gpus (per node))"),
-        ({}, ("--tres-per-task=gres/gpu:1",), "--tres-per-task is written by hpcbox (it sizes each task "
-                                              "itself; use --cpus and --gpus)"),
-        ({}, ("--gres=gpu:2",), "--gres is written by hpcbox (use --gpus/--gpu-type)"),
+        ({}, ("--no-requeue",), "--no-requeue stops the requeue after a checkpoint (use --max-restarts 0)"),
+        ({"gpus": 1}, ("--gpus-per-task=1",), "--gpus-per-task allocates GPUs hpcbox starts no process for "
+                                              "(use --gpus, per node)"),
+        ({}, ("--tres-per-task=gres/gpu:1",),
+         "--tres-per-task sizes tasks behind --cpus-per-task and the GPU request (use --cpus and --gpus)"),
+        ({}, ("--gres=gpu:2",),
+         "--gres=gpu:2: gpu:2 reaches GPUs behind hpcbox's back (use --gpus/--gpu-type)"),
+        ({}, ("--gres=lscratch:10,shard:2",), "--gres=lscratch:10,shard:2: shard:2 reaches GPUs behind "
+                                              "hpcbox's back (use --gpus/--gpu-type)"),
+        ({}, ("--gres=lscratch 10",),
+         "--gres=lscratch 10: not a list of name[:type][:count] (e.g. lscratch:10)"),
         ({}, ("--time=1:00:00",), "--time is written by hpcbox (use --time)"),
         ({}, ("--part=gpu",), "--part abbreviates --partition (spell sbatch options out in full)"),
         ({}, ("--no-re",), "--no-re abbreviates --no-requeue (spell sbatch options out in full)"),
@@ -269,7 +273,8 @@ def test_extra_options_cannot_undo_what_hpcbox_writes(site, given, extra, messag
 
 
 def test_extra_options_that_change_nothing_hpcbox_writes_pass_through(site):
-    extra = ("--exclusive", "--constraint=a100", "--mem-per-cpu=4G", "--gpu-bind=closest", "--time-min=30")
+    extra = ("--exclusive", "--constraint=a100", "--mem-per-cpu=4G", "--gpu-bind=closest", "--time-min=30",
+             "--gres=lscratch:10")  # fmt: skip
     assert resolve(site, _ok(gpus=2, extra=extra)).extra == extra
 
 
