@@ -8,7 +8,6 @@ file per job written atomically; the commands after submit find their job there.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -353,7 +352,7 @@ def wait(
 def follow_command(record: JobRecord, follow: bool) -> str:
     """The remote shell command printing the job's logs, to the end of the job with ``follow``."""
     logs = _log_words(record)
-    first = _log_words(dataclasses.replace(record, error_log=None))
+    first = _glob_word(record.log)
     if not follow:
         return f"""
 set --; for log in {logs}; do if test -f "$log"; then set -- "$@" "$log"; fi; done
@@ -375,9 +374,12 @@ sleep 2; kill "$tailer"
 
 
 def _log_words(record: JobRecord) -> str:
-    """The job's log paths as shell words: quoted, but for the `*` standing for an array task's id."""
-    paths = [record.log, *([record.error_log] if record.error_log else [])]
-    return " ".join("*".join(shlex.quote(part) for part in path.split("*")) for path in paths)
+    return " ".join(_glob_word(path) for path in (record.log, record.error_log) if path)
+
+
+def _glob_word(path: str) -> str:
+    """``path`` as a shell word: quoted, but for the `*` standing for an array task's id."""
+    return "*".join(shlex.quote(part) for part in path.split("*"))
 
 
 def logs(

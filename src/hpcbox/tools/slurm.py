@@ -168,7 +168,7 @@ def submit(
     submit_dir: str,
     script_name: str,
     script_text: str,
-    directories: tuple[str, ...] = ("logs", "runs"),
+    directories: tuple[str, ...],
     unset: tuple[str, ...] = (),
 ) -> str:
     """Write the script into ``submit_dir/scripts`` and `sbatch --parsable` it from ``submit_dir``.
