@@ -242,11 +242,12 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
 
 
 def _provenance(profile: ClusterProfile, inputs: JobInputs, log_folders: tuple[str, ...]) -> str:
+    make_folders = f"mkdir -p {_comment(shlex.join(log_folders))} && " if log_folders else ""
     return "\n".join(
         [
             f"# Rendered by hpcbox for cluster {_comment(profile.name)}: re-render it, rather than edit it.",
             "# Submit it from the directory the relative paths below start at, once the log folder exists:",
-            f"#   mkdir -p {_comment(shlex.join(log_folders))} && sbatch <this file>",
+            f"#   {make_folders}sbatch <this file>",
             f"# sif: {_comment(inputs.sif)}",
             f"# sif sha256: {_comment(inputs.sif_sha256 or 'unknown')}",
             f"# code revision: {_comment(inputs.code_revision or 'unknown')}",

@@ -79,6 +79,12 @@ def test_one_file_for_both_streams_writes_no_error_line():
     assert script.directories_to_create == ("logs", "runs")
 
 
+def test_a_log_in_the_submit_directory_needs_no_folder():
+    script = _script(log="%x-%j.out")
+    assert script.directories_to_create == ("runs",)
+    assert "\n#   sbatch <this file>\n" in script.text
+
+
 def test_the_default_log_is_under_the_log_folder():
     script = _script()
     assert "#SBATCH --output=logs/fit-%j.out\n" in script.text
