@@ -673,10 +673,13 @@ def test_arbitrary_job_name_and_arguments_reach_the_trainer_exactly(name: str, a
 REPO = Path(__file__).resolve().parents[2]
 
 
-def invoke(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+def invoke(*argv: str, cwd: Path, **sbatch_env: str) -> subprocess.CompletedProcess:
     program = Path(os.environ.get("VIRTUAL_ENV", REPO / ".venv")) / "bin" / "invoke"
+    # sbatch's own variables (SBATCH_ACCOUNT, ...) change what the task renders: only those given.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SBATCH_")}
+    env.update(sbatch_env)
     return subprocess.run(
-        [str(program), "--search-root", str(REPO), *argv], cwd=cwd, capture_output=True, text=True
+        [str(program), "--search-root", str(REPO), *argv], cwd=cwd, capture_output=True, text=True, env=env
     )
 
 
@@ -688,6 +691,16 @@ def test_invoke_sbatch_passes_the_trainer_arguments_word_for_word(tmp_path: Path
         "local", ResourceRequest(job_name="trainer", gpus=1), args=args, inputs=JobInputs.defaults("trainer")
     )
     assert done.stdout == expected.text
+
+
+def test_invoke_sbatch_takes_the_account_from_the_environment_unless_a_flag_names_one():
+    def account_lines(*flags: str) -> list[str]:
+        done = invoke("sbatch", "--cluster=m3", *flags, cwd=REPO, SBATCH_ACCOUNT="lab01")
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stdout.splitlines() if line.startswith("#SBATCH --account")]
+
+    assert account_lines() == ["#SBATCH --account=lab01"]  # m3 requires one: the environment gives it
+    assert account_lines("--account", "mine") == ["#SBATCH --account=mine"]
 
 
 def test_invoke_sbatch_writes_the_script_with_o(tmp_path: Path):

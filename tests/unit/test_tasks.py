@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,13 @@ def _load_tasks():
 
 TASKS = _load_tasks()
 NAMES = sorted(TASKS.ns.task_names)
+
+
+def _invoke(*argv: str) -> subprocess.CompletedProcess:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SBATCH_")}
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *argv], cwd=REPO, capture_output=True, text=True, env=env
+    )
 
 
 def _help(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
@@ -52,18 +60,14 @@ def test_help_works_for_every_task(name: str, form: str, capsys):
 def test_sbatch_help_through_the_real_command_line():
     """Run the way people do: `--help` after a task whose cluster used to be positional."""
     for argv in (["sbatch", "--help"], ["sbatch", "-h"], ["--help", "sbatch"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "invoke", *argv], cwd=REPO, capture_output=True, text=True
-        )
+        done = _invoke(*argv)
         assert done.returncode == 0, done.stderr
         assert "Render the job script for a cluster" in done.stdout
         assert "-k, --check" in done.stdout
 
 
 def test_a_missing_cluster_is_one_line_naming_the_flag():
-    done = subprocess.run(
-        [sys.executable, "-m", "invoke", "sbatch", "--gpus", "1"], cwd=REPO, capture_output=True, text=True
-    )
+    done = _invoke("sbatch", "--gpus", "1")
     assert done.returncode == 1
     assert done.stderr.splitlines()[0].startswith("error: cluster: no cluster given (allowed: alliance,")
     assert done.stdout == ""
