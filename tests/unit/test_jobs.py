@@ -181,6 +181,38 @@ def test_logs_prints_every_log_there_is(tmp_path: Path):
     assert run(missing).stderr == f"hpcbox: no log yet at {tmp_path}/it's-6.out\n"
 
 
+def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project):
+    """The cluster is this machine: its commands run in sh, its downloads are copies."""
+    remote = tmp_path / "cluster"
+    (remote / "runs" / "9").mkdir(parents=True)
+    (remote / "runs" / "9" / "metrics.jsonl").write_text("{}\n")
+    (remote / "logs").mkdir()
+    for task in (0, 1):
+        (remote / "logs" / f"sweep-9_{task}.out").write_text(f"task {task}\n")
+    (remote / "logs" / "sweep-9.err").write_text("err\n")
+    job = dataclasses.replace(
+        record("9"), run_dir=f"{remote}/runs/9", log=f"{remote}/logs/sweep-9_*.out",
+        error_log=f"{remote}/logs/sweep-9.err",
+    )  # fmt: skip
+    downloaded = []
+
+    class Here:
+        def run(self, command, *, what, hint=""):
+            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+
+        def download(self, remote_path: str, local: Path) -> ssh.Transfer:
+            downloaded.append(remote_path)
+            return ssh.Transfer(1, 10)
+
+    local, transfer = jobs.fetch(Here(), project, job)
+    assert local == jobs.local_run_dir(project, job)
+    assert downloaded == [
+        f"{remote}/runs/9/", f"{remote}/logs/sweep-9_0.out", f"{remote}/logs/sweep-9_1.out",
+        f"{remote}/logs/sweep-9.err",
+    ]  # fmt: skip
+    assert transfer == ssh.Transfer(4, 40)
+
+
 STUB_SBATCH = """#!/bin/sh
 echo "account=${SBATCH_ACCOUNT-unset} qos=${SBATCH_QOS-unset} script=$2" >"$STUB_SEEN"
 echo 4711
