@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import invoke
-from invoke import Collection
+from invoke import Collection, Exit
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -113,9 +113,9 @@ def base(c, suite="trixie", mirror=None, force=False):
 )
 @friendly
 def lock(c, base=None, mirror=None):
-    """Refresh the image's locks: the Debian base, pinned Debian versions, the hashed pip lock."""
+    """Refresh the locks: Debian base, Debian versions, pip hashes, registry base digest, SIF helper."""
     from hpcbox.config import load_project
-    from hpcbox.lock import refresh_base_lock, refresh_locks
+    from hpcbox.lock import refresh_base_lock, refresh_helper_lock, refresh_locks, refresh_registry_base
 
     project = load_project()
     changed = []
@@ -123,6 +123,7 @@ def lock(c, base=None, mirror=None):
         base_lock, base = refresh_base_lock(project, mirror=mirror)
         changed += [base_lock] if base_lock else []
     changed += refresh_locks(project, base)
+    changed += [path for path in (refresh_registry_base(project), refresh_helper_lock()) if path]
     print("locks changed: " + ", ".join(str(p) for p in changed) if changed else "locks are up to date")
 
 
@@ -137,7 +138,9 @@ def lock(c, base=None, mirror=None):
         "engine": "auto (default: the host's apptainer if on PATH, else hpcbox's helper container), "
         "host, container",
         "path": "fast (default: docker export streamed into mksquashfs) or reference (apptainer build)",
-        "compression": "gzip (default; readable by old Singularity releases), zstd, xz, lz4, lzo",
+        "compression": "ALGORITHM[:LEVEL]: gzip, zstd, xz, lz4, lzo, e.g. zstd:3 (default: what --cluster's "
+        "profile says its Apptainer reads, else gzip:1, which every Singularity and Apptainer reads)",
+        "cluster": "make the SIF this cluster's profile asks for (its compression)",
         "def_only": "only write apptainer/<project>-<flavour>.def, for building on the cluster",
         "flavour": "convert the image `invoke build` last made of this flavour (default: the last one built)",
         "image": "convert this local image instead of the project's (e.g. myimage:tag)",
@@ -146,14 +149,29 @@ def lock(c, base=None, mirror=None):
 )
 @friendly
 def sif(
-    c, engine="auto", path="fast", compression="gzip", def_only=False, flavour=None, image=None, force=False
+    c,
+    engine="auto",
+    path="fast",
+    compression=None,
+    cluster=None,
+    def_only=False,
+    flavour=None,
+    image=None,
+    force=False,
 ):
-    """Convert the built image to an Apptainer SIF, cached by image content."""
+    """Convert the built image to an Apptainer SIF, cached by image content and compression."""
     from types import SimpleNamespace
 
+    from hpcbox.compression import DEFAULT, parse_compression
     from hpcbox.config import load_project
     from hpcbox.image import last_image
+    from hpcbox.profiles import load_profile
     from hpcbox.sif import build_sif, write_definition
+
+    if compression is not None:
+        squashfs = parse_compression(compression, "--compression")
+    else:
+        squashfs = load_profile(cluster).apptainer.compression if cluster else DEFAULT
 
     project = load_project()
     if image is None:
@@ -164,8 +182,26 @@ def sif(
     if def_only:
         print(write_definition(source, project.root / "apptainer", name))
         return
-    made = build_sif(source, engine_choice=engine, conversion=path, compression=compression, force=force)
+    made = build_sif(source, engine_choice=engine, conversion=path, compression=squashfs, force=force)
     print(made.path)
+
+
+@task(
+    help={
+        "artifact": "a .sif file, or a local image reference",
+        "engine": "where Apptainer runs for a SIF: auto (default), host, container",
+    }
+)
+@friendly
+def verify(c, artifact, engine="auto"):
+    """Rebuild an image or SIF from the commit it records, in a clean checkout: identical or not?"""
+    from hpcbox.config import load_project
+    from hpcbox.verify import verify as rebuild_and_compare
+
+    verdict = rebuild_and_compare(artifact, load_project(), engine_choice=engine, say=_say)
+    print("\n".join(verdict.lines()))
+    if not verdict.identical:
+        raise Exit(code=1)
 
 
 # --- sbatch / profiles ---------------------------------------------------------------------------
@@ -368,8 +404,9 @@ def submit(
     project, profile, checked = _resources(cluster, locals())
     target = jobs.connection_target(profile, project, host=host, user=user, port=int(port) if port else None)
     payload, environment = jobs.prepare_payload(
-        project, jobs.data_path(project, data), flavour=flavour, offline=offline, say=_say
-    )
+        project, jobs.data_path(project, data), profile.apptainer.compression,
+        flavour=flavour, offline=offline, say=_say,
+    )  # fmt: skip
     record = jobs.submit(
         project, profile, target, checked, _trainer_args(c.remainder), payload,
         image=environment.ref, remote_root=remote_root, dry_run=dry_run, say=_say,

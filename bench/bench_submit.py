@@ -44,8 +44,10 @@ def _copy_project(into: Path) -> Path:
 def _submit_and_time(project, cluster, data: Path) -> dict:
     quiet = lambda _line: None  # noqa: E731
     started = time.perf_counter()
-    payload, environment = jobs.prepare_payload(project, data, flavour="cpu", offline=True, say=quiet)
     profile = profiles.load_profile("local")
+    payload, environment = jobs.prepare_payload(
+        project, data, profile.apptainer.compression, flavour="cpu", offline=True, say=quiet
+    )
     checked = resources.resolve(profile, resources.ResourceRequest(job_name="bench", time="10"))
     record = jobs.submit(
         project, profile, cluster.ssh_target(), checked, ("--epochs", "1000"), payload,
@@ -67,7 +69,14 @@ def run() -> list[dict]:
         image = build_image(project, flavour="cpu", offline=True, say=lambda _: None, on_line=lambda _: None)
         data = make_dataset(project, image.ref, say=lambda _: None)
         # The environment image and its SIF exist before the clock starts (a user has built them).
-        jobs.prepare_payload(project, data, flavour="cpu", offline=True, say=lambda _: None)
+        jobs.prepare_payload(
+            project,
+            data,
+            profiles.load_profile("local").apptainer.compression,
+            flavour="cpu",
+            offline=True,
+            say=lambda _: None,
+        )
         spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=_free_port())
         try:
             cluster = minicluster.up(spec, root / ".hpcbox" / "cluster")

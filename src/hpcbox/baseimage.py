@@ -18,6 +18,7 @@ import io
 import json
 import os
 import platform
+import re
 import shutil
 import tarfile
 import tempfile
@@ -29,8 +30,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256
 from hpcbox.tools import docker, proc
 
+# apt's words for a pinned version its mirror no longer serves (a point release replaced it, or sid
+# moved on).
+_APT_VERSION_GONE = re.compile(r"E: Version '([^']+)' for '([^']+)' was not found")
 DEFAULT_SUITE = "trixie"
 SUITES = ("bookworm", "trixie", "sid")
 LOCK_NAME = "base.toml"
@@ -100,9 +105,13 @@ def read_lock(path: Path) -> BaseLock:
     return BaseLock(suite, epoch, dict(packages))
 
 
+def lock_path(root: Path, docker_dir: str = "docker") -> Path:
+    return root / docker_dir / "lock" / LOCK_NAME
+
+
 def project_lock(root: Path, docker_dir: str = "docker") -> BaseLock | None:
     """The project's base lock, if it pins one."""
-    path = root / docker_dir / "lock" / LOCK_NAME
+    path = lock_path(root, docker_dir)
     return read_lock(path) if path.is_file() else None
 
 
@@ -129,9 +138,7 @@ def ensure_base(
     With ``lock``, its suite, time and packages; without, ``suite`` as the mirror serves it today.
     ``mirror`` defaults to Debian's own (deb.debian.org), the suite without -updates and -security.
     """
-    suite = lock.suite if lock else suite
-    if suite not in SUITES:
-        raise HpcboxError(f"unknown Debian suite {suite!r}", f"choose one of: {', '.join(SUITES)}")
+    suite = _known_suite(lock.suite if lock else suite)
     target = ref or base_ref(suite, lock)
     existing = docker.image(target)
     if existing is not None and not force:
@@ -149,8 +156,7 @@ def relock(
     suite: str = DEFAULT_SUITE, *, mirror: str | None = None, on_line: Callable[[str], None] | None = None
 ) -> tuple[BaseLock, BaseImage]:
     """Bootstrap ``suite`` as the mirror serves it now and pin that: the new lock and its base image."""
-    if suite not in SUITES:
-        raise HpcboxError(f"unknown Debian suite {suite!r}", f"choose one of: {', '.join(SUITES)}")
+    suite = _known_suite(suite)
     epoch = int(time.time())
     with _workdir() as work:
         layer = _bootstrap(suite, epoch, work, mirror, on_line)
@@ -158,6 +164,12 @@ def relock(
         target = base_ref(suite, lock)
         image_id = _load(layer, target, suite, epoch, lock, work)
     return lock, BaseImage(target, image_id, suite, created=True)
+
+
+def _known_suite(suite: str) -> str:
+    if suite not in SUITES:
+        raise HpcboxError(f"unknown Debian suite {suite!r}", f"choose one of: {', '.join(SUITES)}")
+    return suite
 
 
 WORKDIR_PREFIX = "hpcbox-base-"
@@ -251,7 +263,7 @@ def check_packages(lock: BaseLock, installed: Mapping[str, str]) -> None:
 
 def _load(layer: Path, ref: str, suite: str, epoch: int, lock: BaseLock | None, work: Path) -> str:
     """Load the root filesystem as a one-layer image whose config holds only fixed values."""
-    digest = _sha256(layer)
+    digest = file_sha256(layer)
     stamp = datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     labels = {"io.hpcbox.base.suite": suite, **({"io.hpcbox.base.lock": lock.digest} if lock else {})}
     config = {
@@ -285,14 +297,12 @@ def _load(layer: Path, ref: str, suite: str, epoch: int, lock: BaseLock | None, 
     return image_id
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _debian_arch() -> str:
     machine = platform.machine()
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def superseded_pin(apt_output: str) -> tuple[str, str] | None:
+    """(package, version) of the pin apt could not find, when that is why it failed."""
+    gone = _APT_VERSION_GONE.search(apt_output)
+    return None if gone is None else (gone[2], gone[1])

@@ -60,10 +60,16 @@ def run_demo(
         minicluster.ClusterSpec(name=name, port=port), project.state_dir / "cluster", on_line=say
     )
     say("== 4/6 submit: environment SIF, code snapshot and data to the cluster over SSH, then sbatch")
-    payload, environment = jobs.prepare_payload(
-        project, data, flavour=DEMO_FLAVOUR, offline=True, say=say, on_line=lambda _line: None
-    )
     profile = profiles.load_profile("local")
+    payload, environment = jobs.prepare_payload(
+        project,
+        data,
+        profile.apptainer.compression,
+        flavour=DEMO_FLAVOUR,
+        offline=True,
+        say=say,
+        on_line=lambda _line: None,
+    )
     checked = resources.resolve(profile, resources.ResourceRequest(job_name="hpcbox-demo", time=DEMO_TIME))
     record = jobs.submit(
         project,

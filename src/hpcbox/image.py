@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ FLAVOURS: Mapping[str, Flavour] = {
     ),
     "cpu": Flavour("cpu", "debian:trixie-slim", ("lock/apt-system.txt", "lock/apt-cpu.txt")),
 }
+# The registry base pinned by digest (`invoke lock` writes it where a registry is reachable).
+REGISTRY_BASE_LOCK = "lock/registry-base.toml"
 # Dockerfile stages `invoke build` can stop at: the full image, or the environment without the code.
 RUNTIME = "runtime"
 ENVIRONMENT = "environment"
@@ -93,6 +96,57 @@ class BuildPlan:
     target: str = RUNTIME
     source_date_epoch: int | None = None  # from the base lock; None on an unpinned base
     base_name: str = ""  # the base as the image's label names it: the same on every machine when pinned
+
+    @property
+    def build_args(self) -> dict[str, str]:
+        """What `docker build` is given: the base by its name here, since FROM needs one."""
+        return {"FLAVOUR": self.flavour.name, "BASE_IMAGE": self.base, **_dated(self.source_date_epoch)}
+
+
+def _dated(source_date_epoch: int | None) -> dict[str, str]:
+    return {} if source_date_epoch is None else {"SOURCE_DATE_EPOCH": str(source_date_epoch)}
+
+
+@dataclass(frozen=True)
+class RegistryBase:
+    """The registry image builds start FROM: the tag it follows and the digest it was locked at."""
+
+    tag: str
+    digest: str
+
+    @property
+    def repository(self) -> str:
+        name, colon, tag = self.tag.rpartition(":")
+        return name if colon and "/" not in tag else self.tag
+
+    @property
+    def ref(self) -> str:
+        """By digest: the same image whatever the tag points to later."""
+        return f"{self.repository}@{self.digest}"
+
+    def to_toml(self) -> str:
+        return (
+            "# The registry image builds start FROM where a registry is reachable, pinned by digest: builds\n"
+            "# use this image whatever the tag points to later. `invoke lock` re-pins it to the tag.\n"
+            f'tag = "{self.tag}"\ndigest = "{self.digest}"\n'
+        )
+
+
+def registry_base_lock(project: ProjectConfig) -> RegistryBase | None:
+    path = project.root / project.docker_dir / REGISTRY_BASE_LOCK
+    if not path.is_file():
+        return None
+    relative = path.relative_to(project.root)
+    try:
+        data = tomllib.loads(path.read_text())
+        pinned = RegistryBase(str(data["tag"]), str(data["digest"]))
+    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        raise HpcboxError(
+            f"{relative} is not a registry base lock: {exc}", "run `invoke lock` to write it again"
+        ) from exc
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", pinned.digest):
+        raise HpcboxError(f"{relative}: digest {pinned.digest!r} is not sha256:<64 hex>", "run `invoke lock`")
+    return pinned
 
 
 def resolve_flavour(name: str | None, offline: bool) -> Flavour:
@@ -170,15 +224,19 @@ def plan_build(
     elif offline:
         base_ref = baseimage.base_ref(lock=base_lock)
     else:
-        base_ref = chosen.registry_base
+        registry_base = registry_base_lock(project)
+        base_ref = registry_base.ref if registry_base else chosen.registry_base
         if docker.image(base_ref) is None and not docker.pull(base_ref):
             chosen = resolve_flavour(flavour, offline=True)
+            say(
+                f"hpcbox: no registry reachable to pull {base_ref}; building the {chosen.name} flavour "
+                "offline on a Debian base bootstrapped from Debian's mirror "
+                f"({baseimage.base_ref(lock=base_lock)})"
+            )
             base_ref = baseimage.base_ref(lock=base_lock)
             offline = True
-            say(
-                f"hpcbox: no registry reachable to pull {chosen.registry_base}; building the {chosen.name} "
-                f"flavour offline on a Debian base bootstrapped from Debian's mirror ({base_ref})"
-            )
+        elif registry_base is None:
+            say(f"hpcbox: {base_ref} is followed by its tag: `invoke lock` pins it by digest")
     base_image = docker.image(base_ref)
     if base_image is None and offline and base is None:
         say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `invoke base`)")
@@ -188,12 +246,10 @@ def plan_build(
             f"base image {base_ref} is not available",
             "pull it, or build offline with `invoke build --offline`",
         )
+    pinned = base_lock if base_lock is not None and base_ref == baseimage.base_ref(lock=base_lock) else None
+    source_date_epoch = pinned.source_date_epoch if pinned else None
     # The base by its id, not its name: the name is local (HPCBOX_BASE_REPOSITORY), the id is content.
-    hashed = {"FLAVOUR": chosen.name, "BASE_IMAGE_ID": base_image.id}
-    pinned_base = base_lock is not None and base_ref == baseimage.base_ref(lock=base_lock)
-    source_date_epoch = base_lock.source_date_epoch if pinned_base and base_lock else None
-    if source_date_epoch is not None:
-        hashed["SOURCE_DATE_EPOCH"] = str(source_date_epoch)
+    hashed = {"FLAVOUR": chosen.name, "BASE_IMAGE_ID": base_image.id, **_dated(source_date_epoch)}
     if target != RUNTIME:
         hashed["TARGET"] = target
     digest = hashlib.sha256(context)
@@ -210,7 +266,7 @@ def plan_build(
         ref=f"{repository}:{content_hash[:12]}",
         target=target,
         source_date_epoch=source_date_epoch,
-        base_name=baseimage.base_ref(lock=base_lock, canonical=True) if source_date_epoch else base_ref,
+        base_name=baseimage.base_ref(lock=pinned, canonical=True) if pinned else base_ref,
     )
 
 
@@ -247,10 +303,8 @@ def build_image(
         LABEL_LOCK: plan.lock_hash,
         LABEL_CONTENT: plan.content_hash,
     }
-    build_args = {"FLAVOUR": plan.flavour.name, "BASE_IMAGE": plan.base}
     if plan.source_date_epoch is not None:
         labels[LABEL_SOURCE_DATE_EPOCH] = str(plan.source_date_epoch)
-        build_args["SOURCE_DATE_EPOCH"] = str(plan.source_date_epoch)
     existing = docker.image(plan.ref)
     if existing is not None and not no_cache:
         say(f"hpcbox: {plan.ref} is up to date")
@@ -266,7 +320,7 @@ def build_image(
             plan.context,
             dockerfile=project.dockerfile,
             tag_ref=plan.ref,
-            build_args=build_args,
+            build_args=plan.build_args,
             labels=labels,
             secrets={"host_ca": ca} if ca is not None else {},
             no_cache=no_cache,
@@ -282,16 +336,12 @@ def build_image(
     return _image(plan, built, built=True)
 
 
-# apt's words for a pinned version its mirror no longer has (superseded by a point release).
-_APT_VERSION_GONE = re.compile(r"E: Version '([^']+)' for '([^']+)' was not found")
-
-
 def _gone_pin(project: ProjectConfig, build_output: str) -> HpcboxError | None:
     """The one line for a build that failed because Debian dropped a pinned version, else None."""
-    gone = _APT_VERSION_GONE.search(build_output)
+    gone = baseimage.superseded_pin(build_output)
     if gone is None:
         return None
-    version, package = gone.groups()
+    package, version = gone
     lock_dir = project.root / project.docker_dir / "lock"
     pinned_in = next(
         (

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcbox import logpaths, ship
+from hpcbox.compression import SifCompression
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
 from hpcbox.image import ENVIRONMENT, Image, build_image, last_image
@@ -153,6 +154,7 @@ def connection_target(
 def prepare_payload(
     project: ProjectConfig,
     data: Path,
+    compression: SifCompression,
     *,
     flavour: str | None = None,
     offline: bool = False,
@@ -161,7 +163,8 @@ def prepare_payload(
     on_line: Callable[[str], None] | None = None,
 ) -> tuple[ship.Payload, Image]:
     """The earlier stages, each a no-op when nothing changed: the environment image (the project's
-    image without its code), its SIF, the code snapshot and the dataset's digest.
+    image without its code), its SIF at ``compression`` (what the target cluster reads), the code
+    snapshot and the dataset's digest.
 
     The flavour and base are those `invoke build` last used, unless given. ``cache``: the SIF cache
     (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif).
@@ -181,7 +184,7 @@ def prepare_payload(
     environment = build_image(
         project, flavour=flavour, offline=offline, base=base, target=ENVIRONMENT, say=say, on_line=on_line
     )
-    sif = build_sif(environment, cache=cache, say=say, on_line=on_line)
+    sif = build_sif(environment, compression=compression, cache=cache, say=say, on_line=on_line)
     payload = ship.Payload(sif.path, sif.sha256, sif.size, code, dataset)
     return payload, environment
 

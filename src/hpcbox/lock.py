@@ -15,10 +15,18 @@ from pathlib import Path
 from hpcbox import baseimage
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
-from hpcbox.tools import docker, proc
+from hpcbox.image import DEFAULT_FLAVOUR, FLAVOURS, REGISTRY_BASE_LOCK, RegistryBase, registry_base_lock
+from hpcbox.tools import apptainer, docker, proc
 
 PIP_TARGET = ("--python-version", "3.13", "--python-platform", "x86_64-manylinux_2_28")
 _PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
+# `apt-get install --simulate`: "Inst NAME [OLD] (NEW Origin:suite [arch])".
+_SIMULATED_INSTALL = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.MULTILINE)
+_HELPER_LOCK_HEADER = """\
+# What the SIF helper (helper.Dockerfile) adds to the pinned Debian base, every package at its exact
+# version: a SIF's bytes depend on the mksquashfs and Apptainer that write it. Written by `invoke lock`
+# from: {wanted}
+"""
 
 
 @dataclass(frozen=True)
@@ -75,8 +83,8 @@ def refresh_base_lock(
 ) -> tuple[Path | None, str]:
     """Pin the Debian base as the mirror serves it today: the lock file if it changed, and the base
     image (made or found) in which to resolve the apt pins."""
-    path = project.root / project.docker_dir / "lock" / baseimage.LOCK_NAME
-    current = baseimage.read_lock(path) if path.is_file() else None
+    path = baseimage.lock_path(project.root, project.docker_dir)
+    current = baseimage.project_lock(project.root, project.docker_dir)
     pinned, made = baseimage.relock(current.suite if current else baseimage.DEFAULT_SUITE, mirror=mirror)
     relative = path.relative_to(project.root)
     if current is not None and (current.suite, dict(current.packages)) == (
@@ -132,6 +140,60 @@ def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str],
             changed.append(target)
         say(f"hpcbox: {relative_out}: hashed for {' '.join(PIP_TARGET[1::2])}")
     return changed
+
+
+def refresh_registry_base(project: ProjectConfig, *, say: Callable[[str], None] = print) -> Path | None:
+    """Pin the registry base to the digest its tag points to today; the lock file if it changed.
+
+    Where no registry answers, the lock stays as it is (builds then bootstrap the Debian base)."""
+    current = registry_base_lock(project)
+    tag = current.tag if current else FLAVOURS[DEFAULT_FLAVOUR].registry_base
+    path = project.root / project.docker_dir / REGISTRY_BASE_LOCK
+    relative = path.relative_to(project.root)
+    if not docker.pull(tag):
+        say(f"hpcbox: no registry reachable to pull {tag}: {relative} left as it is")
+        return None
+    info = docker.image(tag)
+    repository = RegistryBase(tag, "").repository
+    digests = [found for found in (info.digests if info else ()) if found.rpartition("@")[0] == repository]
+    if not digests:
+        raise HpcboxError(
+            f"the registry gave no digest for {tag}", "pull it by hand to see why, then lock again"
+        )
+    pinned = RegistryBase(tag, digests[0].rpartition("@")[2])
+    say(f"hpcbox: {relative}: {tag} pinned at {pinned.digest[:19]}")
+    if current == pinned:
+        return None
+    path.write_text(pinned.to_toml())
+    return path
+
+
+def simulated_installs(apt_output: str) -> dict[str, str]:
+    """Package → version from `apt-get install --simulate` output: what apt would install."""
+    return dict(_SIMULATED_INSTALL.findall(apt_output))
+
+
+def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
+    """Pin what the Apptainer helper installs as the mirror (trixie, and sid for Apptainer) serves it
+    today, resolved on the helper's own pinned base; the lock file if it changed."""
+    base = baseimage.ensure_base(lock=apptainer.helper_base_lock()).ref
+    script = (
+        apptainer.HELPER_SID_SCRIPT.read_text()
+        + "\napt-get install --simulate --no-install-recommends -y "
+        + shlex.join(apptainer.HELPER_PACKAGES)
+    )
+    output = docker.run_once(base, ["sh", "-c", script], what="resolve the Apptainer helper's packages")
+    pins = simulated_installs(output)
+    if not pins:
+        raise HpcboxError("apt resolved no packages for the Apptainer helper", "see apt's output above")
+    text = _HELPER_LOCK_HEADER.format(wanted=" ".join(apptainer.HELPER_PACKAGES))
+    text += "".join(f"{name}={version}\n" for name, version in sorted(pins.items()))
+    path = apptainer.HELPER_LOCK
+    say(f"hpcbox: {path.parent.parent.name}/{path.parent.name}/{path.name}: {len(pins)} packages pinned")
+    if path.is_file() and path.read_text() == text:
+        return None
+    path.write_text(text)
+    return path
 
 
 def _uv() -> str:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
+from hpcbox.compression import SifCompression, parse_compression
 from hpcbox.errors import HpcboxError
 from hpcbox.units import FieldError, parse_time
 
@@ -60,6 +62,9 @@ class Apptainer:
     options: tuple[str, ...] = ()  # extra `exec` options, e.g. --containall
     workdir_on_scratch: bool = False  # --workdir under the job's node scratch (Alliance: -W $SLURM_TMPDIR)
     binds: tuple[str, ...] = ()  # site areas to bind: "/project" or "/src:/dst"
+    # What the site's Apptainer/Singularity reads: zstd only where that is known (checked on the mini
+    # cluster for `local`), else a fast gzip every release reads.
+    compression: SifCompression = DEFAULT_COMPRESSION
 
 
 @dataclass(frozen=True)
@@ -184,6 +189,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
             check_bind(f"{apptainer_table.where}.binds", item)
             for item in apptainer_table.str_list("binds", default=[])
         ),
+        compression=apptainer_table.compression("compression"),
     )
     apptainer_table.reject_extra(set())
     partitions = tuple(
@@ -341,6 +347,10 @@ class _Reader:
         if value not in allowed:
             raise FieldError(self._key(key), f"{value!r} (allowed: {', '.join(allowed)})")
         return value
+
+    def compression(self, key: str) -> SifCompression:
+        value = self._get(key, str, False, None)
+        return DEFAULT_COMPRESSION if value is None else parse_compression(value, self._key(key))
 
     def str_list(self, key: str, *, default: list[str] | None = None) -> list[str]:
         value = self._get(key, list, default is None, default)

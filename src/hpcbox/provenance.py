@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from hpcbox.errors import HpcboxError
 from hpcbox.tools import proc
 
 
@@ -21,3 +22,21 @@ def source_revision(root: Path) -> str:
         check=False,
     )
     return head.stdout.strip() + ("-dirty" if status.stdout.strip() else "")
+
+
+def checkout(root: Path, revision: str, into: Path) -> None:
+    """A clean checkout of ``revision`` of the git repository at ``root``, in the new folder ``into``."""
+    known = proc.run(
+        ["git", "-C", str(root), "cat-file", "-e", f"{revision}^{{commit}}"],
+        what="find the commit",
+        check=False,
+    )
+    if known.returncode != 0:
+        raise HpcboxError(
+            f"commit {revision} is not in the repository at {root}",
+            "fetch it (git fetch), then verify again",
+        )
+    proc.run(["git", "clone", "--quiet", "--no-checkout", str(root), str(into)], what="clone the repository")
+    proc.run(
+        ["git", "-C", str(into), "checkout", "--quiet", "--detach", revision], what=f"check out {revision}"
+    )

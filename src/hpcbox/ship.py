@@ -24,8 +24,8 @@ from pathlib import Path
 
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256
 from hpcbox.image import project_files
-from hpcbox.sif import file_sha256
 from hpcbox.tools import docker, ssh
 
 DEFAULT_REMOTE_ROOT = "hpcbox"

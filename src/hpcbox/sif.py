@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import struct
 import tarfile
@@ -34,26 +35,27 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
+from hpcbox.compression import SifCompression
 from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256
 from hpcbox.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer, Command, engine, parse_sif_list
 
-COMPRESSIONS = ("gzip", "zstd", "xz", "lz4", "lzo")
-# gzip: every Apptainer and Singularity release (and the kernel's squashfs) reads it; zstd needs
-# Apptainer >= 1.1 / SingularityCE >= 3.x with a zstd-capable squashfuse or kernel.
-DEFAULT_COMPRESSION = "gzip"
 CONVERSIONS = ("fast", "reference")
 DEFAULT_CONVERSION = "fast"
 LABEL_IMAGE_ID = "io.hpcbox.image.id"
 # The Apptainer and mksquashfs that made the SIF: the same image gives the same SIF with the same ones.
 LABEL_CONVERTER = "io.hpcbox.sif.converter"
 LABEL_IMAGE_REF = "io.hpcbox.image.ref"
+# The squashfs compression as `invoke sif --compression` writes it: `invoke verify` converts again with it.
+LABEL_COMPRESSION = "io.hpcbox.sif.compression"
 BUILD_DATE_LABEL = "org.label-schema.build-date"
 DEFINITION = "hpcbox.def"
 ARCHIVE = "image.tar"
 # Entries `docker export` adds that are not part of the image (a created container's init layer).
-_NOT_IMAGE = frozenset({b".dockerenv", b"dev/console"})
+NOT_IMAGE = frozenset({b".dockerenv", b"dev/console"})
 # SIF partition architecture codes (`apptainer sif add --partarch`).
 _PARTARCH = {
     "386": 1,
@@ -120,12 +122,16 @@ def cache_dir() -> Path:
     return find_root() / ".hpcbox" / "sif"
 
 
-def sif_path_for(image_id: str, compression: str = DEFAULT_COMPRESSION, cache: Path | None = None) -> Path:
+def sif_path_for(
+    image_id: str, compression: SifCompression = DEFAULT_COMPRESSION, cache: Path | None = None
+) -> Path:
     """The cache path of the SIF of image ``image_id`` (its content address) at ``compression``."""
-    return (cache or cache_dir()) / f"{image_id.removeprefix('sha256:')}.{compression}.sif"
+    return (cache or cache_dir()) / f"{image_id.removeprefix('sha256:')}.{compression.slug}.sif"
 
 
-def cached(image_id: str, compression: str = DEFAULT_COMPRESSION, cache: Path | None = None) -> Sif | None:
+def cached(
+    image_id: str, compression: SifCompression = DEFAULT_COMPRESSION, cache: Path | None = None
+) -> Sif | None:
     """The cached SIF if its bytes still match its recorded sha256; None if absent or corrupted."""
     path = sif_path_for(image_id, compression, cache)
     record = path.with_suffix(".json")
@@ -145,14 +151,6 @@ def cached(image_id: str, compression: str = DEFAULT_COMPRESSION, cache: Path | 
     if path.stat().st_size != sif.size or file_sha256(path) != sif.sha256:
         return None
     return sif
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(_CHUNK * 4):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def rootfs_sha256(sif: Path, tool: Apptainer) -> str:
@@ -220,7 +218,7 @@ def build_sif(
     *,
     engine_choice: str = "auto",
     conversion: str = DEFAULT_CONVERSION,
-    compression: str = DEFAULT_COMPRESSION,
+    compression: SifCompression = DEFAULT_COMPRESSION,
     cache: Path | None = None,
     force: bool = False,
     say: Callable[[str], None] = print,
@@ -230,10 +228,6 @@ def build_sif(
     if conversion not in CONVERSIONS:
         raise HpcboxError(
             f"--path: unknown conversion {conversion!r}", f"choose one of: {', '.join(CONVERSIONS)}"
-        )
-    if compression not in COMPRESSIONS:
-        raise HpcboxError(
-            f"--compression: unknown compression {compression!r}", f"choose one of: {', '.join(COMPRESSIONS)}"
         )
     info = _require_image(image.ref)
     cache = cache or cache_dir()
@@ -259,6 +253,7 @@ def build_sif(
     try:
         labels = {} if reproducible else local_names(info.id, image.ref)
         labels[LABEL_CONVERTER] = tool.versions(work)
+        labels[LABEL_COMPRESSION] = str(compression)
         (work / DEFINITION).write_text(definition(labels))
         if conversion == "fast":
             _convert_fast(tool, work, info.id, raw, compression, say, on_line)
@@ -269,7 +264,7 @@ def build_sif(
             path=target,
             sha256=file_sha256(produced),
             size=produced.stat().st_size,
-            compression=compression,
+            compression=str(compression),
             image_id=info.id,
             built=True,
         )
@@ -314,7 +309,7 @@ def _convert_reference(
     tool: Apptainer,
     work: Path,
     image_id: str,
-    compression: str,
+    compression: SifCompression,
     say: Callable[[str], None],
     on_line: Callable[[str], None] | None,
 ) -> None:
@@ -322,9 +317,7 @@ def _convert_reference(
     with (work / ARCHIVE).open("wb") as archive:
         for chunk in docker.save(image_id):
             archive.write(chunk)
-    args = ["build"]
-    if compression != DEFAULT_COMPRESSION:
-        args += ["--mksquashfs-args", f"-comp {compression}"]
+    args = ["build", "--mksquashfs-args", shlex.join(compression.mksquashfs_args())]
     tmp = work / "tmp"
     tmp.mkdir()
     tmpdir = str(tmp) if tool.kind == "host" else "/work/tmp"
@@ -347,13 +340,13 @@ def _convert_fast(
     work: Path,
     image_id: str,
     raw: Mapping[str, Any],
-    compression: str,
+    compression: SifCompression,
     say: Callable[[str], None],
     on_line: Callable[[str], None] | None,
 ) -> None:
     if tool.kind == "host":
         _require_tar_mksquashfs(tool, work)
-    epoch = _created_epoch(raw)
+    epoch = created_epoch(raw)
     say("hpcbox: generating /.singularity.d with apptainer from the image's config ...")
     objects = _apptainer_metadata(tool, work, raw, epoch)
     overlay = _overlay_tar(work / "skeleton", epoch)
@@ -407,7 +400,7 @@ def _convert_fast(
         )
     )
     tool.script(steps, work, what="assemble the SIF with apptainer sif")
-    identity = ((raw.get("Config") or {}).get("Labels") or {}).get(LABEL_CONTENT) or image_id
+    identity = _labels(raw).get(LABEL_CONTENT) or image_id
     normalise_header(work / "out.sif", epoch, f"{identity} {compression}")
 
 
@@ -450,13 +443,18 @@ def _require_tar_mksquashfs(tool: Apptainer, work: Path) -> None:
         )
 
 
+def _labels(raw: Mapping[str, Any]) -> Mapping[str, str]:
+    """The labels of an image, from the engine's inspect record."""
+    return (raw.get("Config") or {}).get("Labels") or {}
+
+
 def _source_date_epoch(raw: Mapping[str, Any]) -> int | None:
     """The time `invoke build` stamped a reproducible image with (from its pinned base), if any."""
-    value = ((raw.get("Config") or {}).get("Labels") or {}).get(LABEL_SOURCE_DATE_EPOCH, "")
+    value = _labels(raw).get(LABEL_SOURCE_DATE_EPOCH, "")
     return int(value) if str(value).isdigit() else None
 
 
-def _created_epoch(raw: Mapping[str, Any]) -> int:
+def created_epoch(raw: Mapping[str, Any]) -> int:
     """Every time in the SIF: the image's source date when it has one, else its creation time.
 
     Later times are clamped down to it, so a reproducible image's SIF does not depend on when it was built.
@@ -583,7 +581,7 @@ def _stream_squashfs(
     work: Path,
     image_id: str,
     overlay: bytes,
-    compression: str,
+    compression: SifCompression,
     epoch: int,
     image_size: int,
     on_line: Callable[[str], None],
@@ -593,7 +591,7 @@ def _stream_squashfs(
 
     def feed() -> None:
         try:
-            with os.fdopen(write_end, "wb", buffering=_CHUNK) as pipe, _exported(image_id) as chunks:
+            with os.fdopen(write_end, "wb", buffering=_CHUNK) as pipe, exported(image_id) as chunks:
                 _filter_export(chunks, pipe, overlay, epoch, _progress(image_size, on_line))
         except BrokenPipeError:
             pass  # mksquashfs stopped reading; its own error says why
@@ -608,8 +606,7 @@ def _stream_squashfs(
         "-noappend",
         "-quiet",
         "-no-progress",
-        "-comp",
-        compression,
+        *compression.mksquashfs_args(),
         "-mkfs-time",
         str(epoch),
         "-root-time",
@@ -650,7 +647,7 @@ def _export_error(exc: BaseException) -> HpcboxError:
 
 
 @contextlib.contextmanager
-def _exported(image_id: str) -> Iterator[Iterator[bytes]]:
+def exported(image_id: str) -> Iterator[Iterator[bytes]]:
     """`docker export` of a created (never started) container of the image; the container is removed."""
     container = docker.client().containers.create(
         image_id, command=["true"], name=f"hpcbox-sif-export-{os.urandom(4).hex()}"
@@ -682,7 +679,7 @@ def _filter_export(
     Times are clamped to the image's creation (``epoch``): only what the created container added is
     newer (its /etc/hosts, /dev, ...), so two exports of one image give the same stream.
     """
-    reader = _Reader(chunks)
+    reader = ChunkReader(chunks)
     extended: list[bytes] = []  # PAX / GNU long-name records: they belong to the entry that follows
     while True:
         header = reader.exact(_BLOCK)
@@ -692,7 +689,7 @@ def _filter_export(
         if header[156:157] in (b"x", b"L", b"K"):
             extended.append(header + reader.exact(_padded(size)))
             continue
-        keep = extended or header[:100].rstrip(b"\0") not in _NOT_IMAGE
+        keep = extended or header[:100].rstrip(b"\0") not in NOT_IMAGE
         if keep:
             out.write(b"".join(extended) + _clamp_mtime(header, epoch))
         extended = []
@@ -729,7 +726,7 @@ def _padded(size: int) -> int:
     return -(-size // _BLOCK) * _BLOCK
 
 
-class _Reader:
+class ChunkReader:
     """Reads exact byte counts from a stream of chunks."""
 
     def __init__(self, chunks: Iterable[bytes]) -> None:

@@ -40,3 +40,22 @@ def test_malformed_lock_line_names_file_and_line(tmp_path: Path):
     lock.write_text("# ok\npython3-torch==2.6\n")
     with pytest.raises(HpcboxError, match=r"^apt-cpu.txt:2: 'python3-torch==2.6' is not"):
         read_apt_lock(lock)
+
+
+def test_the_helper_lock_pins_apptainer_and_mksquashfs_and_what_they_need(
+    docker_engine, tmp_path, monkeypatch
+):
+    from hpcbox.lock import refresh_helper_lock
+    from hpcbox.tools import apptainer
+
+    monkeypatch.setattr(apptainer, "HELPER_LOCK", tmp_path / "apt-helper.txt")
+    assert refresh_helper_lock(say=lambda _: None) == tmp_path / "apt-helper.txt"
+    pins = dict(
+        line.split("=", 1)
+        for line in (tmp_path / "apt-helper.txt").read_text().splitlines()
+        if not line.startswith("#")
+    )
+    assert {"apptainer", "squashfs-tools", "squashfuse", "fuse2fs", "fuse-overlayfs", "uidmap"} <= pins.keys()
+    assert all(version and " " not in version for version in pins.values())
+    # The same mirror again: nothing changes, so the helper's tag (a hash of its lock) stays.
+    assert refresh_helper_lock(say=lambda _: None) is None

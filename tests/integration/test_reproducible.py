@@ -15,6 +15,7 @@ import pytest
 from hpcbox import baseimage
 from hpcbox.config import load_project
 from hpcbox.image import ENVIRONMENT, LABEL_BASE_DIGEST, LABEL_CONTENT, build_image
+from hpcbox.profiles import load_profile
 from hpcbox.sif import build_sif, rootfs_sha256
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer
@@ -48,7 +49,13 @@ def test_rebuilt_from_nothing_elsewhere_the_tag_rootfs_and_sif_are_identical(
             project, offline=True, target=ENVIRONMENT, no_cache=True, say=_quiet, on_line=_quiet
         )
         try:
-            sif = build_sif(image, cache=tmp_path / "sif", say=_quiet, on_line=_quiet)
+            sif = build_sif(
+                image,
+                compression=load_profile("local").apptainer.compression,
+                cache=tmp_path / "sif",
+                say=_quiet,
+                on_line=_quiet,
+            )
         finally:
             docker.remove_image(image.ref)
     finally:

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.compression import parse_compression
 from hpcbox.errors import HpcboxError
 from hpcbox.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
+from hpcbox.profiles import load_profile
 from hpcbox.sif import (
     BUILD_DATE_LABEL,
     LABEL_CONVERTER,
@@ -93,9 +95,10 @@ def test_inspect_shows_provenance(environment_image, trainer_sif, apptainer_help
 
 
 def test_second_conversion_is_a_cache_hit(environment_image, trainer_sif, sif_cache):
-    again = _convert(environment_image, sif_cache)
+    compression = load_profile("local").apptainer.compression
+    again = _convert(environment_image, sif_cache, compression=compression)
     assert again.built is False
-    assert again.path == trainer_sif.path == sif_path_for(environment_image.id, cache=sif_cache)
+    assert again.path == trainer_sif.path == sif_path_for(environment_image.id, compression, sif_cache)
     assert again.sha256 == trainer_sif.sha256
 
 
@@ -161,9 +164,16 @@ def test_corrupted_cached_sif_is_rebuilt(small_image, small_sifs, sif_cache):
     assert hit is not None and (hit.path, hit.sha256) == (rebuilt.path, rebuilt.sha256)
 
 
-def test_zstd_is_a_separate_cache_entry_that_runs(small_image, sif_cache, cluster_node):
-    sif = _convert(small_image, sif_cache / "zstd", compression="zstd")
-    assert sif.path.name.endswith(".zstd.sif")
+@pytest.mark.parametrize("written", ["gzip:1", "zstd:3", "xz"])
+def test_each_compression_is_its_own_cache_entry_and_runs_on_a_node(
+    written, small_image, sif_cache, cluster_node
+):
+    compression = parse_compression(written, "--compression")
+    sif = _convert(small_image, sif_cache / "compressions", compression=compression)
+    assert sif.path.name.endswith(f".{written.replace(':', '-')}.sif")
+    assert sif.compression == written
+    listing = cluster_node.run(f"apptainer sif list {cluster_node.sif(sif.path)}")
+    assert listing.returncode == 0, listing.stderr
     done = cluster_node.run(f"apptainer exec {cluster_node.sif(sif.path)} tool ok")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "tool ok"
@@ -204,3 +214,25 @@ def test_helper_that_cannot_start_is_one_line(tmp_path, run_id):
         missing.run("apptainer", ["--version"], tmp_path, what="ask apptainer its version")
     assert error.value.message.startswith("the Apptainer helper container cannot start:")
     assert "\n" not in error.value.message and error.value.hint
+
+
+def test_a_helper_pin_debian_no_longer_serves_is_one_line_and_builds_nothing(
+    docker_engine, tmp_path, monkeypatch
+):
+    from hpcbox.tools import apptainer, docker
+
+    lock = tmp_path / "apt-helper.txt"
+    lock.write_text(
+        re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", apptainer.HELPER_LOCK.read_text())
+    )
+    monkeypatch.setattr(apptainer, "HELPER_LOCK", lock)
+    monkeypatch.delenv("HPCBOX_APPTAINER_HELPER", raising=False)
+    ref = apptainer.helper_ref()
+    with pytest.raises(HpcboxError) as error:
+        apptainer.ensure_helper(on_line=lambda _: None)
+    assert error.value.message == (
+        "Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in apptainer/lock/apt-helper.txt for "
+        "the Apptainer helper (sid replaces versions within days)"
+    )
+    assert "invoke lock" in error.value.hint
+    assert docker.image(ref) is None

@@ -80,16 +80,17 @@ def local_resources(**given):
 
 def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None):
     project = setup.project()
+    profile, checked = profile_and_resources or local_resources()
     payload, environment = jobs.prepare_payload(
         project,
         setup.data,
+        profile.apptainer.compression,
         flavour="cpu",
         offline=True,
         cache=setup.sif_cache,
         say=lambda _: None,
         on_line=lambda _: None,
     )
-    profile, checked = profile_and_resources or local_resources()
     return jobs.submit(
         project,
         profile,
@@ -469,7 +470,7 @@ def _file_chunks(path: Path, size: int = 1 << 23):
 
 
 def test_no_image_sif_script_ledger_or_log_holds_a_secret(
-    first_job, setup: Setup, minicluster, environment_image, trainer_sif, docker_engine
+    first_job, setup: Setup, minicluster, environment_image, trainer_sif
 ):
     """Keys are generated at `up` and copied into containers as they start: never in an image layer,
     and nothing hpcbox writes (here or on the cluster) carries them."""
@@ -481,8 +482,8 @@ def test_no_image_sif_script_ledger_or_log_holds_a_secret(
     assert finished(minicluster, first_job).state == "COMPLETED"
     places = {
         # The uncompressed layers (the SIF's squashfs is compressed: its files are these layers' files).
-        f"node image {minicluster.image}": docker_engine.images.get(minicluster.image).save(),
-        f"environment image {environment_image.ref}": docker_engine.images.get(environment_image.ref).save(),
+        f"node image {minicluster.image}": docker.save(minicluster.image),
+        f"environment image {environment_image.ref}": docker.save(environment_image.ref),
         # The SIF as shipped: header, definition, labels and metadata partitions are stored uncompressed.
         f"SIF {trainer_sif.path.name}": _file_chunks(trainer_sif.path),
     }

@@ -102,3 +102,9 @@ def test_a_malformed_base_lock_is_one_line_naming_the_file(tmp_path: Path, text:
         baseimage.read_lock(path)
     assert refused.value.message.startswith(f"{path}: ") and says in refused.value.message
     assert "\n" not in refused.value.message
+
+
+def test_superseded_pin_is_read_from_apts_words():
+    output = "#8 3.1 E: Version '1.4.5-2' for 'apptainer' was not found\n#8 ERROR: process did not complete"
+    assert baseimage.superseded_pin(output) == ("apptainer", "1.4.5-2")
+    assert baseimage.superseded_pin("E: Unable to locate package apptainer") is None

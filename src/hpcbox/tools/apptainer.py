@@ -23,7 +23,13 @@ from hpcbox.errors import HpcboxError
 from hpcbox.tools import docker, proc
 
 ENGINES = ("auto", "host", "container")
-HELPER_DOCKERFILE = Path(__file__).resolve().parents[3] / "apptainer" / "helper.Dockerfile"
+HELPER_DIR = Path(__file__).resolve().parents[3] / "apptainer"
+HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
+# Every package the helper adds to the base, at its exact version; `invoke lock` writes it.
+HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
+HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
+# What the helper is for; `invoke lock` resolves these (with what they pull in) into HELPER_LOCK.
+HELPER_PACKAGES = ("apptainer/sid", "squashfs-tools/sid", "squashfuse", "fuse2fs", "fuse-overlayfs", "uidmap")
 HELPER_REPOSITORY = "hpcbox/apptainer-helper"
 HELPER_WORKDIR = "/work"
 # What `apptainer build` and a SIF mount need in a container; --privileged fails on many hosts.
@@ -301,32 +307,60 @@ def host_program() -> str | None:
     return None
 
 
+def helper_base_lock():
+    """The helper's base: the Debian base hpcbox's own docker/lock/base.toml pins."""
+    from hpcbox import baseimage
+
+    lock = baseimage.project_lock(HELPER_DIR.parent)
+    if lock is None:
+        raise HpcboxError(
+            f"no Debian base lock for the Apptainer helper in {HELPER_DIR.parent}",
+            "run `invoke lock` in hpcbox's own checkout",
+        )
+    return lock
+
+
 def helper_ref() -> str:
-    """The helper image's tag: a hash of its Dockerfile and base, so an edit means a rebuild."""
+    """The helper image's tag: a hash of its Dockerfile, its package pins and its pinned base."""
     from hpcbox import baseimage
 
     override = os.environ.get("HPCBOX_APPTAINER_HELPER")
     if override:
         return override
-    digest = hashlib.sha256(HELPER_DOCKERFILE.read_bytes() + baseimage.base_ref().encode()).hexdigest()
-    return f"{HELPER_REPOSITORY}:{digest[:12]}"
+    digest = hashlib.sha256()
+    for path in (HELPER_DOCKERFILE, HELPER_SID_SCRIPT, HELPER_LOCK):
+        digest.update(path.read_bytes() + b"\0")
+    digest.update(baseimage.base_ref(lock=helper_base_lock()).encode())
+    return f"{HELPER_REPOSITORY}:{digest.hexdigest()[:12]}"
 
 
 def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
-    """The helper image (Apptainer + squashfs-tools from Debian), built from Debian's mirror if missing."""
+    """The helper image (Apptainer + squashfs-tools from Debian, pinned), built from Debian's mirror if
+    missing."""
     from hpcbox import baseimage
 
     ref = helper_ref()
     if docker.image(ref) is not None:
         return ref
-    base = baseimage.ensure_base(on_line=on_line)
-    docker.build(
-        docker.context_tar({"Dockerfile": HELPER_DOCKERFILE}),
-        dockerfile="Dockerfile",
-        tag_ref=ref,
-        build_args={"BASE": base.ref},
-        labels={},
-        secrets={},
-        on_line=on_line,
-    )
+    base = baseimage.ensure_base(lock=helper_base_lock(), on_line=on_line)
+    files = {"Dockerfile": HELPER_DOCKERFILE, "add-sid.sh": HELPER_SID_SCRIPT, "apt-helper.txt": HELPER_LOCK}
+    try:
+        docker.build(
+            docker.context_tar(files),
+            dockerfile="Dockerfile",
+            tag_ref=ref,
+            build_args={"BASE": base.ref},
+            labels={},
+            secrets={},
+            on_line=on_line,
+        )
+    except HpcboxError as failed:
+        gone = baseimage.superseded_pin(failed.details)
+        if gone is None:
+            raise
+        raise HpcboxError(
+            f"Debian no longer serves {gone[0]} {gone[1]}, pinned in apptainer/lock/apt-helper.txt for the "
+            "Apptainer helper (sid replaces versions within days)",
+            "run `invoke lock` to pin what the mirror serves now, then convert again",
+        ) from failed
     return ref

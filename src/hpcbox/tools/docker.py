@@ -40,6 +40,7 @@ class ImageInfo:
     size: int
     user: str
     env: tuple[str, ...]
+    digests: tuple[str, ...] = ()  # repository@sha256:... for each registry it was pulled from or pushed to
 
 
 @functools.cache
@@ -80,6 +81,7 @@ def image(ref: str) -> ImageInfo | None:
         size=int(attrs.get("Size") or 0),
         user=config.get("User") or "",
         env=tuple(config.get("Env") or ()),
+        digests=tuple(attrs.get("RepoDigests") or ()),
     )
 
 
@@ -109,6 +111,14 @@ def _looks_unreachable(text: str) -> bool:
         "Client.Timeout",
     )
     return any(marker in text for marker in markers)
+
+
+def push(ref: str) -> None:
+    """Push ``ref`` to its registry; the registry's error, if any, in one line."""
+    repository, _, tag_name = ref.rpartition(":")
+    for status in client().api.push(repository, tag=tag_name, stream=True, decode=True):
+        if "error" in status:
+            raise HpcboxError(f"cannot push {ref}: {status['error']}", "check the registry and your login")
 
 
 def tag(source: str, target: str) -> None:

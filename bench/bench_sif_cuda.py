@@ -1,0 +1,142 @@
+"""`invoke sif` on the cuda environment image (PyTorch with PyPI's CUDA wheels, ~7.5 GB), the SIF users
+actually ship, at each compression a profile may choose, side by side in one run:
+
+- `docker export` alone (read to /dev/null): the floor any conversion stands on;
+- the fast path at gzip:9 (mksquashfs's default, hpcbox's default before profiles chose), gzip:1 (the
+  default for sites not known to read zstd) and zstd at levels 1-9 (for sites that read it): time as a
+  ratio to the export alone, size against gzip:9's (goals: zstd within 1.5x of the export and no larger
+  than gzip:9; gzip within 3x);
+- reproducibility: the image built again with no build cache under another name and converted at the
+  `local` profile's compression: same content hash and the same SIF sha256 as the first.
+
+The cuda image is built offline on the pinned base if missing (and then removed again); every SIF goes
+to a scratch cache that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from hpcbox.compression import parse_compression
+from hpcbox.config import load_project
+from hpcbox.image import ENVIRONMENT, LABEL_CONTENT, build_image
+from hpcbox.profiles import load_profile
+from hpcbox.sif import build_sif, exported
+from hpcbox.tools import docker
+
+REPO = Path(__file__).resolve().parents[1]
+# The old default first, the new ones after; zstd levels in between where the choice is made.
+COMPRESSIONS = ("gzip:9", "gzip:1", "zstd:1", "zstd:3", "zstd:5", "zstd:7", "zstd:9")
+
+
+def _quiet(line: str) -> None:
+    pass
+
+
+def _export_alone(image_id: str) -> float:
+    started = time.perf_counter()
+    with exported(image_id) as chunks, open(os.devnull, "wb") as sink:
+        for chunk in chunks:
+            sink.write(chunk)
+    return time.perf_counter() - started
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rebuilt:
+    sha256: str
+    content_hash: str
+
+
+def _rebuilt(project, cache: Path, compression: str) -> tuple[float, _Rebuilt]:
+    """The environment built again with no build cache under another name, and its SIF."""
+    elsewhere = dataclasses.replace(project, image_repository=f"hpcbox-bench-rebuild-{os.getpid()}/trainer")
+    started = time.perf_counter()
+    image = build_image(
+        elsewhere, flavour="cuda", offline=True, target=ENVIRONMENT, no_cache=True, say=_quiet, on_line=_quiet
+    )
+    seconds = time.perf_counter() - started
+    try:
+        sif = build_sif(
+            image,
+            compression=parse_compression(compression, "compression"),
+            cache=cache,
+            say=_quiet,
+            on_line=_quiet,
+        )
+    finally:
+        docker.remove_image(image.ref)
+    return seconds, _Rebuilt(sif.sha256, image.labels[LABEL_CONTENT])
+
+
+def run() -> list[dict]:
+    project = load_project(REPO)
+    image = build_image(project, flavour="cuda", offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet)
+    shipped = str(load_profile("local").apptainer.compression)
+    image_size = docker.image(image.ref).size
+    mb = 1e6
+    rows: list[dict] = [
+        {"metric": "cuda environment image size (docker)", "value": round(image_size / mb), "unit": "MB"}
+    ]
+    results: dict[str, tuple[float, int, float]] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="hpcbox-bench-sif-cuda-", dir="/var/tmp") as scratch:
+            export_s = _export_alone(image.id)
+            for written in COMPRESSIONS:
+                load = os.getloadavg()[0]
+                started = time.perf_counter()
+                sif = build_sif(
+                    image,
+                    compression=parse_compression(written, "compression"),
+                    cache=Path(scratch) / written.replace(":", "-"),
+                    say=_quiet,
+                    on_line=_quiet,
+                )
+                results[written] = (time.perf_counter() - started, sif.size, load)
+                if written == shipped:
+                    first = sif
+                else:
+                    sif.path.unlink()  # 4 GB each: keep only the one compared below
+            export_again_s = _export_alone(image.id)
+            rebuild_s, again = _rebuilt(project, Path(scratch) / "again", shipped)
+    finally:
+        if image.built:
+            docker.remove_image(image.ref)
+    identical = (again.sha256, again.content_hash) == (first.sha256, image.labels[LABEL_CONTENT])
+    rows.append(
+        {
+            "metric": "cuda environment rebuilt with no build cache: same content hash and SIF sha256",
+            "value": float(identical),
+            "unit": "bool",
+            "target": "1",
+            "note": f"{shipped}, sha256 {first.sha256[:12]} vs {again.sha256[:12]}; the no-cache build took "
+            f"{rebuild_s:.0f} s",
+        }
+    )
+    export = min(export_s, export_again_s)
+    rows.append(
+        {
+            "metric": "docker export alone (to /dev/null), best of 2",
+            "value": round(export, 1),
+            "unit": "s",
+            "note": f"before the conversions {export_s:.1f} s, after {export_again_s:.1f} s",
+        }
+    )
+    gzip9_size = results["gzip:9"][1]
+    for written, (seconds, size, load) in results.items():
+        target = "<= 1.5x export, size <= gzip:9" if written.startswith("zstd") else ""
+        target = "<= 3x export" if written == "gzip:1" else target
+        rows.append(
+            {
+                "metric": f"invoke sif --compression {written}",
+                "value": round(seconds / export, 2),
+                "unit": "x export",
+                "target": target,
+                "note": f"{seconds:.1f} s, {size / mb:.0f} MB ({size / gzip9_size:.3f} of gzip:9); "
+                f"1-min load {load:.1f}",
+            }
+        )
+    return rows

@@ -1,0 +1,414 @@
+"""`invoke verify`: rebuild an image or SIF from the commit its provenance names and compare.
+
+The artifact's labels say where it came from (source revision, flavour, content hash, base, source
+date, and for a SIF its compression). The commit is checked out into a clean temporary folder, the
+image built there with no build cache under a name of its own, and for a SIF converted again. Then:
+
+- before building anything, the checkout's sources must hash to the recorded content hash (else the
+  artifact did not come from that commit's docker/ and code, whatever its files say);
+- a SIF is identical when the whole file's sha256 is; otherwise the SIF objects that differ are named,
+  and where the root filesystem differs, the first paths that do (type, mode, owner, size, time, link
+  target, content);
+- an image is identical when every file of its root filesystem is (image ids differ between builds:
+  the engine stamps the build time into the config).
+
+A local base image is reused only when its id is the one the artifact records: an id is a digest of
+the content, so reusing it proves nothing less than bootstrapping it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcbox import provenance, sif
+from hpcbox.compression import parse_compression
+from hpcbox.config import ProjectConfig, load_project
+from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256
+from hpcbox.image import (
+    ENVIRONMENT,
+    LABEL_BASE_DIGEST,
+    LABEL_BASE_NAME,
+    LABEL_CONTENT,
+    LABEL_FLAVOUR,
+    LABEL_REVISION,
+    LABEL_SOURCE_DATE_EPOCH,
+    RUNTIME,
+    Image,
+    build_image,
+    plan_build,
+)
+from hpcbox.tools import docker
+from hpcbox.tools.apptainer import Apptainer, engine, parse_sif_list
+
+# How many differing paths are printed; the count says how many there were.
+SHOWN = 10
+_SCRATCH_PREFIX = "hpcbox-verify-"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """What an artifact's labels say about where it came from."""
+
+    revision: str
+    flavour: str
+    content_hash: str
+    base_name: str
+    base_id: str
+    pinned: bool  # built on the bootstrapped base its lock pins (else on a registry image)
+    compression: str = ""  # SIFs only
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str], what: str, *, is_sif: bool) -> Provenance:
+        needed = [LABEL_REVISION, LABEL_FLAVOUR, LABEL_CONTENT, LABEL_BASE_NAME, LABEL_BASE_DIGEST]
+        if is_sif:
+            needed.append(sif.LABEL_COMPRESSION)
+        missing = [label for label in needed if not labels.get(label)]
+        if missing:
+            raise HpcboxError(
+                f"{what} does not record where it came from (no {missing[0]} label)",
+                "only images built by `invoke build` and SIFs made by this `invoke sif` can be verified",
+            )
+        revision = labels[LABEL_REVISION]
+        if revision == "unknown" or revision.endswith("-dirty"):
+            raise HpcboxError(
+                f"{what} was built from {'uncommitted changes' if revision != 'unknown' else 'outside git'} "
+                f"({revision}): no commit holds its sources",
+                "commit, then `invoke build` and `invoke sif` again",
+            )
+        return cls(
+            revision=revision,
+            flavour=labels[LABEL_FLAVOUR],
+            content_hash=labels[LABEL_CONTENT],
+            base_name=labels[LABEL_BASE_NAME],
+            base_id=labels[LABEL_BASE_DIGEST],
+            pinned=LABEL_SOURCE_DATE_EPOCH in labels,
+            compression=labels.get(sif.LABEL_COMPRESSION, "") if is_sif else "",
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The comparison: ``differences`` empty means identical."""
+
+    artifact: str
+    revision: str
+    differences: tuple[str, ...]
+    digest: str  # the SIF's sha256, or the image's content hash
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    def lines(self) -> list[str]:
+        if self.identical:
+            return [f"identical: {self.artifact} is what commit {self.revision[:12]} builds ({self.digest})"]
+        count = len(self.differences)
+        head = f"differs: {self.artifact} is not what commit {self.revision[:12]} builds ({count} difference"
+        head += "s)" if count != 1 else ")"
+        shown = [f"  {line}" for line in self.differences[:SHOWN]]
+        if count > SHOWN:
+            shown.append(f"  ... and {count - SHOWN} more")
+        return [head, *shown]
+
+
+def verify(
+    artifact: str,
+    project: ProjectConfig,
+    *,
+    engine_choice: str = "auto",
+    say: Callable[[str], None] = print,
+    on_line: Callable[[str], None] | None = None,
+) -> Verdict:
+    """Rebuild ``artifact`` (a SIF path or a local image reference) from its commit and compare."""
+    path = Path(artifact)
+    if artifact.endswith(".sif") or path.is_file():
+        if not path.is_file():
+            raise HpcboxError(f"no SIF at {artifact}", "give the path of a .sif file, or an image reference")
+        tool = engine(engine_choice, on_line=on_line)
+        origin = Provenance.from_labels(_sif_labels(path, tool), artifact, is_sif=True)
+        return _verify_sif(path.resolve(), origin, project, tool, say, on_line)
+    info = docker.image(artifact)
+    if info is None:
+        raise HpcboxError(
+            f"no image {artifact} in the Docker engine", "give a local image reference or a .sif path"
+        )
+    origin = Provenance.from_labels(info.labels, artifact, is_sif=False)
+    return _verify_image(artifact, info.id, origin, project, say, on_line)
+
+
+def _sif_labels(path: Path, tool: Apptainer) -> Mapping[str, str]:
+    return tool.inspect(path).get("labels") or {}
+
+
+def _verify_sif(
+    path: Path,
+    origin: Provenance,
+    project: ProjectConfig,
+    tool: Apptainer,
+    say: Callable[[str], None],
+    on_line: Callable[[str], None] | None,
+) -> Verdict:
+    compression = parse_compression(origin.compression, sif.LABEL_COMPRESSION)
+    with _scratch() as scratch, _rebuilt_image(origin, project, scratch, say, on_line) as image:
+        say(f"hpcbox: converting the rebuild to a SIF ({compression}) ...")
+        again = sif.build_sif(
+            image, compression=compression, cache=scratch / "sif", say=lambda _: None, on_line=on_line or say
+        )
+        digest = file_sha256(path)
+        if digest == again.sha256:
+            return Verdict(str(path), origin.revision, (), f"sha256 {digest}")
+        say("hpcbox: the SIFs differ; comparing them object by object and file by file ...")
+        differences = _sif_differences(path, again.path, tool, scratch)
+    return Verdict(str(path), origin.revision, differences, f"sha256 {digest}")
+
+
+def _verify_image(
+    ref: str,
+    image_id: str,
+    origin: Provenance,
+    project: ProjectConfig,
+    say: Callable[[str], None],
+    on_line: Callable[[str], None] | None,
+) -> Verdict:
+    with _scratch() as scratch, _rebuilt_image(origin, project, scratch, say, on_line) as image:
+        say("hpcbox: comparing the two root filesystems file by file ...")
+        differences = tuple(_differences(image_files(image_id), image_files(image.id)))
+    return Verdict(ref, origin.revision, differences, f"content hash {origin.content_hash[:12]}")
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix=f"{_SCRATCH_PREFIX}{os.getpid()}-"))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _rebuilt_image(
+    origin: Provenance,
+    project: ProjectConfig,
+    scratch: Path,
+    say: Callable[[str], None],
+    on_line: Callable[[str], None] | None,
+) -> Iterator[Image]:
+    """The image built from a clean checkout of ``origin.revision``, with no build cache; removed after."""
+    checkout = scratch / "checkout"
+    say(f"hpcbox: checking out {origin.revision[:12]} into a clean folder ...")
+    provenance.checkout(project.root, origin.revision, checkout)
+    # Named after the caller's images, so that whatever cleans those up finds these too.
+    rebuilt = dataclasses.replace(
+        load_project(checkout), image_repository=f"{project.repository}-verify-{os.getpid()}"
+    )
+    base = None if origin.pinned else _registry_base(origin)
+    target = _target_with_hash(rebuilt, origin, base)
+    say(f"hpcbox: building commit {origin.revision[:12]} ({origin.flavour} flavour) with no build cache ...")
+    image = build_image(
+        rebuilt,
+        flavour=origin.flavour,
+        offline=origin.pinned,
+        base=base,
+        no_cache=True,
+        target=target,
+        say=lambda _: None,
+        on_line=on_line or (lambda _: None),
+    )
+    try:
+        yield image
+    finally:
+        docker.remove_image(image.ref)
+
+
+def _registry_base(origin: Provenance) -> str:
+    """The recorded registry base, pulled if missing (by digest where it was pinned so)."""
+    found = docker.image(origin.base_name)
+    if found is None and docker.pull(origin.base_name):
+        found = docker.image(origin.base_name)
+    if found is None or found.id != origin.base_id:
+        raise HpcboxError(
+            f"the base image {origin.base_name} ({origin.base_id[:19]}) is not here and cannot be pulled",
+            "pull it (docker pull), then verify again",
+        )
+    return origin.base_name
+
+
+def _target_with_hash(project: ProjectConfig, origin: Provenance, base: str | None) -> str:
+    """The Dockerfile target whose content hash, from this checkout, is the recorded one."""
+    hashes = {}
+    for target in (RUNTIME, ENVIRONMENT):
+        plan = plan_build(
+            project,
+            flavour=origin.flavour,
+            offline=origin.pinned,
+            base=base,
+            target=target,
+            say=lambda _: None,
+        )
+        if plan.base_id != origin.base_id:
+            raise HpcboxError(
+                f"the base here ({plan.base}, {plan.base_id[:19]}) is not the recorded one "
+                f"({origin.base_name}, {origin.base_id[:19]})",
+                "`invoke base --force` bootstraps it again from the lock of that commit",
+            )
+        if plan.content_hash == origin.content_hash:
+            return target
+        hashes[target] = plan.content_hash[:12]
+    raise HpcboxError(
+        f"commit {origin.revision[:12]}'s sources do not hash to the recorded content hash "
+        f"{origin.content_hash[:12]} (they give {', '.join(f'{t} {h}' for t, h in hashes.items())})",
+        "the artifact was not built from this commit's docker/ and code",
+    )
+
+
+# --- comparing ----------------------------------------------------------------------------------------
+
+# path → (type, mode, owner, size, mtime, link target, sha256 of the content)
+Manifest = dict[str, tuple[str, ...]]
+_FIELDS = ("type", "mode", "owner", "size", "time", "link target", "content")
+
+
+def _differences(artifact: Manifest, rebuilt: Manifest) -> list[str]:
+    lines = []
+    for name in sorted(artifact.keys() | rebuilt.keys()):
+        mine, theirs = artifact.get(name), rebuilt.get(name)
+        if mine == theirs:
+            continue
+        if theirs is None:
+            lines.append(f"/{name}: only in the artifact")
+        elif mine is None:
+            lines.append(f"/{name}: missing from the artifact")
+        else:
+            fields = [field for field, a, b in zip(_FIELDS, mine, theirs, strict=True) if a != b]
+            lines.append(f"/{name}: {', '.join(fields)}")
+    return lines
+
+
+def image_files(image_id: str) -> Manifest:
+    """Every file of the image's root filesystem, read from `docker export` as the sif stage reads it."""
+    raw = docker.client().api.inspect_image(image_id)
+    epoch = sif.created_epoch(raw)
+    manifest: Manifest = {}
+    with sif.exported(image_id) as chunks, tarfile.open(fileobj=sif.ChunkReader(chunks), mode="r|") as tar:
+        for member in tar:
+            name = member.name.removeprefix("./").rstrip("/")
+            if name.encode() in sif.NOT_IMAGE:
+                continue
+            content = ""
+            if member.isfile():
+                digest = hashlib.sha256()
+                handle = tar.extractfile(member)
+                assert handle is not None
+                while block := handle.read(1 << 20):
+                    digest.update(block)
+                content = digest.hexdigest()
+            manifest[name] = (
+                _TAR_TYPES.get(member.type, "other"),
+                f"{member.mode & 0o7777:o}",
+                f"{member.uid}:{member.gid}",
+                str(member.size if member.isfile() else 0),
+                str(min(int(member.mtime), epoch) if epoch else int(member.mtime)),
+                member.linkname,
+                content,
+            )
+    return manifest
+
+
+_TAR_TYPES = {
+    tarfile.REGTYPE: "file",
+    tarfile.AREGTYPE: "file",
+    tarfile.LNKTYPE: "hardlink",
+    tarfile.SYMTYPE: "symlink",
+    tarfile.DIRTYPE: "directory",
+    tarfile.CHRTYPE: "device",
+    tarfile.BLKTYPE: "device",
+    tarfile.FIFOTYPE: "fifo",
+}
+
+
+def _sif_differences(artifact: Path, rebuilt: Path, tool: Apptainer, scratch: Path) -> tuple[str, ...]:
+    """Which SIF objects differ, and within the root filesystem which files."""
+    work = scratch / "compare"
+    work.mkdir()
+    mine = _objects(artifact, tool, work)
+    theirs = _objects(rebuilt, tool, work)
+    lines = []
+    for kind in sorted(mine.keys() | theirs.keys()):
+        if mine.get(kind) != theirs.get(kind) and not kind.startswith("FS"):
+            lines.append(f"SIF object {kind!r} differs")
+    filesystem = next((kind for kind in mine if kind.startswith("FS")), "")
+    if mine.get(filesystem) != theirs.get(filesystem):
+        files = _differences(squashfs_files(artifact, tool, work), squashfs_files(rebuilt, tool, work))
+        lines += files or ["the root filesystem's squashfs differs, but no file in it does"]
+    if not lines:
+        lines.append("the SIF header differs")
+    return tuple(lines)
+
+
+def _objects(path: Path, tool: Apptainer, work: Path) -> dict[str, str]:
+    """sha256 of each SIF data object, by its type as `apptainer sif list` names it."""
+    linked = _into(path, work)
+    rows = parse_sif_list(tool.run("apptainer", ["sif", "list", linked.name], work, what=f"list {path.name}"))
+    digests = {}
+    with path.open("rb") as handle:
+        for row in rows:
+            handle.seek(row.start)
+            digest, remaining = hashlib.sha256(), row.end - row.start
+            while remaining and (block := handle.read(min(remaining, 4 << 20))):
+                digest.update(block)
+                remaining -= len(block)
+            digests[row.type.strip()] = digest.hexdigest()
+    return digests
+
+
+def squashfs_files(path: Path, tool: Apptainer, work: Path) -> Manifest:
+    """Every file of the SIF's root filesystem: unsquashfs'd (in the helper, or on the host) and listed."""
+    linked = _into(path, work)
+    rows = parse_sif_list(tool.run("apptainer", ["sif", "list", linked.name], work, what=f"list {path.name}"))
+    filesystem = next((row for row in rows if row.type.startswith("FS")), None)
+    if filesystem is None:
+        raise HpcboxError(f"{path} has no filesystem partition", "it is not a SIF of an image")
+    tree = f"tree-{linked.stem}"
+    script = (
+        f"set -e; unsquashfs -no-progress -o {filesystem.start} -d {tree} {linked.name} >/dev/null; "
+        f"cd {tree}; "
+        r"find . -mindepth 1 -printf 'L\t%y\t%m\t%U:%G\t%s\t%T@\t%l\t%P\n'; "
+        r"find . -type f -print0 | xargs -0r sha256sum | sed 's/^/S\t/'; "
+        f"cd ..; rm -rf {tree}"
+    )
+    output = tool.run("sh", ["-c", script], work, what=f"list the files of {path.name}")
+    listed: dict[str, list[str]] = {}
+    sums: dict[str, str] = {}
+    for line in output.splitlines():
+        if line.startswith("L\t"):
+            _, kind, mode, owner, size, mtime, link, name = line.split("\t", 7)
+            listed[name] = [_FIND_TYPES.get(kind, "other"), mode, owner, size if kind == "f" else "0",
+                            mtime.split(".")[0], link]  # fmt: skip
+        elif line.startswith("S\t"):
+            digest, _, name = line[2:].partition("  ")
+            sums[name.removeprefix("./")] = digest
+    return {name: (*fields, sums.get(name, "")) for name, fields in listed.items()}
+
+
+_FIND_TYPES = {"f": "file", "l": "symlink", "d": "directory", "c": "device", "b": "device", "p": "fifo"}
+
+
+def _into(path: Path, work: Path) -> Path:
+    """``path`` inside ``work`` (which the helper container sees), hard-linked when possible."""
+    inside = work / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]}.sif"
+    if not inside.exists():
+        try:
+            os.link(path, inside)
+        except OSError:
+            shutil.copyfile(path, inside)
+    return inside

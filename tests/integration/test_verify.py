@@ -1,0 +1,174 @@
+"""`invoke verify` against a real engine, Apptainer and git: a small project of its own (a git repository
+made here, on the repository's pinned Debian base), built and converted, then rebuilt from its commit.
+
+The full-size case (this repository's cpu environment rebuilt from nothing) is test_reproducible's.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hpcbox.compression import parse_compression
+from hpcbox.config import load_project
+from hpcbox.image import build_image
+from hpcbox.sif import build_sif
+from hpcbox.tools import docker
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = """\
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE} AS environment
+ARG SOURCE_DATE_EPOCH
+RUN echo hello > /hello.txt && mkdir -p /opt/tiny
+FROM environment AS runtime
+COPY src /opt/tiny/src
+"""
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "hpcbox tests",
+    "GIT_AUTHOR_EMAIL": "tests@hpcbox.invalid",
+    "GIT_COMMITTER_NAME": "hpcbox tests",
+    "GIT_COMMITTER_EMAIL": "tests@hpcbox.invalid",
+}
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, env={**os.environ, **GIT_ENV}
+    )
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, run_id: str, monkeypatch, docker_engine) -> Path:
+    """A committed project: a Dockerfile with the two targets hpcbox builds, this repository's locks."""
+    root = tmp_path / "tiny"
+    (root / "docker").mkdir(parents=True)
+    shutil.copytree(REPO / "docker" / "lock", root / "docker" / "lock")
+    (root / "docker" / "Dockerfile").write_text(DOCKERFILE)
+    (root / "src").mkdir()
+    (root / "src" / "train.py").write_text("print('tiny')\n")
+    (root / "pyproject.toml").write_text('[project]\nname = "tiny"\n\n[tool.hpcbox]\ncode = ["src"]\n')
+    _git(root, "init", "--quiet")
+    _git(root, "add", ".")
+    _git(root, "commit", "--quiet", "-m", "tiny project")
+    monkeypatch.setenv("HPCBOX_IMAGE_REPOSITORY", f"{run_id}/tiny")
+    monkeypatch.chdir(root)
+    return root
+
+
+def _verify(root: Path, artifact: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", "--search-root", str(REPO), "verify", "--artifact", artifact],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=600,
+    )
+
+
+def test_a_sif_and_an_image_built_from_a_commit_verify_identical_and_a_changed_file_is_named(tiny, tmp_path):
+    project = load_project(tiny)
+    image = build_image(project, flavour="cpu", offline=True, say=_quiet, on_line=_quiet)
+    compression = parse_compression("zstd:3", "--compression")
+    sif = build_sif(image, compression=compression, cache=tmp_path / "sif", say=_quiet, on_line=_quiet)
+    head = subprocess.run(["git", "-C", str(tiny), "rev-parse", "HEAD"], capture_output=True, text=True)
+
+    done = _verify(tiny, str(sif.path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"identical: {sif.path} is what commit {head.stdout[:12]} builds")
+    assert sif.sha256 in done.stdout
+
+    done = _verify(tiny, image.ref)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"identical: {image.ref} is what commit")
+
+    # The same image with one file's content changed (same size) and one file added; its config (labels,
+    # command) unchanged: a container created with another command would commit that command too.
+    container = docker.client().containers.create(image.id)
+    try:
+        container.put_archive("/", _tar({"hello.txt": b"HELLO\n", "added.txt": b"new\n"}))
+        tampered = container.commit(repository=f"{image.ref.split(':')[0]}-tampered", tag="1")
+    finally:
+        container.remove(force=True)
+    try:
+        changed = build_sif(
+            SimpleNamespace(ref=tampered.tags[0]),
+            compression=compression,
+            cache=tmp_path / "tampered",
+            say=_quiet,
+            on_line=_quiet,
+        )
+        done = _verify(tiny, str(changed.path))
+    finally:
+        docker.remove_image(tampered.tags[0])
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"differs: {changed.path} is not what commit {head.stdout[:12]} builds")
+    assert "  /added.txt: only in the artifact" in lines
+    assert "  /hello.txt: content" in lines
+    assert len(lines) == 3, done.stdout  # nothing else differs
+
+
+def test_sources_that_do_not_hash_to_the_recorded_content_are_refused_before_building(tiny, tmp_path):
+    project = load_project(tiny)
+    image = build_image(project, flavour="cpu", offline=True, say=_quiet, on_line=_quiet)
+    # The image now claims a commit whose Dockerfile says something else.
+    (tiny / "docker" / "Dockerfile").write_text(DOCKERFILE.replace("hello", "hi"))
+    _git(tiny, "commit", "--quiet", "-am", "another Dockerfile")
+    container = docker.client().containers.create(image.id, command=["true"])
+    head = subprocess.run(["git", "-C", str(tiny), "rev-parse", "HEAD"], capture_output=True, text=True)
+    try:
+        relabelled = container.commit(
+            repository=f"{image.ref.split(':')[0]}-relabelled",
+            tag="1",
+            conf={"Labels": {**image.labels, "org.opencontainers.image.revision": head.stdout.strip()}},
+        )
+    finally:
+        container.remove(force=True)
+    try:
+        done = _verify(tiny, relabelled.tags[0])
+    finally:
+        docker.remove_image(relabelled.tags[0])
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-2].startswith(
+        f"error: commit {head.stdout[:12]}'s sources do not hash to the recorded content hash"
+    ), done.stderr
+    assert not [tag for found in docker.client().images.list() for tag in found.tags if "-verify-" in tag]
+
+
+@pytest.mark.parametrize(
+    ("artifact", "message"),
+    [
+        ("missing.sif", "error: no SIF at missing.sif"),
+        ("hpcbox-nothing/here:1", "error: no image hpcbox-nothing/here:1 in the Docker engine"),
+    ],
+)
+def test_bad_artifacts_are_one_line(tiny, artifact, message):
+    done = _verify(tiny, artifact)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == message
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            # A time after the build's: the SIF clamps it to the source date as it does the original's.
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
