@@ -243,6 +243,9 @@ RESOURCE_HELP = {
     "bind": "one more bind into the container, /host or /host:/container[:ro] (repeatable)",
     "home": "the home directory in the container, /host[:/container] (--home)",
 }
+VIA_HELP = (
+    "local: rehearse the cluster's job on the mini cluster shaped like it (`invoke cluster.up --like NAME`)"
+)
 
 
 RESOURCE_FLAGS = (
@@ -272,7 +275,8 @@ def _resources(cluster: str, arguments: dict[str, Any]):
     help={
         **RESOURCE_HELP,
         "output": "write the script to this file instead of printing it",
-        "check": "also run `sbatch --test-only` on the cluster (the mini cluster for `local`)",
+        "check": "also run `sbatch --test-only` on the mini cluster (for `local`, or with --via local)",
+        "via": VIA_HELP,
         "sif": "SIF path on the cluster (default images/<project>.sif under the submit directory)",
     },
 )
@@ -306,6 +310,7 @@ def sbatch(
     home=None,
     sif=None,
     check=False,
+    via=None,
 ):
     """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`."""
     from hpcbox import render
@@ -319,7 +324,7 @@ def sbatch(
         project.run,
     )
     if check:
-        print(_test_only(profile, script.text), file=sys.stderr)
+        print(_test_only(project, profile, via, script.text), file=sys.stderr)
     if output:
         script.write(Path(output))
         print(f"wrote {output}", file=sys.stderr)
@@ -327,22 +332,18 @@ def sbatch(
         print(script.text, end="")
 
 
-def _test_only(profile, text: str) -> str:
-    """`sbatch --test-only` on the cluster; wired for the mini cluster until shipping to real sites exists."""
-    from hpcbox import minicluster
-    from hpcbox.minicluster.spec import DEFAULT_NAME
+def _test_only(project, profile, via: str | None, text: str) -> str:
+    """`sbatch --test-only` on the mini cluster, as `local` or shaped like the profile (`--via local`)."""
+    from hpcbox import jobs
     from hpcbox.tools import slurm
 
-    running = None
-    if profile.name == "local":
-        running = minicluster.find(DEFAULT_NAME, CLUSTER_STATE)
-    if running is None:
+    if profile.name != "local" and via is None:
         raise HpcboxError(
             f"--check cannot reach cluster {profile.name!r}",
-            "it works for `local` once `invoke cluster.up` has run; for other sites, submit with "
-            "`sbatch --test-only FILE` on the login node",
+            f"rehearse it: `invoke cluster.up --like {profile.name}`, then add `--via local`; on the site, "
+            "run `sbatch --test-only FILE` on the login node",
         )
-    return slurm.test_only(running.ssh_target(), text)
+    return slurm.test_only(jobs.connection_target(profile, project, via=via), text)
 
 
 # --- submit and the job's life after it ---------------------------------------------------------
@@ -359,6 +360,7 @@ def _test_only(profile, text: str) -> str:
         "user": "login user name (default: the profile's, else ~/.ssh/config)",
         "port": "login SSH port",
         "remote_root": "where hpcbox keeps SIFs, data and jobs on the cluster (default ~/hpcbox)",
+        "via": VIA_HELP,
         "dry_run": "say what would be uploaded and run, and send nothing",
     },
 )
@@ -397,19 +399,22 @@ def submit(
     port=None,
     remote_root="hpcbox",
     dry_run=False,
+    via=None,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
     from hpcbox import jobs
 
     project, profile, checked = _resources(cluster, locals())
-    target = jobs.connection_target(profile, project, host=host, user=user, port=int(port) if port else None)
+    target = jobs.connection_target(
+        profile, project, via=via, host=host, user=user, port=int(port) if port else None
+    )
     payload, environment = jobs.prepare_payload(
         project, jobs.data_path(project, data), profile.apptainer.compression,
         flavour=flavour, offline=offline, say=_say,
     )  # fmt: skip
     record = jobs.submit(
         project, profile, target, checked, _trainer_args(c.remainder), payload,
-        image=environment.ref, remote_root=remote_root, dry_run=dry_run, say=_say,
+        image=environment.ref, via=via, remote_root=remote_root, dry_run=dry_run, say=_say,
     )  # fmt: skip
     if record is not None:
         _say(f"hpcbox: sent {record.bytes_sent:,} bytes ({', '.join(record.sent) or 'nothing new'})")
@@ -428,11 +433,15 @@ def _job(job: str | None, cluster: str | None):
 
     project = load_project()
     record = jobs.Ledger(project).find(job, cluster)
-    return project, record, jobs.connection_target(profiles.load_profile(record.cluster), project)
+    target = jobs.connection_target(profiles.load_profile(record.cluster), project, via=record.via)
+    return project, record, target
 
 
 # Invoke has no optional positional arguments: the job is `-j JOB`, and the last job when left out.
-JOB_HELP = {"job": "job id (default: the last job submitted from here)", "cluster": "the job's cluster"}
+JOB_HELP = {
+    "job": "job id (default: the last job submitted from here)",
+    "cluster": "the job's cluster (e.g. edi, or edi-via-local for its rehearsal)",
+}
 
 
 @task(help=JOB_HELP)
@@ -553,7 +562,7 @@ def shell(
 
     project, profile, checked = _resources(cluster, locals())
     record = jobs.Ledger(project).find(cluster=cluster)
-    with ssh.Connection(jobs.connection_target(profile, project)) as connection:
+    with ssh.Connection(jobs.connection_target(profile, project, via=record.via)) as connection:
         jobs.shell(connection, profile, checked, record, command, on_line=print)
 
 
@@ -590,15 +599,22 @@ def _cluster_tasks() -> Collection:
             )
         return found
 
-    @task(help={"nodes": "compute nodes (default 2)", "name": "cluster name", "port": "login SSH port"})
+    @task(
+        help={
+            "nodes": "compute nodes (default 2)",
+            "name": "cluster name",
+            "port": "login SSH port",
+            "like": "shape it like this cluster profile (partitions, GPU types, accounts, scratch): a "
+            "rehearsal of that site for `invoke submit --cluster NAME --via local` (default: local)",
+        }
+    )
     @friendly
-    def up(c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT):
-        """Start the mini Slurm cluster (idempotent) and wait until every node is idle."""
+    def up(c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT, like="local"):
+        """Start the mini Slurm cluster (idempotent), shaped like a profile, and wait until it is idle."""
         from hpcbox import minicluster
 
-        cluster = minicluster.up(
-            minicluster.ClusterSpec(name=name, nodes=int(nodes), port=int(port)), CLUSTER_STATE, on_line=print
-        )
+        spec = minicluster.spec_like(like, name=name, nodes=int(nodes), port=int(port))
+        cluster = minicluster.up(spec, CLUSTER_STATE, on_line=print)
         print(minicluster.status(cluster), end="")
         print(f"login: ssh -i {cluster.key_path} -p {cluster.login_port} {cluster.user}@127.0.0.1")
 

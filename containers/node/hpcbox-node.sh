@@ -17,6 +17,11 @@ install_common() {
     install -d -m 0755 /etc/slurm
     install -m 0644 "$init/slurm.conf" /etc/slurm/slurm.conf
     install -m 0644 "$init/gres.conf" /etc/slurm/gres.conf
+    if [ -f "$init/job_submit.lua" ]; then install -m 0644 "$init/job_submit.lua" /etc/slurm/job_submit.lua; fi
+    # The cluster's shape (fake GPUs, scratch, site areas, QOS), also read by the site's prolog scripts.
+    install -m 0644 "$init/node.env" /etc/hpcbox-site.env
+    # shellcheck source=/dev/null
+    . /etc/hpcbox-site.env
     install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
     install -d -o munge -g munge -m 0755 /run/munge
     install -o munge -g munge -m 0400 "$init/munge.key" /etc/munge/munge.key
@@ -59,7 +64,13 @@ SQL
     sacctmgr --immediate add cluster "$cluster" >/dev/null || true
     sacctmgr --immediate add account research Cluster="$cluster" Description=research Organization=hpcbox \
         >/dev/null || true
-    sacctmgr --immediate add user "$user" Account=research Cluster="$cluster" >/dev/null || true
+    local qos qos_list=normal
+    for qos in $HPCBOX_QOS; do
+        sacctmgr --immediate add qos "$qos" >/dev/null || true
+        qos_list="$qos_list,$qos"
+    done
+    sacctmgr --immediate add user "$user" Account=research Cluster="$cluster" QOS="$qos_list" \
+        DefaultQOS=normal >/dev/null || true
     log "ready"
     wait -n
 }
@@ -72,13 +83,25 @@ controller() {
 
 compute() {
     # Fake GPU devices: Slurm schedules gres from files that exist; there is no GPU behind them.
-    for index in $(seq 0 $((${HPCBOX_GPUS_PER_NODE:?} - 1))); do
+    for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
         touch "/dev/fakegpu$index"
     done
     # Apptainer runs unprivileged (user namespaces + FUSE), as on a real cluster's compute nodes.
     if [ -e /dev/fuse ]; then chmod 666 /dev/fuse; fi
-    install -d -m 1777 /disk/scratch
+    install -d -m 1777 "${HPCBOX_SCRATCH_DIR:?}"
+    site_areas
+    if [ -n "$HPCBOX_MODULE_STUB" ]; then ln -sf /usr/local/lib/hpcbox-site/module.sh /usr/local/bin/module; fi
     exec slurmd -D
+}
+
+# The site's shared areas (/project, /scratch ...): folders on the shared data volume, linked from the
+# site's path on every node that mounts it.
+site_areas() {
+    local area
+    for area in $HPCBOX_SITE_AREAS; do
+        install -d -m 1777 "$HPCBOX_SITE_AREAS_DIR$area"
+        if [ ! -e "$area" ]; then ln -s "$HPCBOX_SITE_AREAS_DIR$area" "$area"; fi
+    done
 }
 
 login() {
@@ -94,6 +117,7 @@ login() {
     install -d -o "$user" -g "$user" -m 0700 "$home/.ssh"
     install -o "$user" -g "$user" -m 0600 "$init/authorized_keys" "$home/.ssh/authorized_keys"
     install -d -o "$user" -g "$user" -m 0755 "/data/$user"
+    site_areas
     exec /usr/sbin/sshd -D -e
 }
 

@@ -14,7 +14,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from hpcbox.provenance import source_revision
 from hpcbox.render import JobInputs, JobScript, render_sbatch
 from hpcbox.resources import Resources
 from hpcbox.tools import slurm, ssh
+from hpcbox.units import FieldError
 
 # How long `cancel` lets the job script copy its results back before it cancels outright.
 CANCEL_GRACE_S = 120
@@ -59,6 +60,12 @@ class JobRecord:
     bytes_sent: int = 0
     timings_s: dict[str, float] = field(default_factory=dict)
     error_log: str | None = None  # stderr's own log, when the job has one
+    via: str | None = None  # "local": the cluster's job rehearsed on the mini cluster shaped like it
+
+    @property
+    def where(self) -> str:
+        """The cluster as people and the ledger name it: `edi`, or `edi-via-local` for a rehearsal."""
+        return self.cluster if self.via is None else f"{self.cluster}-via-{self.via}"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
@@ -77,13 +84,13 @@ class Ledger:
     def __init__(self, project: ProjectConfig) -> None:
         self.directory = project.state_dir / "jobs"
 
-    def path(self, cluster: str, job_id: str) -> Path:
-        return self.directory / f"{cluster}-{job_id}.json"
+    def path(self, where: str, job_id: str) -> Path:
+        return self.directory / f"{where}-{job_id}.json"
 
     def add(self, record: JobRecord, script_text: str) -> Path:
         """Record the job (and a copy of its script beside it); a reader never sees half a file."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.path(record.cluster, record.job_id)
+        path = self.path(record.where, record.job_id)
         for target, text in ((path.with_suffix(".sh"), script_text), (path, record.to_json())):
             partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
             partial.write_text(text)
@@ -103,7 +110,7 @@ class Ledger:
         records = [
             record
             for record in self.all()
-            if (cluster is None or record.cluster == cluster) and (job_id is None or record.job_id == job_id)
+            if cluster in (None, record.cluster, record.where) and job_id in (None, record.job_id)
         ]
         if not records:
             where = f" on cluster {cluster}" if cluster else ""
@@ -113,8 +120,8 @@ class Ledger:
                 else f"no job was submitted{where}",
                 "`invoke jobs` lists the jobs hpcbox submitted from here; `invoke submit` starts one",
             )
-        if job_id is not None and len({record.cluster for record in records}) > 1:
-            clusters = ", ".join(sorted({record.cluster for record in records}))
+        if job_id is not None and len({record.where for record in records}) > 1:
+            clusters = ", ".join(sorted({record.where for record in records}))
             raise HpcboxError(f"job {job_id} exists on several clusters ({clusters})", "add --cluster=NAME")
         return records[-1]
 
@@ -123,32 +130,48 @@ def connection_target(
     profile: ClusterProfile,
     project: ProjectConfig,
     *,
+    via: str | None = None,
     host: str | None = None,
     user: str | None = None,
     port: int | None = None,
 ) -> ssh.Target:
     """How to reach ``profile``'s login node: flags over the profile; ~/.ssh/config fills the rest.
 
-    `local` is the mini cluster this checkout brought up (`invoke cluster.up`), reached with the keys
-    generated for it; HPCBOX_MINICLUSTER / HPCBOX_MINICLUSTER_STATE name another one.
+    `local`, and any cluster ``via`` "local", is the mini cluster this checkout brought up (`invoke
+    cluster.up`), reached with the keys generated for it; HPCBOX_MINICLUSTER /
+    HPCBOX_MINICLUSTER_STATE name another one. It must be shaped like ``profile`` (`--like`).
     """
-    if profile.name == "local" and host is None:
-        from hpcbox import minicluster
-        from hpcbox.minicluster.spec import DEFAULT_NAME
-
-        name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
-        state = Path(os.environ.get("HPCBOX_MINICLUSTER_STATE") or project.state_dir / "cluster")
-        running = minicluster.find(name, state)
-        if running is None:
-            raise HpcboxError(
-                f"the mini cluster {name} is not up",
-                "start it with `invoke cluster.up` (or run `invoke demo`)",
-            )
-        return running.ssh_target()
+    if via not in (None, "local"):
+        raise FieldError(
+            "via", f"{via!r} is not a place to rehearse a job", "use --via local (the mini cluster)"
+        )
+    if via == "local" or (profile.name == "local" and host is None):
+        return _mini_cluster(profile, project).ssh_target()
     login = profile.login
     # Port 22 is ssh's own default: leave it out so that a Port in ~/.ssh/config still applies.
     default_port = login.port if login.port != 22 else None
     return ssh.Target(host or login.host, port or default_port, user or login.user)
+
+
+def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
+    from hpcbox import minicluster
+    from hpcbox.minicluster.spec import DEFAULT_NAME
+
+    name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
+    state = Path(os.environ.get("HPCBOX_MINICLUSTER_STATE") or project.state_dir / "cluster")
+    running = minicluster.find(name, state)
+    like = "" if profile.name == "local" else f" --like {profile.name}"
+    if running is None:
+        raise HpcboxError(
+            f"the mini cluster {name} is not up",
+            f"start it with `invoke cluster.up{like}` (or run `invoke demo`)",
+        )
+    if running.spec.like != profile.name:
+        raise HpcboxError(
+            f"the mini cluster {name} is shaped like {running.spec.like!r}, not {profile.name!r}",
+            f"reshape it with `invoke cluster.up{like}`",
+        )
+    return running
 
 
 def prepare_payload(
@@ -198,6 +221,7 @@ def submit(
     payload: ship.Payload,
     *,
     image: str,
+    via: str | None = None,
     remote_root: str = ship.DEFAULT_REMOTE_ROOT,
     dry_run: bool = False,
     say: Callable[[str], None] = print,
@@ -243,6 +267,8 @@ def submit(
     record = _record(
         profile, remote, script, script_name, job_id, user, stamp, payload, image, trainer_args, timings
     )
+    if via is not None:
+        record = replace(record, via=via)
     Ledger(project).add(record, script.text)
     return record
 
@@ -394,7 +420,7 @@ def logs(
 
 
 def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
-    return project.root / "runs" / record.cluster / record.job_id
+    return project.root / "runs" / record.where / record.job_id
 
 
 def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[Path, ssh.Transfer]:
@@ -477,12 +503,13 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
     """A line per ledger entry with its live state, one connection per cluster."""
     from hpcbox.profiles import load_profile
 
-    records = [record for record in Ledger(project).all() if cluster in (None, record.cluster)]
+    records = [record for record in Ledger(project).all() if cluster in (None, record.cluster, record.where)]
     described: dict[tuple[str, str], str] = {}
-    for name in sorted({record.cluster for record in records}):
-        mine = [record for record in records if record.cluster == name]
+    for name in sorted({record.where for record in records}):
+        mine = [record for record in records if record.where == name]
         try:
-            with ssh.Connection(connection_target(load_profile(name), project)) as connection:
+            target = connection_target(load_profile(mine[0].cluster), project, via=mine[0].via)
+            with ssh.Connection(target) as connection:
                 for record in mine:
                     described[name, record.job_id] = describe(state(connection, record))
         except HpcboxError as exc:
@@ -490,7 +517,7 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
                 described.setdefault(
                     (name, record.job_id), f"job {record.job_id}: state unknown ({exc.message})"
                 )
-    return [f"{r.submitted_at}  {r.cluster:<10} {described[r.cluster, r.job_id]}" for r in records]
+    return [f"{r.submitted_at}  {r.where:<10} {described[r.where, r.job_id]}" for r in records]
 
 
 def data_path(project: ProjectConfig, given: str | None) -> Path:

@@ -3,7 +3,7 @@
 The `local` script is submitted the way a user would (over SSH, from the job's directory on the shared
 /home) and runs `python -m hpctrain train` inside the trainer SIF on a compute node. After success, a
 failing trainer, and `scancel`, the job's node scratch is gone and its results are on shared storage.
-Scripts for every other profile, with the mini cluster's partition substituted, pass `sbatch --test-only`.
+Every other profile's script meets a cluster shaped like its site in test_rehearsal.py.
 """
 
 from __future__ import annotations
@@ -266,37 +266,6 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
     resumed = next(event for event in starts if event["resumed"])
     assert resumed["world_size"] == 2
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
-
-
-def _fit_to_mini_cluster(
-    name: str, request: ResourceRequest
-) -> tuple[profiles.ClusterProfile, ResourceRequest]:
-    """The site's profile with the mini cluster's `gpu` partition, and a request that fits its nodes."""
-    site = profiles.load_profile(name)
-    partition = dataclasses.replace(local_profile().partition("gpu"), default=True)
-    profile = dataclasses.replace(site, partitions=(partition,), gpu_type_required=False)
-    fitted = dataclasses.replace(
-        request,
-        partition="gpu",
-        gpu_type=None,
-        qos=None,
-        cpus=1 if request.cpus else None,
-        mem="1G" if request.mem else None,
-        account=ACCOUNT if site.account_required else None,
-        nodes=1 if request.nodes else None,
-        ntasks_per_node=None,  # DDP: one process per GPU
-    )
-    return profile, fitted
-
-
-@pytest.mark.parametrize("name", ["alliance", "carc", "edi", "local", "m3", "mila"])
-def test_every_profiles_script_passes_sbatch_test_only(minicluster, name: str):
-    from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
-
-    profile, request = _fit_to_mini_cluster(name, GOLDEN_REQUESTS[name])
-    script = render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), TRAINER_ARGS)
-    answer = slurm.test_only(minicluster.ssh_target(), script.text)
-    assert "to start at" in answer, answer
 
 
 @pytest.mark.parametrize(

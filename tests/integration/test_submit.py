@@ -313,11 +313,13 @@ def test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly(first_job, setu
     assert remote_sha == first_job.sif_sha256  # the real store, untouched underneath
 
 
-def invoke(setup: Setup, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def invoke(
+    setup: Setup, *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "invoke", "-r", str(REPO), *args],
         cwd=setup.project_dir,
-        env={**os.environ, **setup.env},
+        env={**os.environ, **setup.env, **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

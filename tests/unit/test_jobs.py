@@ -101,6 +101,36 @@ def test_the_same_job_id_on_two_clusters_needs_the_cluster(project):
     assert jobs.Ledger(project).find("5", "edi").cluster == "edi"
 
 
+def test_a_rehearsal_is_kept_apart_from_the_sites_own_jobs(project):
+    ledger = jobs.Ledger(project)
+    ledger.add(record("5", "edi"), "")
+    rehearsed = dataclasses.replace(record("5", "edi", at="2026-11-23T12:00:00+00:00"), via="local")
+    ledger.add(rehearsed, "")
+    assert sorted(p.name for p in ledger.directory.glob("*.json")) == ["edi-5.json", "edi-via-local-5.json"]
+    assert ledger.find("5", "edi-via-local") == rehearsed
+    assert ledger.find(cluster="edi") == rehearsed  # the last edi job, rehearsed or not
+    with pytest.raises(HpcboxError, match="several clusters"):
+        ledger.find("5")
+    assert jobs.JobRecord.from_json(rehearsed.to_json()).where == "edi-via-local"
+
+
+def test_rehearsing_anywhere_but_the_mini_cluster_is_refused_naming_the_flag(project):
+    from hpcbox.profiles import load_profile
+
+    with pytest.raises(HpcboxError) as caught:
+        jobs.connection_target(load_profile("edi"), project, via="edi")
+    assert caught.value.message == "via: 'edi' is not a place to rehearse a job"
+
+
+def test_a_rehearsal_needs_the_mini_cluster_up(project, monkeypatch):
+    from hpcbox.profiles import load_profile
+
+    monkeypatch.setenv("HPCBOX_MINICLUSTER_STATE", str(project.root / "no-cluster-here"))
+    with pytest.raises(HpcboxError) as caught:
+        jobs.connection_target(load_profile("edi"), project, via="local")
+    assert "is not up" in caught.value.message and "invoke cluster.up --like edi" in caught.value.hint
+
+
 def test_sbatch_parsable_output_gives_the_job_id():
     assert slurm.parse_job_id("1234\n") == "1234"
     assert slurm.parse_job_id("1234;cluster_a\n") == "1234"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import slurmconf
+from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.spec import ClusterSpec
 from hpcbox.tools import ssh
 
@@ -17,7 +20,8 @@ def conf_values(text: str) -> dict[str, str]:
 
 
 def test_slurm_conf_names_nodes_partitions_and_gpus():
-    text = slurmconf.slurm_conf(ClusterSpec(name="demo-one", nodes=3, gpus_per_node=2))
+    spec = ClusterSpec(name="demo-one", nodes=3, gpus_per_node=2)
+    text = slurmconf.slurm_conf(spec, shape_like("local"))
     values = conf_values(text)
     assert values["ClusterName"] == "demo_one"
     assert values["GresTypes"] == "gpu"
@@ -26,12 +30,78 @@ def test_slurm_conf_names_nodes_partitions_and_gpus():
     assert "NodeName=node1,node2,node3 CPUs=2 RealMemory=2000 Gres=gpu:2 State=UNKNOWN" in text
     assert "PartitionName=cpu Nodes=node1,node2,node3 Default=YES MaxTime=INFINITE State=UP" in text
     assert "PartitionName=gpu Nodes=node1,node2,node3 MaxTime=INFINITE State=UP" in text
+    # The local mini cluster enforces nothing beyond Slurm's defaults and sets no per-job scratch.
+    assert not {"AccountingStorageEnforce", "JobSubmitPlugins", "Prolog", "TaskProlog"} & set(values)
 
 
 @pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])
 def test_gres_conf_gives_every_gpu_a_device_file(gpus, devices):
     expected = f"AutoDetect=off\nName=gpu File={devices}\n"
-    assert slurmconf.gres_conf(ClusterSpec(gpus_per_node=gpus)) == expected
+    assert slurmconf.gres_conf(shape_like("edi", gpus_per_node=gpus)) == expected
+
+
+def test_a_cluster_shaped_like_edi_has_its_partition_and_time_limit():
+    text = slurmconf.slurm_conf(ClusterSpec(like="edi"), shape_like("edi"))
+    assert "PartitionName=PGR-Standard Nodes=node1,node2 Default=YES MaxTime=10080 State=UP" in text
+    assert "PartitionName=cpu" not in text
+
+
+def test_typed_gpus_each_get_their_own_device_files():
+    shape = shape_like("m3")
+    assert shape.gpu_types == ("V100", "P100", "P4")
+    text = slurmconf.slurm_conf(ClusterSpec(like="m3"), shape)
+    assert "Gres=gpu:V100:2,gpu:P100:2,gpu:P4:2 " in text
+    assert slurmconf.gres_conf(shape).splitlines()[1:] == [
+        "Name=gpu Type=V100 File=/dev/fakegpu[0-1]",
+        "Name=gpu Type=P100 File=/dev/fakegpu[2-3]",
+        "Name=gpu Type=P4 File=/dev/fakegpu[4-5]",
+    ]
+    assert "HPCBOX_FAKE_GPUS=6\n" in slurmconf.node_env(shape)
+
+
+def test_a_required_account_and_a_partition_qos_are_enforced_by_slurm():
+    shape = shape_like("m3")
+    values = conf_values(slurmconf.slurm_conf(ClusterSpec(like="m3"), shape))
+    assert values["AccountingStorageEnforce"] == "associations,limits,qos"
+    assert values["JobSubmitPlugins"] == "lua"
+    assert "PartitionName=desktop Nodes=node1,node2 MaxTime=INFINITE AllowQos=desktopq State=UP" in (
+        slurmconf.slurm_conf(ClusterSpec(like="m3"), shape)
+    )
+    lua = slurmconf.job_submit_lua(shape)
+    assert "job_desc.account == nil" in lua and "ESLURM_INVALID_ACCOUNT" in lua
+    assert "HPCBOX_QOS=desktopq\n" in slurmconf.node_env(shape)
+
+
+def test_scratch_named_by_a_variable_is_made_per_job_by_the_prolog():
+    shape = shape_like("alliance")
+    assert (shape.scratch_dir, shape.scratch_variable) == ("/localscratch", "SLURM_TMPDIR")
+    values = conf_values(slurmconf.slurm_conf(ClusterSpec(like="alliance"), shape))
+    assert values["TaskProlog"].endswith("/task-prolog.sh") and values["Epilog"].endswith("/epilog.sh")
+    env = slurmconf.node_env(shape)
+    assert "HPCBOX_SCRATCH_VARIABLE=SLURM_TMPDIR\n" in env
+    # The site areas its binds name exist on the nodes; `module load apptainer` has a stub to call.
+    assert "HPCBOX_SITE_AREAS='/project /scratch'\n" in env and "HPCBOX_MODULE_STUB=1\n" in env
+
+
+def test_status_says_what_the_profile_leaves_unknown():
+    described = "\n".join(shape_like("edi").describe())
+    assert "shaped like profile 'edi'" in described
+    assert "PGR-Standard: gpus_per_node, gpu_types, cpus_per_gpu" in described
+
+
+def test_a_saved_shape_reads_back_equal():
+    shape = shape_like("m3")
+    assert ClusterShape.from_dict(json.loads(json.dumps(asdict(shape)))) == shape
+
+
+@pytest.mark.parametrize(
+    ("like", "problem"),
+    [("nowhere", "like: no profile named 'nowhere'"), ("../edi", "like: no profile named '../edi'")],
+)
+def test_an_unknown_profile_to_shape_like_names_the_flag(like, problem):
+    with pytest.raises(HpcboxError) as caught:
+        shape_like(like)
+    assert caught.value.message.startswith(problem)
 
 
 def test_slurmdbd_conf_carries_the_generated_password():

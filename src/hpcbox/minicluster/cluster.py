@@ -11,6 +11,7 @@ from docker.models.containers import Container
 
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster.secrets import ClusterSecrets
+from hpcbox.minicluster.shape import ClusterShape
 from hpcbox.minicluster.spec import USER, ClusterSpec
 from hpcbox.tools import docker as engine
 from hpcbox.tools import proc, ssh
@@ -23,6 +24,7 @@ class Cluster:
     spec: ClusterSpec
     image: str
     secrets: ClusterSecrets
+    shape: ClusterShape
 
     @property
     def name(self) -> str:

@@ -24,6 +24,7 @@ from hpcbox.minicluster import nodes
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.image import ensure_image
 from hpcbox.minicluster.secrets import ClusterSecrets, generate
+from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.spec import LABEL, ClusterSpec, state_dir
 from hpcbox.tools import docker as engine
 
@@ -41,7 +42,9 @@ def up(
     say = on_line or (lambda _line: None)
     image = ensure_image(on_line=on_line)
     current = find(spec.name, state_root)
-    if current is not None and current.spec == spec and current.image == image.ref and _all_running(current):
+    shape = shape_like(spec.like, spec.gpus_per_node)
+    same = current is not None and (current.spec, current.image, current.shape) == (spec, image.ref, shape)
+    if current is not None and same and _all_running(current):
         say(f"cluster {spec.name} is already up")
         wait_ready(current, timeout_s)
         return current
@@ -50,8 +53,9 @@ def up(
         down(spec.name, state_root)
     _check_port_free(spec.port)
     directory = state_dir(state_root, spec.name)
-    cluster = Cluster(spec, image.ref, generate(spec, directory))
-    (directory / "cluster.json").write_text(json.dumps({"spec": asdict(spec), "image": image.ref}))
+    cluster = Cluster(spec, image.ref, generate(spec, directory), shape)
+    saved = {"spec": asdict(spec), "image": image.ref, "shape": asdict(shape)}
+    (directory / "cluster.json").write_text(json.dumps(saved))
     try:
         _start(cluster, timeout_s, say)
     except BaseException:
@@ -66,7 +70,10 @@ def find(name: str, state_root: Path) -> Cluster | None:
     if not record.is_file():
         return None
     saved = json.loads(record.read_text())
-    return Cluster(ClusterSpec(**saved["spec"]), saved["image"], ClusterSecrets(record.parent))
+    if "shape" not in saved:  # brought up by an hpcbox before shapes: `up` replaces it
+        return None
+    shape = ClusterShape.from_dict(saved["shape"])
+    return Cluster(ClusterSpec(**saved["spec"]), saved["image"], ClusterSecrets(record.parent), shape)
 
 
 @dataclass(frozen=True)
@@ -92,10 +99,11 @@ def down(name: str, state_root: Path) -> Removed:
 
 
 def status(cluster: Cluster) -> str:
-    """`sinfo` and `squeue` as the controller sees them."""
+    """What the cluster is shaped like, and `sinfo` and `squeue` as the controller sees them."""
     sinfo = cluster.exec("controller", ["sinfo"])
     squeue = cluster.exec("controller", ["squeue"])
-    return (sinfo.stdout + sinfo.stderr + "\n" + squeue.stdout + squeue.stderr).rstrip() + "\n"
+    shape = "\n".join(cluster.shape.describe())
+    return (shape + "\n" + sinfo.stdout + sinfo.stderr + "\n" + squeue.stdout + squeue.stderr).rstrip() + "\n"
 
 
 def node_states(cluster: Cluster) -> dict[str, str]:

@@ -96,7 +96,6 @@ class ClusterNode(DockerContainer):
         spec = cluster.spec
         self.with_name(spec.container(host)).with_command([self.role])
         self.with_network(network).with_network_aliases(host)
-        self.with_env("HPCBOX_GPUS_PER_NODE", str(spec.gpus_per_node))
         self.with_kwargs(
             hostname=host, labels={LABEL: spec.name, HOST_LABEL: host}, init=True, **self.engine_options()
         )
@@ -111,12 +110,16 @@ class ClusterNode(DockerContainer):
 
     def init_files(self) -> dict[str, tuple[bytes, int]]:
         """Name -> (content, mode) for /etc/hpcbox-init: config everywhere, secrets only where needed."""
-        spec = self.cluster.spec
-        return {
-            "slurm.conf": (slurmconf.slurm_conf(spec).encode(), 0o644),
-            "gres.conf": (slurmconf.gres_conf(spec).encode(), 0o644),
+        spec, shape = self.cluster.spec, self.cluster.shape
+        files = {
+            "slurm.conf": (slurmconf.slurm_conf(spec, shape).encode(), 0o644),
+            "gres.conf": (slurmconf.gres_conf(shape).encode(), 0o644),
+            "node.env": (slurmconf.node_env(shape).encode(), 0o644),
             "munge.key": (self.cluster.secrets.munge_key.read_bytes(), 0o400),
         }
+        if shape.account_required or shape.qos_required:
+            files["job_submit.lua"] = (slurmconf.job_submit_lua(shape).encode(), 0o644)
+        return files
 
     def shared_volumes(self) -> None:
         """/home and /data, shared with the other nodes. `nocopy`: Docker would otherwise copy the

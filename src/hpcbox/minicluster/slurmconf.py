@@ -1,8 +1,14 @@
-"""The Slurm configuration files of a mini cluster, rendered from its spec (pure functions)."""
+"""The Slurm configuration files of a mini cluster, rendered from its spec and shape (pure functions)."""
 
 from __future__ import annotations
 
+import shlex
+
+from hpcbox.minicluster.shape import SITE_AREAS_DIR, ClusterShape
 from hpcbox.minicluster.spec import ClusterSpec
+
+# Scripts in the node image (containers/node/site/) that give jobs the site's per-job scratch variable.
+SITE_SCRIPTS = "/usr/local/lib/hpcbox-site"
 
 # Timers are short so that a failed node is noticed (and its requeued job restarted) in seconds, not
 # the minutes a production cluster waits. cred_expire also sets how long a requeued job waits.
@@ -19,7 +25,7 @@ _TIMERS = {
 }
 
 
-def slurm_conf(spec: ClusterSpec) -> str:
+def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     settings = {
         "ClusterName": spec.slurm_name,
         "SlurmctldHost": "controller",
@@ -50,27 +56,87 @@ def slurm_conf(spec: ClusterSpec) -> str:
         "MpiDefault": "none",
         "SchedulerType": "sched/backfill",
         "SchedulerParameters": "sched_interval=5",
+        # A job over a partition's limits is refused at submission, not left pending for ever.
+        "EnforcePartLimits": "ALL",
         "SlurmctldDebug": "info",
         "SlurmdDebug": "info",
         **_TIMERS,
     }
+    if shape.enforces_associations:
+        # As at the site: an account or QOS slurmdbd does not list for the user is refused.
+        settings["AccountingStorageEnforce"] = "associations,limits,qos"
+    if shape.account_required or shape.qos_required:
+        settings["JobSubmitPlugins"] = "lua"
+    if shape.scratch_variable:
+        settings["Prolog"] = f"{SITE_SCRIPTS}/prolog.sh"
+        settings["Epilog"] = f"{SITE_SCRIPTS}/epilog.sh"
+        settings["TaskProlog"] = f"{SITE_SCRIPTS}/task-prolog.sh"
     nodes = ",".join(spec.compute_hosts)
     lines = [f"{key}={value}" for key, value in settings.items()]
-    lines += [
+    gres = ",".join(f"gpu:{t}:{shape.gpus_per_type}" for t in shape.gpu_types) or f"gpu:{shape.gpus_per_type}"
+    lines.append(
         f"NodeName={nodes} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb_per_node} "
-        f"Gres=gpu:{spec.gpus_per_node} State=UNKNOWN",
-        f"PartitionName=cpu Nodes={nodes} Default=YES MaxTime=INFINITE State=UP",
-        f"PartitionName=gpu Nodes={nodes} MaxTime=INFINITE State=UP",
-    ]
+        f"Gres={gres} State=UNKNOWN"
+    )
+    for partition in shape.partitions:
+        words = [f"PartitionName={partition.name}", f"Nodes={nodes}"]
+        words += ["Default=YES"] if partition.default else []
+        limit = partition.max_time_minutes
+        words.append(f"MaxTime={'INFINITE' if limit is None else limit}")
+        words += [f"AllowQos={partition.qos}"] if partition.qos else []
+        lines.append(" ".join([*words, "State=UP"]))
     return "\n".join(lines) + "\n"
 
 
-def gres_conf(spec: ClusterSpec) -> str:
+def gres_conf(shape: ClusterShape) -> str:
     # A file-less Count= is dropped by slurmd ("Ignoring file-less GPU"); each GPU needs a device
-    # path that exists, so hpcbox-node creates /dev/fakegpuN as plain files.
-    last = spec.gpus_per_node - 1
-    devices = "/dev/fakegpu0" if last == 0 else f"/dev/fakegpu[0-{last}]"
-    return f"AutoDetect=off\nName=gpu File={devices}\n"
+    # path that exists, so hpcbox-node creates /dev/fakegpuN as plain files (see node_env).
+    lines = ["AutoDetect=off"]
+    per_type = shape.gpus_per_type
+    for index, gpu_type in enumerate(shape.gpu_types or (None,)):
+        first, last = index * per_type, (index + 1) * per_type - 1
+        devices = f"/dev/fakegpu{first}" if first == last else f"/dev/fakegpu[{first}-{last}]"
+        lines.append(f"Name=gpu{f' Type={gpu_type}' if gpu_type else ''} File={devices}")
+    return "\n".join(lines) + "\n"
+
+
+def job_submit_lua(shape: ClusterShape) -> str:
+    """A job_submit filter refusing jobs without an account (or QOS), as sites that require one do."""
+    checks = []
+    if shape.account_required:
+        checks.append(("account", "an account with --account", "ESLURM_INVALID_ACCOUNT"))
+    if shape.qos_required:
+        checks.append(("qos", "a QOS with --qos", "ESLURM_INVALID_QOS"))
+    body = "".join(
+        f"    if job_desc.{field} == nil then\n"
+        f'        slurm.log_user("{shape.profile}: name {what}")\n'
+        f"        return slurm.{error}\n"
+        "    end\n"
+        for field, what, error in checks
+    )
+    return (
+        "function slurm_job_submit(job_desc, part_list, submit_uid)\n"
+        f"{body}"
+        "    return slurm.SUCCESS\n"
+        "end\n\n"
+        "function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)\n"
+        "    return slurm.SUCCESS\n"
+        "end\n"
+    )
+
+
+def node_env(shape: ClusterShape) -> str:
+    """Shell assignments hpcbox-node reads: the fake GPU devices, scratch, site areas, QOS, stubs."""
+    values = {
+        "FAKE_GPUS": str(shape.gpus_per_node),
+        "SCRATCH_DIR": shape.scratch_dir,
+        "SCRATCH_VARIABLE": shape.scratch_variable or "",
+        "SITE_AREAS": " ".join(shape.site_areas),
+        "SITE_AREAS_DIR": SITE_AREAS_DIR,
+        "QOS": " ".join(shape.qos),
+        "MODULE_STUB": "1" if shape.module_stub else "",
+    }
+    return "".join(f"HPCBOX_{key}={shlex.quote(value)}\n" for key, value in values.items())
 
 
 def slurmdbd_conf(spec: ClusterSpec, db_password: str) -> str:

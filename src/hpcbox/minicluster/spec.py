@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpcbox.errors import HpcboxError
 
@@ -15,6 +16,10 @@ MAX_NODES = 16
 USER = "researcher"
 USER_UID = 1500
 LABEL = "io.hpcbox.minicluster"
+# Node sizes of a cluster shaped like a site (no profile knows them): large enough that sbatch checks
+# only what the profile knows. Nothing enforces them on the containers (TaskPlugin none).
+REHEARSAL_CPUS_PER_NODE = 64
+REHEARSAL_MEMORY_MB_PER_NODE = 256_000
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
 
 
@@ -25,9 +30,10 @@ class ClusterSpec:
     name: str = DEFAULT_NAME
     nodes: int = DEFAULT_NODES
     port: int = DEFAULT_PORT
-    gpus_per_node: int = 2
+    gpus_per_node: int = 2  # where the profile it is shaped like does not say
     cpus_per_node: int = 2
     memory_mb_per_node: int = 2000
+    like: str = "local"  # the cluster profile whose Slurm it rehearses (see shape.py)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -73,6 +79,14 @@ class ClusterSpec:
     @property
     def data_volume(self) -> str:
         return f"{self.name}-data"
+
+
+def spec_like(profile: str, **settings: Any) -> ClusterSpec:
+    """A cluster shaped like ``profile``; a site's gets the rehearsal node sizes unless ``settings`` say."""
+    sizes = {}
+    if profile != "local":
+        sizes = {"cpus_per_node": REHEARSAL_CPUS_PER_NODE, "memory_mb_per_node": REHEARSAL_MEMORY_MB_PER_NODE}
+    return ClusterSpec(like=profile, **{**sizes, **settings})
 
 
 def role(host: str) -> str:

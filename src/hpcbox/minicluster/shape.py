@@ -1,0 +1,173 @@
+"""The shape of a mini cluster: the Slurm a cluster profile describes, as far as the profile knows it.
+
+`invoke cluster.up --like edi` brings up a mini cluster configured from the `edi` profile: its
+partitions with their time limits and default, GPU gres with the profile's types, the account and QOS
+rules as Slurm itself enforces them (associations in slurmdbd, a job_submit filter where an account is
+required), node scratch at the site's path (or in the variable the site sets per job), the site's
+shared areas and its Apptainer command. What the profile does not know gets a generic value, and
+`generic` says which, so that `cluster.status` can say what the rehearsal does not check.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hpcbox.profiles import ClusterProfile, load_profile
+from hpcbox.units import FieldError
+
+# Where node scratch lives when the site names it only by a variable set per job (the Alliance's and
+# Mila's $SLURM_TMPDIR): the Alliance's own layout, <dir>/<user>.<job id>.0, made by the prolog.
+VARIABLE_SCRATCH_DIR = "/localscratch"
+# Site areas (/project, /scratch ...) live on the shared data volume under this folder, linked from
+# their site path on every node.
+SITE_AREAS_DIR = "/data/site"
+_PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
+
+
+@dataclass(frozen=True)
+class ShapedPartition:
+    name: str
+    max_time_minutes: int | None  # None: INFINITE (no limit, or none published)
+    default: bool
+    qos: str | None  # the only QOS the partition allows (M3's desktop: desktopq)
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    profile: str
+    partitions: tuple[ShapedPartition, ...]
+    gpu_types: tuple[str, ...]  # empty: untyped gres (gpu:N)
+    gpus_per_type: int
+    account_required: bool
+    qos_required: bool
+    scratch_dir: str  # the node-local folder, made on every compute node
+    scratch_variable: str | None  # set per job to a folder under scratch_dir (e.g. SLURM_TMPDIR)
+    site_areas: tuple[str, ...]  # shared site paths made on every node, e.g. /project
+    module_stub: bool  # the profile's setup loads environment modules, which the nodes do not have
+    generic: tuple[str, ...]  # facts the profile leaves unknown, filled with generic values
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
+        """The shape `dataclasses.asdict` saved (in the cluster's state, read back by `find`)."""
+        fields = {key: tuple(value) if isinstance(value, list) else value for key, value in saved.items()}
+        fields["partitions"] = tuple(ShapedPartition(**p) for p in saved["partitions"])
+        return cls(**fields)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.gpus_per_type * max(1, len(self.gpu_types))
+
+    @property
+    def enforces_associations(self) -> bool:
+        """Slurm refuses jobs whose account or QOS it does not know (AccountingStorageEnforce)."""
+        return self.account_required or self.qos_required or bool(self.qos)
+
+    @property
+    def qos(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.qos for p in self.partitions if p.qos))
+
+    def describe(self) -> list[str]:
+        """What this mini cluster takes from its profile, and what it fills in, for people."""
+
+        def partition(p: ShapedPartition) -> str:
+            limit = "no time limit" if p.max_time_minutes is None else f"MaxTime {p.max_time_minutes} min"
+            extras = [limit, *(["default"] if p.default else []), *([f"QOS {p.qos} only"] if p.qos else [])]
+            return f"{p.name} ({', '.join(extras)})"
+
+        gpus = (
+            f"typed gres, {self.gpus_per_type} of each type per node: {', '.join(self.gpu_types)}"
+            if self.gpu_types
+            else f"untyped gres, {self.gpus_per_type} per node"
+        )
+        scratch = (
+            f"${self.scratch_variable} (a folder under {self.scratch_dir} per job)"
+            if self.scratch_variable
+            else self.scratch_dir
+        )
+        account = "required (a job without --account is refused)" if self.account_required else "default"
+        lines = [
+            f"shaped like profile {self.profile!r}",
+            f"  partitions: {'; '.join(partition(p) for p in self.partitions)}",
+            f"  GPUs: {gpus}",
+            f"  account: {account}",
+            f"  node scratch: {scratch}",
+        ]
+        if self.site_areas:
+            lines.append(f"  site areas: {', '.join(self.site_areas)}")
+        if self.module_stub:
+            lines.append("  `module` is a stub that loads nothing: apptainer is on PATH")
+        if self.generic:
+            lines.append(f"  not known for {self.profile}, generic here: {'; '.join(self.generic)}")
+        return lines
+
+
+def shape_like(name: str, gpus_per_node: int = 2) -> ClusterShape:
+    """The shape of profile ``name`` (`cluster.up --like NAME`), with errors naming `like`."""
+    try:
+        profile = load_profile(name)
+    except FieldError as exc:
+        raise FieldError("like", exc.message.split(": ", 1)[1], exc.hint) from exc
+    if profile.scheduler != "slurm":
+        raise FieldError(
+            "like",
+            f"{name} uses {profile.scheduler.upper()}, and the mini cluster runs Slurm",
+            "rehearse a Slurm profile; `invoke sbatch --cluster " + name + "` renders its script",
+        )
+    return shape_of(profile, gpus_per_node)
+
+
+def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
+    """The mini cluster ``profile`` describes; ``gpus_per_node`` where the profile does not say."""
+    generic = ["node sizes (CPUs, memory)", "every partition has every node and GPU type"]
+    partitions = tuple(
+        ShapedPartition(
+            p.name,
+            None if p.max_time_s is None else math.ceil(p.max_time_s / 60),
+            p.default,
+            p.qos,
+        )
+        for p in profile.partitions
+    )
+    if not any(p.default for p in partitions):
+        partitions = (_as_default(partitions[0]), *partitions[1:])
+    for p in profile.partitions:
+        unknown = [
+            fact for fact in ("gpus_per_node", "gpu_types", "cpus_per_gpu") if getattr(p, fact) is None
+        ]
+        if unknown:
+            generic.append(f"{p.name}: {', '.join(unknown)}")
+    types = tuple(dict.fromkeys(t for p in profile.partitions for t in (p.gpu_types or ())))
+    # Each type gets the largest known count per node (a node with several types holds each of them).
+    per_type = max((p.gpus_per_node for p in profile.partitions if p.gpus_per_node), default=gpus_per_node)
+    scratch_variable = profile.node_scratch_variable
+    areas = [path for path in profile.shared.values() if _PLAIN_PATH.match(path)]
+    areas += [bind.split(":", 1)[0] for bind in profile.apptainer.binds]
+    # /home and /data are the mini cluster's own shared volumes; /tmp is every node's own.
+    own = ("/home", "/data", "/tmp")
+    site_areas = tuple(
+        dict.fromkeys(
+            area.rstrip("/")
+            for area in areas
+            if not any(area.rstrip("/") == mine or area.startswith(f"{mine}/") for mine in own)
+        )
+    )
+    return ClusterShape(
+        profile=profile.name,
+        partitions=partitions,
+        gpu_types=types,
+        gpus_per_type=per_type,
+        account_required=profile.account_required,
+        qos_required=profile.qos_required,
+        scratch_dir=VARIABLE_SCRATCH_DIR if scratch_variable else profile.node_scratch,
+        scratch_variable=scratch_variable,
+        site_areas=site_areas,
+        module_stub=any(line.split()[:1] == ["module"] for line in profile.apptainer.setup),
+        generic=tuple(generic),
+    )
+
+
+def _as_default(partition: ShapedPartition) -> ShapedPartition:
+    return ShapedPartition(partition.name, partition.max_time_minutes, True, partition.qos)

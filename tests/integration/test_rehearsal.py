@@ -1,0 +1,201 @@
+"""Rehearsal clusters: the mini cluster shaped like each site's profile (`invoke cluster.up --like`).
+
+Each profile's own script (its golden request, with the mini cluster's account where it names one) is
+accepted by `sbatch --test-only` on a Slurm configured like the site: its partitions and time limits,
+its GPU types, its account and QOS rules. What the site's Slurm would refuse, the rehearsal refuses
+too, by Slurm's own answer. `edi` and `m3` (an account required, typed GPUs) run the trainer end to
+end through the commands a user types: `invoke submit --cluster NAME --via local`, logs, fetch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcbox import jobs, minicluster, profiles
+from hpcbox.errors import HpcboxError
+from hpcbox.render import JobInputs, render_sbatch
+from hpcbox.resources import resolve
+from hpcbox.tools import slurm
+from tests.fixtures.cluster import free_port
+from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
+from tests.integration.test_submit import SHORT, Setup, invoke, setup  # noqa: F401 (setup: a fixture)
+from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+SLURM_PROFILES = sorted(name for name in GOLDEN_REQUESTS if profiles.load_profile(name).scheduler == "slurm")
+
+
+class Rehearsals:
+    """One rehearsal cluster at a time, brought up on first use and taken down for the next shape."""
+
+    def __init__(self, run_id: str, state: Path) -> None:
+        self.run_id, self.state = run_id, state
+        self.current: minicluster.Cluster | None = None
+
+    def like(self, profile: str) -> minicluster.Cluster:
+        if self.current is not None and self.current.spec.like == profile:
+            return self.current
+        self.close()
+        spec = minicluster.spec_like(profile, name=f"{self.run_id}-like", nodes=2, port=free_port())
+        try:
+            self.current = minicluster.up(spec, self.state)
+        except BaseException:
+            minicluster.down(spec.name, self.state)
+            raise
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            minicluster.down(self.current.name, self.state)
+            self.current = None
+
+
+@pytest.fixture(scope="module")
+def rehearsals(run_id: str, docker_engine, minicluster_state: Path) -> Iterator[Rehearsals]:
+    made = Rehearsals(run_id, minicluster_state)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def golden_script(name: str, **changes) -> str:
+    """The profile's golden job script, with the rehearsal cluster's account where it names one."""
+    profile = profiles.load_profile(name)
+    request = GOLDEN_REQUESTS[name]
+    request = dataclasses.replace(request, account=ACCOUNT if request.account else None, **changes)
+    return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), TRAINER_ARGS).text
+
+
+def refused(cluster, text: str) -> str:
+    with pytest.raises(HpcboxError) as caught:
+        slurm.test_only(cluster.ssh_target(), text)
+    return caught.value.message
+
+
+def without(text: str, option: str) -> str:
+    """The script without its `#SBATCH <option>...` line, as a user's hand edit would leave it."""
+    kept = [line for line in text.splitlines() if not line.startswith(f"#SBATCH {option}")]
+    assert len(kept) < len(text.splitlines()), f"no #SBATCH {option} line"
+    return "\n".join(kept) + "\n"
+
+
+def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_like_it(rehearsals):
+    for name in SLURM_PROFILES:
+        cluster = rehearsals.like(name)
+        answer = slurm.test_only(cluster.ssh_target(), golden_script(name))
+        assert "to start at" in answer, f"{name}: {answer}"
+        shown = minicluster.status(cluster)
+        assert f"shaped like profile {name!r}" in shown
+
+
+def test_edi_refuses_a_time_above_its_partitions_limit_and_partitions_it_does_not_have(rehearsals):
+    cluster = rehearsals.like("edi")
+    text = golden_script("edi")
+    over = re.sub(r"^#SBATCH --time=.*$", "#SBATCH --time=7-00:01:00", text, flags=re.M)
+    assert "time limit" in refused(cluster, over).lower()
+    elsewhere = text.replace("--partition=PGR-Standard", "--partition=gpu")
+    assert "invalid partition" in refused(cluster, elsewhere).lower()
+
+
+def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
+    cluster = rehearsals.like("alliance")
+    text = golden_script("alliance")
+    assert "--gpus-per-node=a100:1" in text
+    assert "to start at" in slurm.test_only(cluster.ssh_target(), text.replace("a100:1", "a100_3g.20gb:1"))
+    assert "node configuration is not available" in refused(cluster, text.replace("a100:1", "k80:1"))
+    # $SLURM_TMPDIR: a folder of the job's own on the node, there while it runs, gone after.
+    job = cluster.ssh(
+        [
+            "sbatch",
+            "--parsable",
+            "--output=tmpdir-%j.out",
+            "--wrap",
+            'test -d "$SLURM_TMPDIR" && echo "$SLURM_TMPDIR"',
+        ],
+        check=True,
+    ).stdout.strip()
+    assert wait_finished(cluster, job, timeout_s=120) == ("COMPLETED", "0:0")
+    assert cluster.ssh(["cat", f"tmpdir-{job}.out"]).stdout.strip() == f"/localscratch/researcher.{job}.0"
+    for host in cluster.spec.compute_hosts:
+        assert cluster.exec(host, ["ls", "-A", "/localscratch"]).stdout.strip() == ""
+
+
+@pytest.mark.parametrize("name", ["carc", "m3"])
+def test_a_site_that_requires_an_account_refuses_a_job_without_one_by_slurms_own_answer(rehearsals, name):
+    cluster = rehearsals.like(name)
+    text = golden_script(name)
+    assert "to start at" in slurm.test_only(cluster.ssh_target(), text)
+    assert f"{name}: name an account with --account" in refused(cluster, without(text, "--account"))
+    unknown = text.replace(f"--account={ACCOUNT}", "--account=someone-else")
+    assert "invalid account" in refused(cluster, unknown).lower()
+
+
+def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):
+    cluster = rehearsals.like("m3")
+    text = golden_script("m3")
+    assert "#SBATCH --qos=desktopq" in text
+    assert "qos" in refused(cluster, without(text, "--qos")).lower()
+
+
+@pytest.mark.parametrize(
+    ("name", "flags"),
+    [
+        ("edi", ("--gpus=1", "--cpus=1", "--mem=2G", "--time=10")),
+        ("m3", ("--gpus=1", "--gpu-type=V100", f"--account={ACCOUNT}", "--time=10")),
+    ],
+)
+def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, name: str, flags):  # noqa: F811
+    cluster = rehearsals.like(name)
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    submitted = invoke(
+        setup,
+        "submit",
+        f"--cluster={name}",
+        "--via=local",
+        f"--data={setup.data}",
+        *flags,
+        "--",
+        *SHORT,
+        env=env,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    followed = invoke(setup, "logs", "--follow", "-j", job_id, f"--cluster={name}-via-local", env=env)
+    assert followed.returncode == 0, followed.stderr
+    assert "the trainer exited with status 0" in followed.stdout, followed.stdout
+    status = invoke(setup, "status", "-j", job_id, f"--cluster={name}-via-local", env=env)
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout + status.stderr
+    fetched = invoke(setup, "fetch", "-j", job_id, f"--cluster={name}-via-local", env=env)
+    assert fetched.returncode == 0, fetched.stderr
+    run_dir = Path(fetched.stdout.strip())
+    assert run_dir == setup.project_dir / "runs" / f"{name}-via-local" / job_id
+    assert '"event": "done"' in (run_dir / "metrics.jsonl").read_text()
+    assert scratch_left(cluster, job_id) == []
+    # The ledger knows it as a rehearsal, and the job ran the site's own script: its partition, its GPU.
+    record = jobs.Ledger(setup.project()).find(job_id, f"{name}-via-local")
+    assert (record.cluster, record.via) == (name, "local")
+    script = cluster.ssh(["cat", record.script], check=True).stdout
+    assert f"--partition={profiles.load_profile(name).default_partition.name}" in script
+    assert ("gpu:V100:1" if name == "m3" else "--gres=gpu:1") in script
+
+
+def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(rehearsals, setup: Setup):  # noqa: F811
+    cluster = rehearsals.like("edi")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    for args, message in [
+        (("--cluster=m3", "--via=local", f"--account={ACCOUNT}"), "shaped like 'edi', not 'm3'"),
+        (("--cluster=edi", "--via=elsewhere"), "via: 'elsewhere' is not a place to rehearse a job"),
+    ]:
+        done = invoke(setup, "submit", *args, f"--data={setup.data}", "--time=10", env=env)
+        assert done.returncode != 0
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and message in errors[0], done.stderr
+    queued = cluster.ssh(["squeue", "--noheader"]).stdout
+    assert queued.strip() == ""
