@@ -220,9 +220,9 @@ def _trainer_args(remainder: str) -> tuple[str, ...]:
 RESOURCE_HELP = {
     "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
     "job-name": "job name (default: the project's name)",
-    "partition": "partition (default: the profile's default one)",
+    "partition": "partition, or queue on an LSF site (default: the profile's default one)",
     "nodes": "nodes (default 1)",
-    "account": "Slurm account to charge",
+    "account": "Slurm account to charge (on an LSF site: the project, bsub -P)",
     "qos": "quality of service",
     "array": "job array spec, e.g. 0-9%2",
     "mail-user": "address Slurm mails about the job",
@@ -307,11 +307,13 @@ def sbatch(
     sif=None,
     check=False,
 ):
-    """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`."""
-    from hpcbox import render
+    """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`.
+
+    For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
+    from hpcbox import render, render_lsf
 
     project, profile, checked = _resources(cluster, locals())
-    script = render.render_sbatch(
+    script = render_lsf.renderer(profile)(
         profile,
         checked,
         render.JobInputs.defaults(project.name, sif=sif),
@@ -333,6 +335,12 @@ def _test_only(profile, text: str) -> str:
     from hpcbox.minicluster.spec import DEFAULT_NAME
     from hpcbox.tools import slurm
 
+    if profile.lsf:
+        raise HpcboxError(
+            f"--check: {profile.name} uses LSF, which has no `sbatch --test-only`",
+            "on the login node, `BSUB_CHK_RESREQ=1 bsub < FILE` checks its resource strings without "
+            "submitting",
+        )
     running = None
     if profile.name == "local":
         running = minicluster.find(DEFAULT_NAME, CLUSTER_STATE)
@@ -399,8 +407,9 @@ def submit(
     dry_run=False,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
-    from hpcbox import jobs
+    from hpcbox import jobs, profiles
 
+    jobs.require_slurm(profiles.load_profile(cluster))
     project, profile, checked = _resources(cluster, locals())
     target = jobs.connection_target(profile, project, host=host, user=user, port=int(port) if port else None)
     payload, environment = jobs.prepare_payload(
@@ -548,9 +557,10 @@ def shell(
     home=None,
 ):
     """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
-    from hpcbox import jobs
+    from hpcbox import jobs, profiles
     from hpcbox.tools import ssh
 
+    jobs.require_slurm(profiles.load_profile(cluster))
     project, profile, checked = _resources(cluster, locals())
     record = jobs.Ledger(project).find(cluster=cluster)
     with ssh.Connection(jobs.connection_target(profile, project)) as connection:

@@ -3,7 +3,8 @@
 The `local` script is submitted the way a user would (over SSH, from the job's directory on the shared
 /home) and runs `python -m hpctrain train` inside the trainer SIF on a compute node. After success, a
 failing trainer, and `scancel`, the job's node scratch is gone and its results are on shared storage.
-Scripts for every other profile, with the mini cluster's partition substituted, pass `sbatch --test-only`.
+Scripts for every other Slurm profile, with the mini cluster's partition substituted, pass
+`sbatch --test-only`.
 """
 
 from __future__ import annotations
@@ -289,7 +290,14 @@ def _fit_to_mini_cluster(
     return profile, fitted
 
 
-@pytest.mark.parametrize("name", ["alliance", "carc", "edi", "local", "m3", "mila"])
+# sbatch --test-only judges sbatch scripts: LSF sites' bsub scripts (dtu) are left out by design, and
+# checked in tests/unit (golden, bash -n, shellcheck, their traps run with LSF's variables).
+SLURM_PROFILES = sorted(
+    path.stem for path in profiles.SHIPPED_DIR.glob("*.toml") if not profiles.parse_profile_file(path).lsf
+)
+
+
+@pytest.mark.parametrize("name", SLURM_PROFILES)
 def test_every_profiles_script_passes_sbatch_test_only(minicluster, name: str):
     from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
 
