@@ -220,9 +220,9 @@ def _trainer_args(remainder: str) -> tuple[str, ...]:
 RESOURCE_HELP = {
     "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
     "job-name": "job name (default: the project's name)",
-    "partition": "partition (default: the profile's default one)",
+    "partition": "partition, or queue on an LSF site (default: the profile's default one)",
     "nodes": "nodes (default 1)",
-    "account": "Slurm account to charge",
+    "account": "Slurm account to charge (on an LSF site: the project, bsub -P)",
     "qos": "quality of service",
     "array": "job array spec, e.g. 0-9%2",
     "mail-user": "address Slurm mails about the job",
@@ -312,11 +312,13 @@ def sbatch(
     check=False,
     via=None,
 ):
-    """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`."""
-    from hpcbox import render
+    """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`.
+
+    For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
+    from hpcbox import render, render_lsf
 
     project, profile, checked = _resources(cluster, locals())
-    script = render.render_sbatch(
+    script = render_lsf.renderer(profile)(
         profile,
         checked,
         render.JobInputs.defaults(project.name, sif=sif),
@@ -337,6 +339,12 @@ def _test_only(project, profile, via: str | None, text: str) -> str:
     from hpcbox import jobs
     from hpcbox.tools import slurm
 
+    if profile.lsf:
+        raise HpcboxError(
+            f"--check: {profile.name} uses LSF, which has no `sbatch --test-only`",
+            "on the login node, `BSUB_CHK_RESREQ=1 bsub < FILE` checks its resource strings without "
+            "submitting",
+        )
     if profile.name != "local" and via is None:
         raise HpcboxError(
             f"--check cannot reach cluster {profile.name!r}",
@@ -402,8 +410,9 @@ def submit(
     via=None,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
-    from hpcbox import jobs
+    from hpcbox import jobs, profiles
 
+    jobs.require_slurm(profiles.load_profile(cluster))
     project, profile, checked = _resources(cluster, locals())
     target = jobs.connection_target(
         profile, project, via=via, host=host, user=user, port=int(port) if port else None
@@ -557,9 +566,10 @@ def shell(
     home=None,
 ):
     """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
-    from hpcbox import jobs
+    from hpcbox import jobs, profiles
     from hpcbox.tools import ssh
 
+    jobs.require_slurm(profiles.load_profile(cluster))
     project, profile, checked = _resources(cluster, locals())
     record = jobs.Ledger(project).find(cluster=cluster)
     with ssh.Connection(jobs.connection_target(profile, project, via=record.via)) as connection:

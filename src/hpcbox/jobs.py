@@ -126,6 +126,15 @@ class Ledger:
         return records[-1]
 
 
+def require_slurm(profile: ClusterProfile) -> None:
+    """Submitting, and everything after it, speaks Slurm (sbatch, squeue, sacct, srun) to the cluster."""
+    if profile.lsf:
+        raise HpcboxError(
+            f"{profile.name} uses LSF: hpcbox renders its bsub script "
+            f"(invoke sbatch --cluster={profile.name}) but cannot submit to it yet"
+        )
+
+
 def connection_target(
     profile: ClusterProfile,
     project: ProjectConfig,
@@ -227,6 +236,7 @@ def submit(
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
     """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing."""
+    require_slurm(profile)
     started = time.monotonic()
     with ssh.Connection(target) as connection:
         connected = time.monotonic()

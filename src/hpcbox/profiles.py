@@ -1,9 +1,13 @@
-"""Cluster profiles: each site's Slurm conventions, read from TOML and validated once at load time.
+"""Cluster profiles: each site's scheduler conventions, read from TOML and validated once at load time.
 
 Profiles ship in `slurm/clusters/<name>.toml`; users add or override their own in
 `~/.config/hpcbox/clusters/` (or the directory named by `$HPCBOX_CLUSTERS_DIR`). A profile states what
 is publicly known about a site; whatever is not known is listed under `unknown` in the file, and
 hpcbox then neither validates against it nor renders it.
+
+Most sites run Slurm; an LSF site (`scheduler = "lsf"`) lists `[[queues]]` where a Slurm one lists
+`[[partitions]]`, both read into `Partition`, and leaves out what LSF has no word for (QOS, GPU types
+in the request, MIG slices).
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ from hpcbox.units import FieldError, parse_time
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "slurm" / "clusters"
 
-GPU_REQUEST_STYLES = ("gres", "gpus-per-node")
+SCHEDULERS = ("slurm", "lsf")
+# How each scheduler's sites ask for GPUs: Slurm's --gres or --gpus-per-node, LSF's bsub -gpu.
+GPU_REQUEST_STYLES = {"slurm": ("gres", "gpus-per-node"), "lsf": ("gpu",)}
+# What a profile calls the places jobs are submitted to.
+PLACE_TABLES = {"slurm": "partitions", "lsf": "queues"}
 APPTAINER_COMMANDS = ("apptainer", "singularity")
 # Paths inside the container that hpcbox binds itself (job scratch and the code snapshot).
 RESERVED_CONTAINER_PATHS = ("/scratch", "/code")
@@ -35,6 +43,8 @@ _PARTITION_FACTS = ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu")
 
 @dataclass(frozen=True)
 class Partition:
+    """A Slurm partition, or an LSF queue: where a job is submitted, with its published limits."""
+
     name: str
     max_time_s: int | None = None  # None: no limit, or none published (then not checked)
     gpus_per_node: int | None = None
@@ -88,6 +98,15 @@ class ClusterProfile:
     scheduler: str = "slurm"
 
     @property
+    def lsf(self) -> bool:
+        return self.scheduler == "lsf"
+
+    @property
+    def place(self) -> str:
+        """What the site calls a partition: "queue" on LSF."""
+        return "queue" if self.lsf else "partition"
+
+    @property
     def default_partition(self) -> Partition:
         for partition in self.partitions:
             if partition.default:
@@ -103,7 +122,7 @@ class ClusterProfile:
         allowed = ", ".join(p.name for p in self.partitions)
         raise FieldError(
             "partition",
-            f"{name!r} is not a partition of cluster {self.name!r} (allowed: {allowed})",
+            f"{name!r} is not a {self.place} of cluster {self.name!r} (allowed: {allowed})",
             f"pick one of them, or add it to {self.source or 'the profile'}",
         )
 
@@ -162,7 +181,7 @@ def parse_profile_file(path: Path) -> ClusterProfile:
 def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None) -> ClusterProfile:
     reader = _Reader(data, "")
     unknown = set(reader.str_list("unknown", default=[]))
-    scheduler = reader.choice("scheduler", ("slurm",), default="slurm")
+    scheduler = reader.choice("scheduler", SCHEDULERS, default="slurm")
     login_table = reader.table("login")
     login = Login(
         host=login_table.string("host"),
@@ -192,17 +211,23 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         compression=apptainer_table.compression("compression"),
     )
     apptainer_table.reject_extra(set())
+    places = PLACE_TABLES[scheduler]
+    for other in set(PLACE_TABLES.values()) - {places}:
+        if other in reader.data:
+            raise FieldError(
+                other, f"a profile with scheduler = {scheduler!r} lists [[{places}]], not [[{other}]]"
+            )
     partitions = tuple(
-        _partition(_Reader(table, f"partitions[{index}]"))
-        for index, table in enumerate(reader.table_list("partitions"))
+        _partition(_Reader(table, f"{places}[{index}]"))
+        for index, table in enumerate(reader.table_list(places))
     )
     if not partitions:
-        raise FieldError("partitions", "a profile needs at least one [[partitions]] table")
+        raise FieldError(places, f"a profile needs at least one [[{places}]] table")
     names = [p.name for p in partitions]
     if len(set(names)) != len(names):
-        raise FieldError("partitions", f"partition names repeat: {names}")
+        raise FieldError(places, f"names repeat: {names}")
     if sum(p.default for p in partitions) > 1:
-        raise FieldError("partitions", "more than one partition is marked default = true")
+        raise FieldError(places, "more than one is marked default = true")
     storage.reject_extra(set())
     compute_internet = None if "compute_internet" in unknown else reader.boolean("compute_internet")
     profile = ClusterProfile(
@@ -210,7 +235,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         description=reader.optional_string("description") or "",
         login=login,
         partitions=partitions,
-        gpu_request=gpus.choice("request", GPU_REQUEST_STYLES),
+        gpu_request=gpus.choice("request", GPU_REQUEST_STYLES[scheduler]),
         gpu_type_required=gpus.boolean("type_required", default=False),
         max_mig_slices=gpus.integer("max_mig_slices", minimum=1) if "max_mig_slices" in gpus.data else None,
         account_required=accounting.boolean("account_required", default=False),
@@ -230,11 +255,27 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         if partition.default_gpu_type and not profile.gpu_type_required:
             # A site that takes untyped requests gets them: a default type would narrow every job.
             raise FieldError(
-                f"partitions[{index}].default_gpu_type",
+                f"{places}[{index}].default_gpu_type",
                 "is only for sites that need a GPU type (gpus.type_required = true); here a request "
                 "without one stays untyped",
             )
+    if profile.lsf:
+        _check_lsf(profile)
     return profile
+
+
+def _check_lsf(profile: ClusterProfile) -> None:
+    """Slurm's words that an LSF profile cannot use: the job script would have no line for them."""
+    slurm_only = {
+        "gpus.type_required": (profile.gpu_type_required, "the queue decides the GPU model on LSF"),
+        "gpus.max_mig_slices": (profile.max_mig_slices is not None, "no MIG slice request is rendered"),
+        "accounting.qos_required": (profile.qos_required, "LSF has no QOS"),
+    }
+    for index, partition in enumerate(profile.partitions):
+        slurm_only[f"queues[{index}].qos"] = (partition.qos is not None, "LSF has no QOS")
+    for field_name, (given, why) in slurm_only.items():
+        if given:
+            raise FieldError(field_name, f"is a Slurm setting: {why} (leave it out of an LSF profile)")
 
 
 def _partition(table: _Reader) -> Partition:

@@ -3,12 +3,17 @@
 `render_sbatch` is a pure function (golden-tested). Everything a user or another stage supplies is
 quoted: with `shlex` in the shell body, and in sbatch's own quoting (double quotes, backslash escapes)
 on `#SBATCH` lines, which sbatch parses itself before bash ever sees the file.
+
+The body (staging, the container, signals, copy-back, requeue) is shared with other schedulers'
+headers through `job_script` and a `Dialect`: the variables it reads and the commands it runs
+(`hpcbox.render_lsf` renders LSF's).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +32,58 @@ SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_N
 
 _SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """How the shared job body talks to its scheduler: the variables it reads, the commands it runs."""
+
+    scheduler: str  # its name, in comments
+    submit: str  # the header's how-to: the command that submits the file
+    submit_dir: str  # variable naming the directory the job was submitted from
+    job_id: str  # variable holding the job's id
+    array_key: str  # shell words naming one array task
+    scratch_key: str  # shell words naming the job (an array's task) on its nodes, unique among jobs there
+    signals: str  # comment lines: who signals the batch shell, and when
+    killed_by: str  # what cuts a script's copy-back short
+    cancel_command: str  # how a user stops a job
+    restarts: str  # shell expression: how often this job has been requeued before
+    requeue: str  # shell lines, run after clean_up, that put the job back in the queue
+    requeue_by_hand: str  # the command that requeues it once more
+    cancel: str  # the line that ends a job stopped on request as cancelled ("": it ends by itself)
+    rendezvous: str  # comment and shell lines setting rendezvous_host and rendezvous_port
+    steps: bool  # srun runs commands across the job's nodes (multi-node jobs, one process per task)
+
+
+SLURM = Dialect(
+    scheduler="Slurm",
+    submit="sbatch <this file>",
+    submit_dir="SLURM_SUBMIT_DIR",
+    job_id="SLURM_JOB_ID",
+    array_key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}",
+    scratch_key="${SLURM_JOB_ID}",  # each array task has a job id of its own
+    signals=(
+        "# Slurm signals this shell: USR1 before the time limit, TERM on scancel, "
+        "or TERM to this shell alone\n"
+        "# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both."
+    ),
+    killed_by="Slurm's KillWait after scancel",
+    cancel_command="scancel",
+    restarts="${SLURM_RESTART_COUNT:-0}",
+    requeue='scontrol requeue "$SLURM_JOB_ID"',
+    requeue_by_hand="scontrol requeue ${SLURM_JOB_ID}",
+    cancel='scancel "$SLURM_JOB_ID" || true',
+    rendezvous=f"""\
+# Several processes: on each node one srun task runs hpctrain.torchrun, which starts that node's trainer
+# processes, passes USR1 and TERM on to them, and exits {CHECKPOINTED_EXIT} when they checkpointed.
+# Static rendezvous: a fixed set of nodes, the store on the job's first node (this one). A node's rank is
+# its index in the job, so global rank 0, which writes checkpoints and metrics, runs on this node, whose
+# scratch is copied back.
+job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+rendezvous_host=${{job_nodes%%$'\\n'*}}
+rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))""",
+    steps=True,
+)
 
 
 @dataclass(frozen=True)
@@ -102,6 +159,21 @@ def render_sbatch(
     command: ContainerCommand = EXAMPLE_TRAINER,
 ) -> JobScript:
     """The job script: `command` with its configured arguments, then `trainer_args`, in the container."""
+    header = _headers(profile, resources, inputs)
+    return job_script(profile, resources, inputs, trainer_args, command, header=header, dialect=SLURM)
+
+
+def job_script(
+    profile: ClusterProfile,
+    resources: Resources,
+    inputs: JobInputs,
+    trainer_args: tuple[str, ...],
+    command: ContainerCommand,
+    *,
+    header: str,
+    dialect: Dialect,
+) -> JobScript:
+    """The scheduler's ``header`` (its directives) over the body every scheduler's script shares."""
     for name in ("sif", "code_dir", "dataset", "runs_dir", "log_dir"):
         _check_path(f"inputs.{name}", getattr(inputs, name))
     if any(char in inputs.code_dir for char in ":,"):
@@ -115,16 +187,16 @@ def render_sbatch(
                 "trainer_args", f"{arg!r} contains a NUL byte, which no program argument can hold"
             )
     sections = [
-        _headers(profile, resources, inputs),
-        _provenance(profile, inputs, log_folders(resources, inputs)),
+        header,
+        _provenance(profile, inputs, log_folders(resources, inputs), dialect),
         "set -euo pipefail",
         _prelude(profile),
-        _variables(profile, resources, inputs),
-        _functions(profile, resources, command),
-        _stage_in(),
+        _variables(profile, resources, inputs, dialect),
+        _functions(profile, resources, command, dialect),
+        _stage_in(dialect),
         _sampler(resources),
-        _run_trainer(profile, resources, command, trainer_args),
-        _finish(resources.max_restarts),
+        _run_trainer(profile, resources, command, trainer_args, dialect),
+        _finish(resources.max_restarts, dialect),
     ]
     text = "\n\n".join(section for section in sections if section) + "\n"
     return JobScript(text=text, cluster=profile.name, resources=resources, inputs=inputs)
@@ -241,13 +313,15 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
     return "\n".join(lines)
 
 
-def _provenance(profile: ClusterProfile, inputs: JobInputs, log_folders: tuple[str, ...]) -> str:
+def _provenance(
+    profile: ClusterProfile, inputs: JobInputs, log_folders: tuple[str, ...], dialect: Dialect
+) -> str:
     make_folders = f"mkdir -p {_comment(shlex.join(log_folders))} && " if log_folders else ""
     return "\n".join(
         [
             f"# Rendered by hpcbox for cluster {_comment(profile.name)}: re-render it, rather than edit it.",
             "# Submit it from the directory the relative paths below start at, once the log folder exists:",
-            f"#   {make_folders}sbatch <this file>",
+            f"#   {make_folders}{dialect.submit}",
             f"# sif: {_comment(inputs.sif)}",
             f"# sif sha256: {_comment(inputs.sif_sha256 or 'unknown')}",
             f"# code revision: {_comment(inputs.code_revision or 'unknown')}",
@@ -265,8 +339,8 @@ def _prelude(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
-    job_key = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if resources.array else "${SLURM_JOB_ID}"
+def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect) -> str:
+    job_key = dialect.array_key if resources.array else f"${{{dialect.job_id}}}"
     scratch_variable = profile.node_scratch_variable
     if scratch_variable:
         node_scratch = f'"${{{scratch_variable}:?the site sets {scratch_variable} for every job}}"'
@@ -274,13 +348,13 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs)
         node_scratch = shlex.quote(profile.node_scratch) + '/"${USER:-$(id -un)}"'
     return "\n".join(
         [
-            "submit_dir=${SLURM_SUBMIT_DIR:-$PWD}",
+            f"submit_dir=${{{dialect.submit_dir}:-$PWD}}",
             f"sif={_path(inputs.sif)}",
             f"code_dir={_path(inputs.code_dir)}",
             f"dataset={_path(inputs.dataset)}",
             f'job_key="{job_key}"',
             f'run_dir={_path(inputs.runs_dir)}/"$job_key"',
-            f'job_scratch={node_scratch}/hpcbox-"${{SLURM_JOB_ID}}"',
+            f'job_scratch={node_scratch}/hpcbox-"{dialect.scratch_key}"',
             'trainer_pid=""',
             'sampler_pid=""',
             'terminated=""',
@@ -289,7 +363,9 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs)
     )
 
 
-def _functions(profile: ClusterProfile, resources: Resources, command: ContainerCommand) -> str:
+def _functions(
+    profile: ClusterProfile, resources: Resources, command: ContainerCommand, dialect: Dialect
+) -> str:
     each_node = '"$@"'
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
@@ -301,7 +377,7 @@ def _functions(profile: ClusterProfile, resources: Resources, command: Container
             '\n    rm -rf -- "$job_scratch" || true'
         )
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
-    if resources.tasks > 1:
+    if resources.tasks > 1 and dialect.steps:
         to_whom, pattern = (
             ("each node's torchrun, which tells its ranks", "^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ")
             if command.ddp
@@ -316,6 +392,11 @@ def _functions(profile: ClusterProfile, resources: Resources, command: Container
             f"                {shlex.quote(pattern)} || true\n"
             "        fi"
         )
+    retry = (
+        "# Slurm can refuse a new step on nodes whose previous step is still being torn down."
+        if dialect.steps
+        else "# A removal can fail while a process of the job still holds a file open."
+    )
     return f"""\
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {{
@@ -323,7 +404,7 @@ on_each_node() {{
 }}
 
 # Copies the results to shared storage through a folder beside them, renaming each file into place
-# whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
+# whole: a script killed mid-copy ({dialect.killed_by}) leaves the earlier copy of a file or
 # the new one, never half of it.
 copy_back() {{
     local incoming="$run_dir.incoming"
@@ -336,7 +417,7 @@ copy_back() {{
 }}
 
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
-# Runs on every way out: success, failure, scancel and the time limit.
+# Runs on every way out: success, failure, {dialect.cancel_command} and the time limit.
 clean_up() {{
     if [[ -n $cleaned ]]; then
         return 0
@@ -354,7 +435,7 @@ clean_up() {{
             cleaned=1
             return 0
         fi
-        # Slurm can refuse a new step on nodes whose previous step is still being torn down.
+        {retry}
         sleep $((attempt * 5))
     done
     echo "hpcbox: could not remove $job_scratch" >&2
@@ -368,8 +449,7 @@ on_exit() {{
     exit "$status"
 }}
 
-# Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
-# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both.
+{dialect.signals}
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {{
     if [[ $1 != USR1 ]]; then
@@ -386,8 +466,8 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT"""
 
 
-def _stage_in() -> str:
-    return """\
+def _stage_in(dialect: Dialect) -> str:
+    return f"""\
 for input in "$sif" "$dataset"; do
     if [[ ! -f $input ]]; then
         echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
@@ -399,7 +479,7 @@ if [[ ! -d $code_dir ]]; then
     exit 66
 fi
 
-echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+echo "hpcbox: job ${{{dialect.job_id}}} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"
@@ -422,13 +502,18 @@ fi"""
 
 
 def _run_trainer(
-    profile: ClusterProfile, resources: Resources, command: ContainerCommand, trainer_args: tuple[str, ...]
+    profile: ClusterProfile,
+    resources: Resources,
+    command: ContainerCommand,
+    trainer_args: tuple[str, ...],
+    dialect: Dialect,
 ) -> str:
     runtime = _runtime(profile, resources)
     multi_process = resources.tasks > 1
     torchrun = multi_process and command.ddp
     # Each unit is one option with its value, kept together on a line.
-    if not multi_process:
+    if not multi_process or not dialect.steps:
+        # Without steps the job has one node (resources.resolve sees to it): torchrun starts there.
         units = [f"{runtime} exec"]
     elif torchrun:
         units = _per_node_launch(resources, runtime)
@@ -456,17 +541,18 @@ def _run_trainer(
     text = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
     arguments = command.args + trainer_args
     literal = [
-        *([f"the per-{'node' if torchrun else 'task'} shell's"] if multi_process else []),
+        *([f"the per-{'node' if torchrun else 'task'} shell's"] if multi_process and dialect.steps else []),
         *(["the trainer's arguments"] if any("$" in arg or "`" in arg for arg in arguments) else []),
     ]
     if literal:
         text = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + text
     if torchrun:
-        text = _rendezvous() + "\n" + text
+        text = dialect.rendezvous + "\n" + text
     elif multi_process:
         text = "# Several processes, not DDP: srun starts one per Slurm task, each in a container.\n" + text
+    why = f"so that this shell can take {dialect.scheduler}'s signals and pass them on"
     return f"""\
-# The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
+# The trainer runs in the background {why}.
 {text} &
 trainer_pid=$!
 status=0
@@ -495,18 +581,6 @@ def _container_options(profile: ClusterProfile, resources: Resources) -> list[li
 
 def _binds(profile: ClusterProfile, resources: Resources) -> list[str]:
     return [*profile.apptainer.binds, *resources.container.binds]
-
-
-def _rendezvous() -> str:
-    return f"""\
-# Several processes: on each node one srun task runs hpctrain.torchrun, which starts that node's trainer
-# processes, passes USR1 and TERM on to them, and exits {CHECKPOINTED_EXIT} when they checkpointed.
-# Static rendezvous: a fixed set of nodes, the store on the job's first node (this one). A node's rank is
-# its index in the job, so global rank 0, which writes checkpoints and metrics, runs on this node, whose
-# scratch is copied back.
-job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
-rendezvous_host=${{job_nodes%%$'\\n'*}}
-rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))"""
 
 
 def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
@@ -575,26 +649,37 @@ def _command_units(head: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
     return [" ".join(unit) for unit in units]
 
 
-def _finish(max_restarts: int) -> str:
-    return f"""\
-if [[ $status -eq {CHECKPOINTED_EXIT} && -z $terminated ]]; then
-    if (( ${{SLURM_RESTART_COUNT:-0}} < {max_restarts} )); then
-        echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${{SLURM_JOB_ID}}" \\
-            "(restart $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) of at most {max_restarts})" >&2
-        clean_up
-        scontrol requeue "$SLURM_JOB_ID"
-        exit 0
-    fi
-    echo "hpcbox: the trainer checkpointed before the time limit, but job ${{SLURM_JOB_ID}} has been" \\
-        "requeued {max_restarts} times (--max-restarts); its checkpoints are in $run_dir:" \\
-        "\\`scontrol requeue ${{SLURM_JOB_ID}}\\` carries on from them" >&2
-fi
-echo "hpcbox: the trainer exited with status $status" >&2
-if [[ -n $terminated ]]; then
+def _finish(max_restarts: int, dialect: Dialect) -> str:
+    job = f"${{{dialect.job_id}}}"
+    requeue = textwrap.indent(dialect.requeue, " " * 8)
+    if dialect.cancel:
+        stopped = f"""\
     # Stopped on request: once the results are safe on shared storage, end the job as cancelled.
     clean_up
     echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2
-    scancel "$SLURM_JOB_ID" || true
+    {dialect.cancel}"""
+    else:
+        stopped = """\
+    # Stopped on request: the results go to shared storage before the scheduler ends the job.
+    clean_up
+    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2"""
+    return f"""\
+if [[ $status -eq {CHECKPOINTED_EXIT} && -z $terminated ]]; then
+    restarts={dialect.restarts}
+    if (( restarts < {max_restarts} )); then
+        echo "hpcbox: the trainer checkpointed before the time limit; requeueing job {job}" \\
+            "(restart $((restarts + 1)) of at most {max_restarts})" >&2
+        clean_up
+{requeue}
+        exit 0
+    fi
+    echo "hpcbox: the trainer checkpointed before the time limit, but job {job} has been" \\
+        "requeued {max_restarts} times (--max-restarts); its checkpoints are in $run_dir:" \\
+        "\\`{dialect.requeue_by_hand}\\` carries on from them" >&2
+fi
+echo "hpcbox: the trainer exited with status $status" >&2
+if [[ -n $terminated ]]; then
+{stopped}
 fi
 exit "$status"
 """[:-1]

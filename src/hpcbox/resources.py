@@ -62,6 +62,10 @@ GPU_GRES = ("gpu", "mps", "shard", "none")
 _GRES = re.compile(r"^[A-Za-z0-9_]+(?::[A-Za-z0-9_.-]+)*(?:,[A-Za-z0-9_]+(?::[A-Za-z0-9_.-]+)*)*$")
 # Allowed only without --mem: sbatch takes one way of sizing memory.
 PER_UNIT_MEMORY = ("--mem-per-cpu", "--mem-per-gpu")
+# LSF mails when a job starts (bsub -B) and when it ends (-N), whatever the end was.
+LSF_MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "ALL")
+# Log name patterns an LSF job can carry: %J and %I are LSF's own, %x hpcbox writes out itself.
+LSF_LOG_PATTERNS = ("%j", "%A", "%a", "%x")
 DEFAULT_SIGNAL_MARGIN_S = 300
 # How often a checkpointed job requeues itself: enough for a week on a one-day partition, and bounded,
 # so a trainer that checkpoints without progressing cannot hold a place in the queue forever.
@@ -167,13 +171,15 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
     nodes = _at_least("nodes", request.nodes, 1, default=1)
     ntasks = _at_least("ntasks_per_node", request.ntasks_per_node, 1, default=None)
     ntasks = ddp_processes(gpus, ntasks) if ddp and gpus else ntasks or 1
+    if profile.lsf:
+        _lsf_request(profile, request, nodes=nodes, processes=ntasks, ddp=ddp)
     gpu_type = _gpu_type(profile, partition, gpus, request.gpu_type)
     _mig_slices(profile, gpu_type, gpus * nodes)
     if partition.gpus_per_node is not None and gpus > partition.gpus_per_node:
         raise FieldError(
             "gpus",
-            f"{gpus} exceeds the {partition.gpus_per_node} GPUs per node of partition {partition.name!r} "
-            f"(allowed: 0-{partition.gpus_per_node})",
+            f"{gpus} exceeds the {partition.gpus_per_node} GPUs per node of {profile.place} "
+            f"{partition.name!r} (allowed: 0-{partition.gpus_per_node})",
         )
     if gpus and cpus and partition.cpus_per_gpu is not None:
         per_gpu = cpus * ntasks / gpus
@@ -181,14 +187,14 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
             raise FieldError(
                 "cpus",
                 f"{cpus} CPUs per task x {ntasks} tasks for {gpus} GPUs is {per_gpu:g} CPUs per GPU, above "
-                f"the {partition.cpus_per_gpu} allowed on partition {partition.name!r} "
+                f"the {partition.cpus_per_gpu} allowed on {profile.place} {partition.name!r} "
                 f"(allowed: up to {partition.cpus_per_gpu * gpus // ntasks} CPUs per task)",
             )
     time_s = parse_time(request.time) if request.time is not None else None
     if time_s is not None and partition.max_time_s is not None and time_s > partition.max_time_s:
         raise FieldError(
             "time",
-            f"{format_time(time_s)} exceeds the limit of partition {partition.name!r} "
+            f"{format_time(time_s)} exceeds the limit of {profile.place} {partition.name!r} "
             f"(allowed: up to {format_time(partition.max_time_s)})",
         )
     return Resources(
@@ -213,6 +219,50 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
         error_log=_log("error_log", request.error_log, request.array),
         container=_container(profile, request),
     )
+
+
+def _lsf_request(
+    profile: ClusterProfile, request: ResourceRequest, *, nodes: int, processes: int, ddp: bool
+) -> None:
+    """What an LSF job script cannot say the way hpcbox renders it: one node, no Slurm-only options."""
+    lsf = f"cluster {profile.name!r} uses LSF"
+    if nodes > 1:
+        raise FieldError("nodes", f"{nodes}: {lsf}, where hpcbox renders one-node jobs (allowed: 1)")
+    if processes > 1 and not ddp:
+        raise FieldError(
+            "ntasks_per_node",
+            f"{processes} tasks: {lsf}, where hpcbox has no srun to start one process per task (allowed: 1)",
+            'for DDP, set launcher = "torchrun" in [tool.hpcbox.run]',
+        )
+    refused = {
+        "qos": (request.qos, f"{lsf}, which has no QOS (leave it out)"),
+        "gpu_type": (request.gpu_type, f"{lsf}, where the queue decides the GPU model (pick the queue)"),
+        "extra": (request.extra, f"{lsf}: these are sbatch options (no --extra for LSF yet)"),
+    }
+    for field_name, (given, why) in refused.items():
+        if given:
+            raise FieldError(field_name, f"{given!r}: {why}")
+    kinds = request.mail_type.split(",") if request.mail_type else []
+    unsupported = [kind for kind in kinds if kind not in LSF_MAIL_TYPES]
+    if unsupported:
+        raise FieldError(
+            "mail_type",
+            f"{unsupported[0]!r}: {lsf}, which mails at a job's start and end only "
+            f"(allowed: {', '.join(LSF_MAIL_TYPES)})",
+        )
+    for field_name in ("log", "error_log"):
+        pattern = getattr(request, field_name) or ""
+        other = [token for token in re.findall(r"%\d*.", pattern) if token not in LSF_LOG_PATTERNS]
+        if other:
+            raise FieldError(
+                field_name,
+                f"{pattern!r}: {other[0]} has no LSF equivalent on {lsf} "
+                f"(allowed: {' '.join(LSF_LOG_PATTERNS)})",
+            )
+    if request.array and _ARRAY.match(request.array):
+        starts = [int(re.split("[-:]", item)[0]) for item in request.array.split("%")[0].split(",")]
+        if 0 in starts:
+            raise FieldError("array", f"{request.array!r}: LSF array indices start at 1 ({lsf})")
 
 
 def ddp_processes(gpus: int, ntasks_per_node: int | None) -> int:

@@ -10,7 +10,7 @@ import pytest
 from hpcbox import profiles
 from hpcbox.resources import FieldError
 
-SHIPPED = ("alliance", "carc", "edi", "local", "m3", "mila")
+SHIPPED = ("alliance", "carc", "dtu", "edi", "local", "m3", "mila")
 
 MINIMAL = """
 compute_internet = false
@@ -79,7 +79,20 @@ def test_shipped_profiles_carry_the_sites_public_facts():
     assert carc.apptainer.setup[0] == "module purge"
     assert not carc.gpu_type_required and carc.partition("gpu").default_gpu_type is None
 
+    dtu = profiles.load_profile("dtu")
+    assert (dtu.scheduler, dtu.place, dtu.gpu_request, dtu.login.host) == (
+        "lsf",
+        "queue",
+        "gpu",
+        "login1.hpc.dtu.dk",
+    )
+    assert [q.name for q in dtu.partitions] == ["hpc", "gpuv100", "gpua100", "gpua40"]
+    assert dtu.default_partition.name == "hpc" and dtu.partition("hpc").max_time_s is None  # not published
+    assert dtu.partition("gpua100").max_time_s == 86400
+    assert dtu.compute_internet is None
+
     local = profiles.load_profile("local")
+    assert local.scheduler == "slurm" and local.place == "partition"
     assert local.default_partition.name == "cpu"
     assert local.partition("gpu").gpus_per_node == 2
     assert (local.login.port, local.login.user) == (2222, "researcher")
@@ -181,6 +194,59 @@ def test_shipped_files_mark_what_they_do_not_know():
     """Unknowns are written down in the file rather than guessed."""
     for name in SHIPPED:
         data = tomllib.loads((profiles.SHIPPED_DIR / f"{name}.toml").read_text())
-        for partition in data["partitions"]:
+        for partition in data.get("partitions") or data["queues"]:
             for fact in ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu"):
                 assert (fact in partition) != (fact in partition.get("unknown", [])), (name, fact)
+
+
+LSF_MINIMAL = """
+scheduler = "lsf"
+compute_internet = false
+[login]
+host = "login.example.org"
+[gpus]
+request = "gpu"
+[storage]
+node_scratch = "/tmp"
+[[queues]]
+name = "gpuq"
+max_time = "24:00:00"
+gpus_per_node = 2
+unknown = ["gpu_types", "cpus_per_gpu"]
+"""
+
+
+def test_an_lsf_profile_lists_queues_read_as_partitions(user_dir: Path):
+    (user_dir / "lsfsite.toml").write_text(LSF_MINIMAL)
+    profile = profiles.load_profile("lsfsite")
+    assert profile.lsf and profile.place == "queue"
+    assert profile.partition("gpuq").max_time_s == 86400
+    with pytest.raises(FieldError, match="'cpu' is not a queue of cluster 'lsfsite'"):
+        profile.partition("cpu")
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        (('scheduler = "lsf"', 'scheduler = "pbs"'), "scheduler", "'pbs' (allowed: slurm, lsf)"),
+        (('request = "gpu"', 'request = "gres"'), "gpus.request", "'gres' (allowed: gpu)"),
+        (
+            ("[[queues]]", "[[partitions]]"),
+            "partitions",
+            "scheduler = 'lsf' lists [[queues]], not [[partitions]]",
+        ),
+        (('request = "gpu"', 'request = "gpu"\ntype_required = true'), "gpus.type_required", "Slurm setting"),
+        (('name = "gpuq"', 'name = "gpuq"\nqos = "normal"'), "queues[0].qos", "LSF has no QOS"),
+        (('max_time = "24:00:00"', 'max_time = "a day"'), "queues[0].max_time", "not a Slurm time"),
+    ],
+)
+def test_lsf_profile_mistakes_name_the_key(user_dir: Path, change: tuple[str, str], field: str, says: str):
+    assert change[0] in LSF_MINIMAL
+    error = _error_for(user_dir, LSF_MINIMAL.replace(*change))
+    assert error.field == field
+    assert says in error.message
+
+
+def test_a_slurm_profile_lists_partitions_not_queues(user_dir: Path):
+    error = _error_for(user_dir, MINIMAL.replace("[[partitions]]", "[[queues]]"))
+    assert error.field == "queues"

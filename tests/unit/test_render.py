@@ -28,9 +28,12 @@ from hypothesis import strategies as st
 from hpcbox import profiles
 from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
 from hpcbox.render import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
+from hpcbox.render_lsf import renderer
 from hpcbox.resources import FieldError, ResourceRequest, resolve
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
+# LSF sites' scripts (scheduler = "lsf" in the profile) have goldens of their own.
+GOLDEN_BSUB = GOLDEN.parent / "bsub"
 UPDATE = os.environ.get("HPCBOX_UPDATE_GOLDEN") == "1"
 TRAINER_ARGS = ("--epochs", "3", "--model", "cnn", "--note", "it's $HOME and `date`")
 INPUTS = JobInputs.defaults(
@@ -50,12 +53,15 @@ GOLDEN_REQUESTS = {
                             mail_user="ttrojan@usc.edu"),
     "local": ResourceRequest(job_name="digits-ddp", partition="gpu", gpus=2, nodes=2, ntasks_per_node=2,
                              time="10", extra=("--exclusive",)),
+    "dtu": ResourceRequest(job_name="digits", partition="gpua100", gpus=2, cpus=4, mem="32G", time="12:00:00",
+                           mail_user="s123456@dtu.dk"),
 }  # fmt: skip
 
 
 def render(name: str, request: ResourceRequest, args=TRAINER_ARGS, inputs=INPUTS) -> JobScript:
+    """The profile's own job script: sbatch, or bsub for an LSF site."""
     profile = profiles.load_profile(name)
-    return render_sbatch(profile, resolve(profile, request), inputs, tuple(args))
+    return renderer(profile)(profile, resolve(profile, request), inputs, tuple(args))
 
 
 def shellcheck(text: str) -> subprocess.CompletedProcess:
@@ -72,7 +78,7 @@ def bash_syntax(text: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("name", sorted(GOLDEN_REQUESTS))
 def test_golden_script(name: str):
     text = render(name, GOLDEN_REQUESTS[name]).text
-    golden = GOLDEN / f"{name}.sh"
+    golden = (GOLDEN_BSUB if profiles.load_profile(name).lsf else GOLDEN) / f"{name}.sh"
     if UPDATE:
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(text)

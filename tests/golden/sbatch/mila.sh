@@ -145,9 +145,10 @@ done
 trainer_pid=""
 
 if [[ $status -eq 75 && -z $terminated ]]; then
-    if (( ${SLURM_RESTART_COUNT:-0} < 10 )); then
+    restarts=${SLURM_RESTART_COUNT:-0}
+    if (( restarts < 10 )); then
         echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${SLURM_JOB_ID}" \
-            "(restart $(( ${SLURM_RESTART_COUNT:-0} + 1 )) of at most 10)" >&2
+            "(restart $((restarts + 1)) of at most 10)" >&2
         clean_up
         scontrol requeue "$SLURM_JOB_ID"
         exit 0

@@ -1,0 +1,174 @@
+#!/bin/bash
+#BSUB -J digits
+#BSUB -q gpua100
+#BSUB -n 8
+#BSUB -R "span[hosts=1]"
+#BSUB -R "rusage[mem=4GB]"
+#BSUB -M 4GB
+#BSUB -W 12:00
+#BSUB -u s123456@dtu.dk
+#BSUB -N
+#BSUB -o logs/digits-%J.out
+#BSUB -gpu "num=2:mode=exclusive_process"
+#BSUB -wa USR1
+#BSUB -wt 5
+#BSUB -r
+
+# Rendered by hpcbox for cluster dtu: re-render it, rather than edit it.
+# Submit it from the directory the relative paths below start at, once the log folder exists:
+#   mkdir -p logs && bsub < <this file>
+# sif: images/trainer.sif
+# sif sha256: 0000000000000000000000000000000000000000000000000000000000000000
+# code revision: 0123456789abcdef0123456789abcdef01234567
+
+set -euo pipefail
+
+submit_dir=${LS_SUBCWD:-$PWD}
+sif="$submit_dir"/images/trainer.sif
+code_dir="$submit_dir"/code
+dataset="$submit_dir"/data/trainer.tar
+job_key="${LSB_JOBID}"
+run_dir="$submit_dir"/runs/"$job_key"
+job_scratch=/tmp/"${USER:-$(id -un)}"/hpcbox-"$job_key"
+trainer_pid=""
+sampler_pid=""
+terminated=""
+cleaned=""
+
+# Runs a command once on every node of the job (node scratch is per node).
+on_each_node() {
+    "$@"
+}
+
+# Copies the results to shared storage through a folder beside them, renaming each file into place
+# whole: a script killed mid-copy (the KILL that follows bkill) leaves the earlier copy of a file or
+# the new one, never half of it.
+copy_back() {
+    local incoming="$run_dir.incoming"
+    rm -rf -- "$incoming"
+    mkdir -p "$run_dir" "$incoming"
+    cp -a "$job_scratch/out/." "$incoming/" &&
+        (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
+            find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
+        rm -rf -- "$incoming"
+}
+
+# Copies results and checkpoints to shared storage, then removes the job's node scratch.
+# Runs on every way out: success, failure, bkill and the time limit.
+clean_up() {
+    if [[ -n $cleaned ]]; then
+        return 0
+    fi
+    if [[ -n $sampler_pid ]]; then
+        kill "$sampler_pid" 2>/dev/null || true
+        sampler_pid=""
+    fi
+    if [[ -d $job_scratch/out ]]; then
+        copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
+    fi
+    local attempt
+    for attempt in 1 2 3; do
+        if on_each_node rm -rf -- "$job_scratch"; then
+            cleaned=1
+            return 0
+        fi
+        # A removal can fail while a process of the job still holds a file open.
+        sleep $((attempt * 5))
+    done
+    echo "hpcbox: could not remove $job_scratch" >&2
+}
+
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+on_exit() {
+    local status=$?
+    trap - EXIT
+    clean_up
+    exit "$status"
+}
+
+# LSF signals the job: USR1 before the run limit (-wa/-wt), INT and TERM on bkill (then KILL).
+# The trainer checkpoints on USR1 and TERM.
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+forward() {
+    if [[ $1 != USR1 ]]; then
+        terminated=$1
+    fi
+    if [[ -n $trainer_pid ]]; then
+        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+    fi
+}
+
+trap on_exit EXIT
+trap 'forward USR1' USR1
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+
+for input in "$sif" "$dataset"; do
+    if [[ ! -f $input ]]; then
+        echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
+        exit 66
+    fi
+done
+if [[ ! -d $code_dir ]]; then
+    echo "hpcbox: code snapshot $code_dir does not exist; ship the job's inputs first" >&2
+    exit 66
+fi
+
+echo "hpcbox: job ${LSB_JOBID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
+# One archive in, extracted on node-local disk: shared file systems are slow at many small files.
+on_each_node tar -xf "$dataset" -C "$job_scratch/data"
+# A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
+if [[ -d $run_dir ]]; then
+    on_each_node cp -a "$run_dir/." "$job_scratch/out/"
+fi
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+    mkdir -p "$run_dir"
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \
+        --format=csv -l 30 >"$run_dir/gpu-utilization.csv" 2>&1 &
+    sampler_pid=$!
+fi
+
+# The trainer runs in the background so that this shell can take LSF's signals and pass them on.
+# Several processes on this one node: hpctrain.torchrun starts them, passes USR1 and TERM on to them,
+# and exits 75 when they checkpointed. Static rendezvous, the store on this node.
+rendezvous_host=127.0.0.1
+rendezvous_port=$((20000 + (LSB_JOBID + LSB_JOBINDEX) % 20000))
+# shellcheck disable=SC2016  # the trainer's arguments are meant literally
+apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
+    --env PYTHONPATH=/code --env SLURM_CPUS_PER_TASK=4 --pwd /scratch "$sif" python -m hpctrain.torchrun \
+    --nnodes=1 --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
+    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
+    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
+trainer_pid=$!
+status=0
+wait "$trainer_pid" || status=$?
+# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
+while kill -0 "$trainer_pid" 2>/dev/null; do
+    status=0
+    wait "$trainer_pid" || status=$?
+done
+trainer_pid=""
+
+if [[ $status -eq 75 && -z $terminated ]]; then
+    restarts=$(cat "$run_dir.requeued" 2>/dev/null || echo 0)
+    if (( restarts < 10 )); then
+        echo "hpcbox: the trainer checkpointed before the time limit; requeueing job ${LSB_JOBID}" \
+            "(restart $((restarts + 1)) of at most 10)" >&2
+        clean_up
+        echo "$((restarts + 1))" >"$run_dir.requeued"
+        brequeue "${LSB_JOBID}"
+        exit 0
+    fi
+    echo "hpcbox: the trainer checkpointed before the time limit, but job ${LSB_JOBID} has been" \
+        "requeued 10 times (--max-restarts); its checkpoints are in $run_dir:" \
+        "\`brequeue ${LSB_JOBID}\` carries on from them" >&2
+fi
+echo "hpcbox: the trainer exited with status $status" >&2
+if [[ -n $terminated ]]; then
+    # Stopped on request: the results go to shared storage before the scheduler ends the job.
+    clean_up
+    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2
+fi
+exit "$status"
