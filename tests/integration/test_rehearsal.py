@@ -86,22 +86,27 @@ def without(text: str, option: str) -> str:
     return "\n".join(kept) + "\n"
 
 
+def refuses_a_job_without_an_account(rehearsals, name: str) -> None:
+    cluster = rehearsals.like(name)
+    text = golden_script(name)
+    assert "to start at" in slurm.test_only(cluster.ssh_target(), text)
+    # Not the default account: the site's filter refuses a job that names none, in its own words.
+    assert "invalid account" in refused(cluster, without(text, "--account")).lower()
+    plain = cluster.ssh(["sbatch", "--wrap", "true"])
+    assert plain.returncode != 0 and f"{name}: name an account with --account" in plain.stderr
+    assert cluster.ssh(["squeue", "--noheader"]).stdout.strip() == ""
+    unknown = text.replace(f"--account={ACCOUNT}", "--account=someone-else")
+    assert "invalid account" in refused(cluster, unknown).lower()
+
+
 def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_like_it(rehearsals):
-    for name in SLURM_PROFILES:
+    # Alliance last: the next test runs on its shape.
+    for name in sorted(SLURM_PROFILES, key=lambda profile: profile == "alliance"):
         cluster = rehearsals.like(name)
         answer = slurm.test_only(cluster.ssh_target(), golden_script(name))
         assert "to start at" in answer, f"{name}: {answer}"
         shown = minicluster.status(cluster)
         assert f"shaped like profile {name!r}" in shown
-
-
-def test_edi_refuses_a_time_above_its_partitions_limit_and_partitions_it_does_not_have(rehearsals):
-    cluster = rehearsals.like("edi")
-    text = golden_script("edi")
-    over = re.sub(r"^#SBATCH --time=.*$", "#SBATCH --time=7-00:01:00", text, flags=re.M)
-    assert "time limit" in refused(cluster, over).lower()
-    elsewhere = text.replace("--partition=PGR-Standard", "--partition=gpu")
-    assert "invalid partition" in refused(cluster, elsewhere).lower()
 
 
 def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
@@ -127,21 +132,32 @@ def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
         assert cluster.exec(host, ["ls", "-A", "/localscratch"]).stdout.strip() == ""
 
 
-@pytest.mark.parametrize("name", ["carc", "m3"])
-def test_a_site_that_requires_an_account_refuses_a_job_without_one_by_slurms_own_answer(rehearsals, name):
-    cluster = rehearsals.like(name)
-    text = golden_script(name)
-    assert "to start at" in slurm.test_only(cluster.ssh_target(), text)
-    assert f"{name}: name an account with --account" in refused(cluster, without(text, "--account"))
-    unknown = text.replace(f"--account={ACCOUNT}", "--account=someone-else")
-    assert "invalid account" in refused(cluster, unknown).lower()
+def test_carc_refuses_a_job_without_an_account_by_slurms_own_answer(rehearsals):
+    refuses_a_job_without_an_account(rehearsals, "carc")
 
 
-def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):
-    cluster = rehearsals.like("m3")
-    text = golden_script("m3")
-    assert "#SBATCH --qos=desktopq" in text
-    assert "qos" in refused(cluster, without(text, "--qos")).lower()
+def test_edi_refuses_a_time_above_its_partitions_limit_and_partitions_it_does_not_have(rehearsals):
+    cluster = rehearsals.like("edi")
+    text = golden_script("edi")
+    over = re.sub(r"^#SBATCH --time=.*$", "#SBATCH --time=7-00:01:00", text, flags=re.M)
+    assert "time limit" in refused(cluster, over).lower()
+    elsewhere = text.replace("--partition=PGR-Standard", "--partition=gpu")
+    assert "invalid partition" in refused(cluster, elsewhere).lower()
+
+
+def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(rehearsals, setup: Setup):  # noqa: F811
+    cluster = rehearsals.like("edi")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    for args, message in [
+        (("--cluster=m3", "--via=local", f"--account={ACCOUNT}"), "shaped like 'edi', not 'm3'"),
+        (("--cluster=edi", "--via=elsewhere"), "via: 'elsewhere' is not a place to rehearse a job"),
+    ]:
+        done = invoke(setup, "submit", *args, f"--data={setup.data}", "--time=10", env=env)
+        assert done.returncode != 0
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and message in errors[0], done.stderr
+    queued = cluster.ssh(["squeue", "--noheader"]).stdout
+    assert queued.strip() == ""
 
 
 @pytest.mark.parametrize(
@@ -186,16 +202,12 @@ def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, 
     assert ("gpu:V100:1" if name == "m3" else "--gres=gpu:1") in script
 
 
-def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(rehearsals, setup: Setup):  # noqa: F811
-    cluster = rehearsals.like("edi")
-    env = {"HPCBOX_MINICLUSTER": cluster.name}
-    for args, message in [
-        (("--cluster=m3", "--via=local", f"--account={ACCOUNT}"), "shaped like 'edi', not 'm3'"),
-        (("--cluster=edi", "--via=elsewhere"), "via: 'elsewhere' is not a place to rehearse a job"),
-    ]:
-        done = invoke(setup, "submit", *args, f"--data={setup.data}", "--time=10", env=env)
-        assert done.returncode != 0
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-        assert len(errors) == 1 and message in errors[0], done.stderr
-    queued = cluster.ssh(["squeue", "--noheader"]).stdout
-    assert queued.strip() == ""
+def test_m3_refuses_a_job_without_an_account_by_slurms_own_answer(rehearsals):
+    refuses_a_job_without_an_account(rehearsals, "m3")
+
+
+def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):
+    cluster = rehearsals.like("m3")
+    text = golden_script("m3")
+    assert "#SBATCH --qos=desktopq" in text
+    assert "qos" in refused(cluster, without(text, "--qos")).lower()

@@ -287,7 +287,7 @@ def test_scripts_with_their_own_logs_and_launchers_pass_sbatch_test_only(miniclu
 
 
 def test_test_only_reports_what_the_cluster_refuses(minicluster):
-    """What the profile cannot know (here: a node with fewer GPUs than it claims) Slurm still catches."""
+    """What the profile cannot know (here: nodes smaller than it claims) Slurm still catches."""
     from hpcbox.errors import HpcboxError
 
     local = local_profile()
@@ -299,4 +299,5 @@ def test_test_only_reports_what_the_cluster_refuses(minicluster):
     with pytest.raises(HpcboxError) as caught:
         slurm.test_only(minicluster.ssh_target(), script.text)
     assert "sbatch --test-only" in caught.value.message
-    assert "node configuration is not available" in caught.value.message
+    # 8 DDP processes, one per claimed GPU, on nodes of 2 CPUs: refused at once (EnforcePartLimits).
+    assert "More processors requested than permitted" in caught.value.message

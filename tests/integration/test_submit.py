@@ -257,7 +257,8 @@ def test_sbatch_refusal_shows_slurms_message_and_records_nothing(first_job, setu
     scripts = minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout
     with pytest.raises(HpcboxError) as caught:
         submit(setup, minicluster, profile_and_resources=(profile, checked))
-    assert "Requested node configuration is not available" in caught.value.message
+    # 8 DDP processes, one per claimed GPU, on nodes of 2 CPUs: refused at once (EnforcePartLimits).
+    assert "More processors requested than permitted" in caught.value.message
     assert sorted(jobs.Ledger(setup.project()).directory.iterdir()) == before
     assert minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout == scripts
 
