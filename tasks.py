@@ -352,7 +352,8 @@ def _test_only(profile, text: str) -> str:
     iterable=["extra", "bind"],
     help={
         **RESOURCE_HELP,
-        "data": "the dataset archive to stage on node scratch (default: tool.hpcbox.data)",
+        "data": "the dataset to stage on node scratch: one archive, or a directory (archived once, "
+        "content-addressed; default: tool.hpcbox.data)",
         "flavour": "image flavour (default: the one `invoke build` last made)",
         "offline": "build on the Debian base bootstrapped here (no registry)",
         "host": "login host or ~/.ssh/config alias (default: the profile's)",

@@ -24,7 +24,7 @@ class ProjectConfig:
     dockerfile: str = "docker/Dockerfile"
     docker_dir: str = "docker"
     image_repository: str = ""
-    data: str = ""  # the dataset archive a job stages, relative to the root (`--data` wins)
+    data: str = ""  # the dataset a job stages (archive or directory), relative to the root; --data wins
     run: ContainerCommand = EXAMPLE_TRAINER  # what a job runs in the container
 
     @property
