@@ -242,13 +242,15 @@ RESOURCE_HELP = {
     "no-home": "the container does not mount your home directory (--no-home)",
     "bind": "one more bind into the container, /host or /host:/container[:ro] (repeatable)",
     "home": "the home directory in the container, /host[:/container] (--home)",
+    "sif-on-scratch": "each node copies the SIF to its local scratch and runs that copy (default: the "
+    "profile's [apptainer] sif_on_scratch)",
 }
 
 
 RESOURCE_FLAGS = (
     "job_name", "partition", "gpus", "gpu_type", "cpus", "mem", "time", "nodes", "ntasks_per_node",
     "account", "qos", "array", "mail_user", "mail_type", "extra", "max_restarts", "log", "error_log",
-    "container", "cleanenv", "no_home", "bind", "home",
+    "container", "cleanenv", "no_home", "bind", "home", "sif_on_scratch",
 )  # fmt: skip
 
 
@@ -260,7 +262,8 @@ def _resources(cluster: str, arguments: dict[str, Any]):
 
     project = load_project()
     profile = profiles.load_profile(cluster)
-    flags = {name: arguments[name] for name in RESOURCE_FLAGS}
+    # `shell` runs no job script, so it has no --sif-on-scratch.
+    flags = {name: arguments.get(name) for name in RESOURCE_FLAGS}
     request = resources.request_for(
         cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
     )
@@ -304,6 +307,7 @@ def sbatch(
     no_home=False,
     bind=None,
     home=None,
+    sif_on_scratch=False,
     sif=None,
     check=False,
 ):
@@ -391,6 +395,7 @@ def submit(
     no_home=False,
     bind=None,
     home=None,
+    sif_on_scratch=False,
     flavour=None,
     offline=False,
     host=None,
@@ -515,7 +520,7 @@ def cancel(c, job=None, cluster=None):
 @task(
     iterable=["extra", "bind"],
     help={
-        **RESOURCE_HELP,
+        **{name: text for name, text in RESOURCE_HELP.items() if name != "sif-on-scratch"},
         "command": "run this command there instead of an interactive `apptainer shell`",
     },
 )

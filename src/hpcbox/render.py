@@ -121,7 +121,7 @@ def render_sbatch(
         _prelude(profile),
         _variables(profile, resources, inputs),
         _functions(profile, resources, command),
-        _stage_in(),
+        _stage_in(resources),
         _sampler(resources),
         _run_trainer(profile, resources, command, trainer_args),
         _finish(resources.max_restarts),
@@ -386,8 +386,20 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT"""
 
 
-def _stage_in() -> str:
-    return """\
+def _stage_in(resources: Resources) -> str:
+    sif_dir = copy_sif = ""
+    if resources.container.sif_on_scratch:
+        sif_dir = ' "$job_scratch/sif"'
+        copy_sif = "\n" + "\n".join(
+            [
+                "# The SIF on node-local disk too, one copy per node: the shared file system serves it once",
+                "# per node, not to every process the job starts. Cleaning scratch removes the copies.",
+                'on_each_node cp -- "$sif" "$job_scratch/sif/"',
+                'sif="$job_scratch/sif/${sif##*/}"',
+                'echo "hpcbox: each node runs its copy of the SIF, $sif" >&2',
+            ]
+        )
+    return f"""\
 for input in "$sif" "$dataset"; do
     if [[ ! -f $input ]]; then
         echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
@@ -399,10 +411,10 @@ if [[ ! -d $code_dir ]]; then
     exit 66
 fi
 
-echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
-on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
+echo "hpcbox: job ${{SLURM_JOB_ID}} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"{sif_dir}
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
-on_each_node tar -xf "$dataset" -C "$job_scratch/data"
+on_each_node tar -xf "$dataset" -C "$job_scratch/data"{copy_sif}
 # A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
 if [[ -d $run_dir ]]; then
     on_each_node cp -a "$run_dir/." "$job_scratch/out/"

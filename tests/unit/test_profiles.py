@@ -184,3 +184,11 @@ def test_shipped_files_mark_what_they_do_not_know():
         for partition in data["partitions"]:
             for fact in ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu"):
                 assert (fact in partition) != (fact in partition.get("unknown", [])), (name, fact)
+
+
+def test_a_site_can_ask_for_the_sif_on_node_scratch(user_dir: Path):
+    (user_dir / "slowfs.toml").write_text(MINIMAL + "[apptainer]\nsif_on_scratch = true\n")
+    assert profiles.load_profile("slowfs").apptainer.sif_on_scratch is True
+    assert profiles.load_profile("edi").apptainer.sif_on_scratch is False  # left out: read where shipped
+    error = _error_for(user_dir, MINIMAL + "[apptainer]\nsif_on_scratch = 'yes'\n")
+    assert error.field == "apptainer.sif_on_scratch"

@@ -776,3 +776,60 @@ def test_a_copy_back_cut_short_leaves_the_earlier_results_whole(tmp_path: Path):
     # The new metrics never replaced the earlier file half-written: renames only follow a whole copy.
     assert (sandbox.run_dir / "metrics.jsonl").read_text() == '{"epoch": 0}\n'
     assert sorted(p.name for p in sandbox.run_dir.iterdir()) == ["metrics.jsonl"]
+
+
+# --- the SIF on node scratch ---------------------------------------------------------------------
+
+# Records each srun's options, then runs the command as node 0 (the stand-in cluster has one node).
+STUB_SRUN_RECORDING = """#!/bin/bash
+printf '%s\\n' "$*" >>"$STUB_SRUN_LOG"
+while [[ $1 == --* ]]; do shift; done
+SLURM_NODEID=0 exec "$@"
+"""
+
+# What `apptainer exec` was given as its image, and that the file was there, whole, while it ran.
+SIF_PROBE = """
+image = next(a for a in args if a.endswith(".sif"))
+pathlib.Path(os.environ["STUB_SIF_SEEN"]).write_text(image + "\\n" + pathlib.Path(image).read_text())
+"""
+
+
+def sif_sandbox(sandbox: Sandbox) -> Sandbox:
+    (sandbox.root / "bin" / "apptainer").write_text(STUB_APPTAINER + SIF_PROBE)
+    (sandbox.root / "bin" / "srun").write_text(STUB_SRUN_RECORDING)
+    sandbox.env.update(STUB_SIF_SEEN=str(sandbox.root / "sif-seen"), STUB_SRUN_LOG=str(sandbox.root / "srun"))
+    return sandbox
+
+
+def test_the_sif_is_copied_to_node_scratch_and_apptainer_runs_the_copy(sandbox: Sandbox):
+    sif_sandbox(sandbox)
+    script = sandbox.script(ResourceRequest(job_name="copy", sif_on_scratch=True), ("--epochs", "1"))
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    image, content = (sandbox.root / "sif-seen").read_text().split("\n", 1)
+    assert Path(image) == sandbox.scratch_was / "sif" / "trainer.sif"
+    assert content == "not really a SIF"  # the shipped SIF's bytes, on node scratch
+    assert f"each node runs its copy of the SIF, {image}" in output
+    assert not sandbox.scratch_was.exists()  # cleaning scratch took the copy with it
+    assert trainer_argv_tail(sandbox.recorded_argv) == ["--epochs", "1"]
+
+
+def test_without_the_option_apptainer_runs_the_shipped_sif():
+    text = render("local", ResourceRequest(job_name="j")).text
+    assert "sif/" not in text and "copy of the SIF" not in text
+
+
+def test_each_node_of_a_multi_node_job_copies_the_sif_once(sandbox: Sandbox):
+    sif_sandbox(sandbox)
+    sandbox.env.update(SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2")
+    script = sandbox.script(dataclasses.replace(MULTI_PROCESS, sif_on_scratch=True))
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    shipped = sandbox.submit / "images" / "trainer.sif"
+    copies = [line for line in (sandbox.root / "srun").read_text().splitlines() if " cp -- " in line]
+    per_node = "--nodes=2 --ntasks=2 --ntasks-per-node=1 --overlap --mem=0"
+    assert copies == [f"{per_node} cp -- {shipped} {sandbox.scratch_was}/sif/"]
+    image = (sandbox.root / "sif-seen").read_text().split("\n", 1)[0]
+    assert Path(image) == sandbox.scratch_was / "sif" / "trainer.sif"  # what every node's torchrun runs
