@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox import logpaths
-from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand
+from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
 from hpcbox.profiles import ClusterProfile
 from hpcbox.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
 from hpcbox.units import FieldError, format_time
@@ -99,9 +100,10 @@ def render_sbatch(
     resources: Resources,
     inputs: JobInputs,
     trainer_args: tuple[str, ...] = (),
-    command: ContainerCommand = EXAMPLE_TRAINER,
+    command: ContainerCommand | Steps = EXAMPLE_TRAINER,
 ) -> JobScript:
-    """The job script: `command` with its configured arguments, then `trainer_args`, in the container."""
+    """The job script: `command` with its configured arguments, then `trainer_args`, in the container;
+    or each of several steps in turn, with its own arguments only."""
     for name in ("sif", "code_dir", "dataset", "runs_dir", "log_dir"):
         _check_path(f"inputs.{name}", getattr(inputs, name))
     if any(char in inputs.code_dir for char in ":,"):
@@ -109,6 +111,12 @@ def render_sbatch(
         raise FieldError("inputs.code_dir", f"{inputs.code_dir!r} contains ':' or ','")
     if command.ddp and resources.gpus:
         ddp_processes(resources.gpus, resources.ntasks_per_node)
+    if isinstance(command, Steps) and trainer_args:
+        raise FieldError(
+            "trainer_args",
+            f"the job runs {len(command.steps)} steps, each with the args of its [[tool.hpcbox.run.steps]] "
+            "table: add the words after -- to the step that takes them",
+        )
     for arg in trainer_args:
         if "\0" in arg:
             raise FieldError(
@@ -119,7 +127,7 @@ def render_sbatch(
         _provenance(profile, inputs, log_folders(resources, inputs)),
         "set -euo pipefail",
         _prelude(profile),
-        _variables(profile, resources, inputs),
+        _variables(profile, resources, inputs, isinstance(command, Steps)),
         _functions(profile, resources, command),
         _stage_in(resources),
         _sampler(resources),
@@ -265,7 +273,7 @@ def _prelude(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
+def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs, steps: bool) -> str:
     job_key = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if resources.array else "${SLURM_JOB_ID}"
     scratch_variable = profile.node_scratch_variable
     if scratch_variable:
@@ -285,11 +293,13 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs)
             'sampler_pid=""',
             'terminated=""',
             'cleaned=""',
+            # USR1 came: a step that has not started waits for the requeued job.
+            *(['time_up=""'] if steps else []),
         ]
     )
 
 
-def _functions(profile: ClusterProfile, resources: Resources, command: ContainerCommand) -> str:
+def _functions(profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps) -> str:
     each_node = '"$@"'
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
@@ -316,6 +326,7 @@ def _functions(profile: ClusterProfile, resources: Resources, command: Container
             f"                {shlex.quote(pattern)} || true\n"
             "        fi"
         )
+    time_up = "\n    else\n        time_up=1" if isinstance(command, Steps) else ""
     return f"""\
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {{
@@ -373,7 +384,7 @@ on_exit() {{
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {{
     if [[ $1 != USR1 ]]; then
-        terminated=$1
+        terminated=$1{time_up}
     fi
     if [[ -n $trainer_pid ]]; then
         {signal_trainer}
@@ -434,8 +445,97 @@ fi"""
 
 
 def _run_trainer(
+    profile: ClusterProfile,
+    resources: Resources,
+    command: ContainerCommand | Steps,
+    trainer_args: tuple[str, ...],
+) -> str:
+    if isinstance(command, Steps):
+        return _run_steps(profile, resources, command)
+    text = _before_launch(resources, command) + _launch(profile, resources, command, trainer_args)
+    return f"""\
+# The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
+{text} &
+trainer_pid=$!
+status=0
+wait "$trainer_pid" || status=$?
+# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
+while kill -0 "$trainer_pid" 2>/dev/null; do
+    status=0
+    wait "$trainer_pid" || status=$?
+done
+trainer_pid=""
+"""[:-1]
+
+
+def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps) -> str:
+    total = len(run.steps)
+    blocks = []
+    for number, step in enumerate(run.steps, 1):
+        launch = _launch(profile, resources, step.command, ())
+        body = textwrap.indent(f"{launch} &\ntrainer_pid=$!\nawait_step {number}", "    ")
+        blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
+    before = _before_launch(resources, run)
+    return f"""\
+{before}# {total} steps in turn, each in the background so that this shell can take Slurm's signals and pass
+# them on. A step that exits 0 leaves a marker in the output folder, which is copied back with the
+# results: a requeued job skips the steps that finished. A step that fails, checkpoints or is stopped
+# ends the job with its status, and the steps after it do not run.
+steps_done="$job_scratch/out/.hpcbox-steps"
+mkdir -p "$steps_done"
+
+# Whether step $1 ($2) runs now: not after an earlier step failed, checkpointed or was stopped; not
+# when an earlier run of this job finished it; and not once the time limit is near (USR1 came), when
+# the requeued job runs it.
+start_step() {{
+    if [[ $status -ne 0 || -n $terminated ]]; then
+        return 1
+    fi
+    if [[ -e $steps_done/step-$1 ]]; then
+        echo "hpcbox: step $1 of {total} ($2) finished in an earlier run of this job; skipping it" >&2
+        return 1
+    fi
+    if [[ -n $time_up ]]; then
+        echo "hpcbox: the time limit is near; step $1 of {total} ($2) runs when the job is requeued" >&2
+        status={CHECKPOINTED_EXIT}
+        return 1
+    fi
+    echo "hpcbox: step $1 of {total} ($2) starts" >&2
+}}
+
+# Waits for step $1 and marks it finished when it exits 0.
+await_step() {{
+    wait "$trainer_pid" || status=$?
+    # `wait` also returns when a trap ran; wait again until the step itself has exited.
+    while kill -0 "$trainer_pid" 2>/dev/null; do
+        status=0
+        wait "$trainer_pid" || status=$?
+    done
+    trainer_pid=""
+    echo "hpcbox: step $1 of {total} exited with status $status" >&2
+    if [[ $status -eq 0 ]]; then
+        date -u +%Y-%m-%dT%H:%M:%SZ >"$steps_done/step-$1" ||
+            echo "hpcbox: could not mark step $1 finished; a requeued job would run it again" >&2
+    fi
+}}
+
+status=0
+{chr(10).join(blocks)}"""
+
+
+def _before_launch(resources: Resources, command: ContainerCommand | Steps) -> str:
+    """What the launch lines need first: the rendezvous for torchrun on several processes."""
+    if resources.tasks == 1:
+        return ""
+    if command.ddp:
+        return _rendezvous() + "\n"
+    return "# Several processes, not DDP: srun starts one per Slurm task, each in a container.\n"
+
+
+def _launch(
     profile: ClusterProfile, resources: Resources, command: ContainerCommand, trainer_args: tuple[str, ...]
 ) -> str:
+    """The command line that starts ``command``'s processes in the container, one option to a line."""
     runtime = _runtime(profile, resources)
     multi_process = resources.tasks > 1
     torchrun = multi_process and command.ddp
@@ -473,23 +573,7 @@ def _run_trainer(
     ]
     if literal:
         text = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + text
-    if torchrun:
-        text = _rendezvous() + "\n" + text
-    elif multi_process:
-        text = "# Several processes, not DDP: srun starts one per Slurm task, each in a container.\n" + text
-    return f"""\
-# The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
-{text} &
-trainer_pid=$!
-status=0
-wait "$trainer_pid" || status=$?
-# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
-while kill -0 "$trainer_pid" 2>/dev/null; do
-    status=0
-    wait "$trainer_pid" || status=$?
-done
-trainer_pid=""
-"""[:-1]
+    return text
 
 
 def _runtime(profile: ClusterProfile, resources: Resources) -> str:
