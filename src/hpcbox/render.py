@@ -458,14 +458,7 @@ def _run_trainer(
 {text} &
 trainer_pid=$!
 status=0
-wait "$trainer_pid" || status=$?
-# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
-while kill -0 "$trainer_pid" 2>/dev/null; do
-    status=0
-    wait "$trainer_pid" || status=$?
-done
-trainer_pid=""
-"""[:-1]
+{_await_trainer("trainer")}"""
 
 
 def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps) -> str:
@@ -505,13 +498,7 @@ start_step() {{
 
 # Waits for step $1 and marks it finished when it exits 0.
 await_step() {{
-    wait "$trainer_pid" || status=$?
-    # `wait` also returns when a trap ran; wait again until the step itself has exited.
-    while kill -0 "$trainer_pid" 2>/dev/null; do
-        status=0
-        wait "$trainer_pid" || status=$?
-    done
-    trainer_pid=""
+{textwrap.indent(_await_trainer("step"), "    ")}
     echo "hpcbox: step $1 of {total} exited with status $status" >&2
     if [[ $status -eq 0 ]]; then
         date -u +%Y-%m-%dT%H:%M:%SZ >"$steps_done/step-$1" ||
@@ -521,6 +508,18 @@ await_step() {{
 
 status=0
 {chr(10).join(blocks)}"""
+
+
+def _await_trainer(what: str) -> str:
+    """Waits for $trainer_pid, leaving its exit status in $status."""
+    return f"""\
+wait "$trainer_pid" || status=$?
+# `wait` also returns when a trap ran; wait again until the {what} itself has exited.
+while kill -0 "$trainer_pid" 2>/dev/null; do
+    status=0
+    wait "$trainer_pid" || status=$?
+done
+trainer_pid=\"\""""
 
 
 def _before_launch(resources: Resources, command: ContainerCommand | Steps) -> str:

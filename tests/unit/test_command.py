@@ -83,6 +83,22 @@ def test_placeholders_become_the_paths_inside_the_container():
         ('module = "m"\nargs = "--epochs 3"', "tool.hpcbox.run.args", "must be a list of strings"),
         ('module = "m"\nargs = [3]', "tool.hpcbox.run.args", "must be a list of strings"),
         ('module = "m"\nlauncher = "mpirun"', "tool.hpcbox.run.launcher", "(allowed: torchrun, srun)"),
+        ('module = "m"\n[[tool.hpcbox.run.steps]]\nmodule = "n"', "tool.hpcbox.run.module", "beside steps"),
+        ("steps = []", "tool.hpcbox.run.steps", "must be one or more [[tool.hpcbox.run.steps]] tables"),
+        ('steps = ["python train.py"]', "tool.hpcbox.run.steps", "must be one or more"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\n[[tool.hpcbox.run.steps]]\nscript = "missing.py"',
+         "tool.hpcbox.run.steps[1].script", "missing.py does not exist"),
+        ('[[tool.hpcbox.run.steps]]\nargs = ["--x"]', "tool.hpcbox.run.steps[0]", "exactly one of module"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nlauncher = "srun"', "tool.hpcbox.run.steps[0].launcher",
+         "the launcher is the whole job's"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nmodle = "n"', "tool.hpcbox.run.steps[0].modle",
+         "unknown key"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nname = "two words"', "tool.hpcbox.run.steps[0].name",
+         "use letters, digits"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nargs = [1]', "tool.hpcbox.run.steps[0].args",
+         "must be a list of strings"),
+        ('launcher = "mpirun"\n[[tool.hpcbox.run.steps]]\nmodule = "m"', "tool.hpcbox.run.launcher",
+         "(allowed: torchrun, srun)"),
     ],
 )  # fmt: skip
 def test_bad_run_table_names_the_field(tmp_path: Path, run: str, field: str, says: str):
@@ -144,35 +160,6 @@ def test_steps_are_read_in_order_each_with_its_own_program_and_the_jobs_launcher
     evaluate = ContainerCommand("script", "/code/mypkg/fit.py", ("{output_dir}", "it's"), "srun")
     assert project.run == Steps((Step("train", train), Step("fit.py", evaluate)))  # a script's default name
     assert not project.run.ddp
-
-
-@pytest.mark.parametrize(
-    ("run", "field", "says"),
-    [
-        ('module = "m"\n[[tool.hpcbox.run.steps]]\nmodule = "n"', "tool.hpcbox.run.module", "beside steps"),
-        ("steps = []", "tool.hpcbox.run.steps", "must be one or more [[tool.hpcbox.run.steps]] tables"),
-        ('steps = ["python train.py"]', "tool.hpcbox.run.steps", "must be one or more"),
-        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\n[[tool.hpcbox.run.steps]]\nscript = "missing.py"',
-         "tool.hpcbox.run.steps[1].script", "missing.py does not exist"),
-        ('[[tool.hpcbox.run.steps]]\nargs = ["--x"]', "tool.hpcbox.run.steps[0]", "exactly one of module"),
-        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nlauncher = "srun"', "tool.hpcbox.run.steps[0].launcher",
-         "the launcher is the whole job's"),
-        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nmodle = "n"', "tool.hpcbox.run.steps[0].modle",
-         "unknown key"),
-        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nname = "two words"', "tool.hpcbox.run.steps[0].name",
-         "use letters, digits"),
-        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nargs = [1]', "tool.hpcbox.run.steps[0].args",
-         "must be a list of strings"),
-        ('launcher = "mpirun"\n[[tool.hpcbox.run.steps]]\nmodule = "m"', "tool.hpcbox.run.launcher",
-         "(allowed: torchrun, srun)"),
-    ],
-)  # fmt: skip
-def test_bad_steps_name_the_field(tmp_path: Path, run: str, field: str, says: str):
-    with pytest.raises(FieldError) as refused:
-        load_project(project_with(tmp_path, "[tool.hpcbox.run]\n" + run))
-    assert refused.value.field == field
-    assert says in str(refused.value)
-    assert "\n" not in str(refused.value)
 
 
 def test_the_steps_pattern_finds_the_processes_of_every_step_and_no_other():
