@@ -242,6 +242,8 @@ RESOURCE_HELP = {
     "no-home": "the container does not mount your home directory (--no-home)",
     "bind": "one more bind into the container, /host or /host:/container[:ro] (repeatable)",
     "home": "the home directory in the container, /host[:/container] (--home)",
+    "sif-on-scratch": "each node copies the SIF to its local scratch and runs that copy (default: the "
+    "profile's [apptainer] sif_on_scratch)",
 }
 VIA_HELP = (
     "local: rehearse the cluster's job on the mini cluster shaped like it (`invoke cluster.up --like NAME`)"
@@ -251,7 +253,7 @@ VIA_HELP = (
 RESOURCE_FLAGS = (
     "job_name", "partition", "gpus", "gpu_type", "cpus", "mem", "time", "nodes", "ntasks_per_node",
     "account", "qos", "array", "mail_user", "mail_type", "extra", "max_restarts", "log", "error_log",
-    "container", "cleanenv", "no_home", "bind", "home",
+    "container", "cleanenv", "no_home", "bind", "home", "sif_on_scratch",
 )  # fmt: skip
 
 
@@ -263,7 +265,8 @@ def _resources(cluster: str, arguments: dict[str, Any]):
 
     project = load_project()
     profile = profiles.load_profile(cluster)
-    flags = {name: arguments[name] for name in RESOURCE_FLAGS}
+    # `shell` runs no job script, so it has no --sif-on-scratch.
+    flags = {name: arguments.get(name) for name in RESOURCE_FLAGS}
     request = resources.request_for(
         cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
     )
@@ -308,6 +311,7 @@ def sbatch(
     no_home=False,
     bind=None,
     home=None,
+    sif_on_scratch=False,
     sif=None,
     check=False,
     via=None,
@@ -361,7 +365,8 @@ def _test_only(project, profile, via: str | None, text: str) -> str:
     iterable=["extra", "bind"],
     help={
         **RESOURCE_HELP,
-        "data": "the dataset archive to stage on node scratch (default: tool.hpcbox.data)",
+        "data": "the dataset to stage on node scratch: one archive, or a directory (archived once, "
+        "content-addressed; default: tool.hpcbox.data)",
         "flavour": "image flavour (default: the one `invoke build` last made)",
         "offline": "build on the Debian base bootstrapped here (no registry)",
         "host": "login host or ~/.ssh/config alias (default: the profile's)",
@@ -400,6 +405,7 @@ def submit(
     no_home=False,
     bind=None,
     home=None,
+    sif_on_scratch=False,
     flavour=None,
     offline=False,
     host=None,
@@ -532,7 +538,7 @@ def cancel(c, job=None, cluster=None):
 @task(
     iterable=["extra", "bind"],
     help={
-        **RESOURCE_HELP,
+        **{name: text for name, text in RESOURCE_HELP.items() if name != "sif-on-scratch"},
         "command": "run this command there instead of an interactive `apptainer shell`",
     },
 )

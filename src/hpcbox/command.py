@@ -9,6 +9,17 @@ folder copied back to the run folder. The default is the example trainer, `pytho
 `launcher` says how several processes start: "torchrun" (the default: DDP, one process per GPU, each
 node's processes started by torchrun) or "srun" (one process per Slurm task, as MPI programs and
 independent workers expect, however many GPUs there are).
+
+Or several steps run in turn in one job, e.g. train then evaluate, each a table of its own with a
+module, script or program, its args and an optional name; the launcher is the whole job's:
+    [[tool.hpcbox.run.steps]]
+    name = "train"
+    module = "mypackage.train"
+    args = ["--data", "{data_dir}", "--out", "{output_dir}"]
+    [[tool.hpcbox.run.steps]]
+    name = "evaluate"
+    script = "scripts/evaluate.py"
+    args = ["{output_dir}"]
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ LAUNCHERS = ("torchrun", "srun")
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PROGRAM = re.compile(r"^(/[A-Za-z0-9._+@/-]+|[A-Za-z0-9._+@-]+)$")
+_STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -89,22 +101,98 @@ def _ere_literal(text: str) -> str:
     return "".join(f"[{char}]" if char in special else "\\^" if char == "^" else char for char in text)
 
 
+@dataclass(frozen=True)
+class Step:
+    name: str  # for people: the job's log says which step runs
+    command: ContainerCommand
+
+
+@dataclass(frozen=True)
+class Steps:
+    """Commands run one after another in the same allocation and container set-up, under one launcher."""
+
+    steps: tuple[Step, ...]
+
+    @property
+    def ddp(self) -> bool:
+        return self.steps[0].command.ddp
+
+    def process_pattern(self) -> str:
+        """A POSIX extended regex matching a process of any of the steps (only one runs at a time)."""
+        return "|".join(f"({step.command.process_pattern()})" for step in self.steps)
+
+
 EXAMPLE_TRAINER = ContainerCommand(
     "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
 )
 
 
-def command_from_table(table: Mapping[str, object], code_paths: Sequence[str], exists) -> ContainerCommand:
+def command_from_table(
+    table: Mapping[str, object], code_paths: Sequence[str], exists
+) -> ContainerCommand | Steps:
     """Validate `[tool.hpcbox.run]`. `exists(path)` says whether a project-relative file exists."""
     field = "tool.hpcbox.run"
+    if "steps" in table:
+        return _steps(table, code_paths, exists)
     unknown = sorted(set(table) - {*KINDS, "args", "launcher"})
     if unknown:
         raise FieldError(
-            f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args and launcher"
+            f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args, launcher and steps"
         )
+    return _command(table, field, code_paths, exists, _launcher(table))
+
+
+def _launcher(table: Mapping[str, object]) -> str:
     launcher = table.get("launcher", "torchrun")
     if launcher not in LAUNCHERS:
-        raise FieldError(f"{field}.launcher", f"{launcher!r} (allowed: {', '.join(LAUNCHERS)})")
+        raise FieldError("tool.hpcbox.run.launcher", f"{launcher!r} (allowed: {', '.join(LAUNCHERS)})")
+    return str(launcher)
+
+
+def _steps(table: Mapping[str, object], code_paths: Sequence[str], exists) -> Steps:
+    field = "tool.hpcbox.run"
+    beside = sorted(set(table) - {"steps", "launcher"})
+    if beside:
+        raise FieldError(
+            f"{field}.{beside[0]}",
+            "is given beside steps: each step names its own program and arguments in its "
+            "[[tool.hpcbox.run.steps]] table",
+        )
+    tables = table["steps"]
+    if not isinstance(tables, list) or not tables or not all(isinstance(step, dict) for step in tables):
+        raise FieldError(
+            f"{field}.steps",
+            "must be one or more [[tool.hpcbox.run.steps]] tables, each with a module, script or program",
+        )
+    launcher = _launcher(table)
+    steps = []
+    for index, step in enumerate(tables):
+        where = f"{field}.steps[{index}]"
+        unknown = sorted(set(step) - {*KINDS, "args", "name"})
+        if unknown == ["launcher"]:
+            raise FieldError(
+                f"{where}.launcher", "the launcher is the whole job's: set it in [tool.hpcbox.run]"
+            )
+        if unknown:
+            raise FieldError(
+                f"{where}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args and name"
+            )
+        command = _command(step, where, code_paths, exists, launcher)
+        name = step.get("name")
+        if name is None:
+            name = PurePosixPath(command.target).name
+        elif not isinstance(name, str) or not _STEP_NAME.match(name):
+            raise FieldError(
+                f"{where}.name", f"{name!r}: use letters, digits, '.', '_' or '-', e.g. name = \"evaluate\""
+            )
+        steps.append(Step(name, command))
+    return Steps(tuple(steps))
+
+
+def _command(
+    table: Mapping[str, object], field: str, code_paths: Sequence[str], exists, launcher: str
+) -> ContainerCommand:
+    """One program with its arguments: `[tool.hpcbox.run]`, or one of its steps, at ``field``."""
     given = [kind for kind in KINDS if kind in table]
     if len(given) != 1:
         raise FieldError(field, f"give exactly one of {', '.join(KINDS)} (found {len(given)})")
@@ -125,13 +213,12 @@ def command_from_table(table: Mapping[str, object], code_paths: Sequence[str], e
         raise FieldError(
             f"{field}.program", f"{value!r} is not a program name or an absolute path in the image"
         )
-    target = _script_in_container(value, code_paths, exists) if kind == "script" else value
+    target = _script_in_container(f"{field}.script", value, code_paths, exists) if kind == "script" else value
     return ContainerCommand(kind, target, tuple(args), launcher)
 
 
-def _script_in_container(script: str, code_paths: Sequence[str], exists) -> str:
+def _script_in_container(field: str, script: str, code_paths: Sequence[str], exists) -> str:
     """Where a project-relative script lands: the code snapshot keeps each code path's last part."""
-    field = "tool.hpcbox.run.script"
     path = PurePosixPath(script)
     if path.is_absolute() or ".." in path.parts:
         raise FieldError(field, f"{script!r} must be a path inside the project, e.g. scripts/train.py")

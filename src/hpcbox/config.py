@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, command_from_table
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Steps, command_from_table
 from hpcbox.errors import HpcboxError
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -24,8 +24,8 @@ class ProjectConfig:
     dockerfile: str = "docker/Dockerfile"
     docker_dir: str = "docker"
     image_repository: str = ""
-    data: str = ""  # the dataset archive a job stages, relative to the root (`--data` wins)
-    run: ContainerCommand = EXAMPLE_TRAINER  # what a job runs in the container
+    data: str = ""  # the dataset a job stages (archive or directory), relative to the root; --data wins
+    run: ContainerCommand | Steps = EXAMPLE_TRAINER  # what a job runs in the container
 
     @property
     def repository(self) -> str:
@@ -76,7 +76,7 @@ def load_project(root: Path | None = None) -> ProjectConfig:
         raise HpcboxError(
             "tool.hpcbox.run: must be a table", 'e.g. [tool.hpcbox.run] module = "mypackage.train"'
         )
-    command = EXAMPLE_TRAINER
+    command: ContainerCommand | Steps = EXAMPLE_TRAINER
     if run is not None:
         command = command_from_table(run, code, lambda relative: (root / relative).is_file())
     return ProjectConfig(

@@ -191,19 +191,23 @@ def prepare_payload(
     flavour: str | None = None,
     offline: bool = False,
     cache: Path | None = None,
+    data_cache: Path | None = None,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> tuple[ship.Payload, Image]:
     """The earlier stages, each a no-op when nothing changed: the environment image (the project's
     image without its code), its SIF at ``compression`` (what the target cluster reads), the code
-    snapshot and the dataset's digest.
+    snapshot and the dataset's digest (a dataset directory's archive first, made once).
 
     The flavour and base are those `invoke build` last used, unless given. ``cache``: the SIF cache
-    (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif).
+    (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
+    directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data).
     """
+    from hpcbox.datadir import cache_dir
     from hpcbox.sif import build_sif
 
-    dataset = ship.dataset(data)  # bad input first, before anything is built
+    # Bad input first, before anything is built.
+    dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
     code = ship.code_snapshot(project)
     base = None
     if flavour is None and not offline:
@@ -531,13 +535,15 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
 
 
 def data_path(project: ProjectConfig, given: str | None) -> Path:
-    """The dataset archive: ``given`` (relative to here), else `tool.hpcbox.data` (relative to the root)."""
+    """The dataset, an archive or a directory: ``given`` (relative to here), else `tool.hpcbox.data`
+    (relative to the root)."""
     if given:
         return Path(given).expanduser().resolve()
     if project.data:
         return project.root / project.data
     raise HpcboxError(
-        "data: no dataset given", 'pass --data PATH (one archive), or set data = "PATH" in [tool.hpcbox]'
+        "data: no dataset given",
+        'pass --data PATH (one archive, or a directory), or set data = "PATH" in [tool.hpcbox]',
     )
 
 

@@ -71,6 +71,9 @@ class Apptainer:
     setup: tuple[str, ...] = ()  # shell lines that make the command available (module loads)
     options: tuple[str, ...] = ()  # extra `exec` options, e.g. --containall
     workdir_on_scratch: bool = False  # --workdir under the job's node scratch (Alliance: -W $SLURM_TMPDIR)
+    # Each node copies the SIF to its scratch before the job runs it: for sites whose shared file system
+    # is slow to serve an image to many processes. A job's own sif_on_scratch wins.
+    sif_on_scratch: bool = False
     binds: tuple[str, ...] = ()  # site areas to bind: "/project" or "/src:/dst"
     # What the site's Apptainer/Singularity reads: zstd only where that is known (checked on the mini
     # cluster for `local`), else a fast gzip every release reads.
@@ -204,6 +207,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         setup=tuple(apptainer_table.str_list("setup", default=[])),
         options=tuple(apptainer_table.str_list("options", default=[])),
         workdir_on_scratch=apptainer_table.boolean("workdir_on_scratch", default=False),
+        sif_on_scratch=apptainer_table.boolean("sif_on_scratch", default=False),
         binds=tuple(
             check_bind(f"{apptainer_table.where}.binds", item)
             for item in apptainer_table.str_list("binds", default=[])

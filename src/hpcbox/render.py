@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox import logpaths
-from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand
+from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
 from hpcbox.profiles import ClusterProfile
 from hpcbox.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
 from hpcbox.units import FieldError, format_time
@@ -156,9 +156,10 @@ def render_sbatch(
     resources: Resources,
     inputs: JobInputs,
     trainer_args: tuple[str, ...] = (),
-    command: ContainerCommand = EXAMPLE_TRAINER,
+    command: ContainerCommand | Steps = EXAMPLE_TRAINER,
 ) -> JobScript:
-    """The job script: `command` with its configured arguments, then `trainer_args`, in the container."""
+    """The job script: `command` with its configured arguments, then `trainer_args`, in the container;
+    or each of several steps in turn, with its own arguments only."""
     header = _headers(profile, resources, inputs)
     return job_script(profile, resources, inputs, trainer_args, command, header=header, dialect=SLURM)
 
@@ -168,7 +169,7 @@ def job_script(
     resources: Resources,
     inputs: JobInputs,
     trainer_args: tuple[str, ...],
-    command: ContainerCommand,
+    command: ContainerCommand | Steps,
     *,
     header: str,
     dialect: Dialect,
@@ -181,6 +182,12 @@ def job_script(
         raise FieldError("inputs.code_dir", f"{inputs.code_dir!r} contains ':' or ','")
     if command.ddp and resources.gpus:
         ddp_processes(resources.gpus, resources.ntasks_per_node)
+    if isinstance(command, Steps) and trainer_args:
+        raise FieldError(
+            "trainer_args",
+            f"the job runs {len(command.steps)} steps, each with the args of its [[tool.hpcbox.run.steps]] "
+            "table: add the words after -- to the step that takes them",
+        )
     for arg in trainer_args:
         if "\0" in arg:
             raise FieldError(
@@ -191,9 +198,9 @@ def job_script(
         _provenance(profile, inputs, log_folders(resources, inputs), dialect),
         "set -euo pipefail",
         _prelude(profile),
-        _variables(profile, resources, inputs, dialect),
+        _variables(profile, resources, inputs, dialect, steps=isinstance(command, Steps)),
         _functions(profile, resources, command, dialect),
-        _stage_in(dialect),
+        _stage_in(resources, dialect),
         _sampler(resources),
         _run_trainer(profile, resources, command, trainer_args, dialect),
         _finish(resources.max_restarts, dialect),
@@ -339,7 +346,9 @@ def _prelude(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect) -> str:
+def _variables(
+    profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect, *, steps: bool
+) -> str:
     job_key = dialect.array_key if resources.array else f"${{{dialect.job_id}}}"
     scratch_variable = profile.node_scratch_variable
     if scratch_variable:
@@ -359,12 +368,14 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             'sampler_pid=""',
             'terminated=""',
             'cleaned=""',
+            # USR1 came: a step that has not started waits for the requeued job.
+            *(['time_up=""'] if steps else []),
         ]
     )
 
 
 def _functions(
-    profile: ClusterProfile, resources: Resources, command: ContainerCommand, dialect: Dialect
+    profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps, dialect: Dialect
 ) -> str:
     each_node = '"$@"'
     if resources.nodes > 1:
@@ -397,6 +408,7 @@ def _functions(
         if dialect.steps
         else "# A removal can fail while a process of the job still holds a file open."
     )
+    time_up = "\n    else\n        time_up=1" if isinstance(command, Steps) else ""
     return f"""\
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {{
@@ -453,7 +465,7 @@ on_exit() {{
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {{
     if [[ $1 != USR1 ]]; then
-        terminated=$1
+        terminated=$1{time_up}
     fi
     if [[ -n $trainer_pid ]]; then
         {signal_trainer}
@@ -466,7 +478,19 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT"""
 
 
-def _stage_in(dialect: Dialect) -> str:
+def _stage_in(resources: Resources, dialect: Dialect) -> str:
+    sif_dir = copy_sif = ""
+    if resources.container.sif_on_scratch:
+        sif_dir = ' "$job_scratch/sif"'
+        copy_sif = "\n" + "\n".join(
+            [
+                "# The SIF on node-local disk too, one copy per node: the shared file system serves it once",
+                "# per node, not to every process the job starts. Cleaning scratch removes the copies.",
+                'on_each_node cp -- "$sif" "$job_scratch/sif/"',
+                'sif="$job_scratch/sif/${sif##*/}"',
+                'echo "hpcbox: each node runs its copy of the SIF, $sif" >&2',
+            ]
+        )
     return f"""\
 for input in "$sif" "$dataset"; do
     if [[ ! -f $input ]]; then
@@ -480,9 +504,9 @@ if [[ ! -d $code_dir ]]; then
 fi
 
 echo "hpcbox: job ${{{dialect.job_id}}} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
-on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
+on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"{sif_dir}
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
-on_each_node tar -xf "$dataset" -C "$job_scratch/data"
+on_each_node tar -xf "$dataset" -C "$job_scratch/data"{copy_sif}
 # A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
 if [[ -d $run_dir ]]; then
     on_each_node cp -a "$run_dir/." "$job_scratch/out/"
@@ -504,10 +528,102 @@ fi"""
 def _run_trainer(
     profile: ClusterProfile,
     resources: Resources,
+    command: ContainerCommand | Steps,
+    trainer_args: tuple[str, ...],
+    dialect: Dialect,
+) -> str:
+    if isinstance(command, Steps):
+        return _run_steps(profile, resources, command, dialect)
+    text = _before_launch(resources, command, dialect) + _launch(
+        profile, resources, command, trainer_args, dialect
+    )
+    why = f"so that this shell can take {dialect.scheduler}'s signals and pass them on"
+    return f"""\
+# The trainer runs in the background {why}.
+{text} &
+trainer_pid=$!
+status=0
+{_await_trainer("trainer")}"""
+
+
+def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialect: Dialect) -> str:
+    total = len(run.steps)
+    blocks = []
+    for number, step in enumerate(run.steps, 1):
+        launch = _launch(profile, resources, step.command, (), dialect)
+        body = textwrap.indent(f"{launch} &\ntrainer_pid=$!\nawait_step {number}", "    ")
+        blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
+    before = _before_launch(resources, run, dialect)
+    return f"""\
+{before}# {total} steps in turn, each in the background so that this shell can take {dialect.scheduler}'s
+# signals and pass them on. A step that exits 0 leaves a marker in the output folder, which is copied
+# back with the results: a requeued job skips the steps that finished. A step that fails, checkpoints
+# or is stopped ends the job with its status, and the steps after it do not run.
+steps_done="$job_scratch/out/.hpcbox-steps"
+mkdir -p "$steps_done"
+
+# Whether step $1 ($2) runs now: not after an earlier step failed, checkpointed or was stopped; not
+# when an earlier run of this job finished it; and not once the time limit is near (USR1 came), when
+# the requeued job runs it.
+start_step() {{
+    if [[ $status -ne 0 || -n $terminated ]]; then
+        return 1
+    fi
+    if [[ -e $steps_done/step-$1 ]]; then
+        echo "hpcbox: step $1 of {total} ($2) finished in an earlier run of this job; skipping it" >&2
+        return 1
+    fi
+    if [[ -n $time_up ]]; then
+        echo "hpcbox: the time limit is near; step $1 of {total} ($2) runs when the job is requeued" >&2
+        status={CHECKPOINTED_EXIT}
+        return 1
+    fi
+    echo "hpcbox: step $1 of {total} ($2) starts" >&2
+}}
+
+# Waits for step $1 and marks it finished when it exits 0.
+await_step() {{
+{textwrap.indent(_await_trainer("step"), "    ")}
+    echo "hpcbox: step $1 of {total} exited with status $status" >&2
+    if [[ $status -eq 0 ]]; then
+        date -u +%Y-%m-%dT%H:%M:%SZ >"$steps_done/step-$1" ||
+            echo "hpcbox: could not mark step $1 finished; a requeued job would run it again" >&2
+    fi
+}}
+
+status=0
+{chr(10).join(blocks)}"""
+
+
+def _await_trainer(what: str) -> str:
+    """Waits for $trainer_pid, leaving its exit status in $status."""
+    return f"""\
+wait "$trainer_pid" || status=$?
+# `wait` also returns when a trap ran; wait again until the {what} itself has exited.
+while kill -0 "$trainer_pid" 2>/dev/null; do
+    status=0
+    wait "$trainer_pid" || status=$?
+done
+trainer_pid=\"\""""
+
+
+def _before_launch(resources: Resources, command: ContainerCommand | Steps, dialect: Dialect) -> str:
+    """What the launch lines need first: the rendezvous for torchrun on several processes."""
+    if resources.tasks == 1:
+        return ""
+    if command.ddp:
+        return dialect.rendezvous + "\n"
+    return "# Several processes, not DDP: srun starts one per Slurm task, each in a container.\n"
+
+
+def _launch(
+    profile: ClusterProfile,
+    resources: Resources,
     command: ContainerCommand,
     trainer_args: tuple[str, ...],
     dialect: Dialect,
 ) -> str:
+    """The command line that starts ``command``'s processes in the container, one option to a line."""
     runtime = _runtime(profile, resources)
     multi_process = resources.tasks > 1
     torchrun = multi_process and command.ddp
@@ -546,24 +662,7 @@ def _run_trainer(
     ]
     if literal:
         text = f"# shellcheck disable=SC2016  # {' and '.join(literal)} are meant literally\n" + text
-    if torchrun:
-        text = dialect.rendezvous + "\n" + text
-    elif multi_process:
-        text = "# Several processes, not DDP: srun starts one per Slurm task, each in a container.\n" + text
-    why = f"so that this shell can take {dialect.scheduler}'s signals and pass them on"
-    return f"""\
-# The trainer runs in the background {why}.
-{text} &
-trainer_pid=$!
-status=0
-wait "$trainer_pid" || status=$?
-# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
-while kill -0 "$trainer_pid" 2>/dev/null; do
-    status=0
-    wait "$trainer_pid" || status=$?
-done
-trainer_pid=""
-"""[:-1]
+    return text
 
 
 def _runtime(profile: ClusterProfile, resources: Resources) -> str:

@@ -74,7 +74,7 @@ MAX_RESTARTS_LIMIT = 100
 # What sbatch takes from its environment when its command line does not say (and before #SBATCH lines).
 SBATCH_ENVIRONMENT = {"account": "SBATCH_ACCOUNT", "partition": "SBATCH_PARTITION", "qos": "SBATCH_QOS"}
 LISTS = ("extra", "bind")
-SWITCHES = ("cleanenv", "no_home")
+SWITCHES = ("cleanenv", "no_home", "sif_on_scratch")
 WHOLE_NUMBERS = ("gpus", "cpus", "nodes", "ntasks_per_node", "max_restarts")
 
 
@@ -105,6 +105,7 @@ class ResourceRequest:
     no_home: bool | None = None
     bind: tuple[str, ...] = ()
     home: str | None = None
+    sif_on_scratch: bool | None = None
 
     def over(self, defaults: ResourceRequest) -> ResourceRequest:
         """This request with its unset fields taken from `defaults`."""
@@ -126,6 +127,7 @@ class ContainerOptions:
     no_home: bool = False  # --no-home: the home directory is not mounted
     binds: tuple[str, ...] = ()  # more --bind specs, after the profile's
     home: str | None = None  # --home /host[:/container]
+    sif_on_scratch: bool = False  # each node runs a copy of the SIF on its scratch
 
 
 @dataclass(frozen=True)
@@ -428,6 +430,9 @@ def _container(profile: ClusterProfile, request: ResourceRequest) -> ContainerOp
         no_home=bool(request.no_home),
         binds=request.bind,
         home=request.home,
+        sif_on_scratch=(
+            profile.apptainer.sif_on_scratch if request.sif_on_scratch is None else request.sif_on_scratch
+        ),
     )
 
 

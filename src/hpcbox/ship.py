@@ -4,7 +4,8 @@ Layout under the remote root (default `~/hpcbox`), big things content-addressed 
 project of the user there, small things per project:
 
     images/sha256/<sha256>.sif         the environment, once per distinct SIF
-    data/sha256/<sha256><suffix>       the dataset archive, once per distinct archive
+    data/sha256/<sha256><suffix>       the dataset archive, once per distinct archive (a dataset
+                                       directory travels as its deterministic archive, see datadir)
     <project>/code/<hash>/             a snapshot of the code's files, once per distinct snapshot
     <project>/scripts/ logs/ runs/     the submit directory (see tools.slurm.submit)
 
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox import datadir
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
@@ -47,6 +50,8 @@ class CodeSnapshot:
 
 @dataclass(frozen=True)
 class Dataset:
+    """The archive that is sent: the one given, or the cached archive of a dataset directory."""
+
     path: Path
     sha256: str
 
@@ -97,13 +102,18 @@ def code_snapshot(project: ProjectConfig) -> CodeSnapshot:
     return CodeSnapshot(hashlib.sha256(tar).hexdigest(), gzip.compress(tar, mtime=0), len(files))
 
 
-def dataset(path: Path) -> Dataset:
-    if not path.is_file():
-        raise HpcboxError(
-            f"data: {path} is not a file",
-            "give the dataset as one archive (`--data PATH`, e.g. from `python -m hpctrain make-data`)",
-        )
-    return Dataset(path, file_sha256(path))
+def dataset(path: Path, cache: Path, say: Callable[[str], None] = print) -> Dataset:
+    """The dataset at ``path``: one archive as it is, or a directory archived into ``cache``."""
+    if path.is_dir():
+        made = datadir.archive(path, cache, say)
+        return Dataset(made.path, made.sha256)
+    if path.is_file():
+        return Dataset(path, file_sha256(path))
+    problem = "does not exist" if not os.path.lexists(path) else "is neither a file nor a directory"
+    raise HpcboxError(
+        f"data: {path} {problem}",
+        "give the dataset as one archive (e.g. from `python -m hpctrain make-data`) or as a directory",
+    )
 
 
 @dataclass(frozen=True)

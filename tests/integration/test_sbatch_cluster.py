@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import time
 from pathlib import Path
@@ -236,6 +237,26 @@ def test_two_nodes_train_one_ddp_run_in_apptainer(job_dir: JobDir):
     done = metric_events(job_dir, job_id, "done")[-1]
     assert done["rank_weights_sha256"] == [done["weights_sha256"]] * 2, done
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip()
+    assert scratch_left(job_dir.cluster, job_id) == [], log
+
+
+def test_with_sif_on_scratch_each_node_runs_its_own_copy_of_the_sif(job_dir: JobDir):
+    """Two nodes: each copies the SIF to its own scratch once, and its task runs that copy."""
+    each_task = 'echo "task $SLURM_PROCID on $(hostname) runs $APPTAINER_CONTAINER"'
+    command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
+    request = ResourceRequest(job_name="sif-copy", time="5", sif_on_scratch=True, **TWO_NODES)
+    profile = local_profile()
+    script = render_sbatch(
+        profile, resolve(profile, request, ddp=False), JobInputs.defaults("trainer"), (), command
+    )
+    job_id = job_dir.submit(script, "sif-copy.sh")
+    state, exit_code = wait_finished(job_dir.cluster, job_id)
+    log = job_dir.sh(f"cat logs/sif-copy-{job_id}.out", check=False).stdout
+    assert (state, exit_code) == ("COMPLETED", "0:0"), log
+    ran = sorted(line for line in log.splitlines() if line.startswith("task "))
+    copy = rf"/disk/scratch/[^/]+/hpcbox-{job_id}/sif/trainer[.]sif"
+    assert len(ran) == 2 and re.fullmatch(rf"task 0 on node1 runs {copy}", ran[0]), log
+    assert re.fullmatch(rf"task 1 on node2 runs {copy}", ran[1]), log
     assert scratch_left(job_dir.cluster, job_id) == [], log
 
 

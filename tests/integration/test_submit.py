@@ -16,13 +16,14 @@ import select
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from hpcbox import jobs, profiles
+from hpcbox import datadir, jobs, profiles
 from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
 from hpcbox.resources import ResourceRequest, resolve
@@ -78,12 +79,12 @@ def local_resources(**given):
     return profile, resolve(profile, ResourceRequest(**{"job_name": "submit-test", "time": "10", **given}))
 
 
-def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None):
+def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None, data=None):
     project = setup.project()
     profile, checked = profile_and_resources or local_resources()
     payload, environment = jobs.prepare_payload(
         project,
-        setup.data,
+        data or setup.data,
         profile.apptainer.compression,
         flavour="cpu",
         offline=True,
@@ -226,6 +227,93 @@ def test_the_projects_own_script_from_tool_hpcbox_run_runs_and_its_output_comes_
     own = json.loads((local / "own.json").read_text())
     assert own["argv"] == ["/scratch/data", "/scratch/out", *args]
     assert "manifest.json" in own["data"]  # the staged dataset, read on the node
+
+
+def test_a_dataset_directory_reaches_node_scratch_and_the_trainer(setup: Setup, minicluster, tmp_path: Path):
+    """The dataset as a directory (the shards unpacked here), archived once and shipped like an archive;
+    the SIF is copied to the node's scratch first, and the trainer trains on what was staged."""
+    directory = tmp_path / "digits"
+    with tarfile.open(setup.data) as archive:
+        archive.extractall(directory, filter="data")
+    record = submit(
+        setup, minicluster, data=directory, profile_and_resources=local_resources(sif_on_scratch=True)
+    )
+    assert record is not None and "dataset" in record.sent
+    store = record.sif.rsplit("/images/", 1)[0] + "/data/sha256"
+    remote = minicluster.ssh(["sha256sum", f"{store}/{record.dataset_sha256}.tar"], check=True).stdout
+    assert remote.split()[0] == record.dataset_sha256  # content-addressed: the archive's own sha256
+    final = finished(minicluster, record)
+    log = log_of(minicluster, record)
+    assert (final.state, final.exit_code) == ("COMPLETED", "0:0"), log
+    copy = re.search(r"each node runs its copy of the SIF, (\S+)", log)
+    assert copy and re.fullmatch(
+        rf"/disk/scratch/[^/]+/hpcbox-{record.job_id}/sif/[0-9a-f]{{64}}[.]sif", copy[1]
+    ), log
+    metrics = minicluster.ssh(["cat", f"{record.run_dir}/metrics.jsonl"], check=True).stdout
+    assert '"event": "done"' in metrics, log
+    assert scratch_left(minicluster, record.job_id) == []
+    # The unchanged directory is not archived again: the cache gives the same content address.
+    said: list[str] = []
+    again = datadir.archive(directory, datadir.cache_dir(setup.project_dir), say=said.append)
+    assert (again.made, again.sha256) == (False, record.dataset_sha256), said
+
+
+EVALUATE = """\
+import json, os, sys
+out = sys.argv[1]
+with open(os.path.join(out, "metrics.jsonl")) as metrics:
+    trained = '"event": "done"' in metrics.read()
+with open(os.path.join(out, "evaluate.json"), "w") as result:
+    json.dump({"checkpoints": sorted(os.listdir(os.path.join(out, "checkpoints"))), "trained": trained,
+               "image": os.environ.get("APPTAINER_CONTAINER")}, result)
+"""
+TRAIN_THEN_EVALUATE = """\
+[tool.hpcbox.run]
+[[tool.hpcbox.run.steps]]
+name = "train"
+module = "hpctrain"
+args = ["train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}", "--epochs", "1",
+        "--steps-per-epoch", "10", "--workers", "0"]
+[[tool.hpcbox.run.steps]]
+name = "evaluate"
+script = "src/hpctrain/own_evaluate.py"
+args = ["{output_dir}"]
+"""
+
+
+def test_two_steps_run_in_order_and_the_second_reads_what_the_first_wrote(
+    setup: Setup, minicluster, tmp_path: Path
+):
+    project_dir = tmp_path / "steps"
+    shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
+    (project_dir / "src" / "hpctrain" / "own_evaluate.py").write_text(EVALUATE)
+    pyproject = project_dir / "pyproject.toml"
+    run_table = r"\[tool\.hpcbox\.run\]\n(?:[^\[\n].*\n)*"
+    pyproject.write_text(re.sub(run_table, TRAIN_THEN_EVALUATE, pyproject.read_text()))
+    project = load_project(project_dir)
+    assert [step.name for step in project.run.steps] == ["train", "evaluate"]
+    resources = local_resources(sif_on_scratch=True)
+    record = submit(
+        dataclasses.replace(setup, project_dir=project_dir), minicluster, (), profile_and_resources=resources
+    )
+    assert record is not None
+    final = finished(minicluster, record)
+    log = log_of(minicluster, record)
+    assert (final.state, final.exit_code) == ("COMPLETED", "0:0"), log
+    assert log.index("step 1 of 2 (train) starts") < log.index("step 1 of 2 exited with status 0")
+    assert log.index("step 1 of 2 exited with status 0") < log.index("step 2 of 2 (evaluate) starts")
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        local, _ = jobs.fetch(connection, project, record)
+    evaluated = json.loads((local / "evaluate.json").read_text())
+    assert evaluated["trained"] and any(name.startswith("ckpt-") for name in evaluated["checkpoints"]), (
+        evaluated
+    )
+    # Both steps ran the node's copy of the SIF.
+    assert re.fullmatch(
+        rf"/disk/scratch/[^/]+/hpcbox-{record.job_id}/sif/[0-9a-f]{{64}}[.]sif", evaluated["image"]
+    )
+    assert sorted(path.name for path in (local / ".hpcbox-steps").iterdir()) == ["step-1", "step-2"]
+    assert scratch_left(minicluster, record.job_id) == []
 
 
 def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setup: Setup, minicluster):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
 from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
 from hpcbox.units import FieldError
@@ -83,6 +83,22 @@ def test_placeholders_become_the_paths_inside_the_container():
         ('module = "m"\nargs = "--epochs 3"', "tool.hpcbox.run.args", "must be a list of strings"),
         ('module = "m"\nargs = [3]', "tool.hpcbox.run.args", "must be a list of strings"),
         ('module = "m"\nlauncher = "mpirun"', "tool.hpcbox.run.launcher", "(allowed: torchrun, srun)"),
+        ('module = "m"\n[[tool.hpcbox.run.steps]]\nmodule = "n"', "tool.hpcbox.run.module", "beside steps"),
+        ("steps = []", "tool.hpcbox.run.steps", "must be one or more [[tool.hpcbox.run.steps]] tables"),
+        ('steps = ["python train.py"]', "tool.hpcbox.run.steps", "must be one or more"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\n[[tool.hpcbox.run.steps]]\nscript = "missing.py"',
+         "tool.hpcbox.run.steps[1].script", "missing.py does not exist"),
+        ('[[tool.hpcbox.run.steps]]\nargs = ["--x"]', "tool.hpcbox.run.steps[0]", "exactly one of module"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nlauncher = "srun"', "tool.hpcbox.run.steps[0].launcher",
+         "the launcher is the whole job's"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nmodle = "n"', "tool.hpcbox.run.steps[0].modle",
+         "unknown key"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nname = "two words"', "tool.hpcbox.run.steps[0].name",
+         "use letters, digits"),
+        ('[[tool.hpcbox.run.steps]]\nmodule = "m"\nargs = [1]', "tool.hpcbox.run.steps[0].args",
+         "must be a list of strings"),
+        ('launcher = "mpirun"\n[[tool.hpcbox.run.steps]]\nmodule = "m"', "tool.hpcbox.run.launcher",
+         "(allowed: torchrun, srun)"),
     ],
 )  # fmt: skip
 def test_bad_run_table_names_the_field(tmp_path: Path, run: str, field: str, says: str):
@@ -123,3 +139,35 @@ def test_process_pattern_finds_the_programs_own_processes(command, matches, miss
         ["grep", "-E", command.process_pattern()], input=lines, capture_output=True, text=True
     )
     assert found.stdout.splitlines() == matches
+
+
+TWO_STEPS = """\
+[tool.hpcbox.run]
+launcher = "srun"
+[[tool.hpcbox.run.steps]]
+name = "train"
+module = "mypkg.fit"
+args = ["--data", "{data_dir}", "--out", "{output_dir}"]
+[[tool.hpcbox.run.steps]]
+script = "src/mypkg/fit.py"
+args = ["{output_dir}", "it's"]
+"""
+
+
+def test_steps_are_read_in_order_each_with_its_own_program_and_the_jobs_launcher(tmp_path: Path):
+    project = load_project(project_with(tmp_path, TWO_STEPS))
+    train = ContainerCommand("module", "mypkg.fit", ("--data", "{data_dir}", "--out", "{output_dir}"), "srun")
+    evaluate = ContainerCommand("script", "/code/mypkg/fit.py", ("{output_dir}", "it's"), "srun")
+    assert project.run == Steps((Step("train", train), Step("fit.py", evaluate)))  # a script's default name
+    assert not project.run.ddp
+
+
+def test_the_steps_pattern_finds_the_processes_of_every_step_and_no_other():
+    steps = Steps(
+        (Step("a", ContainerCommand("module", "my.fit")), Step("b", ContainerCommand("program", "ev")))
+    )
+    lines = "python -m my.fit --x\n/opt/bin/ev --y\npython -m other\nevil\n"
+    found = subprocess.run(
+        ["grep", "-E", steps.process_pattern()], input=lines, capture_output=True, text=True
+    )
+    assert found.stdout.splitlines() == ["python -m my.fit --x", "/opt/bin/ev --y"]

@@ -295,10 +295,11 @@ def test_code_snapshot_is_reproducible_and_holds_only_the_code(tmp_path: Path):
 def test_dataset_is_addressed_by_content_and_keeps_its_archive_suffix(tmp_path: Path):
     archive = tmp_path / "digits.tar.gz"
     archive.write_bytes(b"not really a tarball")
-    found = ship.dataset(archive)
+    found = ship.dataset(archive, tmp_path / "cache")
     assert found.remote_name == hashlib.sha256(b"not really a tarball").hexdigest() + ".tar.gz"
-    with pytest.raises(HpcboxError, match=r"data: .* is not a file"):
-        ship.dataset(tmp_path / "missing.tar")
+    assert found.path == archive and not (tmp_path / "cache").exists()  # an archive is sent as it is
+    with pytest.raises(HpcboxError, match=r"data: .* does not exist"):
+        ship.dataset(tmp_path / "missing.tar", tmp_path / "cache")
 
 
 def test_a_target_with_only_a_host_leaves_user_port_and_keys_to_ssh_config():

@@ -250,3 +250,11 @@ def test_lsf_profile_mistakes_name_the_key(user_dir: Path, change: tuple[str, st
 def test_a_slurm_profile_lists_partitions_not_queues(user_dir: Path):
     error = _error_for(user_dir, MINIMAL.replace("[[partitions]]", "[[queues]]"))
     assert error.field == "queues"
+
+
+def test_a_site_can_ask_for_the_sif_on_node_scratch(user_dir: Path):
+    (user_dir / "slowfs.toml").write_text(MINIMAL + "[apptainer]\nsif_on_scratch = true\n")
+    assert profiles.load_profile("slowfs").apptainer.sif_on_scratch is True
+    assert profiles.load_profile("edi").apptainer.sif_on_scratch is False  # left out: read where shipped
+    error = _error_for(user_dir, MINIMAL + "[apptainer]\nsif_on_scratch = 'yes'\n")
+    assert error.field == "apptainer.sif_on_scratch"

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcbox import profiles
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
 from hpcbox.render import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
 from hpcbox.render_lsf import renderer
 from hpcbox.resources import FieldError, ResourceRequest, resolve
@@ -782,3 +782,192 @@ def test_a_copy_back_cut_short_leaves_the_earlier_results_whole(tmp_path: Path):
     # The new metrics never replaced the earlier file half-written: renames only follow a whole copy.
     assert (sandbox.run_dir / "metrics.jsonl").read_text() == '{"epoch": 0}\n'
     assert sorted(p.name for p in sandbox.run_dir.iterdir()) == ["metrics.jsonl"]
+
+
+# --- the SIF on node scratch ---------------------------------------------------------------------
+
+# Records each srun's options, then runs the command as node 0 (the stand-in cluster has one node).
+STUB_SRUN_RECORDING = """#!/bin/bash
+printf '%s\\n' "$*" >>"$STUB_SRUN_LOG"
+while [[ $1 == --* ]]; do shift; done
+SLURM_NODEID=0 exec "$@"
+"""
+
+# What `apptainer exec` was given as its image, and that the file was there, whole, while it ran.
+SIF_PROBE = """
+image = next(a for a in args if a.endswith(".sif"))
+pathlib.Path(os.environ["STUB_SIF_SEEN"]).write_text(image + "\\n" + pathlib.Path(image).read_text())
+"""
+
+
+def sif_sandbox(sandbox: Sandbox) -> Sandbox:
+    (sandbox.root / "bin" / "apptainer").write_text(STUB_APPTAINER + SIF_PROBE)
+    (sandbox.root / "bin" / "srun").write_text(STUB_SRUN_RECORDING)
+    sandbox.env.update(STUB_SIF_SEEN=str(sandbox.root / "sif-seen"), STUB_SRUN_LOG=str(sandbox.root / "srun"))
+    return sandbox
+
+
+def test_the_sif_is_copied_to_node_scratch_and_apptainer_runs_the_copy(sandbox: Sandbox):
+    sif_sandbox(sandbox)
+    script = sandbox.script(ResourceRequest(job_name="copy", sif_on_scratch=True), ("--epochs", "1"))
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    image, content = (sandbox.root / "sif-seen").read_text().split("\n", 1)
+    assert Path(image) == sandbox.scratch_was / "sif" / "trainer.sif"
+    assert content == "not really a SIF"  # the shipped SIF's bytes, on node scratch
+    assert f"each node runs its copy of the SIF, {image}" in output
+    assert not sandbox.scratch_was.exists()  # cleaning scratch took the copy with it
+    assert trainer_argv_tail(sandbox.recorded_argv) == ["--epochs", "1"]
+
+
+def test_without_the_option_apptainer_runs_the_shipped_sif():
+    text = render("local", ResourceRequest(job_name="j")).text
+    assert "sif/" not in text and "copy of the SIF" not in text
+
+
+def test_each_node_of_a_multi_node_job_copies_the_sif_once(sandbox: Sandbox):
+    sif_sandbox(sandbox)
+    sandbox.env.update(SLURM_JOB_NODELIST="node[1-2]", SLURM_JOB_NUM_NODES="2")
+    script = sandbox.script(dataclasses.replace(MULTI_PROCESS, sif_on_scratch=True))
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    shipped = sandbox.submit / "images" / "trainer.sif"
+    copies = [line for line in (sandbox.root / "srun").read_text().splitlines() if " cp -- " in line]
+    per_node = "--nodes=2 --ntasks=2 --ntasks-per-node=1 --overlap --mem=0"
+    assert copies == [f"{per_node} cp -- {shipped} {sandbox.scratch_was}/sif/"]
+    image = (sandbox.root / "sif-seen").read_text().split("\n", 1)[0]
+    assert Path(image) == sandbox.scratch_was / "sif" / "trainer.sif"  # what every node's torchrun runs
+
+
+# --- several steps in one job --------------------------------------------------------------------
+
+# A step (run by STUB_APPTAINER_EXEC, as the container would): logs its name and arguments to
+# steps.log in the output folder, shows what an earlier step wrote there, and acts as $STUB_<NAME> says.
+STUB_STEP = r"""#!/usr/bin/env python3
+import os, pathlib, signal, sys, time
+
+name = pathlib.Path(sys.argv[0]).name
+out = pathlib.Path(os.environ["STUB_OUT"])
+earlier = (out / "steps.log").read_text().split() if (out / "steps.log").exists() else []
+with open(out / "steps.log", "a") as log:
+    log.write(f"{name} {' '.join(sys.argv[1:])} (saw {','.join(earlier[:1]) or 'nothing'})\n")
+mode = os.environ.get(f"STUB_{name.upper()}", "ok")
+if mode == "fail":
+    sys.exit(3)
+if mode == "checkpoint":
+    sys.exit(75)
+if mode == "finish-on-usr1":
+    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))
+    pathlib.Path(os.environ["STUB_READY"]).write_text(str(os.getpid()))
+    time.sleep(60)
+    sys.exit(9)
+"""
+
+
+def steps_sandbox(sandbox: Sandbox) -> Steps:
+    """Train then evaluate, as programs on the stand-in's PATH."""
+    (sandbox.root / "bin" / "apptainer").write_text(STUB_APPTAINER_EXEC)
+    for name in ("train", "evaluate"):
+        (sandbox.root / "bin" / name).write_text(STUB_STEP)
+        (sandbox.root / "bin" / name).chmod(0o755)
+    train = ContainerCommand("program", str(sandbox.root / "bin" / "train"), ("--out", "{output_dir}"))
+    evaluate = ContainerCommand("program", str(sandbox.root / "bin" / "evaluate"), ("it's $HOME",))
+    return Steps((Step("train", train), Step("evaluate", evaluate)))
+
+
+def steps_log(sandbox: Sandbox) -> list[str]:
+    log = sandbox.run_dir / "steps.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def markers(sandbox: Sandbox) -> list[str]:
+    folder = sandbox.run_dir / ".hpcbox-steps"
+    return sorted(path.name for path in folder.iterdir()) if folder.exists() else []
+
+
+def test_steps_run_in_order_and_the_second_sees_what_the_first_wrote(sandbox: Sandbox):
+    script = sandbox.script(ResourceRequest(job_name="steps"), (), steps_sandbox(sandbox))
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    assert steps_log(sandbox) == ["train --out /scratch/out (saw nothing)", "evaluate it's $HOME (saw train)"]
+    assert markers(sandbox) == ["step-1", "step-2"]
+    assert output.index("step 1 of 2 (train) starts") < output.index("step 2 of 2 (evaluate) starts")
+    assert list(sandbox.node_scratch.rglob("hpcbox-*")) == []
+
+
+def test_a_failed_step_stops_the_job_with_its_status(sandbox: Sandbox):
+    script = sandbox.script(ResourceRequest(job_name="steps"), (), steps_sandbox(sandbox))
+    sandbox.env["STUB_TRAIN"] = "fail"
+    status, output = sandbox.run(script)
+    assert status == 3, output
+    assert steps_log(sandbox) == ["train --out /scratch/out (saw nothing)"]  # evaluate never ran
+    assert markers(sandbox) == []
+    assert sandbox.scontrol_calls() == []
+    assert list(sandbox.node_scratch.rglob("hpcbox-*")) == []
+
+
+def test_a_requeued_job_skips_the_steps_that_finished(sandbox: Sandbox):
+    """The first run: train checkpoints at the time limit; the job requeues. The second run finishes
+    train, then evaluate fails; requeued by hand, the third run skips train and evaluates."""
+    script = sandbox.script(ResourceRequest(job_name="steps"), (), steps_sandbox(sandbox))
+    sandbox.env["STUB_TRAIN"] = "checkpoint"
+    status, output = sandbox.run(script)
+    assert (status, sandbox.scontrol_calls(), markers(sandbox)) == (0, ["requeue 4242"], []), output
+    sandbox.env.update(STUB_TRAIN="ok", STUB_EVALUATE="fail", SLURM_RESTART_COUNT="1")
+    status, output = sandbox.run(script)
+    assert (status, markers(sandbox)) == (3, ["step-1"]), output
+    sandbox.env.update(STUB_EVALUATE="ok", SLURM_RESTART_COUNT="2")
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    assert "step 1 of 2 (train) finished in an earlier run of this job; skipping it" in output
+    assert [line.split()[0] for line in steps_log(sandbox)] == ["train", "train", "evaluate", "evaluate"]
+    assert markers(sandbox) == ["step-1", "step-2"]
+
+
+def test_near_the_time_limit_the_next_step_waits_for_the_requeued_job(sandbox: Sandbox):
+    """USR1 comes while train runs; train finishes anyway: evaluate would not have the time it needs."""
+    script = sandbox.script(ResourceRequest(job_name="steps", time="30"), (), steps_sandbox(sandbox))
+    sandbox.env["STUB_TRAIN"] = "finish-on-usr1"
+    process = sandbox.start(script, "ok")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGUSR1)
+    output, _ = process.communicate(timeout=30)
+    text = output.decode()
+    assert process.returncode == 0, text
+    assert "the time limit is near; step 2 of 2 (evaluate) runs when the job is requeued" in text
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert markers(sandbox) == ["step-1"] and len(steps_log(sandbox)) == 1
+
+
+def test_steps_take_no_arguments_from_the_command_line(sandbox: Sandbox):
+    with pytest.raises(FieldError) as refused:
+        sandbox.script(ResourceRequest(job_name="steps"), ("--epochs", "1"), steps_sandbox(sandbox))
+    assert refused.value.field == "trainer_args"
+    assert "the job runs 2 steps, each with the args of its [[tool.hpcbox.run.steps]] table" in str(
+        refused.value
+    )
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_several_processes_run_each_step_in_turn(launcher: str):
+    profile = profiles.load_profile("local")
+    steps = Steps(
+        (
+            Step("train", ContainerCommand("module", "mypkg.fit", ("--out", "{output_dir}"), launcher)),
+            Step("evaluate", ContainerCommand("program", "ev", (), launcher)),
+        )
+    )
+    request = ResourceRequest(job_name="s", nodes=2, ntasks_per_node=2, time="10")
+    text = render_sbatch(profile, resolve(profile, request, ddp=steps.ddp), INPUTS, (), steps).text
+    assert shellcheck(text).stdout == ""
+    assert text.count("rendezvous_port=") == (1 if launcher == "torchrun" else 0)  # set up once
+    one_line = text.replace(" \\\n        ", " ")
+    if launcher == "torchrun":
+        assert '"$rendezvous_port" -m mypkg.fit --out /scratch/out &' in one_line
+        assert '"$rendezvous_port" --no-python ev &' in one_line
+    else:
+        assert '--pwd /scratch "$sif" python -m mypkg.fit --out /scratch/out &' in one_line
+        assert steps.process_pattern() in text.replace("\\\n", "")  # USR1 and TERM reach either step

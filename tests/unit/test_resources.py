@@ -411,3 +411,21 @@ def test_container_options_from_flags_and_pyproject(tmp_path: Path, site):
     with pytest.raises(FieldError) as refused:
         request_for("edi", {}, pyproject, "trainer")
     assert refused.value.field == "tool.hpcbox.resources.cleanenv"
+
+
+def test_sif_on_scratch_comes_from_the_flag_over_pyproject_over_the_profile(tmp_path: Path, site):
+    pyproject = tmp_path / "pyproject.toml"
+    copying = dataclasses.replace(site, apptainer=dataclasses.replace(site.apptainer, sif_on_scratch=True))
+
+    def wanted(profile, table: str, flags: dict) -> bool:
+        pyproject.write_text(f"[tool.hpcbox.resources]\n{table}")
+        request = dataclasses.replace(request_for("edi", flags, pyproject, "t"), account="a")
+        return resolve(profile, request).container.sif_on_scratch
+
+    assert wanted(site, "", {}) is False  # the default: the SIF is read where it was shipped
+    assert wanted(copying, "", {}) is True  # the site's profile asks for it
+    assert wanted(copying, "sif_on_scratch = false\n", {"sif_on_scratch": False}) is False
+    assert wanted(site, "sif-on-scratch = false\n", {"sif_on_scratch": True}) is True
+    with pytest.raises(FieldError) as refused:
+        wanted(site, "sif_on_scratch = 1\n", {})
+    assert refused.value.field == "tool.hpcbox.resources.sif_on_scratch"

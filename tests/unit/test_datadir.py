@@ -1,0 +1,154 @@
+"""A dataset directory as one deterministic, content-addressed archive, cached by a cheap manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcbox import datadir, ship
+from hpcbox.errors import HpcboxError
+
+
+def make_dataset(root: Path, *, reverse: bool = False, umask: int = 0o022) -> Path:
+    """The same files, written in either order and with either umask: the archive must not care."""
+    files = {
+        "manifest.json": b'{"shards": 2}\n',
+        "train/shard-0000.npz": b"train" * 1000,
+        "val/shard-0000.npz": b"val",
+        "tools/check.sh": b"#!/bin/sh\necho ok\n",
+        "empty-folder/.keep": b"",
+        "n\u00e4me with spaces/" + "long-" * 30 + "name.bin": b"long",
+    }
+    old = os.umask(umask)
+    try:
+        for name in sorted(files, reverse=reverse):
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(files[name])
+        (root / "tools" / "check.sh").chmod(0o755 & ~umask)
+        (root / "latest").symlink_to("train")  # a link inside stays a link
+    finally:
+        os.umask(old)
+    return root
+
+
+def test_the_same_contents_give_the_same_archive_whatever_their_times_order_and_owners(tmp_path: Path):
+    first = make_dataset(tmp_path / "a")
+    time.sleep(0.01)
+    second = make_dataset(tmp_path / "b", reverse=True, umask=0o077)
+    one = datadir.archive(first, tmp_path / "cache", say=lambda _: None)
+    two = datadir.archive(second, tmp_path / "cache", say=lambda _: None)
+    assert one.made and two.made
+    assert one.sha256 == two.sha256 == hashlib.sha256(one.path.read_bytes()).hexdigest()
+    assert one.path == tmp_path / "cache" / "sha256" / f"{one.sha256}.tar" and one.files == 6
+    with tarfile.open(one.path) as tar:
+        members = tar.getmembers()
+    names = [member.name for member in members]
+    assert names == sorted(names) and "train/shard-0000.npz" in names and "manifest.json" in names
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname) for m in members} == {(0, 0, 0, "", "")}
+    modes = {member.name: member.mode for member in members if member.isfile()}
+    assert modes["tools/check.sh"] == 0o755 and modes["manifest.json"] == 0o644
+
+
+def test_the_archive_unpacks_to_the_directorys_contents(tmp_path: Path):
+    source = make_dataset(tmp_path / "data")
+    made = datadir.archive(source, tmp_path / "cache", say=lambda _: None)
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", str(made.path), "-C", str(unpacked)], check=True)  # as the job does
+    for path in source.rglob("*"):
+        twin = unpacked / path.relative_to(source)
+        if path.is_symlink():
+            assert os.readlink(twin) == "train" and (twin / "shard-0000.npz").read_bytes() == b"train" * 1000
+        elif path.is_file():
+            assert twin.read_bytes() == path.read_bytes()
+            assert os.access(twin, os.X_OK) == os.access(path, os.X_OK)
+        else:
+            assert twin.is_dir()
+
+
+def test_an_unchanged_directory_is_not_archived_again_and_a_change_is(tmp_path: Path):
+    source = make_dataset(tmp_path / "data")
+    cache = tmp_path / "cache"
+    said: list[str] = []
+    first = datadir.archive(source, cache, say=said.append)
+    made_at = first.path.stat().st_mtime_ns
+    again = datadir.archive(source, cache, say=said.append)
+    assert (again.made, again.sha256, again.path) == (False, first.sha256, first.path)
+    assert first.path.stat().st_mtime_ns == made_at  # not rewritten
+    assert "archiving the dataset directory" in said[0] and "is unchanged since it was archived" in said[1]
+
+    # The same size, rewritten: the manifest moves, and so does the content address.
+    (source / "val" / "shard-0000.npz").write_bytes(b"VAL")
+    changed = datadir.archive(source, cache, say=said.append)
+    assert changed.made and changed.sha256 != first.sha256
+
+    # Touched but the same bytes: archived again (the manifest moved), to the same content address.
+    (source / "val" / "shard-0000.npz").write_bytes(b"val")
+    os.utime(source / "manifest.json")
+    back = datadir.archive(source, cache, say=said.append)
+    assert back.made and back.sha256 == first.sha256
+
+
+def test_a_cached_archive_that_was_altered_is_not_trusted(tmp_path: Path):
+    source = make_dataset(tmp_path / "data")
+    cache = tmp_path / "cache"
+    first = datadir.archive(source, cache, say=lambda _: None)
+    with first.path.open("ab") as archive:
+        archive.write(b"\0" * 512)
+    again = datadir.archive(source, cache, say=lambda _: None)
+    assert again.made and again.sha256 == first.sha256
+    assert hashlib.sha256(again.path.read_bytes()).hexdigest() == first.sha256
+
+
+def test_ship_sends_a_directory_as_its_archive(tmp_path: Path):
+    source = make_dataset(tmp_path / "data")
+    found = ship.dataset(source, tmp_path / "cache", say=lambda _: None)
+    assert found.remote_name == f"{found.sha256}.tar"
+    assert found.sha256 == hashlib.sha256(found.path.read_bytes()).hexdigest()
+
+
+def bind_socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(path))
+
+
+def refusal(path: Path, cache: Path) -> str:
+    with pytest.raises(HpcboxError) as refused:
+        ship.dataset(path, cache, say=lambda _: None)
+    message = refused.value.message
+    assert "\n" not in message and message.startswith("data: ")
+    assert not list(cache.rglob("*.tar")) and not list(cache.rglob("*partial*"))  # nothing half-done
+    return message
+
+
+def test_a_missing_path_or_an_empty_directory_is_refused(tmp_path: Path):
+    cache = tmp_path / "cache"
+    assert refusal(tmp_path / "nowhere", cache) == f"data: {tmp_path / 'nowhere'} does not exist"
+    empty = tmp_path / "empty"
+    (empty / "only" / "folders").mkdir(parents=True)
+    assert refusal(empty, cache) == f"data: {empty} is an empty directory (no files in it)"
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda d: (d / "escape").symlink_to(d.parent / "secret.txt"), "is a symbolic link to "),
+        (lambda d: (d / "up").symlink_to("../secret.txt"), "outside"),
+        (lambda d: (d / "gone").symlink_to("missing.bin"), "which does not exist"),
+        (lambda d: os.mkfifo(d / "pipe"), "is a special file"),
+        (lambda d: bind_socket(d / "sock"), "is a special file"),
+    ],
+)
+def test_what_the_archive_cannot_carry_is_refused(tmp_path: Path, make, says: str):
+    (tmp_path / "secret.txt").write_text("not part of the dataset")
+    source = make_dataset(tmp_path / "data")
+    make(source)
+    assert says in refusal(source, tmp_path / "cache")
