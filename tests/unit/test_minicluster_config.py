@@ -37,7 +37,7 @@ def test_slurm_conf_names_nodes_partitions_and_gpus():
 @pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])
 def test_gres_conf_gives_every_gpu_a_device_file(gpus, devices):
     expected = f"AutoDetect=off\nName=gpu File={devices}\n"
-    assert slurmconf.gres_conf(shape_like("edi", gpus_per_node=gpus)) == expected
+    assert slurmconf.gres_conf(shape_like("carc", gpus_per_node=gpus)) == expected
 
 
 def test_a_cluster_shaped_like_edi_has_its_partition_and_time_limit():

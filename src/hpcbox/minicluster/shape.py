@@ -73,7 +73,7 @@ class ClusterShape:
         """What this mini cluster takes from its profile, and what it fills in, for people."""
 
         def partition(p: ShapedPartition) -> str:
-            limit = "no time limit" if p.max_time_minutes is None else f"MaxTime {p.max_time_minutes} min"
+            limit = f"MaxTime {p.max_time_minutes} min" if p.max_time_minutes else "no time limit known"
             extras = [limit, *(["default"] if p.default else []), *([f"QOS {p.qos} only"] if p.qos else [])]
             return f"{p.name} ({', '.join(extras)})"
 
