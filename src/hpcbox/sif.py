@@ -16,6 +16,7 @@ Both build from the same definition file, whose %labels carry the image's id; th
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -586,19 +587,11 @@ def _stream_squashfs(
     image_size: int,
     on_line: Callable[[str], None],
 ) -> None:
-    read_end, write_end = os.pipe()
+    """`docker export`, filtered, into mksquashfs: through a pipe on stdin for the host's mksquashfs, and
+    through a FIFO in the bind-mounted work folder for the helper's. The engine's attach stream that
+    `docker run -i` would read from is the slower road: on a 780 MB image mksquashfs (zstd:3) took 4.4 s
+    reading from it against 2.5 s reading a file."""
     errors: list[BaseException] = []
-
-    def feed() -> None:
-        try:
-            with os.fdopen(write_end, "wb", buffering=_CHUNK) as pipe, exported(image_id) as chunks:
-                _filter_export(chunks, pipe, overlay, epoch, _progress(image_size, on_line))
-        except BrokenPipeError:
-            pass  # mksquashfs stopped reading; its own error says why
-        except BaseException as exc:
-            errors.append(exc)
-
-    writer = threading.Thread(target=feed, name="hpcbox-export", daemon=True)
     args = [
         "-",
         "rootfs.sqfs",
@@ -618,26 +611,73 @@ def _stream_squashfs(
         "-root-gid",
         "0",
     ]
-    with os.fdopen(read_end, "rb", buffering=0) as stdin:
-        writer.start()
+    done = threading.Event()
+
+    def feed(open_sink: Callable[[], IO[bytes] | None]) -> None:
         try:
-            tool.stream(
-                "mksquashfs",
-                args,
-                work,
-                what="make the squashfs with mksquashfs",
-                stdin=stdin,
-                on_line=on_line,
-            )
-        except HpcboxError:
-            if errors:
-                raise _export_error(errors[0]) from errors[0]
-            raise
-        finally:
+            sink = open_sink()
+            if sink is None:
+                return  # mksquashfs ended before it read anything; its own error says why
+            with sink as pipe, exported(image_id) as chunks:
+                _filter_export(chunks, pipe, overlay, epoch, _progress(image_size, on_line))
+        except BrokenPipeError:
+            pass  # mksquashfs stopped reading; its own error says why
+        except BaseException as exc:
+            errors.append(exc)
+
+    if tool.kind == "container":
+        fifo = work / "export.fifo"
+        os.mkfifo(fifo, 0o600)
+        writer = threading.Thread(
+            target=feed, args=(lambda: _open_fifo(fifo, done),), name="hpcbox-export", daemon=True
+        )
+        command, command_args, stdin = "sh", ["-c", 'exec mksquashfs "$@" < export.fifo', "sh", *args], None
+    else:
+        read_end, write_end = os.pipe()
+        stdin = os.fdopen(read_end, "rb", buffering=0)
+        writer = threading.Thread(
+            target=feed,
+            args=(lambda: os.fdopen(write_end, "wb", buffering=_CHUNK),),
+            name="hpcbox-export",
+            daemon=True,
+        )
+        command, command_args = "mksquashfs", args
+    writer.start()
+    try:
+        tool.stream(
+            command,
+            command_args,
+            work,
+            what="make the squashfs with mksquashfs",
+            stdin=stdin,
+            on_line=on_line,
+        )
+    except HpcboxError:
+        if errors:
+            raise _export_error(errors[0]) from errors[0]
+        raise
+    finally:
+        done.set()
+        if stdin is not None:
             stdin.close()
-            writer.join()
+        writer.join()
     if errors:
         raise _export_error(errors[0]) from errors[0]
+
+
+def _open_fifo(fifo: Path, done: threading.Event) -> IO[bytes] | None:
+    """The FIFO's writing end once mksquashfs has opened it for reading; None if it ended first."""
+    while not done.is_set():
+        try:
+            descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no reader yet
+                raise
+            time.sleep(0.05)
+            continue
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "wb", buffering=_CHUNK)
+    return None
 
 
 def _export_error(exc: BaseException) -> HpcboxError:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,6 +207,21 @@ def test_not_enough_disk_is_refused_before_starting(small_image, tmp_path, monke
         _convert(small_image, tmp_path / "cache")
     assert "HPCBOX_CACHE" in error.value.hint
     assert not any((tmp_path / "cache").rglob("*"))
+
+
+def test_mksquashfs_refusing_its_options_ends_the_conversion_with_its_own_words(small_image, tmp_path):
+    """mksquashfs exits after the helper's shell opened the export FIFO: the export stops, nothing
+    hangs, and no SIF or work folder is left."""
+    from hpcbox.compression import SifCompression
+
+    started = time.monotonic()
+    with pytest.raises(HpcboxError) as error:
+        _convert(
+            small_image, tmp_path / "cache", compression=SifCompression("zstd", 99), engine_choice="container"
+        )
+    assert "mksquashfs" in error.value.message and "compression" in str(error.value).lower()
+    assert time.monotonic() - started < 60
+    assert not any((tmp_path / "cache").rglob("*.sif")) and not any((tmp_path / "cache").glob(".convert-*"))
 
 
 def test_helper_that_cannot_start_is_one_line(tmp_path, run_id):
