@@ -149,3 +149,11 @@ def test_a_file_that_is_not_a_sif_is_left_untouched(tmp_path: Path):
     with pytest.raises(HpcboxError, match="is not a SIF file"):
         normalise_header(path, EPOCH, "content")
     assert path.read_bytes() == b"#!/usr/bin/env run-singularity\n" + bytes(200)
+
+
+def test_the_helper_is_named_by_what_it_holds_not_by_the_local_name_of_its_base(monkeypatch):
+    from hpcbox.tools import apptainer
+
+    here = apptainer.helper_ref()
+    monkeypatch.setenv("HPCBOX_BASE_REPOSITORY", "elsewhere/debian")
+    assert apptainer.helper_ref() == here

@@ -330,7 +330,9 @@ def helper_ref() -> str:
     digest = hashlib.sha256()
     for path in (HELPER_DOCKERFILE, HELPER_SID_SCRIPT, HELPER_LOCK):
         digest.update(path.read_bytes() + b"\0")
-    digest.update(baseimage.base_ref(lock=helper_base_lock()).encode())
+    # The base by its canonical name: a base bootstrapped under another local name (HPCBOX_BASE_REPOSITORY)
+    # is the same image, so it gives the same helper, not a second tag of it.
+    digest.update(baseimage.base_ref(lock=helper_base_lock(), canonical=True).encode())
     return f"{HELPER_REPOSITORY}:{digest.hexdigest()[:12]}"
 
 
