@@ -117,7 +117,7 @@ class ClusterNode(DockerContainer):
             "node.env": (slurmconf.node_env(shape).encode(), 0o644),
             "munge.key": (self.cluster.secrets.munge_key.read_bytes(), 0o400),
         }
-        if shape.account_required or shape.qos_required:
+        if shape.filters_submissions:
             files["job_submit.lua"] = (slurmconf.job_submit_lua(shape).encode(), 0o644)
         return files
 

@@ -63,7 +63,12 @@ class ClusterShape:
     @property
     def enforces_associations(self) -> bool:
         """Slurm refuses jobs whose account or QOS it does not know (AccountingStorageEnforce)."""
-        return self.account_required or self.qos_required or bool(self.qos)
+        return self.filters_submissions or bool(self.qos)
+
+    @property
+    def filters_submissions(self) -> bool:
+        """A job_submit.lua filter refuses jobs without the account (or QOS) the site requires."""
+        return self.account_required or self.qos_required
 
     @property
     def qos(self) -> tuple[str, ...]:
@@ -126,13 +131,11 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         ShapedPartition(
             p.name,
             None if p.max_time_s is None else math.ceil(p.max_time_s / 60),
-            p.default,
+            p is profile.default_partition,
             p.qos,
         )
         for p in profile.partitions
     )
-    if not any(p.default for p in partitions):
-        partitions = (_as_default(partitions[0]), *partitions[1:])
     for p in profile.partitions:
         unknown = [
             fact for fact in ("gpus_per_node", "gpu_types", "cpus_per_gpu") if getattr(p, fact) is None
@@ -167,7 +170,3 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         module_stub=any(line.split()[:1] == ["module"] for line in profile.apptainer.setup),
         generic=tuple(generic),
     )
-
-
-def _as_default(partition: ShapedPartition) -> ShapedPartition:
-    return ShapedPartition(partition.name, partition.max_time_minutes, True, partition.qos)

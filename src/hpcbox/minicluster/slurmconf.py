@@ -65,7 +65,7 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     if shape.enforces_associations:
         # As at the site: an account or QOS slurmdbd does not list for the user is refused.
         settings["AccountingStorageEnforce"] = "associations,limits,qos"
-    if shape.account_required or shape.qos_required:
+    if shape.filters_submissions:
         settings["JobSubmitPlugins"] = "lua"
     if shape.scratch_variable:
         settings["Prolog"] = f"{SITE_SCRIPTS}/prolog.sh"
