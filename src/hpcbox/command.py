@@ -4,6 +4,8 @@ One of
     module = "mypackage.train"     python -m mypackage.train ARGS
     script = "scripts/train.py"    python /code/scripts/train.py ARGS (a file among the `code` paths)
     program = "mytrain"            an executable in the image (a console entry point, or an absolute path)
+    entry_point = "mytrain"        one of the project's own [project.scripts] (or "pkg.cli:main"): its
+                                   function called in `python -c`, since the code is beside the image
 with `args`, in which {data_dir} and {output_dir} stand for the dataset staged on node scratch and the
 folder copied back to the run folder. The default is the example trainer, `python -m hpctrain train`.
 `launcher` says how several processes start: "torchrun" (the default: DDP, one process per GPU, each
@@ -37,17 +39,19 @@ CODE_MOUNT = "/code"
 DATA_DIR = f"{SCRATCH_MOUNT}/data"
 OUTPUT_DIR = f"{SCRATCH_MOUNT}/out"
 PLACEHOLDERS = {"{data_dir}": DATA_DIR, "{output_dir}": OUTPUT_DIR}
-KINDS = ("module", "script", "program")
+KINDS = ("module", "script", "program", "entry_point")
 LAUNCHERS = ("torchrun", "srun")
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENTRY_POINT = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PROGRAM = re.compile(r"^(/[A-Za-z0-9._+@/-]+|[A-Za-z0-9._+@-]+)$")
 _STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
 class ContainerCommand:
-    """`kind` is one of KINDS; `target` the module name, the script's path in the container or the program."""
+    """`kind` is one of KINDS; `target` the module name, the script's path in the container, the program,
+    or the entry point's `module:function`."""
 
     kind: str
     target: str
@@ -74,6 +78,8 @@ class ContainerCommand:
             return ("python", "-m", self.target)
         if self.kind == "script":
             return ("python", self.target)
+        if self.kind == "entry_point":
+            return ("python", "-c", self.entry_point_code())
         return (self.target,)
 
     def torchrun_words(self) -> tuple[str, ...]:
@@ -82,6 +88,8 @@ class ContainerCommand:
             return ("-m", self.target)
         if self.kind == "script":
             return (self.target,)
+        if self.kind == "entry_point":
+            return ("--no-python", "python", "-c", self.entry_point_code())
         return ("--no-python", self.target)
 
     def process_pattern(self) -> str:
@@ -91,9 +99,17 @@ class ContainerCommand:
             return rf"^([^ ]*/)?python[0-9.]* -m {target}( |$)"
         if self.kind == "script":
             return rf"^([^ ]*/)?python[0-9.]* {target}( |$)"
+        if self.kind == "entry_point":
+            return rf"^([^ ]*/)?python[0-9.]* -c {_ere_literal(self.entry_point_code())}( |$)"
         # A console entry point runs as `python /venv/bin/name`, a shell script as `bash name`.
         program = target if self.target.startswith("/") else f"([^ ]*/)?{target}"
         return rf"^(([^ ]*/)?(python[0-9.]*|bash|sh) )?{program}( |$)"
+
+    def entry_point_code(self) -> str:
+        """What `python -c` runs for an entry point: what the console script pip writes would run."""
+        module, _, attribute = self.target.partition(":")
+        head = attribute.split(".", 1)[0]
+        return f"import sys; from {module} import {head}; sys.argv[0] = {module!r}; sys.exit({attribute}())"
 
 
 def _ere_literal(text: str) -> str:
@@ -128,18 +144,22 @@ EXAMPLE_TRAINER = ContainerCommand(
 
 
 def command_from_table(
-    table: Mapping[str, object], code_paths: Sequence[str], exists
+    table: Mapping[str, object],
+    code_paths: Sequence[str],
+    exists,
+    scripts: Mapping[str, str] | None = None,
 ) -> ContainerCommand | Steps:
-    """Validate `[tool.hpcbox.run]`. `exists(path)` says whether a project-relative file exists."""
+    """Validate `[tool.hpcbox.run]`. `exists(path)` says whether a project-relative file exists;
+    ``scripts`` are the project's `[project.scripts]`, which `entry_point` names."""
     field = "tool.hpcbox.run"
     if "steps" in table:
-        return _steps(table, code_paths, exists)
+        return _steps(table, code_paths, exists, scripts or {})
     unknown = sorted(set(table) - {*KINDS, "args", "launcher"})
     if unknown:
         raise FieldError(
             f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args, launcher and steps"
         )
-    return _command(table, field, code_paths, exists, _launcher(table))
+    return _command(table, field, code_paths, exists, _launcher(table), scripts or {})
 
 
 def _launcher(table: Mapping[str, object]) -> str:
@@ -149,7 +169,9 @@ def _launcher(table: Mapping[str, object]) -> str:
     return str(launcher)
 
 
-def _steps(table: Mapping[str, object], code_paths: Sequence[str], exists) -> Steps:
+def _steps(
+    table: Mapping[str, object], code_paths: Sequence[str], exists, scripts: Mapping[str, str]
+) -> Steps:
     field = "tool.hpcbox.run"
     beside = sorted(set(table) - {"steps", "launcher"})
     if beside:
@@ -177,7 +199,7 @@ def _steps(table: Mapping[str, object], code_paths: Sequence[str], exists) -> St
             raise FieldError(
                 f"{where}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args and name"
             )
-        command = _command(step, where, code_paths, exists, launcher)
+        command = _command(step, where, code_paths, exists, launcher, scripts)
         name = step.get("name")
         if name is None:
             name = PurePosixPath(command.target).name
@@ -190,7 +212,12 @@ def _steps(table: Mapping[str, object], code_paths: Sequence[str], exists) -> St
 
 
 def _command(
-    table: Mapping[str, object], field: str, code_paths: Sequence[str], exists, launcher: str
+    table: Mapping[str, object],
+    field: str,
+    code_paths: Sequence[str],
+    exists,
+    launcher: str,
+    scripts: Mapping[str, str],
 ) -> ContainerCommand:
     """One program with its arguments: `[tool.hpcbox.run]`, or one of its steps, at ``field``."""
     given = [kind for kind in KINDS if kind in table]
@@ -213,8 +240,24 @@ def _command(
         raise FieldError(
             f"{field}.program", f"{value!r} is not a program name or an absolute path in the image"
         )
-    target = _script_in_container(f"{field}.script", value, code_paths, exists) if kind == "script" else value
+    target = value
+    if kind == "script":
+        target = _script_in_container(f"{field}.script", value, code_paths, exists)
+    elif kind == "entry_point":
+        target = _entry_point(f"{field}.entry_point", value, scripts)
     return ContainerCommand(kind, target, tuple(args), launcher)
+
+
+def _entry_point(field: str, name: str, scripts: Mapping[str, str]) -> str:
+    """`module:function` for one of the project's [project.scripts], or as given."""
+    target = scripts.get(name, name)
+    if not isinstance(target, str) or not _ENTRY_POINT.match(target.replace(" ", "")):
+        known = f" (it has: {', '.join(sorted(scripts))})" if scripts else ""
+        raise FieldError(
+            field,
+            f"{name!r} is neither a [project.scripts] name of the project{known} nor module:function",
+        )
+    return target.replace(" ", "")
 
 
 def _script_in_container(field: str, script: str, code_paths: Sequence[str], exists) -> str:

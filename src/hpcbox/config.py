@@ -78,7 +78,12 @@ def load_project(root: Path | None = None) -> ProjectConfig:
         )
     command: ContainerCommand | Steps = EXAMPLE_TRAINER
     if run is not None:
-        command = command_from_table(run, code, lambda relative: (root / relative).is_file())
+        command = command_from_table(
+            run,
+            code,
+            lambda relative: (root / relative).is_file(),
+            data.get("project", {}).get("scripts", {}),
+        )
     return ProjectConfig(
         root=root,
         name=name,

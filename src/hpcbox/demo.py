@@ -15,7 +15,7 @@ from hpcbox import jobs, minicluster, profiles, resources
 from hpcbox.config import ProjectConfig, load_project
 from hpcbox.errors import HpcboxError
 from hpcbox.image import build_image, record_image
-from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
+from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT, state_root
 from hpcbox.tools import docker, ssh
 
 DEMO_FLAVOUR = "cpu"  # small, and built with no registry (on the bootstrapped Debian base)
@@ -57,7 +57,7 @@ def run_demo(
     data = make_dataset(project, image.ref, say)
     say("== 3/6 the mini cluster (Slurm + Apptainer + sshd in containers)")
     cluster = minicluster.up(
-        minicluster.ClusterSpec(name=name, port=port), project.state_dir / "cluster", on_line=say
+        minicluster.ClusterSpec(name=name, port=port), state_root(project.state_dir), on_line=say
     )
     say("== 4/6 submit: environment SIF, code snapshot and data to the cluster over SSH, then sbatch")
     profile = profiles.load_profile("local")

@@ -36,9 +36,13 @@ FLAVOURS: Mapping[str, Flavour] = {
     "cuda": Flavour(
         "cuda",
         "debian:trixie-slim",
-        ("lock/apt-system.txt", "lock/apt-cuda.txt", "lock/cuda-requirements.txt"),
+        ("lock/apt-system.txt", "lock/apt-venv.txt", "lock/cuda-requirements.txt"),
     ),
-    "cpu": Flavour("cpu", "debian:trixie-slim", ("lock/apt-system.txt", "lock/apt-cpu.txt")),
+    "cpu": Flavour(
+        "cpu",
+        "debian:trixie-slim",
+        ("lock/apt-system.txt", "lock/apt-cpu.txt", "lock/apt-venv.txt", "lock/cpu-requirements.txt"),
+    ),
 }
 # The registry base pinned by digest (`invoke lock` writes it where a registry is reachable).
 REGISTRY_BASE_LOCK = "lock/registry-base.toml"
@@ -162,14 +166,28 @@ def build_context(project: ProjectConfig, *, with_code: bool = True) -> bytes:
     if not dockerfile.is_file():
         raise HpcboxError(
             f"no Dockerfile at {project.dockerfile} in {project.root}",
-            "create it (see this repository's docker/Dockerfile) or set tool.hpcbox.dockerfile",
+            "run `hpcbox init` to add hpcbox's, or set tool.hpcbox.dockerfile to yours",
         )
     paths = {
         *project_files(project.root, project.docker_dir),
         *project_files(project.root, project.dockerfile),
-        *(path for code in project.code if with_code for path in project_files(project.root, code)),
     }
-    return docker.context_tar({relative: project.root / relative for relative in paths})
+    files = {relative: project.root / relative for relative in paths}
+    if with_code:
+        files.update({f"code/{name}": path for name, path in code_files(project).items()})
+    return docker.context_tar(files)
+
+
+def code_files(project: ProjectConfig) -> dict[str, Path]:
+    """The project's code by its name in the image and in the job's snapshot: each `tool.hpcbox.code`
+    path under its last part (src/mypackage/x.py is mypackage/x.py), as `python -m` finds it."""
+    files = {}
+    for code in project.code:
+        top = Path(code).name
+        for relative in project_files(project.root, code):
+            inside = Path(relative).relative_to(code).as_posix() if relative != code else ""
+            files[f"{top}/{inside}".rstrip("/")] = project.root / relative
+    return files
 
 
 def project_files(root: Path, relative: str) -> Iterator[str]:

@@ -164,11 +164,10 @@ def connection_target(
 
 def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
     from hpcbox import minicluster
-    from hpcbox.minicluster.spec import DEFAULT_NAME
+    from hpcbox.minicluster.spec import DEFAULT_NAME, state_root
 
     name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
-    state = Path(os.environ.get("HPCBOX_MINICLUSTER_STATE") or project.state_dir / "cluster")
-    running = minicluster.find(name, state)
+    running = minicluster.find(name, state_root(project.state_dir))
     like = "" if profile.name == "local" else f" --like {profile.name}"
     if running is None:
         raise HpcboxError(

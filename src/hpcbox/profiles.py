@@ -23,9 +23,10 @@ from typing import Any
 from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.compression import SifCompression, parse_compression
 from hpcbox.errors import HpcboxError
+from hpcbox.shipped import shipped
 from hpcbox.units import FieldError, parse_time
 
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "slurm" / "clusters"
+SHIPPED_DIR = shipped("clusters")
 
 SCHEDULERS = ("slurm", "lsf")
 # How each scheduler's sites ask for GPUs: Slurm's --gres or --gpus-per-node, LSF's bsub -gpu.

@@ -28,7 +28,7 @@ from hpcbox import datadir
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.image import project_files
+from hpcbox.image import code_files
 from hpcbox.tools import docker, ssh
 
 DEFAULT_REMOTE_ROOT = "hpcbox"
@@ -88,12 +88,7 @@ class Remote:
 
 def code_snapshot(project: ProjectConfig) -> CodeSnapshot:
     """A reproducible archive of the code (same files, same bytes, same digest)."""
-    files = {}
-    for code in project.code:
-        top = Path(code).name
-        for relative in project_files(project.root, code):
-            inside = Path(relative).relative_to(code).as_posix() if relative != code else ""
-            files[f"{top}/{inside}".rstrip("/")] = project.root / relative
+    files = code_files(project)
     if not files:
         raise HpcboxError(
             "tool.hpcbox.code: no files to ship", 'list your code\'s folders, e.g. code = ["src/mypackage"]'

@@ -70,7 +70,7 @@ def test_placeholders_become_the_paths_inside_the_container():
     ("run", "field", "says"),
     [
         ('module = "mypkg.fit"\nscript = "train.py"', "tool.hpcbox.run", "exactly one of module, script"),
-        ('args = ["--x"]', "tool.hpcbox.run", "exactly one of module, script, program (found 0)"),
+        ('args = ["--x"]', "tool.hpcbox.run", "one of module, script, program, entry_point (found 0)"),
         ('modul = "mypkg.fit"', "tool.hpcbox.run.modul", "unknown key"),
         ('module = "mypkg-fit"', "tool.hpcbox.run.module", "is not a Python module name"),
         ('module = ""', "tool.hpcbox.run.module", "must be a non-empty string"),

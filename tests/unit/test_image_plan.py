@@ -38,8 +38,9 @@ def test_context_is_reproducible_and_holds_only_image_inputs(project):
     names = [member.name for member in members(first)]
     assert names == sorted(names)
     assert "docker/Dockerfile" in names
-    assert any(name.startswith("src/hpctrain/") for name in names)
-    assert not any(name.startswith(("tests/", "src/hpcbox/")) or "__pycache__" in name for name in names)
+    # the code under the name the job and `python -m` know it by: src/hpctrain is code/hpctrain
+    assert "code/hpctrain/__init__.py" in names
+    assert not any(name.startswith(("tests/", "src/")) or "__pycache__" in name for name in names)
     assert {(member.mtime, member.uid, member.gid) for member in members(first)} == {(0, 0, 0)}
 
 

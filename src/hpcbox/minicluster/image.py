@@ -9,11 +9,12 @@ from pathlib import Path
 
 from hpcbox import baseimage
 from hpcbox.errors import HpcboxError
+from hpcbox.shipped import shipped
 from hpcbox.tools import docker
 
 REPOSITORY = "hpcbox/minicluster"
 SUITE = "trixie"
-CONTEXT = Path(__file__).resolve().parents[3] / "containers" / "node"
+CONTEXT = shipped("node")
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,12 @@ def spec_like(profile: str, **settings: Any) -> ClusterSpec:
 def role(host: str) -> str:
     """The hpcbox-node role a host runs."""
     return "compute" if host.startswith("node") else host
+
+
+def state_root(project_state: Path) -> Path:
+    """Where the project's mini clusters keep their state: its .hpcbox/cluster, or
+    HPCBOX_MINICLUSTER_STATE (a cluster brought up from elsewhere)."""
+    return Path(os.environ.get("HPCBOX_MINICLUSTER_STATE") or project_state / "cluster")
 
 
 def state_dir(root: Path, name: str) -> Path:

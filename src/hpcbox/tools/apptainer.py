@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import IO
 
 from hpcbox.errors import HpcboxError
+from hpcbox.shipped import shipped
 from hpcbox.tools import docker, proc
 
 ENGINES = ("auto", "host", "container")
-HELPER_DIR = Path(__file__).resolve().parents[3] / "apptainer"
+HELPER_DIR = shipped("apptainer")
 HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
 # Every package the helper adds to the base, at its exact version; `invoke lock` writes it.
 HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
@@ -311,10 +312,11 @@ def helper_base_lock():
     """The helper's base: the Debian base hpcbox's own docker/lock/base.toml pins."""
     from hpcbox import baseimage
 
-    lock = baseimage.project_lock(HELPER_DIR.parent)
+    docker_dir = shipped("docker")
+    lock = baseimage.project_lock(docker_dir.parent, docker_dir.name)
     if lock is None:
         raise HpcboxError(
-            f"no Debian base lock for the Apptainer helper in {HELPER_DIR.parent}",
+            f"no Debian base lock for the Apptainer helper in {docker_dir}",
             "run `invoke lock` in hpcbox's own checkout",
         )
     return lock

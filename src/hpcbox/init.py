@@ -1,0 +1,282 @@
+"""`hpcbox init`: adopt hpcbox in an existing project without touching what is there.
+
+It adds hpcbox's Dockerfile and system locks (docker/), a `[tool.hpcbox]` table saying what to ship
+and run, a tasks.py for `invoke`, and .gitignore lines for hpcbox's local state. A file that exists is
+kept as it is (a second `init` adds nothing); the one conflict it refuses is a Dockerfile of the
+project's own where hpcbox's would go, before writing anything.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from hpcbox.errors import HpcboxError
+from hpcbox.shipped import shipped
+
+# What init copies from hpcbox's own docker/: the stages and the system locks, pinned together with
+# the Debian base. The pip locks are the project's own: `hpcbox lock --pip-only` writes them.
+DOCKER_FILES = (
+    "apt-install.sh",
+    "lock/base.toml",
+    "lock/apt-system.txt",
+    "lock/apt-cpu.txt",
+    "lock/apt-venv.txt",
+)
+TASKS_LINES = "from hpcbox.tasks import collection\n\nns = collection()\n"
+IGNORED = (".hpcbox/", "runs/")
+# Top-level Python files that are tooling, not the program's code.
+_NOT_CODE = {"setup.py", "tasks.py", "conftest.py", "noxfile.py", "fabfile.py"}
+_NOT_PACKAGES = {"tests", "test", "docs", "docker", "slurm", "build", "dist"}
+
+
+@dataclass(frozen=True)
+class Program:
+    """What a job runs: one `[tool.hpcbox.run]` key (module, script or entry_point) and its args."""
+
+    kind: str
+    target: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Addition:
+    path: str  # relative to the project root
+    text: str
+    append: bool = False  # added at the end of an existing file
+
+
+@dataclass(frozen=True)
+class InitPlan:
+    additions: tuple[Addition, ...]
+    notes: tuple[str, ...]  # what the user does next, or has to do by hand
+
+
+def plan_init(
+    root: Path,
+    *,
+    program: Program | None = None,
+    args: Sequence[str] = (),
+    code: Sequence[str] = (),
+    dependencies: str | None = None,
+    dockerfile: str = "docker/Dockerfile",
+    name: str | None = None,
+) -> InitPlan:
+    """What `init` would add to the project at ``root``; refuses (HpcboxError) before anything is written."""
+    pyproject = root / "pyproject.toml"
+    data = _read_toml(pyproject) if pyproject.is_file() else {}
+    configured = "hpcbox" in data.get("tool", {})
+    additions: list[Addition] = []
+    notes: list[str] = []
+
+    if configured:
+        dockerfile = data["tool"]["hpcbox"].get("dockerfile", "docker/Dockerfile")
+    template = shipped("docker")
+    target = root / dockerfile
+    if target.is_file() and target.read_text() != (template / "Dockerfile").read_text() and not configured:
+        raise HpcboxError(
+            f"{dockerfile} exists and is not hpcbox's: init does not overwrite it",
+            "hpcbox builds its own stages; add them beside yours with `hpcbox init --dockerfile "
+            "docker/hpcbox.Dockerfile`, or move yours aside and run init again",
+        )
+    docker_dir = Path(dockerfile).parent.as_posix()
+    wanted = {dockerfile: template / "Dockerfile"}
+    wanted.update({f"{docker_dir}/{relative}": template / relative for relative in DOCKER_FILES})
+    additions += [
+        Addition(path, source.read_text()) for path, source in wanted.items() if not (root / path).exists()
+    ]
+
+    if not configured:
+        table = hpcbox_table(
+            root,
+            data,
+            program=replace(program or detect_program(root, data), args=tuple(args)),
+            code=code,
+            dependencies=dependencies,
+            dockerfile=dockerfile,
+            name=name,
+        )
+        additions.append(Addition("pyproject.toml", table, append=pyproject.is_file()))
+        notes.append("next: `hpcbox lock --pip-only` (your dependencies, hashed), then `hpcbox build`")
+
+    tasks = root / "tasks.py"
+    if not tasks.exists():
+        additions.append(Addition("tasks.py", TASKS_LINES))
+    elif "hpcbox.tasks" not in tasks.read_text():
+        # Appended lines would replace the file's own tasks: invoke uses `ns` alone when it is there.
+        notes.append(
+            "tasks.py is yours: to run hpcbox through `invoke`, add hpcbox's collection to your namespace "
+            "(`from hpcbox.tasks import collection`); the `hpcbox` command needs nothing"
+        )
+
+    gitignore = root / ".gitignore"
+    present = gitignore.read_text().splitlines() if gitignore.is_file() else []
+    missing = [line for line in IGNORED if line not in present and line.rstrip("/") not in present]
+    if missing:
+        text = "".join(f"{line}\n" for line in missing)
+        if gitignore.is_file() and present:
+            prefix = "" if gitignore.read_text().endswith("\n") else "\n"
+            text = f"{prefix}# hpcbox's local state and fetched runs\n{text}"
+        additions.append(Addition(".gitignore", text, append=gitignore.is_file()))
+    return InitPlan(tuple(additions), tuple(notes))
+
+
+def apply(root: Path, plan: InitPlan) -> list[str]:
+    """Write the plan's additions; one line per file saying what was added."""
+    lines = []
+    for addition in plan.additions:
+        path = root / addition.path
+        if addition.append:
+            with path.open("a") as handle:
+                handle.write(addition.text)
+            lines.append(f"appended to {addition.path}")
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(addition.text)
+            if addition.path.endswith(".sh"):
+                path.chmod(0o755)
+            lines.append(f"added {addition.path}")
+    return lines
+
+
+def hpcbox_table(
+    root: Path,
+    pyproject: dict,
+    *,
+    program: Program,
+    code: Sequence[str],
+    dependencies: str | None,
+    dockerfile: str,
+    name: str | None,
+) -> str:
+    """The `[tool.hpcbox]` table for this project, as TOML text to add to pyproject.toml."""
+    from hpcbox.depsource import detect
+
+    project = name or project_name(root, pyproject)
+    paths = list(code) or detect_code(root, program)
+    for path in paths:
+        if not (root / path).exists():
+            raise HpcboxError(
+                f"--code: {path} does not exist in {root}", "name a folder or file of your code"
+            )
+    if dependencies is None:
+        source = detect(root)
+        if source is None:
+            raise HpcboxError(
+                f"no dependencies found in {root}: no requirements.txt, pyproject.toml dependencies or "
+                "environment.yml",
+                "list what your code imports in requirements.txt, or pass --dependencies FILE",
+            )
+        dependencies = Path(source.path).resolve().relative_to(root.resolve()).as_posix()
+    elif not (root / dependencies).is_file():
+        raise HpcboxError(
+            f"--dependencies: {dependencies} does not exist in {root}", "name your requirements file"
+        )
+    lines = [
+        "[tool.hpcbox]",
+        "# Written by `hpcbox init`: what hpcbox builds, ships and runs (see hpcbox's README).",
+        f"project = {_toml(project)}",
+        f"code = {_toml(paths)}",
+        f"dependencies = {_toml(dependencies)}",
+    ]
+    if dockerfile != "docker/Dockerfile":
+        lines += [
+            f"dockerfile = {_toml(dockerfile)}",
+            f"docker_dir = {_toml(Path(dockerfile).parent.as_posix())}",
+        ]
+    lines += [
+        "",
+        "[tool.hpcbox.run]",
+        "# {data_dir}: the dataset on the node's scratch; {output_dir}: copied back by `hpcbox fetch`.",
+        f"{program.kind} = {_toml(program.target)}",
+        f"args = {_toml(list(program.args))}",
+    ]
+    existing = (root / "pyproject.toml").read_text() if (root / "pyproject.toml").is_file() else ""
+    # A blank line between the file's last table and this one.
+    prefix = "" if not existing else "\n" if existing.endswith("\n") else "\n\n"
+    return prefix + "\n".join(lines) + "\n"
+
+
+def detect_program(root: Path, pyproject: dict) -> Program:
+    """The one program the project obviously runs: its only console script, its only train/main
+    script, or its only package with a __main__.py; refuses when there is none or several."""
+    scripts = pyproject.get("project", {}).get("scripts", {})
+    if len(scripts) == 1:
+        return Program("entry_point", next(iter(scripts)))
+    candidates = sorted(
+        path.relative_to(root).as_posix()
+        for pattern in ("train*.py", "main.py", "scripts/train*.py")
+        for path in root.glob(pattern)
+        if path.is_file()
+    )
+    if len(candidates) == 1:
+        return Program("script", candidates[0])
+    mains = sorted(
+        ".".join(path.parent.relative_to(base).parts)
+        for base in (root, root / "src")
+        for path in base.glob("*/__main__.py")
+        if (path.parent / "__init__.py").is_file()
+    )
+    if not candidates and len(mains) == 1:
+        return Program("module", mains[0])
+    found = [*scripts, *candidates, *mains]
+    raise HpcboxError(
+        "which program does a job run? " + (f"found several: {', '.join(found)}" if found else "found none"),
+        "pass --script train.py, --module mypackage.train or --entry-point NAME (a [project.scripts] name)",
+    )
+
+
+def detect_code(root: Path, program: Program) -> list[str]:
+    """The paths a job needs: top-level modules and packages (also under src/), and the script's folder."""
+    found = {path.name for path in root.glob("*.py") if path.name not in _NOT_CODE}
+    for base, prefix in ((root, ""), (root / "src", "src/")):
+        found |= {
+            f"{prefix}{path.parent.name}"
+            for path in base.glob("*/__init__.py")
+            if path.parent.name not in _NOT_PACKAGES
+        }
+    if program.kind == "script":
+        first = Path(program.target).parts[0]
+        found.add(first)
+    if not found:
+        raise HpcboxError(
+            f"no Python code found in {root}", "pass --code PATH for each folder or file of your code"
+        )
+    return sorted(found)
+
+
+def project_name(root: Path, pyproject: dict) -> str:
+    """[project] name, else the folder's, as an image name (lower case, . _ - kept)."""
+    given = str(pyproject.get("project", {}).get("name") or root.resolve().name)
+    name = re.sub(r"[^a-z0-9._-]+", "-", given.lower()).strip("-._")
+    if not name:
+        raise HpcboxError(f"cannot make an image name of {given!r}", "pass --name NAME")
+    return name
+
+
+def program_from_flags(module: str | None, script: str | None, entry_point: str | None) -> Program | None:
+    """The program the user named, if one (its args come separately)."""
+    given = [
+        (kind, value)
+        for kind, value in (("module", module), ("script", script), ("entry_point", entry_point))
+        if value
+    ]
+    if len(given) > 1:
+        raise HpcboxError("give one of --module, --script and --entry-point", "a job runs one program")
+    return Program(*given[0]) if given else None
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise HpcboxError(f"{path} is not valid TOML: {exc}", "fix the syntax error it names") from exc
+
+
+def _toml(value: str | list[str]) -> str:
+    """A TOML string or array of strings (JSON's string escapes are TOML's)."""
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,185 @@
+"""`hpcbox init` on projects laid out the ways researchers lay them out, through the real command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hpcbox.config import load_project
+from hpcbox.shipped import shipped
+
+TRAIN = "import argparse\nimport helpers\n"
+
+
+def hpcbox(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`hpcbox ARGS` from this environment (`python -m hpcbox` is the console script's own entry)."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpcbox", *args],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "HPCBOX_IMAGE_REPOSITORY": ""},
+    )
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def flat_project(tmp_path: Path) -> Path:
+    """A script-and-modules project with a requirements.txt and no pyproject.toml."""
+    root = tmp_path / "My Project"
+    root.mkdir()
+    (root / "train.py").write_text(TRAIN)
+    (root / "helpers.py").write_text("SCALE = 2\n")
+    (root / "requirements.txt").write_text("numpy\ntabulate==0.9.0\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_helpers.py").write_text("")
+    return root
+
+
+def test_init_adds_what_hpcbox_needs_and_says_what_it_added(flat_project: Path):
+    done = hpcbox(flat_project, "init", "--args=--data {data_dir} --out {output_dir}")
+    assert done.returncode == 0, done.stderr
+    added = [line.removeprefix("hpcbox init: ") for line in done.stdout.splitlines()]
+    assert added[:-1] == [
+        "added docker/Dockerfile",
+        "added docker/apt-install.sh",
+        "added docker/lock/base.toml",
+        "added docker/lock/apt-system.txt",
+        "added docker/lock/apt-cpu.txt",
+        "added docker/lock/apt-venv.txt",
+        "added pyproject.toml",
+        "added tasks.py",
+        "added .gitignore",
+    ]
+    assert "hpcbox lock --pip-only" in added[-1]
+    assert (flat_project / "docker/Dockerfile").read_text() == (shipped("docker") / "Dockerfile").read_text()
+    assert os.access(flat_project / "docker/apt-install.sh", os.X_OK)
+    table = tomllib.loads((flat_project / "pyproject.toml").read_text())["tool"]["hpcbox"]
+    assert table["project"] == "my-project"
+    assert table["code"] == ["helpers.py", "train.py"]  # the modules the script imports travel with it
+    assert table["dependencies"] == "requirements.txt"
+    assert table["run"] == {"script": "train.py", "args": ["--data", "{data_dir}", "--out", "{output_dir}"]}
+    # what hpcbox makes of it: the job runs the script from the code snapshot
+    project = load_project(flat_project)
+    assert (project.run.kind, project.run.target) == ("script", "/code/train.py")
+    assert project.run.resolved_args() == ("--data", "/scratch/data", "--out", "/scratch/out")
+    assert (
+        flat_project / "tasks.py"
+    ).read_text() == "from hpcbox.tasks import collection\n\nns = collection()\n"
+    assert (flat_project / ".gitignore").read_text() == ".hpcbox/\nruns/\n"
+    listed = subprocess.run(
+        [sys.executable, "-m", "invoke", "--list"], cwd=flat_project, capture_output=True, text=True
+    )
+    assert listed.returncode == 0 and "submit" in listed.stdout and "cluster.up" in listed.stdout
+
+
+def test_init_twice_changes_nothing(flat_project: Path):
+    assert hpcbox(flat_project, "init").returncode == 0
+    before = snapshot(flat_project)
+    again = hpcbox(flat_project, "init")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "hpcbox init: nothing to add: hpcbox is set up here\n"
+    assert snapshot(flat_project) == before
+
+
+def test_init_keeps_the_users_files_and_adds_to_them(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "Seg_Net"\ndependencies = ["torch>=2.1", "pyyaml"]\n\n'
+        '[project.scripts]\nsegtrain = "segnet.cli:main"\n\n[tool.ruff]\nline-length = 99'
+    )
+    (tmp_path / "src/segnet").mkdir(parents=True)
+    (tmp_path / "src/segnet/__init__.py").write_text("")
+    (tmp_path / "src/segnet/cli.py").write_text("def main():\n    return 0\n")
+    (tmp_path / ".gitignore").write_text("*.ckpt")
+    tasks = "from invoke import task\n\n@task\ndef plot(c):\n    pass\n"
+    (tmp_path / "tasks.py").write_text(tasks)
+    done = hpcbox(tmp_path, "init")
+    assert done.returncode == 0, done.stderr
+    assert "appended to pyproject.toml" in done.stdout and "appended to .gitignore" in done.stdout
+    assert "tasks.py is yours" in done.stdout
+    assert (tmp_path / "tasks.py").read_text() == tasks
+    assert (
+        tmp_path / ".gitignore"
+    ).read_text() == "*.ckpt\n# hpcbox's local state and fetched runs\n.hpcbox/\nruns/\n"
+    text = (tmp_path / "pyproject.toml").read_text()
+    assert text.startswith('[project]\nname = "Seg_Net"') and "line-length = 99\n\n[tool.hpcbox]\n" in text
+    data = tomllib.loads(text)
+    assert data["tool"]["ruff"] == {"line-length": 99}
+    assert data["tool"]["hpcbox"]["project"] == "seg_net"
+    assert data["tool"]["hpcbox"]["code"] == ["src/segnet"]
+    assert data["tool"]["hpcbox"]["dependencies"] == "pyproject.toml"
+    assert data["tool"]["hpcbox"]["run"] == {"entry_point": "segtrain", "args": []}
+    run = load_project(tmp_path).run
+    assert (run.kind, run.target) == ("entry_point", "segnet.cli:main")
+    assert run.program_words() == (
+        "python",
+        "-c",
+        "import sys; from segnet.cli import main; sys.argv[0] = 'segnet.cli'; sys.exit(main())",
+    )
+
+
+def test_a_dockerfile_of_the_projects_own_is_refused_and_nothing_is_written(flat_project: Path):
+    (flat_project / "docker").mkdir()
+    (flat_project / "docker/Dockerfile").write_text("FROM python:3.12\n")
+    before = snapshot(flat_project)
+    refused = hpcbox(flat_project, "init")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines()[0] == (
+        "error: docker/Dockerfile exists and is not hpcbox's: init does not overwrite it"
+    )
+    assert "--dockerfile docker/hpcbox.Dockerfile" in refused.stderr
+    assert snapshot(flat_project) == before
+    # the way out it names: hpcbox's stages beside the project's own
+    beside = hpcbox(flat_project, "init", "--dockerfile=docker/hpcbox.Dockerfile")
+    assert beside.returncode == 0, beside.stderr
+    assert (flat_project / "docker/Dockerfile").read_text() == "FROM python:3.12\n"
+    project = load_project(flat_project)
+    assert (project.dockerfile, project.docker_dir) == ("docker/hpcbox.Dockerfile", "docker")
+
+
+@pytest.mark.parametrize(
+    ("layout", "flags", "says"),
+    [
+        ({"train.py": "", "train_big.py": ""}, [], "found several: train.py, train_big.py"),
+        ({"model.py": ""}, [], "which program does a job run? found none"),
+        ({"train.py": ""}, ["--script=train.py", "--module=x"], "give one of --module, --script and"),
+        ({"train.py": "", "requirements.txt": "numpy\n"}, ["--code=missing"], "--code: missing does not"),
+        ({"train.py": ""}, [], "no dependencies found"),
+        ({"train.py": "", "requirements.txt": "x\n"}, ["--dependencies=reqs.txt"], "reqs.txt does not"),
+        ({"train.py": "", "pyproject.toml": "[project\n"}, [], "pyproject.toml is not valid TOML"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, layout: dict[str, str], flags, says: str):
+    for name, text in layout.items():
+        (tmp_path / name).write_text(text)
+    before = snapshot(tmp_path)
+    refused = hpcbox(tmp_path, "init", *flags)
+    assert refused.returncode == 1
+    first = refused.stderr.splitlines()[0]
+    assert first.startswith("error: ") and says in first, refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_a_package_with_a_main_module_is_run_with_python_m(tmp_path: Path):
+    (tmp_path / "fancy").mkdir()
+    (tmp_path / "fancy/__init__.py").write_text("")
+    (tmp_path / "fancy/__main__.py").write_text("")
+    (tmp_path / "environment.yml").write_text("dependencies:\n  - numpy=1.26\n")
+    done = hpcbox(tmp_path, "init")
+    assert done.returncode == 0, done.stderr
+    table = tomllib.loads((tmp_path / "pyproject.toml").read_text())["tool"]["hpcbox"]
+    assert (table["code"], table["run"], table["dependencies"]) == (
+        ["fancy"],
+        {"module": "fancy", "args": []},
+        "environment.yml",
+    )
