@@ -1,6 +1,6 @@
 # The Apptainer helper: real Apptainer (from Debian sid) and squashfs-tools 4.6+ (for `mksquashfs -tar`)
 # on the pinned Debian base, so hosts without Apptainer can still make SIFs. Built offline from Debian's
-# mirror only; no registry. Every package it adds is pinned in lock/apt-helper.txt (`invoke lock`
+# mirror only; no registry. Every package it adds is pinned in lock/apt-helper.txt (`hpcbox lock`
 # refreshes it): a SIF's bytes depend on the mksquashfs and Apptainer that write it.
 ARG BASE=hpcbox/debian:trixie
 FROM ${BASE}

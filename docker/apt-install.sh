@@ -1,6 +1,6 @@
 #!/bin/sh
 # Install the pinned Debian packages listed in a lock file (`name=version` per line, `#` comments).
-# The host's CA bundle, when `invoke build` hands one in, arrives as a BuildKit secret: it is used
+# The host's CA bundle, when `hpcbox build` hands one in, arrives as a BuildKit secret: it is used
 # for https mirrors during this step and never written to a layer.
 set -eu
 lock=$1

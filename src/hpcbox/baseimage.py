@@ -52,7 +52,7 @@ _LOCK_HEADER = """\
 # The Debian base of offline builds: mmdebstrap --variant=minbase of `suite` from Debian's mirror,
 # every file stamped at `source_date_epoch`, and exactly these packages (a mirror that serves other
 # versions stops the bootstrap). The same lock gives the same base image, byte for byte, on any
-# machine. Regenerate with `invoke lock`.
+# machine. Regenerate with `hpcbox lock`.
 """
 
 
@@ -89,19 +89,19 @@ def read_lock(path: Path) -> BaseLock:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise HpcboxError(
-            f"{path}: cannot read the base lock: {exc}", "regenerate it: `invoke lock`"
+            f"{path}: cannot read the base lock: {exc}", "regenerate it: `hpcbox lock`"
         ) from exc
     suite, epoch, packages = data.get("suite"), data.get("source_date_epoch"), data.get("packages")
     if suite not in SUITES:
-        raise HpcboxError(f"{path}: suite: {suite!r} is not one of {', '.join(SUITES)}", "run `invoke lock`")
+        raise HpcboxError(f"{path}: suite: {suite!r} is not one of {', '.join(SUITES)}", "run `hpcbox lock`")
     if not isinstance(epoch, int) or epoch < 0:
-        raise HpcboxError(f"{path}: source_date_epoch: {epoch!r} is not seconds", "run `invoke lock`")
+        raise HpcboxError(f"{path}: source_date_epoch: {epoch!r} is not seconds", "run `hpcbox lock`")
     if (
         not isinstance(packages, dict)
         or not packages
         or any(not isinstance(v, str) for v in packages.values())
     ):
-        raise HpcboxError(f"{path}: packages: must map each package to its version", "run `invoke lock`")
+        raise HpcboxError(f"{path}: packages: must map each package to its version", "run `hpcbox lock`")
     return BaseLock(suite, epoch, dict(packages))
 
 
@@ -187,7 +187,7 @@ class _workdir:
         if os.geteuid() != 0:
             raise HpcboxError(
                 "bootstrapping a base image needs root (mmdebstrap creates device nodes)",
-                "run `invoke base` as root, or pull a registry base instead",
+                "run `hpcbox base` as root, or pull a registry base instead",
             )
         scratch = scratch_dir()
         for left in scratch.glob(f"{WORKDIR_PREFIX}*-*"):
@@ -249,15 +249,15 @@ def check_packages(lock: BaseLock, installed: Mapping[str, str]) -> None:
             now = f"it now serves {got}" if got else "it no longer installs it"
             raise HpcboxError(
                 f"the base lock pins {name} {version}, but Debian's {lock.suite} mirror has moved on ({now})",
-                "run `invoke lock` to pin today's base (and rebuild), or build on a mirror that still "
-                "serves the locked versions (`invoke base --mirror URL`)",
+                "run `hpcbox lock` to pin today's base (and rebuild), or build on a mirror that still "
+                "serves the locked versions (`hpcbox base --mirror URL`)",
             )
     extra = sorted(set(installed) - set(lock.packages))
     if extra:
         raise HpcboxError(
             f"Debian's {lock.suite} mirror now adds {extra[0]} {installed[extra[0]]} to the base, "
             "which the base lock does not list",
-            "run `invoke lock` to pin today's base (and rebuild)",
+            "run `hpcbox lock` to pin today's base (and rebuild)",
         )
 
 

@@ -1,8 +1,8 @@
-"""`invoke demo`: the whole pipeline on the mini cluster, the way the README's first command runs it.
+"""`hpcbox demo`: the whole pipeline on the mini cluster, the way the README's first command runs it.
 
 build → dataset → cluster up → submit (environment SIF, code, data shipped over SSH) → wait, showing
 the job's state as it changes → fetch → the trainer's final figures. Every stage is the one users
-call themselves, so a second `invoke demo` rebuilds and re-uploads nothing that did not change.
+call themselves, so a second `hpcbox demo` rebuilds and re-uploads nothing that did not change.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def run_demo(
             jobs.logs(connection, record, follow=False, on_line=say)
             raise HpcboxError(
                 f"the demo job {record.job_id} ended {final.state} ({final.exit_code})",
-                "its log is above; `invoke cluster.down` and run `invoke demo` again to start afresh",
+                "its log is above; `hpcbox cluster.down` and run `hpcbox demo` again to start afresh",
             )
         say("== 6/6 fetch and report")
         text, png = jobs.report(connection, project, record)
@@ -100,8 +100,8 @@ def run_demo(
     say(text)
     say(f"hpcbox: plot {png}")
     job = record.job_id
-    say(f"next: `invoke status -j {job}`, `invoke logs -j {job}`, `invoke report -j {job}`")
-    say("       and at the end `invoke cluster.down`")
+    say(f"next: `hpcbox status -j {job}`, `hpcbox logs -j {job}`, `hpcbox report -j {job}`")
+    say("       and at the end `hpcbox cluster.down`")
     return record
 
 

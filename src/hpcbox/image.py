@@ -44,9 +44,9 @@ FLAVOURS: Mapping[str, Flavour] = {
         ("lock/apt-system.txt", "lock/apt-cpu.txt", "lock/apt-venv.txt", "lock/cpu-requirements.txt"),
     ),
 }
-# The registry base pinned by digest (`invoke lock` writes it where a registry is reachable).
+# The registry base pinned by digest (`hpcbox lock` writes it where a registry is reachable).
 REGISTRY_BASE_LOCK = "lock/registry-base.toml"
-# Dockerfile stages `invoke build` can stop at: the full image, or the environment without the code.
+# Dockerfile stages `hpcbox build` can stop at: the full image, or the environment without the code.
 RUNTIME = "runtime"
 ENVIRONMENT = "environment"
 TARGETS = (RUNTIME, ENVIRONMENT)
@@ -131,7 +131,7 @@ class RegistryBase:
     def to_toml(self) -> str:
         return (
             "# The registry image builds start FROM where a registry is reachable, pinned by digest: builds\n"
-            "# use this image whatever the tag points to later. `invoke lock` re-pins it to the tag.\n"
+            "# use this image whatever the tag points to later. `hpcbox lock` re-pins it to the tag.\n"
             f'tag = "{self.tag}"\ndigest = "{self.digest}"\n'
         )
 
@@ -146,10 +146,10 @@ def registry_base_lock(project: ProjectConfig) -> RegistryBase | None:
         pinned = RegistryBase(str(data["tag"]), str(data["digest"]))
     except (tomllib.TOMLDecodeError, KeyError) as exc:
         raise HpcboxError(
-            f"{relative} is not a registry base lock: {exc}", "run `invoke lock` to write it again"
+            f"{relative} is not a registry base lock: {exc}", "run `hpcbox lock` to write it again"
         ) from exc
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", pinned.digest):
-        raise HpcboxError(f"{relative}: digest {pinned.digest!r} is not sha256:<64 hex>", "run `invoke lock`")
+        raise HpcboxError(f"{relative}: digest {pinned.digest!r} is not sha256:<64 hex>", "run `hpcbox lock`")
     return pinned
 
 
@@ -212,7 +212,7 @@ def lock_hash(project: ProjectConfig, flavour: Flavour) -> str:
         if not path.is_file():
             raise HpcboxError(
                 f"lock file {path.relative_to(project.root)} is missing",
-                "regenerate the locks with `invoke lock`",
+                "regenerate the locks with `hpcbox lock`",
             )
         digest.update(lock.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
@@ -254,15 +254,15 @@ def plan_build(
             base_ref = baseimage.base_ref(lock=base_lock)
             offline = True
         elif registry_base is None:
-            say(f"hpcbox: {base_ref} is followed by its tag: `invoke lock` pins it by digest")
+            say(f"hpcbox: {base_ref} is followed by its tag: `hpcbox lock` pins it by digest")
     base_image = docker.image(base_ref)
     if base_image is None and offline and base is None:
-        say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `invoke base`)")
+        say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `hpcbox base`)")
         base_image = docker.image(baseimage.ensure_base(lock=base_lock, ref=base_ref).ref)
     if base_image is None:
         raise HpcboxError(
             f"base image {base_ref} is not available",
-            "pull it, or build offline with `invoke build --offline`",
+            "pull it, or build offline with `hpcbox build --offline`",
         )
     pinned = base_lock if base_lock is not None and base_ref == baseimage.base_ref(lock=base_lock) else None
     source_date_epoch = pinned.source_date_epoch if pinned else None
@@ -371,7 +371,7 @@ def _gone_pin(project: ProjectConfig, build_output: str) -> HpcboxError | None:
     )
     return HpcboxError(
         f"Debian no longer serves {package} {version}, pinned in {pinned_in} (a point release replaced it)",
-        "run `invoke lock` to pin today's versions, then build again",
+        "run `hpcbox lock` to pin today's versions, then build again",
     )
 
 
@@ -391,7 +391,7 @@ def record_image(project: ProjectConfig, image: Image) -> None:
 
 
 def last_image(project: ProjectConfig, flavour: str | None = None) -> Image:
-    """The image `invoke build` last made for ``flavour`` (default: the last one built), still present."""
+    """The image `hpcbox build` last made for ``flavour`` (default: the last one built), still present."""
     if flavour is not None:
         resolve_flavour(flavour, offline=False)
     else:
@@ -401,11 +401,11 @@ def last_image(project: ProjectConfig, flavour: str | None = None) -> Image:
     if path is None or not path.is_file():
         raise HpcboxError(
             "the image is not built" + (f" for flavour {flavour}" if flavour else ""),
-            "run `invoke build` first" + (f" (with --flavour {flavour})" if flavour else ""),
+            "run `hpcbox build` first" + (f" (with --flavour {flavour})" if flavour else ""),
         )
     image = Image.from_json(path.read_text())
     if docker.image(image.ref) is None:
-        raise HpcboxError(f"image {image.ref} is no longer in the Docker engine", "run `invoke build` again")
+        raise HpcboxError(f"image {image.ref} is no longer in the Docker engine", "run `hpcbox build` again")
     return image
 
 

@@ -118,7 +118,7 @@ class Ledger:
                 f"job {job_id}{where} was not submitted from this project"
                 if job_id
                 else f"no job was submitted{where}",
-                "`invoke jobs` lists the jobs hpcbox submitted from here; `invoke submit` starts one",
+                "`hpcbox jobs` lists the jobs hpcbox submitted from here; `hpcbox submit` starts one",
             )
         if job_id is not None and len({record.where for record in records}) > 1:
             clusters = ", ".join(sorted({record.where for record in records}))
@@ -131,7 +131,7 @@ def require_slurm(profile: ClusterProfile) -> None:
     if profile.lsf:
         raise HpcboxError(
             f"{profile.name} uses LSF: hpcbox renders its bsub script "
-            f"(invoke sbatch --cluster={profile.name}) but cannot submit to it yet"
+            f"(hpcbox sbatch --cluster={profile.name}) but cannot submit to it yet"
         )
 
 
@@ -172,12 +172,12 @@ def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
     if running is None:
         raise HpcboxError(
             f"the mini cluster {name} is not up",
-            f"start it with `invoke cluster.up{like}` (or run `invoke demo`)",
+            f"start it with `hpcbox cluster.up{like}` (or run `hpcbox demo`)",
         )
     if running.spec.like != profile.name:
         raise HpcboxError(
             f"the mini cluster {name} is shaped like {running.spec.like!r}, not {profile.name!r}",
-            f"reshape it with `invoke cluster.up{like}`",
+            f"reshape it with `hpcbox cluster.up{like}`",
         )
     return running
 
@@ -198,7 +198,7 @@ def prepare_payload(
     image without its code), its SIF at ``compression`` (what the target cluster reads), the code
     snapshot and the dataset's digest (a dataset directory's archive first, made once).
 
-    The flavour and base are those `invoke build` last used, unless given. ``cache``: the SIF cache
+    The flavour and base are those `hpcbox build` last used, unless given. ``cache``: the SIF cache
     (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
     directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data).
     """
@@ -347,7 +347,7 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
         raise HpcboxError(
             f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
             "Slurm forgets finished jobs after a while where accounting is off; its results may still be "
-            f"in {record.run_dir} (`invoke fetch -j {record.job_id}`)",
+            f"in {record.run_dir} (`hpcbox fetch -j {record.job_id}`)",
         )
     return found
 
@@ -445,7 +445,7 @@ def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord)
     if present.stdout.strip() != "yes":
         raise HpcboxError(
             f"job {record.job_id} has no results in {record.run_dir} yet",
-            "the job script copies them there when the trainer stops; `invoke status` tells where it is",
+            "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",
         )
     transfers = [connection.download(f"{record.run_dir}/", local)]
     listed = connection.run(
@@ -466,7 +466,7 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
 
     found = state(connection, record)
     if found.state == "PENDING":
-        raise HpcboxError(f"job {record.job_id} has not started yet", "`invoke status` says why it waits")
+        raise HpcboxError(f"job {record.job_id} has not started yet", "`hpcbox status` says why it waits")
     local, _ = fetch(connection, project, record)
     rows = efficiency.parse_sacct(slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS))
     metrics = local / "metrics.jsonl"

@@ -24,7 +24,7 @@ _PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
 _SIMULATED_INSTALL = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.MULTILINE)
 _HELPER_LOCK_HEADER = """\
 # What the SIF helper (helper.Dockerfile) adds to the pinned Debian base, every package at its exact
-# version: a SIF's bytes depend on the mksquashfs and Apptainer that write it. Written by `invoke lock`
+# version: a SIF's bytes depend on the mksquashfs and Apptainer that write it. Written by `hpcbox lock`
 # from: {wanted}
 """
 

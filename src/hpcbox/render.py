@@ -65,7 +65,7 @@ SLURM = Dialect(
     signals=(
         "# Slurm signals this shell: USR1 before the time limit, TERM on scancel, "
         "or TERM to this shell alone\n"
-        "# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both."
+        "# (`scancel --batch --signal=TERM`, as `hpcbox cancel` does). The trainer checkpoints on both."
     ),
     killed_by="Slurm's KillWait after scancel",
     cancel_command="scancel",
@@ -229,7 +229,7 @@ def gpu_option(profile: ClusterProfile, resources: Resources) -> str | None:
 def render_shell(
     profile: ClusterProfile, resources: Resources, sif: str, code_dir: str, command: str | None = None
 ) -> str:
-    """The login-node shell command for `invoke shell`: an allocation on a compute node (srun) running
+    """The login-node shell command for `hpcbox shell`: an allocation on a compute node (srun) running
     Apptainer on ``sif`` with the code at /code: `apptainer shell` on a terminal, or ``command``."""
     _check_path("sif", sif)
     _check_path("code_dir", code_dir)

@@ -1,6 +1,6 @@
 """The job efficiency report: what a job used against what it asked for, with advice for the next one.
 
-Its inputs are what `invoke report` fetches after a job: sacct's parsable output (the job line and its
+Its inputs are what `hpcbox report` fetches after a job: sacct's parsable output (the job line and its
 steps), the trainer's metrics.jsonl and the GPU samples nvidia-smi wrote during the job. Everything
 here is pure (no SSH, no Slurm): each figure is one line with a verdict, and a figure whose input is
 missing says "unknown" and why instead of guessing a number.

@@ -55,7 +55,7 @@ UNDOING_OPTIONS = {
     "--tres-per-task": "sizes tasks behind --cpus-per-task and the GPU request (use --cpus and --gpus)",
     "--cpus-per-gpu": "conflicts with --cpus-per-task (use --cpus: CPUs per task, one task per GPU)",
     "--wrap": "replaces the job script (name the program in [tool.hpcbox.run])",
-    "--wait": "keeps sbatch from returning (follow the job with `invoke status` or `invoke logs --follow`)",
+    "--wait": "keeps sbatch from returning (follow the job with `hpcbox status` or `hpcbox logs --follow`)",
 }
 # Generic resources that reach GPUs (or take the job's away): only --gpus/--gpu-type ask for those.
 GPU_GRES = ("gpu", "mps", "shard", "none")

@@ -29,7 +29,7 @@ from hpcbox.errors import HpcboxError
 class HpcboxTask(invoke.Task):
     """A task whose options are all flags and whose short flags leave `-h` to invoke's `--help`.
 
-    Invoke makes an option without a default positional (so `invoke sbatch --help` would read
+    Invoke makes an option without a default positional (so `hpcbox sbatch --help` would read
     `--help` as the cluster's name) and gives options the first free letter of their name as a short
     flag (`--check` and `--host` would take `-h`, and `--remote-root`, out of letters, `--`).
     """
@@ -201,7 +201,7 @@ def init(
         "profile says its Apptainer reads, else gzip:1, which every Singularity and Apptainer reads)",
         "cluster": "make the SIF this cluster's profile asks for (its compression)",
         "def_only": "only write apptainer/<project>-<flavour>.def, for building on the cluster",
-        "flavour": "convert the image `invoke build` last made of this flavour (default: the last one built)",
+        "flavour": "convert the image `hpcbox build` last made of this flavour (default: the last one built)",
         "image": "convert this local image instead of the project's (e.g. myimage:tag)",
         "force": "convert again even if the cached SIF is up to date",
     }
@@ -305,7 +305,7 @@ RESOURCE_HELP = {
     "profile's [apptainer] sif_on_scratch)",
 }
 VIA_HELP = (
-    "local: rehearse the cluster's job on the mini cluster shaped like it (`invoke cluster.up --like NAME`)"
+    "local: rehearse the cluster's job on the mini cluster shaped like it (`hpcbox cluster.up --like NAME`)"
 )
 
 
@@ -372,7 +372,7 @@ def _resources(cluster: str, arguments: dict[str, Any]):
     },
 )
 def sbatch(c, cluster, output=None, sif=None, check=False, via=None, **resources):
-    """Render the job script for a cluster: `invoke sbatch --cluster=NAME [options] -- trainer args`.
+    """Render the job script for a cluster: `hpcbox sbatch --cluster=NAME [options] -- trainer args`.
 
     For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
     from hpcbox import render, render_lsf
@@ -408,7 +408,7 @@ def _test_only(project, profile, via: str | None, text: str) -> str:
     if profile.name != "local" and via is None:
         raise HpcboxError(
             f"--check cannot reach cluster {profile.name!r}",
-            f"rehearse it: `invoke cluster.up --like {profile.name}`, then add `--via local`; on the site, "
+            f"rehearse it: `hpcbox cluster.up --like {profile.name}`, then add `--via local`; on the site, "
             "run `sbatch --test-only FILE` on the login node",
         )
     return slurm.test_only(jobs.connection_target(profile, project, via=via), text)
@@ -422,7 +422,7 @@ def _test_only(project, profile, via: str | None, text: str) -> str:
     help={
         "data": "the dataset to stage on node scratch: one archive, or a directory (archived once, "
         "content-addressed; default: tool.hpcbox.data)",
-        "flavour": "image flavour (default: the one `invoke build` last made)",
+        "flavour": "image flavour (default: the one `hpcbox build` last made)",
         "offline": "build on the Debian base bootstrapped here (no registry)",
         "host": "login host or ~/.ssh/config alias (default: the profile's)",
         "user": "login user name (default: the profile's, else ~/.ssh/config)",
@@ -605,7 +605,7 @@ def _cluster_tasks() -> Collection:
         found = minicluster.find(name, _state())
         if found is None:
             raise HpcboxError(
-                f"no cluster named {name} is up here", f"start it: `invoke cluster.up --name {name}`"
+                f"no cluster named {name} is up here", f"start it: `hpcbox cluster.up --name {name}`"
             )
         return found
 
@@ -615,7 +615,7 @@ def _cluster_tasks() -> Collection:
             "name": "cluster name",
             "port": "login SSH port",
             "like": "shape it like this cluster profile (partitions, GPU types, accounts, scratch): a "
-            "rehearsal of that site for `invoke submit --cluster NAME --via local` (default: local)",
+            "rehearsal of that site for `hpcbox submit --cluster NAME --via local` (default: local)",
         }
     )
     @friendly

@@ -1,4 +1,4 @@
-"""`invoke verify`: rebuild an image or SIF from the commit its provenance names and compare.
+"""`hpcbox verify`: rebuild an image or SIF from the commit its provenance names and compare.
 
 The artifact's labels say where it came from (source revision, flavour, content hash, base, source
 date, and for a SIF its compression). The commit is checked out into a clean temporary folder, the
@@ -76,14 +76,14 @@ class Provenance:
         if missing:
             raise HpcboxError(
                 f"{what} does not record where it came from (no {missing[0]} label)",
-                "only images built by `invoke build` and SIFs made by this `invoke sif` can be verified",
+                "only images built by `hpcbox build` and SIFs made by this `hpcbox sif` can be verified",
             )
         revision = labels[LABEL_REVISION]
         if revision == "unknown" or revision.endswith("-dirty"):
             raise HpcboxError(
                 f"{what} was built from {'uncommitted changes' if revision != 'unknown' else 'outside git'} "
                 f"({revision}): no commit holds its sources",
-                "commit, then `invoke build` and `invoke sif` again",
+                "commit, then `hpcbox build` and `hpcbox sif` again",
             )
         return cls(
             revision=revision,
@@ -259,7 +259,7 @@ def _target_with_hash(project: ProjectConfig, origin: Provenance, base: str | No
             raise HpcboxError(
                 f"the base here ({plan.base}, {plan.base_id[:19]}) is not the recorded one "
                 f"({origin.base_name}, {origin.base_id[:19]})",
-                "`invoke base --force` bootstraps it again from the lock of that commit",
+                "`hpcbox base --force` bootstraps it again from the lock of that commit",
             )
         if plan.content_hash == origin.content_hash:
             return target

@@ -64,7 +64,7 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
         f"error: the base lock pins bash 5.0-1+hpcbox.gone, but Debian's {lock.suite} mirror has moved on "
         f"(it now serves {lock.packages['bash']})"
     ], done.stderr
-    assert "invoke lock" in done.stderr and "Traceback" not in done.stderr
+    assert "hpcbox lock" in done.stderr and "Traceback" not in done.stderr
     assert docker_engine.images.list(name=repository) == []  # nothing tagged
     # and no bootstrap left on disk (its folder is named after its process)
     assert list(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{bootstrap.pid}-*")) == []

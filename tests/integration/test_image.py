@@ -159,7 +159,7 @@ def test_a_pinned_debian_version_that_is_gone_is_one_line_naming_it_and_the_lock
         done,
         "error: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in "
         "docker/lock/apt-system.txt (a point release replaced it)",
-        "invoke lock",
+        "hpcbox lock",
     )
     assert docker_engine.images.list(name=repository) == []  # nothing built or tagged
 

@@ -250,5 +250,5 @@ def test_a_helper_pin_debian_no_longer_serves_is_one_line_and_builds_nothing(
         "Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in apptainer/lock/apt-helper.txt for "
         "the Apptainer helper (sid replaces versions within days)"
     )
-    assert "invoke lock" in error.value.hint
+    assert "hpcbox lock" in error.value.hint
     assert docker.image(ref) is None

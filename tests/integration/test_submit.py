@@ -468,7 +468,7 @@ def test_a_job_slurm_has_forgotten_is_one_line_that_says_where_its_results_are(f
         path.with_suffix(".sh").unlink()
     assert done.returncode == 1
     assert done.stderr.splitlines()[0] == "error: job 987654 is known to neither squeue nor sacct on local"
-    assert "invoke fetch -j 987654" in done.stderr and "Traceback" not in done.stderr
+    assert "hpcbox fetch -j 987654" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id: str, tmp_path: Path):

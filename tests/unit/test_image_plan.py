@@ -93,7 +93,7 @@ def test_bad_project_name_names_the_field(tmp_path: Path):
 
 
 def test_next_stage_before_any_build_says_to_build_first(project):
-    with pytest.raises(HpcboxError, match=r"^the image is not built \(run `invoke build` first\)$"):
+    with pytest.raises(HpcboxError, match=r"^the image is not built \(run `hpcbox build` first\)$"):
         image_stage.last_image(project)
     with pytest.raises(HpcboxError, match=r"^the image is not built for flavour cuda"):
         image_stage.last_image(project, "cuda")

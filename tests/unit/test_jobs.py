@@ -90,7 +90,7 @@ def test_ledger_refuses_unknown_or_malformed_jobs_in_one_line(project, job, clus
 def test_an_empty_ledger_says_how_to_start(project):
     with pytest.raises(HpcboxError, match="no job was submitted") as caught:
         jobs.Ledger(project).find()
-    assert "invoke submit" in caught.value.hint
+    assert "hpcbox submit" in caught.value.hint
 
 
 def test_the_same_job_id_on_two_clusters_needs_the_cluster(project):
@@ -128,7 +128,7 @@ def test_a_rehearsal_needs_the_mini_cluster_up(project, monkeypatch):
     monkeypatch.setenv("HPCBOX_MINICLUSTER_STATE", str(project.root / "no-cluster-here"))
     with pytest.raises(HpcboxError) as caught:
         jobs.connection_target(load_profile("edi"), project, via="local")
-    assert "is not up" in caught.value.message and "invoke cluster.up --like edi" in caught.value.hint
+    assert "is not up" in caught.value.message and "hpcbox cluster.up --like edi" in caught.value.hint
 
 
 def test_sbatch_parsable_output_gives_the_job_id():

@@ -211,7 +211,7 @@ def test_invoke_submit_refuses_an_lsf_cluster_in_one_line_before_doing_anything(
     done = invoke(task, "--cluster=dtu", "--gpus", "1", cwd=REPO)
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
-        "error: dtu uses LSF: hpcbox renders its bsub script (invoke sbatch --cluster=dtu) "
+        "error: dtu uses LSF: hpcbox renders its bsub script (hpcbox sbatch --cluster=dtu) "
         "but cannot submit to it yet"
     ]
     assert done.stdout == ""

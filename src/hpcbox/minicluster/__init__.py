@@ -1,4 +1,4 @@
-"""The mini Slurm-in-Docker cluster (`local` profile): lifecycle used by `invoke cluster.*` and tests."""
+"""The mini Slurm-in-Docker cluster (`local` profile): lifecycle used by `hpcbox cluster.*` and tests."""
 
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.lifecycle import Removed, down, find, node_states, status, up, wait_ready

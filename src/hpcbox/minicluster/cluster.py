@@ -61,7 +61,7 @@ class Cluster:
         except docker.errors.NotFound as exc:
             raise HpcboxError(
                 f"cluster {self.name} has no container for {host}",
-                f"bring it up with `invoke cluster.up --name {self.name}`",
+                f"bring it up with `hpcbox cluster.up --name {self.name}`",
             ) from exc
 
     def exec(self, host: str, argv: Sequence[str], *, user: str = "root") -> proc.Completed:

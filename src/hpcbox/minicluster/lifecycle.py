@@ -196,6 +196,6 @@ def _not_ready(cluster: Cluster, message: str) -> HpcboxError:
         tails.append(f"--- {container.name}\n{logs}")
     return HpcboxError(
         f"cluster {cluster.name} did not come up: {message}",
-        "its container logs are above; `invoke cluster.down` cleans up",
+        "its container logs are above; `hpcbox cluster.down` cleans up",
         details="\n".join(tails),
     )

@@ -1,7 +1,7 @@
 """One testcontainers class per mini-cluster role, each with its own wait-for-ready.
 
 `up` creates and starts every container through these classes (`DockerContainer.start()`: create,
-copy config and secrets in, start, wait), so `invoke cluster.up` and the test fixture share one start
+copy config and secrets in, start, wait), so `hpcbox cluster.up` and the test fixture share one start
 path. Finding a running cluster again and `down` go by labels and do not need testcontainers.
 
 testcontainers never pulls here: the node image is built locally before any start, and

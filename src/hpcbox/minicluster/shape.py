@@ -1,6 +1,6 @@
 """The shape of a mini cluster: the Slurm a cluster profile describes, as far as the profile knows it.
 
-`invoke cluster.up --like edi` brings up a mini cluster configured from the `edi` profile: its
+`hpcbox cluster.up --like edi` brings up a mini cluster configured from the `edi` profile: its
 partitions with their time limits and default, GPU gres with the profile's types, the account and QOS
 rules as Slurm itself enforces them (associations in slurmdbd, a job_submit filter where an account is
 required), node scratch at the site's path (or in the variable the site sets per job), the site's
@@ -119,7 +119,7 @@ def shape_like(name: str, gpus_per_node: int = 2) -> ClusterShape:
         raise FieldError(
             "like",
             f"{name} uses {profile.scheduler.upper()}, and the mini cluster runs Slurm",
-            "rehearse a Slurm profile; `invoke sbatch --cluster " + name + "` renders its script",
+            "rehearse a Slurm profile; `hpcbox sbatch --cluster " + name + "` renders its script",
         )
     return shape_of(profile, gpus_per_node)
 

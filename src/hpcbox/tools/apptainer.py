@@ -26,10 +26,10 @@ from hpcbox.tools import docker, proc
 ENGINES = ("auto", "host", "container")
 HELPER_DIR = shipped("apptainer")
 HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
-# Every package the helper adds to the base, at its exact version; `invoke lock` writes it.
+# Every package the helper adds to the base, at its exact version; `hpcbox lock` writes it.
 HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
 HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
-# What the helper is for; `invoke lock` resolves these (with what they pull in) into HELPER_LOCK.
+# What the helper is for; `hpcbox lock` resolves these (with what they pull in) into HELPER_LOCK.
 HELPER_PACKAGES = ("apptainer/sid", "squashfs-tools/sid", "squashfuse", "fuse2fs", "fuse-overlayfs", "uidmap")
 HELPER_REPOSITORY = "hpcbox/apptainer-helper"
 HELPER_WORKDIR = "/work"
@@ -317,7 +317,7 @@ def helper_base_lock():
     if lock is None:
         raise HpcboxError(
             f"no Debian base lock for the Apptainer helper in {docker_dir}",
-            "run `invoke lock` in hpcbox's own checkout",
+            "run `hpcbox lock` in hpcbox's own checkout",
         )
     return lock
 
@@ -365,6 +365,6 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
         raise HpcboxError(
             f"Debian no longer serves {gone[0]} {gone[1]}, pinned in apptainer/lock/apt-helper.txt for the "
             "Apptainer helper (sid replaces versions within days)",
-            "run `invoke lock` to pin what the mirror serves now, then convert again",
+            "run `hpcbox lock` to pin what the mirror serves now, then convert again",
         ) from failed
     return ref

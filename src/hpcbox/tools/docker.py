@@ -95,7 +95,7 @@ def pull(ref: str) -> bool:
             return False
         raise HpcboxError(
             f"cannot pull base image {ref}: {explanation}",
-            "check the image name, or build offline with `invoke build --offline`",
+            "check the image name, or build offline with `hpcbox build --offline`",
         ) from exc
     return True
 
@@ -227,7 +227,7 @@ def build(
         if step:
             raise HpcboxError(
                 f"image build failed at step {step}",
-                "fix the step (its last lines are above) and run `invoke build` again",
+                "fix the step (its last lines are above) and run `hpcbox build` again",
                 details="\n".join(step_lines[-proc.TAIL_LINES :]),
             ) from exc
         raise

@@ -86,7 +86,7 @@ on_exit() {
 }
 
 # Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
-# (`scancel --batch --signal=TERM`, as `invoke cancel` does). The trainer checkpoints on both.
+# (`scancel --batch --signal=TERM`, as `hpcbox cancel` does). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
     if [[ $1 != USR1 ]]; then
