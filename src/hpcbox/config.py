@@ -8,8 +8,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox import depsource
 from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Steps, command_from_table
 from hpcbox.errors import HpcboxError
+from hpcbox.units import FieldError
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -26,6 +28,10 @@ class ProjectConfig:
     image_repository: str = ""
     data: str = ""  # the dataset a job stages (archive or directory), relative to the root; --data wins
     run: ContainerCommand | Steps = EXAMPLE_TRAINER  # what a job runs in the container
+    # The project's own dependency list (requirements.txt, pyproject.toml, environment.yml) that
+    # `hpcbox lock` compiles into the pip locks; empty: docker/requirements/*.in, as in this repository.
+    dependencies: str = ""
+    extras: tuple[str, ...] = ()  # pyproject optional-dependency groups locked with `dependencies`
 
     @property
     def repository(self) -> str:
@@ -84,6 +90,7 @@ def load_project(root: Path | None = None) -> ProjectConfig:
             lambda relative: (root / relative).is_file(),
             data.get("project", {}).get("scripts", {}),
         )
+    dependencies, extras = _dependencies(table, root)
     return ProjectConfig(
         root=root,
         name=name,
@@ -93,4 +100,21 @@ def load_project(root: Path | None = None) -> ProjectConfig:
         image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY") or table.get("image_repository", ""),
         data=str(table.get("data", "")),
         run=command,
+        dependencies=dependencies,
+        extras=extras,
     )
+
+
+def _dependencies(table: dict, root: Path) -> tuple[str, tuple[str, ...]]:
+    """`dependencies` and `extras`, checked now so that a wrong path fails every command, not only lock."""
+    dependencies = table.get("dependencies", "")
+    extras = table.get("extras", [])
+    if not isinstance(dependencies, str):
+        raise FieldError(depsource.SETTING, "must be a path", 'e.g. dependencies = "requirements.txt"')
+    if not isinstance(extras, list) or not all(isinstance(extra, str) for extra in extras):
+        raise FieldError(depsource.EXTRAS_SETTING, "must be a list of names", 'e.g. extras = ["train"]')
+    if extras and not dependencies:
+        raise FieldError(depsource.EXTRAS_SETTING, f"needs {depsource.SETTING} to name a pyproject.toml")
+    if dependencies:
+        depsource.from_setting(root, dependencies, tuple(extras))
+    return dependencies, tuple(extras)

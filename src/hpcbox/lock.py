@@ -1,24 +1,43 @@
-"""Refreshing the image's dependency locks: exact Debian versions and the hashed pip lock.
+"""Refreshing the image's dependency locks: exact Debian versions and the hashed pip locks.
 
 Debian pins are resolved inside the base image itself, so they name versions its mirror serves;
-the pip lock is resolved for the image's Python and platform, not the host's.
+the pip locks are resolved for the image's Python and platform, not the host's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-from collections.abc import Callable
+import tempfile
+import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox import baseimage
+from packaging.utils import canonicalize_name
+
+from hpcbox import baseimage, depsource
 from hpcbox.config import ProjectConfig
+from hpcbox.depsource import DebianStandIn, DependencySource
 from hpcbox.errors import HpcboxError
 from hpcbox.image import DEFAULT_FLAVOUR, FLAVOURS, REGISTRY_BASE_LOCK, RegistryBase, registry_base_lock
 from hpcbox.tools import apptainer, docker, proc
 
-PIP_TARGET = ("--python-version", "3.13", "--python-platform", "x86_64-manylinux_2_28")
+PIP_TARGET = ("--python-version", depsource.IMAGE_PYTHON, "--python-platform", "x86_64-manylinux_2_28")
+# The locks a project's own dependency list gives, one per flavour, and what the cpu one builds on.
+CUDA_LOCK = "cuda-requirements.txt"
+CPU_LOCK = "cpu-requirements.txt"
+CPU_APT_LOCK = "apt-cpu.txt"
+# A stand-in's version on the stub wheel: a local version PyPI never has, so uv can only pick the stub.
+_STAND_IN_LOCAL = "debian"
+# uv's words for a name the index lacks.
+_NOT_IN_INDEX = re.compile(r"Because (\S+) was not found in the package registry")
+_CPU_LOCK_HEADER = """\
+# The cpu flavour's pip packages: what pip adds to Debian's, installed with `pip install --no-deps
+# --require-hashes` into a venv made with --system-site-packages. Written by `hpcbox lock` from
+# {source}. Debian's packages ({apt_lock}) stand in for:
+"""
 _PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
 # `apt-get install --simulate`: "Inst NAME [OLD] (NEW Origin:suite [arch])".
 _SIMULATED_INSTALL = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.MULTILINE)
@@ -114,8 +133,117 @@ def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str],
             lock.path.write_text(updated)
             changed.append(lock.path)
         say(f"hpcbox: {lock.path.relative_to(project.root)}: {len(lock.packages)} Debian packages pinned")
+    return changed + refresh_pip_locks(project, say=say)
+
+
+def refresh_pip_locks(project: ProjectConfig, *, say: Callable[[str], None] = print) -> list[Path]:
+    """Rewrite the pip locks; returns the files whose content changed.
+
+    With `tool.hpcbox.dependencies` set, the project's own list gives both flavours' locks; without
+    it, each docker/requirements/<stem>.in gives docker/lock/<stem>-requirements.txt."""
+    if not project.dependencies:
+        return _lock_requirement_ins(project, say)
+    source = depsource.from_setting(project.root, project.dependencies, project.extras)
+    say(f"hpcbox: dependencies from {source.describe()}")
+    text = depsource.requirements_text(source)
+    lock_dir = project.root / project.docker_dir / "lock"
+    cuda, cpu = lock_dir / CUDA_LOCK, lock_dir / CPU_LOCK
+    before = {path: path.read_text() if path.is_file() else "" for path in (cuda, cpu)}
+    _compile(source, text, cuda)
+    say(f"hpcbox: {cuda.relative_to(project.root)}: hashed for {' '.join(PIP_TARGET[1::2])}")
+    stand_ins = _lock_cpu(source, text, cpu, lock_dir / CPU_APT_LOCK, say)
+    say(f"hpcbox: {cpu.relative_to(project.root)}: hashed, around {len(stand_ins)} Debian Python packages")
+    return [path for path in (cuda, cpu) if path.read_text() != before[path]]
+
+
+def _lock_cpu(
+    source: DependencySource, text: str, target: Path, apt_lock: Path, say: Callable[[str], None]
+) -> list[DebianStandIn]:
+    """The cpu lock: the same requirements resolved around Debian's Python packages, which stay out of
+    it; returns those packages.
+
+    Each Debian package enters the resolution as a stub wheel at Debian's version with no
+    dependencies (apt installs those), so what depends on it is resolved against Debian's version and
+    nothing of its own tree is added (PyPI's torch would bring the CUDA wheels). A stand-in is a
+    constraint, or an override where the project asks for another version: the cpu flavour keeps
+    Debian's, and says so."""
+    if not apt_lock.is_file():
+        raise HpcboxError(f"{apt_lock.name} is missing next to {target.name}", "restore it, then lock again")
+    stand_ins = depsource.debian_stand_ins(apt_lock)
+    overridden = depsource.debian_conflicts(depsource.direct_requirements(source), stand_ins)
+    for stand_in, wanted in overridden.items():
+        say(f"hpcbox: cpu flavour: Debian's {stand_in.name} {stand_in.version} stands in for {wanted}")
+    with tempfile.TemporaryDirectory(prefix="hpcbox-debian-") as scratch:
+        options = _stand_in_options(stand_ins, set(overridden), Path(scratch))
+        hint = f"the cpu flavour keeps Debian's versions ({apt_lock.name})"
+        _compile(source, text, target, options, hint=hint)
+    header = _CPU_LOCK_HEADER.format(source=source.path.name, apt_lock=apt_lock.name)
+    for s in stand_ins:
+        instead = f" (in place of {overridden[s]})" if s in overridden else ""
+        header += f"#   {s.name} {s.version}: {s.package}={s.debian_version}{instead}\n"
+    target.write_text(header + target.read_text())
+    return stand_ins
+
+
+def _stand_in_options(
+    stand_ins: list[DebianStandIn], overridden: set[DebianStandIn], folder: Path
+) -> list[str]:
+    """uv's options that put Debian's packages (stub wheels in `folder`) in place, and out of the lock."""
+    pins = {stand_in: f"{stand_in.name}=={_stub_wheel(stand_in, folder)}\n" for stand_in in stand_ins}
+    (folder / "constraints.txt").write_text("".join(pins[s] for s in stand_ins if s not in overridden))
+    (folder / "overrides.txt").write_text("".join(pins[s] for s in stand_ins if s in overridden))
+    options = ["--find-links", str(folder), "--constraint", str(folder / "constraints.txt")]
+    options += ["--override", str(folder / "overrides.txt")]
+    return options + [option for s in stand_ins for option in ("--no-emit-package", s.name)]
+
+
+def _stub_wheel(stand_in: DebianStandIn, folder: Path) -> str:
+    """A wheel with nothing but metadata for a Debian package, in `folder`; its version."""
+    version = f"{stand_in.version}+{_STAND_IN_LOCAL}"
+    name = canonicalize_name(stand_in.name).replace("-", "_")
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
+        wheel.writestr(
+            f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {stand_in.name}\nVersion: {version}\n"
+        )
+        wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(f"{info}/RECORD", "")
+    return version
+
+
+def _compile(
+    source: DependencySource, text: str, target: Path, options: Sequence[str] = (), hint: str = ""
+) -> None:
+    """uv's hashed lock of `text` (includes resolve from the source's folder) into `target`."""
+    argv = [_uv(), "pip", "compile", "--quiet", "--generate-hashes", *PIP_TARGET]
+    argv += ["--custom-compile-command", "hpcbox lock", *options, "-", "-o", str(target)]
+    try:
+        proc.run(
+            argv,
+            what=f"lock {source.path.name} into {target.name}",
+            cwd=source.path.parent,
+            input_bytes=text.encode(),
+            env=_uv_env(),
+            hint=hint or f"check the requirement names and versions in {source.path.name}",
+        )
+    except HpcboxError as error:
+        missing = _NOT_IN_INDEX.search(error.details)
+        if missing is None:
+            raise
+        raise depsource.not_found(source, missing.group(1), error.details) from error
+
+
+def _lock_requirement_ins(project: ProjectConfig, say: Callable[[str], None]) -> list[Path]:
+    """docker/requirements/<stem>.in → docker/lock/<stem>-requirements.txt; the locks that changed."""
+    lock_dir = project.root / project.docker_dir / "lock"
     requirements = project.root / project.docker_dir / "requirements"
-    for source in sorted(requirements.glob("*.in")):
+    sources = sorted(requirements.glob("*.in"))
+    found = None if sources else depsource.detect(project.root)
+    if found is not None:
+        relative = found.path.relative_to(project.root).as_posix()
+        say(f'hpcbox: to lock {found.describe()}, set dependencies = "{relative}" under [tool.hpcbox]')
+    changed = []
+    for source in sources:
         target = lock_dir / f"{source.stem}-requirements.txt"
         before = target.read_text() if target.exists() else ""
         uv = _uv()
@@ -134,6 +262,7 @@ def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str],
             ],
             what=f"lock {source.name}",
             cwd=project.root,
+            env=_uv_env(),
             hint="check the requirement names and versions in " + source.name,
         )
         if target.read_text() != before:
@@ -196,9 +325,15 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
     return path
 
 
+def _uv_env() -> dict[str, str]:
+    """uv resolves for PIP_TARGET's Python, which it need not have: without this it would try to
+    download one first (seconds of retries where GitHub is out of reach)."""
+    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+
+
 def _uv() -> str:
     try:
         from uv import find_uv_bin
     except ImportError:
-        return proc.require("uv", "install it: `pip install uv` (it is in hpcbox's dev extras)")
+        return proc.require("uv", "install it: `pip install uv` (hpcbox depends on it)")
     return find_uv_bin()

@@ -1,7 +1,9 @@
-"""`invoke lock` against the real base image's mirror and the real package index."""
+"""`hpcbox lock` against the real base image's mirror and the real package index."""
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from hpcbox import baseimage
 from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
-from hpcbox.lock import read_apt_lock, refresh_locks
+from hpcbox.lock import read_apt_lock, refresh_locks, refresh_pip_locks
 from hpcbox.tools import docker
 
 pytestmark = pytest.mark.integration
@@ -59,3 +61,98 @@ def test_the_helper_lock_pins_apptainer_and_mksquashfs_and_what_they_need(
     assert all(version and " " not in version for version in pins.values())
     # The same mirror again: nothing changes, so the helper's tag (a hash of its lock) stays.
     assert refresh_helper_lock(say=lambda _: None) is None
+
+
+# A project's own dependency list, locked from PyPI for both flavours (no Docker needed).
+OWN_PYPROJECT = """\
+[project]
+name = "mine"
+dependencies = ["requests==2.32.3"]
+[project.optional-dependencies]
+viz = ["numpy"]
+[tool.hpcbox]
+project = "mine"
+code = ["src/mine"]
+dependencies = "{dependencies}"
+"""
+
+
+def own_project(root: Path, dependencies: str, text: str, apt_cpu: str = "python3-numpy=1:2.2.4+ds-1\n"):
+    (root / "src" / "mine").mkdir(parents=True)
+    (root / "docker" / "lock").mkdir(parents=True)
+    (root / "docker" / "lock" / "apt-cpu.txt").write_text(apt_cpu)
+    (root / "pyproject.toml").write_text(OWN_PYPROJECT.format(dependencies=dependencies))
+    if dependencies != "pyproject.toml":
+        (root / dependencies).write_text(text)
+    else:
+        (root / "pyproject.toml").write_text(OWN_PYPROJECT.format(dependencies=dependencies) + text)
+    return load_project(root)
+
+
+def pins(lock: Path) -> dict[str, str]:
+    return dict(re.findall(r"^([a-z0-9][a-z0-9._-]*)==(\S+) \\$", lock.read_text(), re.MULTILINE))
+
+
+def test_a_requirements_txt_gives_a_cuda_lock_and_a_cpu_lock_around_debians_numpy(tmp_path):
+    project = own_project(tmp_path, "requirements.txt", "numpy\nrequests==2.32.3\n")
+    said: list[str] = []
+    changed = refresh_pip_locks(project, say=said.append)
+    cuda, cpu = tmp_path / "docker/lock/cuda-requirements.txt", tmp_path / "docker/lock/cpu-requirements.txt"
+    assert changed == [cuda, cpu]
+    assert {"numpy", "requests", "urllib3", "certifi"} <= pins(cuda).keys()
+    assert pins(cuda)["requests"] == "2.32.3"
+    assert "numpy==" in cuda.read_text() and "--hash=sha256:" in cuda.read_text()
+    assert {"requests", "urllib3", "certifi", "idna", "charset-normalizer"} == pins(cpu).keys()
+    assert "--hash=sha256:" in cpu.read_text()
+    header = [line for line in cpu.read_text().splitlines() if line.startswith("#")][:4]
+    assert "#   numpy 2.2.4: python3-numpy=1:2.2.4+ds-1" in header
+    assert "hpcbox-debian-" not in cpu.read_text()  # no scratch path: the same lock on any host
+    assert said[0] == "hpcbox: dependencies from requirements.txt (pip requirements)"
+    # Nothing changed upstream, nothing changes here.
+    assert refresh_pip_locks(project, say=lambda _: None) == []
+
+
+def test_a_conda_environment_locks_with_debians_torch_standing_in_for_the_cpu_flavour(
+    tmp_path, wheels_only_uv
+):
+    environment = """\
+        name: research
+        channels: [pytorch, nvidia, conda-forge]
+        dependencies:
+          - python=3.11
+          - pytorch=2.5
+          - pytorch-cuda=12.1
+          - conda-forge::numpy>=1.26
+          - pip
+          - pip:
+            - requests==2.32.3
+        """
+    apt_cpu = "python3-torch=2.6.0+dfsg-7\npython3-numpy=1:2.2.4+ds-1\n"
+    project = own_project(tmp_path, "environment.yml", textwrap.dedent(environment), apt_cpu)
+    said: list[str] = []
+    refresh_pip_locks(project, say=said.append)
+    cuda = pins(tmp_path / "docker/lock/cuda-requirements.txt")
+    cpu = pins(tmp_path / "docker/lock/cpu-requirements.txt")
+    assert cuda["torch"].startswith("2.5.") and "requests" in cuda and "numpy" in cuda
+    assert any(name.startswith("nvidia-") for name in cuda)  # PyPI's torch is the CUDA build
+    # Debian's torch comes with its own dependencies: none of PyPI's torch tree is added
+    assert {"requests", "urllib3", "certifi", "idna", "charset-normalizer"} == cpu.keys()
+    assert "hpcbox: cpu flavour: Debian's torch 2.6.0 stands in for torch==2.5.*" in said
+
+
+def test_pyproject_dependencies_and_an_extra_lock(tmp_path):
+    project = own_project(tmp_path, "pyproject.toml", 'extras = ["viz"]\n')
+    refresh_pip_locks(project, say=lambda _: None)
+    assert {"requests", "numpy"} <= pins(tmp_path / "docker/lock/cuda-requirements.txt").keys()
+    assert "numpy" not in pins(tmp_path / "docker/lock/cpu-requirements.txt")
+
+
+def test_a_conda_package_pypi_lacks_is_one_line_naming_it_and_the_file(tmp_path):
+    environment = "dependencies:\n  - numpy\n  - libjpeg-turbo=3\n"
+    project = own_project(tmp_path, "environment.yml", environment)
+    with pytest.raises(HpcboxError) as raised:
+        refresh_pip_locks(project, say=lambda _: None)
+    assert raised.value.message == (
+        "environment.yml: conda package libjpeg-turbo is not on PyPI under that name: "
+        "list its PyPI name under pip:"
+    )
