@@ -112,9 +112,7 @@ def test_a_requirements_txt_gives_a_cuda_lock_and_a_cpu_lock_around_debians_nump
     assert refresh_pip_locks(project, say=lambda _: None) == []
 
 
-def test_a_conda_environment_locks_with_debians_torch_standing_in_for_the_cpu_flavour(
-    tmp_path, wheels_only_uv
-):
+def test_a_conda_environment_locks_with_debians_torch_standing_in_for_the_cpu_flavour(tmp_path):
     environment = """\
         name: research
         channels: [pytorch, nvidia, conda-forge]
