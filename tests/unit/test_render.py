@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -554,6 +555,46 @@ def test_usr1_reaches_each_task_of_a_program_that_is_not_ddp(sandbox: Sandbox):
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+
+
+# A project's console entry point, `stubfit.cli:main`: checkpoints on USR1 with the arguments it got.
+STUB_ENTRY_POINT_MODULE = r"""
+import os, pathlib, signal, sys, time
+
+def main():
+    out = pathlib.Path(os.environ["STUB_OUT"])
+
+    def checkpoint(signum, frame):
+        (out / "checkpoints").mkdir(exist_ok=True)
+        (out / "checkpoints" / "last.pt").write_text(" ".join(sys.argv))
+        sys.exit(75)
+
+    signal.signal(signal.SIGUSR1, checkpoint)
+    pathlib.Path(os.environ["STUB_READY"]).write_text(str(os.getpid()))
+    time.sleep(60)
+    return 9
+"""
+
+
+def test_an_entry_point_runs_its_function_with_the_arguments_and_is_found_for_usr1(sandbox: Sandbox):
+    package = sandbox.root / "code" / "stubfit"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "cli.py").write_text(STUB_ENTRY_POINT_MODULE)
+    (sandbox.root / "bin" / "apptainer").write_text(STUB_APPTAINER_EXEC)
+    (sandbox.root / "bin" / "apptainer").chmod(0o755)
+    (sandbox.root / "bin" / "python").symlink_to(sys.executable)
+    sandbox.env["PYTHONPATH"] = str(package.parent)  # what --env PYTHONPATH=/code is in the container
+    command = ContainerCommand("entry_point", "stubfit.cli:main", ("--lr", "it's 0.1"), launcher="srun")
+    script = sandbox.script(SIX_TASKS_ONE_GPU, (), command)
+    assert shellcheck(script.text).stdout == ""
+    process = sandbox.start(script, mode="wait")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGUSR1)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "stubfit.cli --lr it's 0.1"
     assert sandbox.scontrol_calls() == ["requeue 4242"]
 
 

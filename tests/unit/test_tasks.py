@@ -71,3 +71,21 @@ def test_a_missing_cluster_is_one_line_naming_the_flag():
     assert done.returncode == 1
     assert done.stderr.splitlines()[0].startswith("error: cluster: no cluster given (allowed: alliance,")
     assert done.stdout == ""
+
+
+def test_the_hpcbox_command_has_every_task_but_this_repositorys_own():
+    """`hpcbox` (here `python -m hpcbox`, the console script's entry) needs no tasks.py."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "--list"], cwd="/", capture_output=True, text=True, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    names = {
+        line.split()[0] for line in listed.stdout.splitlines() if line.startswith("  ") and line[2] != " "
+    }
+    assert names == set(NAMES) - {"demo", "lint", "test", "bench"}
+    helped = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "init", "--help"], cwd="/", capture_output=True, text=True
+    )
+    assert helped.stdout.startswith("Usage: hpcbox [--core-opts] init ")
+    version = subprocess.run([sys.executable, "-m", "hpcbox", "--version"], capture_output=True, text=True)
+    assert version.stdout.strip() == "hpcbox 0.1.0"
