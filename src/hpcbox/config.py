@@ -11,6 +11,7 @@ from pathlib import Path
 from hpcbox import depsource
 from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Steps, command_from_table
 from hpcbox.errors import HpcboxError
+from hpcbox.files import project_root
 from hpcbox.units import FieldError
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -44,12 +45,11 @@ class ProjectConfig:
 
 
 def find_root(start: Path | None = None) -> Path:
-    here = (start or Path.cwd()).resolve()
-    for candidate in (here, *here.parents):
-        if (candidate / "pyproject.toml").is_file():
-            return candidate
+    root = project_root(start)
+    if root is not None:
+        return root
     raise HpcboxError(
-        f"no pyproject.toml in {here} or any parent",
+        f"no pyproject.toml in {(start or Path.cwd()).resolve()} or any parent",
         "run hpcbox from inside your project, or create a pyproject.toml with a [tool.hpcbox] table",
     )
 

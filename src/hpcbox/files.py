@@ -8,6 +8,12 @@ from pathlib import Path
 _BLOCK = 4 << 20
 
 
+def project_root(start: Path | None = None) -> Path | None:
+    """The nearest folder at or above ``start`` (default: here) with a pyproject.toml, if any."""
+    here = (start or Path.cwd()).resolve()
+    return next((folder for folder in (here, *here.parents) if (folder / "pyproject.toml").is_file()), None)
+
+
 def file_sha256(path: Path) -> str:
     """sha256 of a file's bytes, read in blocks (SIFs and root filesystems are hundreds of MB)."""
     digest = hashlib.sha256()

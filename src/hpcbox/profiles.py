@@ -23,10 +23,12 @@ from typing import Any
 from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.compression import SifCompression, parse_compression
 from hpcbox.errors import HpcboxError
+from hpcbox.files import project_root
 from hpcbox.shipped import shipped
 from hpcbox.units import FieldError, parse_time
 
 SHIPPED_DIR = shipped("clusters")
+PROJECT_DIR = "slurm/clusters"
 
 SCHEDULERS = ("slurm", "lsf")
 # How each scheduler's sites ask for GPUs: Slurm's --gres or --gpus-per-node, LSF's bsub -gpu.
@@ -137,14 +139,17 @@ class ClusterProfile:
 
 
 def profile_dirs() -> list[Path]:
-    """Where profiles are looked up, first match wins: the user's directory, then the shipped ones."""
+    """Where profiles are looked up, first match wins: the user's directory, the project's own
+    slurm/clusters/ (a profile a group keeps with its code), then the shipped ones."""
     user_dir = os.environ.get("HPCBOX_CLUSTERS_DIR")
     if user_dir:
         first = Path(user_dir).expanduser()
     else:
         config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
         first = config_home / "hpcbox" / "clusters"
-    return [first, SHIPPED_DIR]
+    root = project_root()
+    project = [root / PROJECT_DIR] if root and (root / PROJECT_DIR).resolve() != SHIPPED_DIR.resolve() else []
+    return [first, *project, SHIPPED_DIR]
 
 
 def available() -> dict[str, Path]:

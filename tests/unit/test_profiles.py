@@ -120,6 +120,25 @@ def test_xdg_config_home_is_the_default_user_dir(tmp_path: Path, monkeypatch: py
     assert profiles.profile_dirs() == [tmp_path / "hpcbox" / "clusters", profiles.SHIPPED_DIR]
 
 
+def test_a_projects_own_profiles_sit_between_the_users_and_the_shipped_ones(
+    user_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    project = tmp_path / "group-project"
+    (project / "slurm/clusters").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[tool.hpcbox]\n")
+    (project / "slurm/clusters/groupsite.toml").write_text(MINIMAL)
+    (project / "slurm/clusters/edi.toml").write_text(MINIMAL.replace("login.example.org", "edi.group.org"))
+    (project / "src").mkdir()
+    monkeypatch.chdir(project / "src")  # anywhere in the project, as load_project finds it
+    assert profiles.profile_dirs() == [user_dir, project / "slurm/clusters", profiles.SHIPPED_DIR]
+    assert profiles.load_profile("groupsite").source == project / "slurm/clusters/groupsite.toml"
+    assert profiles.load_profile("edi").login.host == "edi.group.org"  # the group's edi over hpcbox's
+    (user_dir / "edi.toml").write_text(MINIMAL)
+    assert profiles.load_profile("edi").login.host == "login.example.org"  # and the user's over both
+    monkeypatch.chdir(tmp_path)
+    assert "groupsite" not in profiles.available()
+
+
 def test_unknown_cluster_lists_the_known_ones():
     with pytest.raises(FieldError) as caught:
         profiles.load_profile("nowhere")
