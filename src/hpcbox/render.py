@@ -202,6 +202,7 @@ def job_script(
         _functions(profile, resources, command, dialect),
         _stage_in(resources, dialect),
         _sampler(resources),
+        _syncer(resources.sync_every_s),
         _run_trainer(profile, resources, command, trainer_args, dialect),
         _finish(resources.max_restarts, dialect),
     ]
@@ -366,6 +367,7 @@ def _variables(
             f'job_scratch={node_scratch}/hpcbox-"{dialect.scratch_key}"',
             'trainer_pid=""',
             'sampler_pid=""',
+            'syncer_pid=""',
             'terminated=""',
             'cleaned=""',
             # USR1 came: a step that has not started waits for the requeued job.
@@ -437,6 +439,12 @@ clean_up() {{
     if [[ -n $sampler_pid ]]; then
         kill "$sampler_pid" 2>/dev/null || true
         sampler_pid=""
+    fi
+    if [[ -n $syncer_pid ]]; then
+        # It finishes the copy it is making, if any, before this one starts.
+        kill "$syncer_pid" 2>/dev/null || true
+        wait "$syncer_pid" 2>/dev/null || true
+        syncer_pid=""
     fi
     if [[ -d $job_scratch/out ]]; then
         copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
@@ -523,6 +531,31 @@ if command -v nvidia-smi >/dev/null 2>&1; then
         --format=csv -l {GPU_SAMPLE_INTERVAL_S} >"$run_dir/gpu-utilization.csv" 2>&1 &
     sampler_pid=$!
 fi"""
+
+
+def _syncer(every_s: int) -> str:
+    if not every_s:
+        return ""
+    return f"""\
+# Checkpoints and results reach shared storage every {every_s} s while the job runs, not only
+# when it ends: a node that dies takes its scratch and this shell's exit trap with it, and the requeued
+# job resumes from the last copy. A copy under way when the job ends is finished first (clean_up).
+(
+    stop=""
+    sleeper=""
+    trap 'stop=1; [[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null' TERM
+    trap '' USR1
+    while [[ -z $stop ]]; do
+        sleep {every_s} &
+        sleeper=$!
+        wait "$sleeper" || true
+        sleeper=""
+        if [[ -z $stop ]]; then
+            copy_back || echo "hpcbox: copying results to $run_dir failed; again in {every_s} s" >&2
+        fi
+    done
+) &
+syncer_pid=$!"""
 
 
 def _run_trainer(

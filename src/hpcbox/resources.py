@@ -71,6 +71,10 @@ DEFAULT_SIGNAL_MARGIN_S = 300
 # so a trainer that checkpoints without progressing cannot hold a place in the queue forever.
 DEFAULT_MAX_RESTARTS = 10
 MAX_RESTARTS_LIMIT = 100
+# How often a running job copies its checkpoints and results to shared storage: what a dead node can
+# lose. Often enough to lose little of a day's training; rarely enough that copying costs little.
+DEFAULT_SYNC_EVERY_S = 600
+MIN_SYNC_EVERY_S = 5
 # What sbatch takes from its environment when its command line does not say (and before #SBATCH lines).
 SBATCH_ENVIRONMENT = {"account": "SBATCH_ACCOUNT", "partition": "SBATCH_PARTITION", "qos": "SBATCH_QOS"}
 LISTS = ("extra", "bind")
@@ -98,6 +102,7 @@ class ResourceRequest:
     mail_type: str | None = None
     extra: tuple[str, ...] = ()
     max_restarts: int | None = None
+    sync_every: str | None = None
     log: str | None = None
     error_log: str | None = None
     container: str | None = None
@@ -151,6 +156,7 @@ class Resources:
     extra: tuple[str, ...] = ()
     signal_margin_s: int = DEFAULT_SIGNAL_MARGIN_S
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    sync_every_s: int = DEFAULT_SYNC_EVERY_S  # 0: results reach shared storage only when the job ends
     log: str | None = None  # sbatch --output pattern; None: hpcbox's default under the log folder
     error_log: str | None = None  # sbatch --error pattern; None: stderr goes to the log
     container: ContainerOptions = ContainerOptions()
@@ -217,6 +223,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
         extra=_extras(request.extra, request.mem),
         signal_margin_s=signal_margin(time_s),
         max_restarts=_max_restarts(request.max_restarts),
+        sync_every_s=_sync_every(request.sync_every),
         log=_log("log", request.log, request.array),
         error_log=_log("error_log", request.error_log, request.array),
         container=_container(profile, request),
@@ -371,6 +378,21 @@ def _at_least(field_name: str, value: int | None, minimum: int, *, default: int 
     if value < minimum:
         raise FieldError(field_name, f"{value} is below {minimum} (allowed: {minimum} or more)")
     return value
+
+
+def _sync_every(value: str | None) -> int:
+    if value is None:
+        return DEFAULT_SYNC_EVERY_S
+    if re.fullmatch(r"[0:-]+", value.strip()):  # zero however written: only at the end
+        return 0
+    seconds = parse_time(value, "sync_every")
+    if seconds < MIN_SYNC_EVERY_S:
+        raise FieldError(
+            "sync_every",
+            f"{value!r} is under {MIN_SYNC_EVERY_S} s: copying would never rest "
+            f"(allowed: {MIN_SYNC_EVERY_S} s or more, e.g. 10:00, or 0 for only at the end)",
+        )
+    return seconds
 
 
 def _max_restarts(value: int | None) -> int:

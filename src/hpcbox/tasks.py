@@ -25,20 +25,26 @@ from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
 
+LONG_ONLY = {"sync_every"}
+
 
 class HpcboxTask(invoke.Task):
     """A task whose options are all flags and whose short flags leave `-h` to invoke's `--help`.
 
     Invoke makes an option without a default positional (so `hpcbox sbatch --help` would read
     `--help` as the cluster's name) and gives options the first free letter of their name as a short
-    flag (`--check` and `--host` would take `-h`, and `--remote-root`, out of letters, `--`).
+    flag (`--check` and `--host` would take `-h`, and `--remote-root`, out of letters, `--`). Options
+    added since those letters were handed out get none (LONG_ONLY): they would move them.
     """
 
     def fill_implicit_positionals(self, positional):
         return [] if positional is None else positional
 
     def arg_opts(self, name, default, taken_names):
-        return super().arg_opts(name, default, {*taken_names, "h", "-"})
+        opts = super().arg_opts(name, default, {*taken_names, "h", "-"})
+        if name in LONG_ONLY:
+            opts["names"] = opts["names"][:1]
+        return opts
 
 
 task = functools.partial(invoke.task, klass=HpcboxTask)
@@ -294,6 +300,8 @@ RESOURCE_HELP = {
     "ntasks-per-node": "processes per node (DDP: one per GPU, the default; launcher srun: Slurm tasks)",
     "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
     "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
+    "sync-every": "how often the running job copies checkpoints and results to the shared run folder, "
+    "so that a node that dies loses at most that much, e.g. 30:00 (default 10:00; 0: only at the end)",
     "log": "the job's log (sbatch --output), e.g. logs/%x-%j.out; patterns %j %x %u %A %a %%",
     "error-log": "stderr's own log (sbatch --error; default: stderr goes to --log)",
     "container": "apptainer or singularity (default: the profile's)",
@@ -315,7 +323,7 @@ RESOURCE_OPTIONS: dict[str, Any] = {
     "partition": None, "account": None, "qos": None, "nodes": None, "ntasks_per_node": None, "array": None,
     "mail_user": None, "mail_type": None, "extra": None, "max_restarts": None, "log": None,
     "error_log": None, "container": None, "cleanenv": False, "no_home": False, "bind": None, "home": None,
-    "sif_on_scratch": False,
+    "sif_on_scratch": False, "sync_every": None,
 }  # fmt: skip
 
 
@@ -569,8 +577,8 @@ def cancel(c, job=None, cluster=None):
 @job_task(
     after="command",
     help={"command": "run this command there instead of an interactive `apptainer shell`"},
-    # `shell` runs no job script, so it has no --sif-on-scratch.
-    leave_out=("sif_on_scratch",),
+    # `shell` runs no job script, so it has no --sif-on-scratch and no --sync-every.
+    leave_out=("sif_on_scratch", "sync_every"),
     time="1:00:00",
     job_name="hpcbox-shell",
 )

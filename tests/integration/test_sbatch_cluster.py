@@ -90,12 +90,16 @@ def render_local(request: ResourceRequest, args: tuple[str, ...]) -> JobScript:
 
 @pytest.fixture(scope="module")
 def job_dir(minicluster, trainer_sif, run_id) -> JobDir:
+    return prepare_job_dir(minicluster, trainer_sif, run_id)
+
+
+def prepare_job_dir(cluster, trainer_sif, run_id: str) -> JobDir:
     """SIF, code snapshot and dataset archive in ~/hpcbox/<run>/ on the cluster's shared /home."""
-    target: ssh.Target = minicluster.ssh_target()
+    target: ssh.Target = cluster.ssh_target()
     path = f"{HOME}/hpcbox/{run_id}"
-    minicluster.ssh(["mkdir", "-p", f"{path}/images", f"{path}/code", f"{path}/data"], check=True)
+    cluster.ssh(["mkdir", "-p", f"{path}/images", f"{path}/code", f"{path}/data"], check=True)
     ssh.copy_to(target, [Path(trainer_sif.path)], f"{path}/images/")
-    minicluster.ssh(
+    cluster.ssh(
         ["mv", f"{path}/images/{Path(trainer_sif.path).name}", f"{path}/images/trainer.sif"], check=True
     )
     ssh.copy_to(target, [REPO / "src" / "hpctrain"], f"{path}/code/")
@@ -104,8 +108,8 @@ def job_dir(minicluster, trainer_sif, run_id) -> JobDir:
         f"cd {path} && srun --partition=cpu apptainer exec --bind {path}/code:/code:ro "
         "--env PYTHONPATH=/code images/trainer.sif python -m hpctrain make-data --out data/trainer.tar"
     )
-    minicluster.ssh(make_data, check=True)
-    return JobDir(minicluster, path)
+    cluster.ssh(make_data, check=True)
+    return JobDir(cluster, path)
 
 
 def test_local_script_runs_the_trainer_in_apptainer_and_cleans_up(job_dir: JobDir):

@@ -598,6 +598,81 @@ def test_an_entry_point_runs_its_function_with_the_arguments_and_is_found_for_us
     assert sandbox.scontrol_calls() == ["requeue 4242"]
 
 
+# A trainer that checkpoints at once, then trains on for a minute; on USR1 it checkpoints again.
+STUB_CHECKPOINTING_PROGRAM = r"""#!/usr/bin/env python3
+import os, pathlib, signal, sys, time
+
+out = pathlib.Path(os.environ["STUB_OUT"])
+(out / "checkpoints").mkdir(parents=True, exist_ok=True)
+
+def save(text):
+    partial = out / "checkpoints" / "last.pt.partial"
+    partial.write_text(text)
+    partial.replace(out / "checkpoints" / "last.pt")  # whole or not at all, as a trainer should
+
+def on_usr1(signum, frame):
+    save("epoch 2")
+    sys.exit(75)
+
+signal.signal(signal.SIGUSR1, on_usr1)
+save("epoch 1")
+pathlib.Path(os.environ["STUB_READY"]).write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def test_checkpoints_reach_shared_storage_while_the_job_runs(sandbox: Sandbox):
+    """What a node that dies mid-run leaves: the last periodic copy, in the shared run folder."""
+    program = sandbox.root / "bin" / "fit"
+    for path, body in (
+        (sandbox.root / "bin" / "apptainer", STUB_APPTAINER_EXEC),
+        (program, STUB_CHECKPOINTING_PROGRAM),
+    ):
+        path.write_text(body)
+        path.chmod(0o755)
+    command = ContainerCommand("program", str(program), launcher="srun")
+    script = sandbox.script(ResourceRequest(job_name="sync", sync_every="0:05"), (), command)
+    assert shellcheck(script.text).stdout == ""
+    process = sandbox.start(script, mode="wait")
+    _wait_for(sandbox.root / "ready")
+    copied = sandbox.run_dir / "checkpoints" / "last.pt"
+    _wait_for(copied, timeout_s=15)
+    assert process.poll() is None  # the job is still running: this copy is the periodic one
+    assert copied.read_text() == "epoch 1"
+    assert not list(sandbox.run_dir.glob("**/*.partial"))
+    process.send_signal(signal.SIGUSR1)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert copied.read_text() == "epoch 2"  # and the job's end copies the last one over it
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert list(sandbox.node_scratch.rglob("hpcbox-*")) == []
+    assert not Path(f"{sandbox.run_dir}.incoming").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "seconds"), [(None, 600), ("30:00", 1800), ("0", 0), ("0:00", 0), ("0:05", 5), ("2", 120)]
+)
+def test_sync_every_is_a_slurm_time_or_zero(given: str | None, seconds: int):
+    assert (
+        resolve(profiles.load_profile("local"), ResourceRequest(job_name="x", sync_every=given)).sync_every_s
+        == seconds
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "says"), [("0:04", "'0:04' is under 5 s"), ("soon", "'soon' is not a Slurm time")]
+)
+def test_a_bad_sync_every_names_the_field(given: str, says: str):
+    with pytest.raises(FieldError) as refused:
+        resolve(profiles.load_profile("local"), ResourceRequest(job_name="x", sync_every=given))
+    assert refused.value.field == "sync_every" and says in refused.value.message
+
+
+def test_no_syncer_when_sync_every_is_zero():
+    text = render("local", ResourceRequest(job_name="x", sync_every="0")).text
+    assert "syncer_pid=$!" not in text and "sleep 600" not in text
+
+
 def test_ddp_processes_that_do_not_match_the_gpus_are_refused_at_render_time():
     """Resources checked for a program that is not DDP cannot be rendered for one that is."""
     profile = profiles.load_profile("local")

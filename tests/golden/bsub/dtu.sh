@@ -32,6 +32,7 @@ run_dir="$submit_dir"/runs/"$job_key"
 job_scratch=/tmp/"${USER:-$(id -un)}"/hpcbox-"$job_key"
 trainer_pid=""
 sampler_pid=""
+syncer_pid=""
 terminated=""
 cleaned=""
 
@@ -62,6 +63,12 @@ clean_up() {
     if [[ -n $sampler_pid ]]; then
         kill "$sampler_pid" 2>/dev/null || true
         sampler_pid=""
+    fi
+    if [[ -n $syncer_pid ]]; then
+        # It finishes the copy it is making, if any, before this one starts.
+        kill "$syncer_pid" 2>/dev/null || true
+        wait "$syncer_pid" 2>/dev/null || true
+        syncer_pid=""
     fi
     if [[ -d $job_scratch/out ]]; then
         copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
@@ -129,6 +136,26 @@ if command -v nvidia-smi >/dev/null 2>&1; then
         --format=csv -l 30 >"$run_dir/gpu-utilization.csv" 2>&1 &
     sampler_pid=$!
 fi
+
+# Checkpoints and results reach shared storage every 600 s while the job runs, not only
+# when it ends: a node that dies takes its scratch and this shell's exit trap with it, and the requeued
+# job resumes from the last copy. A copy under way when the job ends is finished first (clean_up).
+(
+    stop=""
+    sleeper=""
+    trap 'stop=1; [[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null' TERM
+    trap '' USR1
+    while [[ -z $stop ]]; do
+        sleep 600 &
+        sleeper=$!
+        wait "$sleeper" || true
+        sleeper=""
+        if [[ -z $stop ]]; then
+            copy_back || echo "hpcbox: copying results to $run_dir failed; again in 600 s" >&2
+        fi
+    done
+) &
+syncer_pid=$!
 
 # The trainer runs in the background so that this shell can take LSF's signals and pass them on.
 # Several processes on this one node: hpctrain.torchrun starts them, passes USR1 and TERM on to them,
