@@ -1,0 +1,160 @@
+"""Bad input across the whole command line, as users type it: one line saying what is wrong, a non-zero
+exit, and nothing half-done (no file in the project, no job in the ledger, no image tagged).
+
+And every free-text field fed arbitrary strings: refused in one line, or rendered into a script bash
+reads (`bash -n`) with the value on one #SBATCH line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hpcbox import profiles
+from hpcbox.command import EXAMPLE_TRAINER
+from hpcbox.render import JobInputs, render_sbatch
+from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.units import FieldError
+
+REPO = Path(__file__).resolve().parents[2]
+
+CASES = [
+    # profiles, partitions, GPUs
+    (["sbatch", "--cluster=nowhere"], "cluster: no profile named 'nowhere'"),
+    (["sbatch", "--cluster=edi", "--partition=nope"], "partition: 'nope' is not a partition of"),
+    (["sbatch", "--cluster=alliance", "--gpus=1", "--gpu-type=k80"], "gpu_type: partition 'auto' has no"),
+    (["sbatch", "--cluster=edi", "--gpus=-1"], "gpus: -1 is below 0"),
+    (["sbatch", "--cluster=edi", "--gpus=two"], "gpus: 'two' is not a whole number"),
+    (["sbatch", "--cluster=edi", "--cpus=0"], "cpus: 0 is below 1"),
+    (["sbatch", "--cluster=edi", "--nodes=0"], "nodes: 0 is below 1"),
+    # times and sizes
+    (["sbatch", "--cluster=edi", "--time=8-00:00:00"], "time: 8-00:00:00 exceeds the limit of partition"),
+    (["sbatch", "--cluster=edi", "--time=0"], "time: '0' is zero, which Slurm reads as no limit"),
+    (["sbatch", "--cluster=edi", "--mem=lots"], "mem: 'lots' is not a Slurm memory size"),
+    (["sbatch", "--cluster=edi", "--sync-every=0:01"], "sync_every: '0:01' is under 5 s"),
+    (["sbatch", "--cluster=edi", "--max-restarts=1000"], "max_restarts: 1000 is above 100"),
+    # quotes, $(), backticks and newlines in free text
+    (["sbatch", "--cluster=edi", "--job-name=a\nb"], "job_name: 'a\\nb' contains control characters"),
+    (["sbatch", "--cluster=edi", "--partition=gpu\n#SBATCH --x"], "partition: 'gpu\\n#SBATCH --x' is not a"),
+    (["sbatch", "--cluster=edi", "--mail-user=x$(reboot)"], "mail_user: 'x$(reboot)' is not an e-mail"),
+    (["sbatch", "--cluster=edi", "--mail-user=a@b.c", "--mail-type=END\nFAIL"], "mail_type: 'END\\nFAIL'"),
+    (["sbatch", "--cluster=edi", "--qos=$(id)"], "qos: '$(id)' is not a QOS name"),
+    (["sbatch", "--cluster=edi", "--account=a`b`"], "account: 'a`b`' is not a Slurm account name"),
+    (["sbatch", "--cluster=edi", "--array=1-3;rm"], "array: '1-3;rm' is not a job array spec"),
+    (["sbatch", "--cluster=edi", "--extra=--comment=a\nb"], "extra: '--comment=a\\nb' is not one sbatch"),
+    (["sbatch", "--cluster=edi", "--extra=--wrap=hostname"], "extra: --wrap replaces the job script"),
+    (["sbatch", "--cluster=edi", "--log=logs/a\n.out"], "log: 'logs/a\\n.out' is empty or contains control"),
+    (["sbatch", "--cluster=edi", "--log=logs/%j/out"], "log: 'logs/%j/out': %j in the folder"),
+    # the container
+    (["sbatch", "--cluster=edi", "--container=docker"], "container: 'docker' (allowed: apptainer,"),
+    (["sbatch", "--cluster=edi", "--home=relative"], "home: 'relative': use absolute paths"),
+    (["sbatch", "--cluster=edi", "--bind=/a:/b:/c:/d"], "bind: '/a:/b:/c:/d': '/c:/d' is not a bind option"),
+    # site rules
+    (["sbatch", "--cluster=m3", "--partition=desktop"], "account: cluster 'm3' requires an account"),
+    (["submit", "--cluster=dtu"], "dtu uses LSF: hpcbox renders its bsub script"),
+    (["sbatch", "--cluster=edi", "--check"], "--check cannot reach cluster 'edi'"),
+    # what a submit needs, before anything is sent
+    (["submit", "--cluster=edi", "--data=missing.tar", "--dry-run"], "data: "),
+    (["submit", "--cluster=edi", "--via=elsewhere"], "via: 'elsewhere' is not a place to rehearse a job"),
+    (["submit", "--cluster=local", "--data=missing.tar"], "the mini cluster hpcbox-local is not up"),
+    # the job's life after it, with no job
+    (["status", "-j", "999999"], "job 999999 was not submitted from this project"),
+    (["fetch"], "no job was submitted"),
+    (["cancel", "-j", "42"], "job 42 was not submitted from this project"),
+    # images and SIFs
+    (["build", "--flavour=rocm"], "unknown flavour 'rocm'"),
+    (["sif", "--compression=brotli"], "--compression: unknown compression 'brotli'"),
+    (["sif", "--image=hpcbox-missing/nothing:1", "--compression=zstd:99"], "--compression: "),
+    (["verify", "--artifact=missing.sif"], "no SIF at missing.sif"),
+    (["init", "--script=a.py", "--module=b"], "give one of --module, --script and --entry-point"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch) -> Path:
+    """A copy of this repository's project inputs, with no state, no user profiles, no mini cluster."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", root)
+    shutil.copytree(REPO / "docker", root / "docker")
+    shutil.copytree(REPO / "src" / "hpctrain", root / "src" / "hpctrain")
+    return root
+
+
+def hpcbox(project: Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("SBATCH_", "HPCBOX_"))}
+    clean.update(
+        HPCBOX_CLUSTERS_DIR=str(project.parent / "no-user-profiles"),
+        HPCBOX_MINICLUSTER_STATE=str(project.parent / "no-cluster"),
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "hpcbox", *args], cwd=project, env=clean, capture_output=True, text=True
+    )
+
+
+def files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(("args", "says"), CASES, ids=[" ".join(args) for args, _ in CASES])
+def test_bad_input_is_one_line_and_leaves_nothing(project: Path, args: list[str], says: str):
+    before = files(project)
+    done = hpcbox(project, args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    first, *rest = done.stderr.splitlines()
+    assert first.startswith("error: ") and says in first, done.stderr
+    assert all(line.startswith("  hint: ") for line in rest), done.stderr  # a hint at most, no traceback
+    assert done.stdout == ""
+    assert files(project) == before  # no script, no ledger entry, no state of any kind
+
+
+def test_cases_cover_at_least_25_kinds_of_bad_input():
+    assert len(CASES) >= 25
+
+
+def test_no_docker_engine_is_one_line_before_anything_is_built(project: Path):
+    before = files(project)
+    done = hpcbox(project, ["build", "--offline"], DOCKER_HOST="unix:///nonexistent/docker.sock")
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == "error: no Docker engine answers at unix:///nonexistent/docker.sock"
+    assert files(project) == before
+
+
+# Any text at all, but the NUL byte no argument can carry.
+ANY_TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=25
+)
+FREE_TEXT_FIELDS = (
+    "job_name", "partition", "gpu_type", "account", "qos", "mail_user", "log", "error_log", "home", "time",
+    "mem", "array",
+)  # fmt: skip
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(FREE_TEXT_FIELDS), value=ANY_TEXT, extra=ANY_TEXT, bind=ANY_TEXT)
+def test_any_string_in_any_field_is_refused_in_one_line_or_rendered_safely(
+    field: str, value: str, extra: str, bind: str
+):
+    profile = profiles.load_profile("edi")
+    request = ResourceRequest(**{"job_name": "x", field: value, "extra": (extra,), "bind": (bind,)})
+    try:
+        checked = resolve(profile, request)
+        script = render_sbatch(profile, checked, JobInputs.defaults("trainer"), (), EXAMPLE_TRAINER)
+    except FieldError as refused:
+        assert "\n" not in refused.message and refused.field in {field, "extra", "bind"}
+        return
+    assert subprocess.run(["bash", "-n"], input=script.text, text=True, capture_output=True).returncode == 0
+    lines = script.text.splitlines()
+    leading = lines[: next(i for i, line in enumerate(lines) if line and not line.startswith("#"))]
+    # sbatch reads directives up to the first command: every one is there, none was slipped in after
+    assert [line for line in lines if line.startswith("#SBATCH")] == [
+        line for line in leading if line.startswith("#SBATCH")
+    ]
