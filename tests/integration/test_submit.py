@@ -498,6 +498,47 @@ def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id:
     assert "COMPLETED" in done.stderr
 
 
+def test_twenty_submits_at_once_leave_a_ledger_with_every_job(first_job, setup: Setup, minicluster):
+    """20 `submit`s racing each other (the same code snapshot and dataset to ship, one ledger to write):
+    each gets its own job, Slurm knows every one, and the ledger holds each exactly once."""
+    ledger = jobs.Ledger(setup.project())
+    before = {record.job_id for record in ledger.all()}
+    argv = [sys.executable, "-m", "hpcbox", "submit", "--cluster=local", f"--data={setup.data}", "--time=10"]
+    env = {**os.environ, **setup.env}
+    racing = [
+        subprocess.Popen(
+            [*argv, f"--job-name=load-{n}", "--", *SHORT], cwd=setup.project_dir, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for n in range(20)
+    ]  # fmt: skip
+    results = [(process.wait(timeout=600), *process.communicate()) for process in racing]
+    submitted = []
+    try:
+        for status, out, err in results:
+            assert status == 0, err
+            submitted.append(out.strip().splitlines()[-1])
+        assert len(set(submitted)) == 20 and all(job_id.isdigit() for job_id in submitted), submitted
+        records = {record.job_id: record for record in ledger.all() if record.job_id not in before}
+        assert sorted(records) == sorted(submitted)
+        assert {record.resources["job_name"] for record in records.values()} == {
+            f"load-{n}" for n in range(20)
+        }
+        assert not list(ledger.directory.glob(".*partial"))
+        known = minicluster.ssh(
+            ["sacct", "-X", "-n", "-P", "-o", "JobID", "-j", ",".join(submitted)], check=True
+        )
+        assert sorted(known.stdout.split()) == sorted(submitted)
+        # one code snapshot on the cluster, whole: every job runs the same code
+        assert len({record.code_snapshot for record in records.values()}) == 1
+    finally:
+        minicluster.ssh(["scancel", *submitted])
+        deadline = time.monotonic() + 120
+        while minicluster.ssh(["squeue", "-h", "-o", "%i"], check=True).stdout.strip():
+            assert time.monotonic() < deadline, "jobs of the load test still in the queue"
+            time.sleep(2)
+
+
 def test_dry_run_says_what_it_would_send_and_sends_nothing(first_job, setup: Setup, minicluster):
     init = setup.project_dir / "src" / "hpctrain" / "__init__.py"
     original = init.read_text()
