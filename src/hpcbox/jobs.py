@@ -28,6 +28,7 @@ from hpcbox.profiles import ClusterProfile
 from hpcbox.provenance import source_revision
 from hpcbox.render import JobInputs, JobScript, render_sbatch
 from hpcbox.resources import Resources
+from hpcbox.sweep import Sweep
 from hpcbox.tools import slurm, ssh
 from hpcbox.units import FieldError
 
@@ -61,6 +62,12 @@ class JobRecord:
     timings_s: dict[str, float] = field(default_factory=dict)
     error_log: str | None = None  # stderr's own log, when the job has one
     via: str | None = None  # "local": the cluster's job rehearsed on the mini cluster shaped like it
+    sweep: tuple[tuple[str, ...], ...] = ()  # a sweep's points: array task i ran with sweep[i]
+    resubmits: str | None = None  # the sweep job whose failed tasks this one runs again
+
+    @property
+    def is_array(self) -> bool:
+        return bool(self.resources.get("array"))
 
     @property
     def where(self) -> str:
@@ -75,6 +82,7 @@ class JobRecord:
         fields = json.loads(text)
         fields["trainer_args"] = tuple(fields["trainer_args"])
         fields["sent"] = tuple(fields.get("sent", ()))
+        fields["sweep"] = tuple(tuple(point) for point in fields.get("sweep", ()))
         return cls(**fields)
 
 
@@ -236,9 +244,13 @@ def submit(
     via: str | None = None,
     remote_root: str = ship.DEFAULT_REMOTE_ROOT,
     dry_run: bool = False,
+    sweep: Sweep | None = None,
+    resubmits: str | None = None,
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
-    """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing."""
+    """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
+
+    With a ``sweep`` the job is an array, a task per point (``resources.array`` names which)."""
     require_slurm(profile)
     started = time.monotonic()
     with ssh.Connection(target) as connection:
@@ -254,7 +266,7 @@ def submit(
             sif_sha256=payload.sif_sha256,
             code_revision=source_revision(project.root),
         )
-        script = render_sbatch(profile, resources, inputs, trainer_args, project.run)
+        script = render_sbatch(profile, resources, inputs, trainer_args, project.run, sweep=sweep)
         stamp = datetime.now(UTC)
         script_name = f"{_slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
         if dry_run:
@@ -280,8 +292,7 @@ def submit(
     record = _record(
         profile, remote, script, script_name, job_id, user, stamp, payload, image, trainer_args, timings
     )
-    if via is not None:
-        record = replace(record, via=via)
+    record = replace(record, via=via, sweep=sweep.points if sweep else (), resubmits=resubmits)
     Ledger(project).add(record, script.text)
     return record
 
@@ -342,7 +353,10 @@ def log_paths(script: JobScript, submit_dir: str, job_id: str, user: str) -> tup
 
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
-    found = slurm.job_state(connection, record.job_id)
+    """The job's state; an array's is its tasks' together: running while any runs, pending while any
+    waits, else COMPLETED when all did, else the state of the first that did not."""
+    found = array_state(task_states(connection, record)) if record.is_array else None
+    found = found or slurm.job_state(connection, record.job_id)
     if found is None:
         raise HpcboxError(
             f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
@@ -350,6 +364,64 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
             f"in {record.run_dir} (`hpcbox fetch -j {record.job_id}`)",
         )
     return found
+
+
+def task_states(connection: ssh.Connection, record: JobRecord) -> dict[int, slurm.JobState]:
+    return slurm.task_states(connection, record.job_id)
+
+
+def array_state(tasks: dict[int, slurm.JobState]) -> slurm.JobState | None:
+    if not tasks:
+        return None
+    first = next(iter(tasks.values()))
+    job_id = first.job_id.rpartition("_")[0]
+    for waiting in ("RUNNING", "PENDING"):
+        if any(task.state == waiting for task in tasks.values()):
+            return slurm.JobState(job_id, waiting, source="array")
+    unfinished = [task for task in tasks.values() if not task.finished]
+    if unfinished:
+        return slurm.JobState(job_id, unfinished[0].state, source="array")
+    failed = [task for task in tasks.values() if task.state != "COMPLETED"]
+    return slurm.JobState(
+        job_id, failed[0].state if failed else "COMPLETED", exit_code=failed[0].exit_code if failed else "0:0"
+    )
+
+
+def describe_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> list[str]:
+    """The array's tasks for people: how many are in each state, then one line per task (its point)."""
+    counts: dict[str, int] = {}
+    for task in tasks.values():
+        counts[task.state] = counts.get(task.state, 0) + 1
+    summary = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+    lines = [f"job {record.job_id}: {len(tasks)} array tasks: {summary}"]
+    for index, task in tasks.items():
+        point = record.sweep[index] if index < len(record.sweep) else ()
+        lines.append("  " + describe(task) + (f" ({shlex.join(point)})" if point else ""))
+    return lines
+
+
+def sweep_of(record: JobRecord) -> Sweep:
+    """The sweep a job ran, as its record keeps it (its throttle from the array's %N)."""
+    _, percent, throttle = str(record.resources.get("array") or "").partition("%")
+    return Sweep(f"job {record.job_id}'s sweep", record.sweep, int(throttle) if percent else None)
+
+
+def failed_tasks(connection: ssh.Connection, record: JobRecord) -> tuple[int, ...]:
+    """The tasks of a finished sweep that did not complete (failed, timed out, cancelled, out of
+    memory, lost with their node): what `submit --resubmit-failed` runs again."""
+    if not record.sweep:
+        raise HpcboxError(
+            f"job {record.job_id} is not a sweep",
+            "--resubmit-failed reruns the failed points of a --sweep job",
+        )
+    tasks = task_states(connection, record)
+    running = [index for index, task in tasks.items() if not task.finished]
+    if running:
+        raise HpcboxError(
+            f"job {record.job_id} still has {len(running)} tasks pending or running",
+            f"wait until it ends (`hpcbox status -j {record.job_id}`), or cancel it",
+        )
+    return tuple(index for index, task in tasks.items() if task.state != "COMPLETED")
 
 
 def describe(found: slurm.JobState) -> str:

@@ -22,6 +22,7 @@ from hpcbox import logpaths
 from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
 from hpcbox.profiles import ClusterProfile
 from hpcbox.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
+from hpcbox.sweep import Sweep
 from hpcbox.units import FieldError, format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
@@ -60,7 +61,8 @@ SLURM = Dialect(
     submit="sbatch <this file>",
     submit_dir="SLURM_SUBMIT_DIR",
     job_id="SLURM_JOB_ID",
-    array_key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}",
+    # An array's tasks each have a run folder of their own, under one folder of the array.
+    array_key="${SLURM_ARRAY_JOB_ID}/${SLURM_ARRAY_TASK_ID}",
     scratch_key="${SLURM_JOB_ID}",  # each array task has a job id of its own
     signals=(
         "# Slurm signals this shell: USR1 before the time limit, TERM on scancel, "
@@ -157,11 +159,15 @@ def render_sbatch(
     inputs: JobInputs,
     trainer_args: tuple[str, ...] = (),
     command: ContainerCommand | Steps = EXAMPLE_TRAINER,
+    sweep: Sweep | None = None,
 ) -> JobScript:
     """The job script: `command` with its configured arguments, then `trainer_args`, in the container;
-    or each of several steps in turn, with its own arguments only."""
+    or each of several steps in turn, with its own arguments only. With a ``sweep``, an array task
+    adds its point's arguments after those."""
     header = _headers(profile, resources, inputs)
-    return job_script(profile, resources, inputs, trainer_args, command, header=header, dialect=SLURM)
+    return job_script(
+        profile, resources, inputs, trainer_args, command, header=header, dialect=SLURM, sweep=sweep
+    )
 
 
 def job_script(
@@ -173,6 +179,7 @@ def job_script(
     *,
     header: str,
     dialect: Dialect,
+    sweep: Sweep | None = None,
 ) -> JobScript:
     """The scheduler's ``header`` (its directives) over the body every scheduler's script shares."""
     for name in ("sif", "code_dir", "dataset", "runs_dir", "log_dir"):
@@ -188,6 +195,8 @@ def job_script(
             f"the job runs {len(command.steps)} steps, each with the args of its [[tool.hpcbox.run.steps]] "
             "table: add the words after -- to the step that takes them",
         )
+    if sweep is not None:
+        _check_sweep(sweep, resources, command)
     for arg in trainer_args:
         if "\0" in arg:
             raise FieldError(
@@ -200,10 +209,11 @@ def job_script(
         _prelude(profile),
         _variables(profile, resources, inputs, dialect, steps=isinstance(command, Steps)),
         _functions(profile, resources, command, dialect),
+        _sweep_point(sweep) if sweep else "",
         _stage_in(resources, dialect),
         _sampler(resources),
         _syncer(resources.sync_every_s),
-        _run_trainer(profile, resources, command, trainer_args, dialect),
+        _run_trainer(profile, resources, command, trainer_args, dialect, swept=sweep is not None),
         _finish(resources.max_restarts, dialect),
     ]
     text = "\n\n".join(section for section in sections if section) + "\n"
@@ -558,17 +568,57 @@ def _syncer(every_s: int) -> str:
 syncer_pid=$!"""
 
 
+def _check_sweep(sweep: Sweep, resources: Resources, command: ContainerCommand | Steps) -> None:
+    if isinstance(command, Steps):
+        raise FieldError(
+            "sweep", "the job runs steps, each with its own arguments: a sweep's point has no step to go to"
+        )
+    if resources.array not in (sweep.array(), None) and not _selects_points(resources.array, sweep):
+        raise FieldError("array", f"{resources.array!r} names tasks the sweep {sweep.source} does not have")
+
+
+def _selects_points(array: str | None, sweep: Sweep) -> bool:
+    """Whether every task id ``array`` names is a point of ``sweep`` (a resubmission of some)."""
+    spec = (array or "").split("%")[0]
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or int(last or first) >= len(sweep.points):
+            return False
+    return True
+
+
+def _sweep_point(sweep: Sweep) -> str:
+    cases = "\n".join(
+        f"    {index}) point_args=({shlex.join(args)}) ;;" for index, args in enumerate(sweep.points)
+    )
+    count = len(sweep.points)
+    literal = any("$" in arg or "`" in arg for point in sweep.points for arg in point)
+    disable = "# shellcheck disable=SC2016  # the sweep's arguments are meant literally\n" if literal else ""
+    return f"""\
+# The sweep's points ({_comment(sweep.source)}), one per array task: a task's arguments follow the job's own.
+{disable}case ${{SLURM_ARRAY_TASK_ID:?a sweep runs as an array job}} in
+{cases}
+    *)
+        echo "hpcbox: array task $SLURM_ARRAY_TASK_ID is not one of the sweep's {count} points" >&2
+        exit 64
+        ;;
+esac
+echo "hpcbox: sweep point $SLURM_ARRAY_TASK_ID of {count}:${{point_args[*]+ ${{point_args[*]}}}}" >&2"""
+
+
 def _run_trainer(
     profile: ClusterProfile,
     resources: Resources,
     command: ContainerCommand | Steps,
     trainer_args: tuple[str, ...],
     dialect: Dialect,
+    *,
+    swept: bool = False,
 ) -> str:
     if isinstance(command, Steps):
         return _run_steps(profile, resources, command, dialect)
     text = _before_launch(resources, command, dialect) + _launch(
-        profile, resources, command, trainer_args, dialect
+        profile, resources, command, trainer_args, dialect, swept=swept
     )
     why = f"so that this shell can take {dialect.scheduler}'s signals and pass them on"
     return f"""\
@@ -655,6 +705,8 @@ def _launch(
     command: ContainerCommand,
     trainer_args: tuple[str, ...],
     dialect: Dialect,
+    *,
+    swept: bool = False,
 ) -> str:
     """The command line that starts ``command``'s processes in the container, one option to a line."""
     runtime = _runtime(profile, resources)
@@ -687,7 +739,8 @@ def _launch(
         units += [*_torchrun(resources), *_command_units(command.torchrun_words(), command.resolved_args())]
     else:
         units += _command_units(command.program_words(), command.resolved_args())
-    text = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args]))
+    point = ['"${point_args[@]}"'] if swept else []
+    text = " \\\n    ".join(_wrap(units + [shlex.quote(arg) for arg in trainer_args] + point))
     arguments = command.args + trainer_args
     literal = [
         *([f"the per-{'node' if torchrun else 'task'} shell's"] if multi_process and dialect.steps else []),

@@ -25,7 +25,7 @@ from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
 
-LONG_ONLY = {"sync_every"}
+LONG_ONLY = {"sync_every", "sweep", "resubmit_failed"}
 
 
 class HpcboxTask(invoke.Task):
@@ -355,19 +355,44 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
     return decorate
 
 
-def _resources(cluster: str, arguments: dict[str, Any]):
+def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None):
     """The profile and the checked resources for ``cluster``: the task's resource flags (its
-    ``arguments``) over the project's defaults."""
+    ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs."""
     from hpcbox import profiles, resources
     from hpcbox.config import load_project
+    from hpcbox.units import FieldError
 
     project = load_project()
     profile = profiles.load_profile(cluster)
     flags = {name: arguments.get(name) for name in RESOURCE_OPTIONS}
+    if array is not None:
+        if flags["array"]:
+            raise FieldError(
+                "array",
+                "--array and the sweep both say which tasks run",
+                "set throttle = N in the sweep file",
+            )
+        flags["array"] = array
     request = resources.request_for(
         cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
     )
     return project, profile, resources.resolve(profile, request, ddp=project.run.ddp)
+
+
+def _sweep(cluster: str, path: str | None):
+    """The sweep in file ``path``, if given; only a Slurm site runs one (an array task per point)."""
+    from hpcbox import profiles
+    from hpcbox.sweep import load_sweep
+    from hpcbox.units import FieldError
+
+    if path is None:
+        return None
+    if profiles.load_profile(cluster).lsf:
+        raise FieldError("sweep", f"{cluster} uses LSF, whose arrays hpcbox does not run sweeps in yet")
+    return load_sweep(Path(path))
+
+
+SWEEP_HELP = "a sweep file (TOML: [grid] of option = [values], [[points]]): an array task per point"
 
 
 @job_task(
@@ -377,21 +402,24 @@ def _resources(cluster: str, arguments: dict[str, Any]):
         "check": "also run `sbatch --test-only` on the mini cluster (for `local`, or with --via local)",
         "via": VIA_HELP,
         "sif": "SIF path on the cluster (default images/<project>.sif under the submit directory)",
+        "sweep": SWEEP_HELP,
     },
 )
-def sbatch(c, cluster, output=None, sif=None, check=False, via=None, **resources):
+def sbatch(c, cluster, output=None, sif=None, check=False, via=None, sweep=None, **resources):
     """Render the job script for a cluster: `hpcbox sbatch --cluster=NAME [options] -- trainer args`.
 
     For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
     from hpcbox import render, render_lsf
 
-    project, profile, checked = _resources(cluster, resources)
+    points = _sweep(cluster, sweep)
+    project, profile, checked = _resources(cluster, resources, points.array() if points else None)
     script = render_lsf.renderer(profile)(
         profile,
         checked,
         render.JobInputs.defaults(project.name, sif=sif),
         _trainer_args(c.remainder),
         project.run,
+        **({"sweep": points} if points else {}),
     )
     if check:
         print(_test_only(project, profile, via, script.text), file=sys.stderr)
@@ -438,6 +466,9 @@ def _test_only(project, profile, via: str | None, text: str) -> str:
         "remote_root": "where hpcbox keeps SIFs, data and jobs on the cluster (default ~/hpcbox)",
         "via": VIA_HELP,
         "dry_run": "say what would be uploaded and run, and send nothing",
+        "sweep": SWEEP_HELP,
+        "resubmit_failed": "JOB: run the points of sweep JOB that did not complete again, and only those, "
+        "with its arguments (and the resources given now)",
     },
 )
 def submit(
@@ -452,13 +483,37 @@ def submit(
     remote_root="hpcbox",
     dry_run=False,
     via=None,
+    sweep=None,
+    resubmit_failed=None,
     **resources,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
     from hpcbox import jobs, profiles
+    from hpcbox.config import load_project
+    from hpcbox.tools import ssh
 
     jobs.require_slurm(profiles.load_profile(cluster))
-    project, profile, checked = _resources(cluster, resources)
+    trainer_args, points, array = _trainer_args(c.remainder), _sweep(cluster, sweep), None
+    if points:
+        array = points.array()
+    if resubmit_failed is not None:
+        if sweep is not None or trainer_args:
+            raise HpcboxError(
+                "--resubmit-failed runs the job's own sweep with its own arguments",
+                "leave out --sweep and the words after --",
+            )
+        project = load_project()
+        original = jobs.Ledger(project).find(resubmit_failed, cluster)
+        target = jobs.connection_target(profiles.load_profile(cluster), project, via=original.via)
+        with ssh.Connection(target) as connection:
+            failed = jobs.failed_tasks(connection, original)
+        if not failed:
+            say(f"hpcbox: every task of job {original.job_id} completed: nothing to resubmit")
+            return
+        points, trainer_args = jobs.sweep_of(original), original.trainer_args
+        array = points.array(failed)
+        say(f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}")
+    project, profile, checked = _resources(cluster, resources, array)
     target = jobs.connection_target(
         profile, project, via=via, host=host, user=user, port=int(port) if port else None
     )
@@ -467,8 +522,9 @@ def submit(
         flavour=flavour, offline=offline, say=say,
     )  # fmt: skip
     record = jobs.submit(
-        project, profile, target, checked, _trainer_args(c.remainder), payload,
-        image=environment.ref, via=via, remote_root=remote_root, dry_run=dry_run, say=say,
+        project, profile, target, checked, trainer_args, payload,
+        image=environment.ref, via=via, remote_root=remote_root, dry_run=dry_run, sweep=points,
+        resubmits=resubmit_failed, say=say,
     )  # fmt: skip
     if record is not None:
         say(f"hpcbox: sent {record.bytes_sent:,} bytes ({', '.join(record.sent) or 'nothing new'})")
@@ -507,7 +563,10 @@ def status(c, job=None, cluster=None):
 
     _, record, target = _job(job, cluster)
     with ssh.Connection(target) as connection:
-        print(jobs.describe(jobs.state(connection, record)))
+        if record.is_array:
+            print("\n".join(jobs.describe_tasks(record, jobs.task_states(connection, record))))
+        else:
+            print(jobs.describe(jobs.state(connection, record)))
 
 
 @task(help={"cluster": "only jobs on this cluster"})

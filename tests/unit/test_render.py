@@ -31,6 +31,7 @@ from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
 from hpcbox.render import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
 from hpcbox.render_lsf import renderer
 from hpcbox.resources import FieldError, ResourceRequest, resolve
+from hpcbox.sweep import Sweep
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
 # LSF sites' scripts (scheduler = "lsf" in the profile) have goldens of their own.
@@ -161,7 +162,7 @@ def test_alliance_script_contains_the_runtime_and_writes_no_partition():
 def test_array_jobs_log_and_store_per_task():
     text = render("mila", GOLDEN_REQUESTS["mila"]).text
     assert "#SBATCH --output=logs/digits_sweep-%A_%a.out" in text
-    assert 'job_key="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in text
+    assert 'job_key="${SLURM_ARRAY_JOB_ID}/${SLURM_ARRAY_TASK_ID}"' in text
 
 
 def test_nul_in_a_trainer_argument_is_refused():
@@ -298,11 +299,12 @@ class Sandbox:
         request: ResourceRequest,
         args: tuple[str, ...] = (),
         command: ContainerCommand = EXAMPLE_TRAINER,
+        sweep: Sweep | None = None,
     ) -> JobScript:
         local = profiles.load_profile("local")
         profile = dataclasses.replace(local, node_scratch=str(self.node_scratch))
         checked = resolve(profile, request, ddp=command.ddp)
-        return render_sbatch(profile, checked, JobInputs.defaults("trainer"), args, command)
+        return render_sbatch(profile, checked, JobInputs.defaults("trainer"), args, command, sweep=sweep)
 
     def start(self, script: JobScript, mode: str) -> subprocess.Popen:
         path = self.submit / "job.sh"
@@ -1087,3 +1089,50 @@ def test_several_processes_run_each_step_in_turn(launcher: str):
     else:
         assert '--pwd /scratch "$sif" python -m mypkg.fit --out /scratch/out &' in one_line
         assert steps.process_pattern() in text.replace("\\\n", "")  # USR1 and TERM reach either step
+
+
+# --- sweeps --------------------------------------------------------------------------------------
+
+SWEEP = Sweep("sweep.toml", (("--lr", "0.1"), ("--lr", "0.01", "--note", "it's $HOME"), ()), throttle=2)
+
+
+@pytest.mark.parametrize("task", [0, 1, 2])
+def test_an_array_task_runs_its_sweep_point_after_the_jobs_own_arguments(sandbox: Sandbox, task: int):
+    script = sandbox.script(
+        ResourceRequest(job_name="sweep", array=SWEEP.array()), ("--epochs", "2"), sweep=SWEEP
+    )
+    assert "#SBATCH --array=0-2%2" in script.text
+    assert shellcheck(script.text).stdout == ""
+    sandbox.env.update(SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID=str(task))
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    assert trainer_argv_tail(sandbox.recorded_argv) == ["--epochs", "2", *SWEEP.points[task]]
+    # each task its own run folder, under the array's
+    assert (sandbox.submit / "runs" / "4240" / str(task) / "metrics.jsonl").is_file()
+
+
+def test_an_array_task_outside_the_sweep_stops_before_anything_runs(sandbox: Sandbox):
+    script = sandbox.script(ResourceRequest(job_name="sweep", array=SWEEP.array()), (), sweep=SWEEP)
+    sandbox.env.update(SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="7")
+    status, output = sandbox.run(script)
+    assert status == 64
+    assert "array task 7 is not one of the sweep's 3 points" in output
+    assert not (sandbox.root / "record").exists()
+
+
+def test_a_sweep_refuses_steps_and_tasks_it_does_not_have():
+    profile = profiles.load_profile("local")
+    steps = Steps((Step("a", ContainerCommand("module", "a")), Step("b", ContainerCommand("module", "b"))))
+    with pytest.raises(FieldError, match="the job runs steps"):
+        render_sbatch(
+            profile, resolve(profile, ResourceRequest(job_name="x", array="0-2")), INPUTS, (), steps, SWEEP
+        )
+    with pytest.raises(FieldError) as refused:
+        render_sbatch(
+            profile, resolve(profile, ResourceRequest(job_name="x", array="1,5")), INPUTS, (), sweep=SWEEP
+        )
+    assert refused.value.field == "array" and "'1,5' names tasks the sweep sweep.toml does not have" in str(
+        refused.value
+    )
+    resubmission = resolve(profile, ResourceRequest(job_name="x", array="0,2%2"))
+    assert "#SBATCH --array=0,2%2" in render_sbatch(profile, resubmission, INPUTS, (), sweep=SWEEP).text

@@ -5,6 +5,7 @@ Parsing of their output is kept in pure functions beside the calls, so it is tes
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 from collections.abc import Sequence
@@ -130,6 +131,48 @@ def parse_sacct(text: str, job_id: str) -> JobState | None:
             state = state.split()[0] if state else state
             found = JobState(job_id, state, reason, elapsed, limit, exit_code, nodes, "sacct")
     return found
+
+
+def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, JobState]:
+    """Each task of array job ``job_id``: its sacct line (the last, if it was requeued), or squeue's
+    while Slurm still holds the task (`squeue --array` lists pending tasks one by one)."""
+    task = re.compile(rf"^{re.escape(job_id)}_(\d+)$")
+    tasks: dict[int, JobState] = {}
+    for line in sacct_text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 7 and (found := task.match(fields[0])):
+            state, reason, elapsed, limit, exit_code, nodes = fields[1:]
+            state = state.split()[0] if state else state
+            tasks[int(found.group(1))] = JobState(
+                fields[0], state, reason, elapsed, limit, exit_code, nodes, "sacct"
+            )
+    for line in squeue_text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 6 and (found := task.match(fields[0])) and fields[1] not in FINISHED_STATES:
+            state, reason, elapsed, limit, nodes = fields[1:]
+            tasks[int(found.group(1))] = JobState(
+                fields[0], state, reason, elapsed, limit, "", nodes, "squeue"
+            )
+    return dict(sorted(tasks.items()))
+
+
+def task_states(connection: ssh.Connection, job_id: str) -> dict[int, JobState]:
+    """The state of each task of array job ``job_id``, by task id."""
+    accounted = connection.run(
+        ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={job_id}", f"--format={_SACCT_FIELDS}"],
+        what=f"ask sacct about the tasks of job {job_id}",
+        check=False,
+    )
+    queued = connection.run(
+        ["squeue", "--noheader", "--array", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
+        what=f"ask squeue about the tasks of job {job_id}",
+        check=False,
+    )
+    return parse_tasks(
+        accounted.stdout if accounted.returncode == 0 else "",
+        queued.stdout if queued.returncode == 0 else "",
+        job_id,
+    )
 
 
 def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:

@@ -1,0 +1,137 @@
+"""Sweeps: one array task per point of a grid of the program's options, from a small TOML file.
+
+    # sweep.toml
+    throttle = 4                  # optional: at most 4 tasks at once (--array=...%4)
+
+    [grid]                        # every combination; the first key changes slowest
+    lr = [0.1, 0.01]
+    batch-size = [32, 64]
+
+    [[points]]                    # and/or points one by one, after the grid's
+    lr = 0.5
+    batch-size = 16
+    augment = true
+
+Each point becomes the task's arguments, after the job's own: `--lr 0.1 --batch-size 32`; `true` is a
+bare flag (`--augment`), `false` leaves the option out, a list in a point gives the option several
+values (`--layers 2 4`). A key that starts with `-` is taken as written (`-v = true` is `-v`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpcbox.units import FieldError
+
+# Slurm's default MaxArraySize is 1001: task ids 0-1000.
+MAX_POINTS = 1001
+_OPTION = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_KEYS = {"throttle", "grid", "points"}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The tasks of a sweep: each one's arguments, in task order (task i runs ``points[i]``)."""
+
+    source: str  # the file's name, for the job script's comment
+    points: tuple[tuple[str, ...], ...]
+    throttle: int | None = None  # at most this many tasks run at once
+
+    def array(self, tasks: tuple[int, ...] | None = None) -> str:
+        """The --array spec: every task, or only ``tasks`` (a resubmission of some of them)."""
+        spec = _ranges(tasks) if tasks is not None else f"0-{len(self.points) - 1}"
+        return spec + (f"%{self.throttle}" if self.throttle else "")
+
+
+def load_sweep(path: Path) -> Sweep:
+    """Read and check a sweep file; the first problem raises FieldError naming the key."""
+    if not path.is_file():
+        raise FieldError("sweep", f"{path} does not exist", "give the path of a sweep file (TOML)")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FieldError("sweep", f"{path.name} is not valid TOML: {exc}") from exc
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise FieldError(f"sweep.{unknown[0]}", "unknown key (allowed: throttle, grid, points)")
+    points = [*_grid_points(data.get("grid", {})), *_listed_points(data.get("points", []))]
+    if not points:
+        raise FieldError("sweep", f"{path.name} has no points", "add a [grid] table or [[points]] tables")
+    if len(points) > MAX_POINTS:
+        raise FieldError(
+            "sweep",
+            f"{path.name} has {len(points)} points, more than the {MAX_POINTS} tasks of Slurm's default "
+            "MaxArraySize",
+            "split it into several sweeps",
+        )
+    return Sweep(path.name, tuple(points), _throttle(data.get("throttle")))
+
+
+def point_args(point: Mapping[str, object], where: str) -> tuple[str, ...]:
+    """One point's options as program arguments."""
+    args: list[str] = []
+    for key, value in point.items():
+        if not _OPTION.match(key):
+            raise FieldError(f"{where}.{key}", "is not an option name (letters, digits, - _ .)")
+        option = key if key.startswith("-") else f"--{key}"
+        if value is True:
+            args.append(option)
+        elif value is False:
+            continue
+        elif isinstance(value, list):
+            args += [option, *(_word(item, f"{where}.{key}") for item in value)]
+        else:
+            args += [option, _word(value, f"{where}.{key}")]
+    return tuple(args)
+
+
+def _grid_points(grid: object) -> list[tuple[str, ...]]:
+    if not isinstance(grid, dict):
+        raise FieldError("sweep.grid", "must be a table of option = [values]")
+    choices = []
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise FieldError(f"sweep.grid.{key}", f"must be a non-empty list of values, e.g. {key} = [1, 2]")
+        choices.append([(key, value) for value in values])
+    if not choices:
+        return []
+    return [point_args(dict(combination), "sweep.grid") for combination in itertools.product(*choices)]
+
+
+def _listed_points(points: object) -> list[tuple[str, ...]]:
+    if not isinstance(points, list) or not all(isinstance(point, dict) for point in points):
+        raise FieldError("sweep.points", "must be [[points]] tables of option = value")
+    return [point_args(point, f"sweep.points[{index}]") for index, point in enumerate(points)]
+
+
+def _word(value: object, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        text = str(value)
+        if "\0" in text:
+            raise FieldError(where, f"{text!r} contains a NUL byte, which no program argument can hold")
+        return text
+    raise FieldError(where, f"{value!r} is not a string, number or true/false")
+
+
+def _throttle(value: object) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise FieldError("sweep.throttle", f"{value!r} must be a whole number of tasks, 1 or more")
+    return value
+
+
+def _ranges(tasks: tuple[int, ...]) -> str:
+    """0,1,2,5,7,8 → 0-2,5,7-8."""
+    parts = []
+    for _, run in itertools.groupby(enumerate(sorted(set(tasks))), lambda pair: pair[1] - pair[0]):
+        numbers = [number for _, number in run]
+        parts.append(f"{numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else str(numbers[0]))
+    return ",".join(parts)

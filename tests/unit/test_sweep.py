@@ -1,0 +1,129 @@
+"""Sweep files → one array task per point; array task states read back from sacct and squeue."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcbox.jobs import array_state
+from hpcbox.sweep import MAX_POINTS, Sweep, load_sweep
+from hpcbox.tools.slurm import parse_tasks
+from hpcbox.units import FieldError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def sweep_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_grid_then_listed_points_each_become_a_tasks_arguments(tmp_path: Path):
+    sweep = load_sweep(
+        sweep_file(
+            tmp_path,
+            'throttle = 3\n[grid]\nlr = [0.1, 0.01]\nmodel = ["cnn", "resnet18"]\n'
+            "[[points]]\nlr = 1e-3\naugment = true\nfreeze = false\nlayers = [2, 4]\n-v = true\n",
+        )
+    )
+    assert sweep.points == (
+        ("--lr", "0.1", "--model", "cnn"),
+        ("--lr", "0.1", "--model", "resnet18"),
+        ("--lr", "0.01", "--model", "cnn"),
+        ("--lr", "0.01", "--model", "resnet18"),
+        ("--lr", "0.001", "--augment", "--layers", "2", "4", "-v"),
+    )
+    assert (sweep.source, sweep.throttle, sweep.array()) == ("sweep.toml", 3, "0-4%3")
+
+
+def test_a_resubmission_names_only_its_tasks():
+    sweep = Sweep("s.toml", tuple((str(n),) for n in range(10)), throttle=2)
+    assert sweep.array((0, 1, 2, 5, 7, 8)) == "0-2,5,7-8%2"
+    assert Sweep("s.toml", (("a",),)).array((0,)) == "0"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        ("", "sweep", "has no points"),
+        ("[grid]\n", "sweep", "has no points"),
+        ("rate = 1\n", "sweep.rate", "unknown key"),
+        ("[grid]\nlr = 0.1\n", "sweep.grid.lr", "must be a non-empty list of values"),
+        ("[grid]\nlr = []\n", "sweep.grid.lr", "must be a non-empty list"),
+        ('[grid]\n"--l r" = [1]\n', "sweep.grid.--l r", "is not an option name"),
+        ("[[points]]\nopt = {a = 1}\n", "sweep.points[0].opt", "is not a string, number or true/false"),
+        ("throttle = 0\n[grid]\na = [1]\n", "sweep.throttle", "must be a whole number of tasks"),
+        ("[grid\n", "sweep", "is not valid TOML"),
+        ("[grid]\na = [" + ", ".join(str(n) for n in range(MAX_POINTS + 1)) + "]\n", "sweep", "1002 points"),
+    ],
+)
+def test_a_bad_sweep_file_names_the_key(tmp_path: Path, text: str, field: str, says: str):
+    with pytest.raises(FieldError) as refused:
+        load_sweep(sweep_file(tmp_path, text))
+    assert refused.value.field == field
+    assert says in str(refused.value) and "\n" not in refused.value.message
+
+
+def test_a_missing_sweep_file_is_one_line(tmp_path: Path):
+    with pytest.raises(FieldError, match="does not exist"):
+        load_sweep(tmp_path / "nope.toml")
+
+
+SACCT = """\
+812_0|COMPLETED|None|00:00:09|00:10:00|0:0|node1
+812_1|FAILED|None|00:00:03|00:10:00|1:0|node2
+812_2|RUNNING|None|00:00:05|00:10:00|0:0|node1
+812_[3-4%2]|PENDING|JobArrayTaskLimit|00:00:00|00:10:00|0:0|None assigned
+8120_1|COMPLETED|None|00:00:01|00:10:00|0:0|node1
+"""
+SQUEUE = """\
+812_2|RUNNING|None|0:05|10:00|node1
+812_3|PENDING|JobArrayTaskLimit|0:00|10:00|
+812_4|PENDING|JobArrayTaskLimit|0:00|10:00|
+"""
+
+
+def test_each_array_task_has_its_state_and_the_array_one_for_them_all():
+    tasks = parse_tasks(SACCT, SQUEUE, "812")
+    assert {index: task.state for index, task in tasks.items()} == {
+        0: "COMPLETED", 1: "FAILED", 2: "RUNNING", 3: "PENDING", 4: "PENDING",
+    }  # fmt: skip
+    assert tasks[1].exit_code == "1:0" and tasks[3].reason == "JobArrayTaskLimit"
+    assert array_state(tasks).state == "RUNNING"
+    finished = parse_tasks(SACCT.replace("RUNNING", "COMPLETED").replace("PENDING", "COMPLETED"), "", "812")
+    assert (array_state(finished).state, array_state(finished).job_id) == ("FAILED", "812")
+
+
+def hpcbox(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SBATCH_")}
+    return subprocess.run(
+        [sys.executable, "-m", "hpcbox", *args], cwd=cwd, capture_output=True, text=True, env=env
+    )
+
+
+def test_sbatch_with_a_sweep_renders_the_array_and_every_point(tmp_path: Path):
+    path = sweep_file(tmp_path, "throttle = 2\n[grid]\nlr = [0.1, 0.01, 0.001]\n")
+    done = hpcbox("sbatch", "--cluster=edi", f"--sweep={path}", "--", "--epochs", "3")
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --array=0-2%2" in done.stdout
+    assert "    2) point_args=(--lr 0.001) ;;" in done.stdout
+    assert '--epochs 3 "${point_args[@]}" &\n' in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--cluster=edi", "--array=0-9"], "error: array: --array and the sweep both say which tasks run"),
+        (["--cluster=dtu"], "error: sweep: dtu uses LSF"),
+    ],
+)
+def test_sbatch_refuses_a_sweep_it_cannot_run_in_one_line(tmp_path: Path, flags: list[str], says: str):
+    path = sweep_file(tmp_path, "[grid]\nlr = [0.1]\n")
+    done = hpcbox("sbatch", *flags, f"--sweep={path}")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.splitlines()[0].startswith(says), done.stderr
