@@ -229,6 +229,75 @@ def test_the_projects_own_script_from_tool_hpcbox_run_runs_and_its_output_comes_
     assert "manifest.json" in own["data"]  # the staged dataset, read on the node
 
 
+SWEEP_SCRIPT = """\
+import json, os, sys
+
+output_dir, args = sys.argv[1], sys.argv[2:]
+needs = args[args.index("--needs") + 1] if "--needs" in args else None
+if needs and not os.path.exists(needs):
+    sys.exit(f"{needs} is not there yet")
+with open(os.path.join(output_dir, "point.json"), "w") as out:
+    json.dump(args, out)
+"""
+
+
+def test_a_50_point_sweep_ends_with_50_results_and_reruns_only_its_failed_points(
+    first_job: jobs.JobRecord, setup: Setup, minicluster, tmp_path: Path, run_id: str
+):
+    project_dir = tmp_path / "sweep"
+    shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
+    (project_dir / "src" / "hpctrain" / "sweep_point.py").write_text(SWEEP_SCRIPT)
+    pyproject = project_dir / "pyproject.toml"
+    own_run = '[tool.hpcbox.run]\nscript = "src/hpctrain/sweep_point.py"\nargs = ["{output_dir}"]\n'
+    pyproject.write_text(re.sub(r"\[tool\.hpcbox\.run\]\n(?:[^\[\n].*\n)*", own_run, pyproject.read_text()))
+    gate = f"/home/researcher/{run_id}-gate"
+    gated = {7, 21, 42}
+    points = "".join(
+        f"[[points]]\nindex = {n}\n" + (f'needs = "{gate}"\n' if n in gated else "") for n in range(50)
+    )
+    (project_dir / "sweep.toml").write_text(points)
+    env = {**os.environ, **setup.env}
+
+    def hpcbox(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "hpcbox", *args], cwd=project_dir, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    data = f"--data={setup.data}"
+    first = hpcbox("submit", "--cluster=local", data, "--time=5", "--sweep=sweep.toml").stdout.split()[-1]
+    ledger = jobs.Ledger(load_project(project_dir))
+    assert finished(minicluster, ledger.find(first), timeout_s=900).state == "FAILED"
+    status = hpcbox("status", "-j", first).stdout.splitlines()
+    assert status[0] == f"job {first}: 50 array tasks: 47 COMPLETED, 3 FAILED"
+    failed_lines = [line for line in status[1:] if "FAILED" in line]
+    assert [line.split(":")[0].strip() for line in failed_lines] == [
+        f"job {first}_{n}" for n in sorted(gated)
+    ]
+    assert failed_lines[0].endswith(f"(--index 7 --needs {gate})")
+
+    minicluster.ssh(["touch", gate], check=True)
+    again = hpcbox("submit", "--cluster=local", data, "--time=5", f"--resubmit-failed={first}")
+    second = again.stdout.split()[-1]
+    assert f"3 of 50 tasks of job {first} again: 7,21,42" in again.stderr
+    assert finished(minicluster, ledger.find(second), timeout_s=300).state == "COMPLETED"
+    assert ledger.find(second).resubmits == first
+    assert (
+        hpcbox("status", "-j", second).stdout.splitlines()[0] == f"job {second}: 3 array tasks: 3 COMPLETED"
+    )
+    nothing = hpcbox("submit", "--cluster=local", data, f"--resubmit-failed={second}")
+    assert "every task of job" in nothing.stderr and nothing.stdout == ""
+
+    results = {}
+    for job in (first, second):
+        local = Path(hpcbox("fetch", "-j", job).stdout.strip())
+        for found in local.glob("*/point.json"):
+            results[int(found.parent.name)] = json.loads(found.read_text())
+    assert sorted(results) == list(range(50))  # one result per point, from one run folder each
+    assert results[21] == ["--index", "21", "--needs", gate] and results[3] == ["--index", "3"]
+
+
 def test_a_dataset_directory_reaches_node_scratch_and_the_trainer(setup: Setup, minicluster, tmp_path: Path):
     """The dataset as a directory (the shards unpacked here), archived once and shipped like an archive;
     the SIF is copied to the node's scratch first, and the trainer trains on what was staged."""
