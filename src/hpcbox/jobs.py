@@ -475,9 +475,10 @@ if test $# -gt 0; then tail -n +1 -- "$@"; else echo 'hpcbox: no log yet at '{fi
     finished = "|".join(sorted(slurm.FINISHED_STATES))
     job_state = f"squeue --noheader --states=all --jobs={record.job_id} --format=%T 2>/dev/null"
     # Until the job ends: wait for a log to appear, then tail them; a requeued job comes back to PENDING
-    # and writes on in the same log, so only a finished state (or a job Slurm forgot) ends it.
+    # and writes on in the same log, so only a finished state (or a job Slurm forgot) ends it. An array
+    # has a line per task: it is over when none of them is in another state.
     return f"""
-over() {{ case "$({job_state})" in ""|{finished}) return 0;; *) return 1;; esac; }}
+over() {{ ! {{ {job_state} | grep -qvxE '{finished}'; }}; }}
 any_log() {{ for log in {logs}; do if test -f "$log"; then return 0; fi; done; return 1; }}
 until any_log || over; do sleep 2; done
 any_log || exit 0

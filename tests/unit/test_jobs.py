@@ -10,8 +10,10 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -209,6 +211,26 @@ def test_logs_prints_every_log_there_is(tmp_path: Path):
     assert run(both).stdout == f"==> {tmp_path}/fit-5.out <==\nout\n\n==> {tmp_path}/fit-5.err <==\nerr\n"
     assert run(array).stdout.count("==> ") == 2 and "task 0\n" in run(array).stdout
     assert run(missing).stderr == f"hpcbox: no log yet at {tmp_path}/it's-6.out\n"
+
+
+def test_following_an_array_ends_when_every_task_has_finished(tmp_path: Path):
+    """squeue lists an array's tasks a line each: following its logs ends once none is left running."""
+    states = tmp_path / "states"
+    states.write_text("RUNNING\nCOMPLETED\n")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "squeue").write_text(f"#!/bin/sh\ncat {states}\n")
+    (tmp_path / "bin" / "squeue").chmod(0o755)
+    (tmp_path / "sweep-9_0.out").write_text("task 0\n")
+    array = dataclasses.replace(record("9"), log=f"{tmp_path}/sweep-9_*.out")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    following = subprocess.Popen(
+        ["sh", "-c", jobs.follow_command(array, True)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    time.sleep(4)
+    assert following.poll() is None  # one task still runs
+    states.write_text("COMPLETED\nFAILED\n")
+    output, _ = following.communicate(timeout=15)
+    assert following.returncode == 0 and "task 0" in output
 
 
 def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project):
