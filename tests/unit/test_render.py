@@ -675,6 +675,28 @@ def test_no_syncer_when_sync_every_is_zero():
     assert "syncer_pid=$!" not in text and "sleep 600" not in text
 
 
+def test_a_program_that_exits_while_the_signal_is_still_being_passed_on_keeps_its_status(sandbox: Sandbox):
+    """The batch shell's `wait` returns 138 when its USR1 trap runs; a program that checkpoints and exits
+    before the trap is over must still be seen to exit 75 (and the job requeued), not 138."""
+    program = sandbox.root / "bin" / "fit"
+    slow_pkill = f'#!/bin/sh\n{shutil.which("pkill")} "$@"\nstatus=$?\nsleep 1\nexit $status\n'
+    for path, body in (
+        (sandbox.root / "bin" / "apptainer", STUB_APPTAINER_EXEC),
+        (program, STUB_PROGRAM),
+        (sandbox.root / "bin" / "pkill", slow_pkill),
+    ):
+        path.write_text(body)
+        path.chmod(0o755)
+    command = ContainerCommand("program", str(program), launcher="srun")
+    process = sandbox.start(sandbox.script(SIX_TASKS_ONE_GPU, (), command), mode="wait")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGUSR1)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert b"the trainer exited with status 75" in output or b"requeueing job 4242" in output, output
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+
+
 def test_ddp_processes_that_do_not_match_the_gpus_are_refused_at_render_time():
     """Resources checked for a program that is not DDP cannot be rendered for one that is."""
     profile = profiles.load_profile("local")

@@ -169,11 +169,17 @@ apptainer exec --nv --containall --workdir "$job_scratch/tmp" --bind /project \
 trainer_pid=$!
 status=0
 wait "$trainer_pid" || status=$?
-# `wait` also returns when a trap ran; wait again until the trainer itself has exited.
+# `wait` also returns (128 + the signal) when a trap ran; wait again until the trainer itself has exited.
 while kill -0 "$trainer_pid" 2>/dev/null; do
     status=0
     wait "$trainer_pid" || status=$?
 done
+# A trap may have cut the last wait short just as the trainer exited: its own status (75 after a
+# checkpoint) is still to be had, as bash keeps an exited child's status for `wait`.
+if (( status > 128 )); then
+    status=0
+    wait "$trainer_pid" || status=$?
+fi
 trainer_pid=""
 
 if [[ $status -eq 75 && -z $terminated ]]; then
