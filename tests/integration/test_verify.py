@@ -31,7 +31,7 @@ FROM ${BASE_IMAGE} AS environment
 ARG SOURCE_DATE_EPOCH
 RUN echo hello > /hello.txt && mkdir -p /opt/tiny
 FROM environment AS runtime
-COPY src /opt/tiny/src
+COPY code/src /opt/tiny/src
 """
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "hpcbox tests",
