@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpcbox.depsource import detect
 from hpcbox.errors import HpcboxError
 from hpcbox.shipped import shipped
 
@@ -154,8 +155,6 @@ def hpcbox_table(
     name: str | None,
 ) -> str:
     """The `[tool.hpcbox]` table for this project, as TOML text to add to pyproject.toml."""
-    from hpcbox.depsource import detect
-
     project = name or project_name(root, pyproject)
     paths = list(code) or detect_code(root, program)
     for path in paths:
