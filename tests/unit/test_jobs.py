@@ -346,3 +346,44 @@ def test_record_json_is_stable(project):
     text = record("8").to_json()
     assert jobs.JobRecord.from_json(text) == record("8")
     assert json.loads(text)["sif_sha256"] == "ab" * 32
+
+
+# An ssh that fails its first $FAILS connections with $SAYS (counting them in $COUNT), then connects.
+FLAKY_SSH = """#!/bin/sh
+for word in "$@"; do if [ "$word" = "-O" ]; then exit 0; fi; done
+tries=$(($(cat "$COUNT" 2>/dev/null || echo 0) + 1))
+echo "$tries" > "$COUNT"
+if [ "$tries" -le "$FAILS" ]; then echo "$SAYS" >&2; exit 255; fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("says", "fails", "attempts", "connects"),
+    [
+        ("kex_exchange_identification: Connection closed by remote host", 2, 3, True),
+        ("kex_exchange_identification: read: Connection reset by peer", 9, 5, False),
+        ("researcher@127.0.0.1: Permission denied (publickey).", 1, 1, False),
+    ],
+)
+def test_a_connection_sshd_drops_before_the_key_exchange_is_tried_again(
+    tmp_path: Path, monkeypatch, says: str, fails: int, attempts: int, connects: bool
+):
+    """sshd's MaxStartups drops connections when many arrive at once (20 submits did): those are worth
+    another try, a refused key is not."""
+    (tmp_path / "ssh").write_text(FLAKY_SSH)
+    (tmp_path / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("COUNT", str(tmp_path / "count"))
+    monkeypatch.setenv("FAILS", str(fails))
+    monkeypatch.setenv("SAYS", says)
+    monkeypatch.setattr(ssh, "CONNECT_BACKOFF_S", 0.01)
+    target = ssh.Target("127.0.0.1", 2222, "researcher")
+    if connects:
+        with ssh.Connection(target) as connection:
+            assert connection.control_path.parent.is_dir()
+    else:
+        with pytest.raises(HpcboxError) as failed, ssh.Connection(target):
+            pass
+        assert says in failed.value.message
+    assert int((tmp_path / "count").read_text()) == attempts

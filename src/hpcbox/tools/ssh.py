@@ -11,6 +11,7 @@ command through it: a site with two-factor login asks once per hpcbox command.
 
 from __future__ import annotations
 
+import random
 import re
 import shlex
 import shutil
@@ -160,13 +161,27 @@ def parse_rsync_stats(lines: Sequence[str]) -> Transfer:
     return Transfer(found.get("sent", 0), found.get("received", 0))
 
 
+# sshd drops connections beyond its MaxStartups (by default, at random once 10 are unauthenticated at
+# once) before the key exchange: many hpcbox commands at once see this, or a busy login node. Such a
+# drop is worth another try; a refused key or an unknown host key is not.
+DROPPED_BEFORE_KEX = (
+    "kex_exchange_identification",
+    "ssh_exchange_identification",
+    "Connection closed by remote host",
+    "Connection reset by peer",
+)
+CONNECT_ATTEMPTS = 5
+CONNECT_BACKOFF_S = 0.5
+
+
 class Connection:
     """One SSH master connection to ``target`` for the life of a `with` block; every `run`, `stream`
     and rsync inside it goes through that connection.
 
     Opening it is where a host that is down, a refused key or an unknown host key shows up, as one
     error within about ``connect_timeout_s``; the master asks for a password or second factor on the
-    terminal when there is one (and fails at once when there is not).
+    terminal when there is one (and fails at once when there is not). A connection sshd drops before
+    the key exchange (DROPPED_BEFORE_KEX) is tried again, CONNECT_ATTEMPTS times in all.
     """
 
     def __init__(self, target: Target) -> None:
@@ -187,12 +202,21 @@ class Connection:
         argv += ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes"]
         argv += ["-o", "ControlPersist=yes", "-f", "-N", self.target.host]
         try:
-            proc.run(
-                argv,
-                what=f"connect to {self.target.address}",
-                hint=self._hint(),
-                timeout_s=self.target.connect_timeout_s + 5 if not interactive else None,
-            )
+            for attempt in range(1, CONNECT_ATTEMPTS + 1):
+                try:
+                    proc.run(
+                        argv,
+                        what=f"connect to {self.target.address}",
+                        hint=self._hint(),
+                        timeout_s=self.target.connect_timeout_s + 5 if not interactive else None,
+                    )
+                    break
+                except HpcboxError as failed:
+                    said = f"{failed.message}\n{failed.details}"
+                    if attempt == CONNECT_ATTEMPTS or not any(words in said for words in DROPPED_BEFORE_KEX):
+                        raise
+                    # Spread out, so that many commands dropped together do not all come back together.
+                    time.sleep(CONNECT_BACKOFF_S * 2 ** (attempt - 1) * random.uniform(1, 2))
         except BaseException:
             self._remove_dir()
             raise
