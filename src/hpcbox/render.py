@@ -380,6 +380,7 @@ def _variables(
             'syncer_pid=""',
             'terminated=""',
             'cleaned=""',
+            *(['janitor_pid=""'] if resources.nodes > 1 else []),
             # USR1 came: a step that has not started waits for the requeued job.
             *(['time_up=""'] if steps else []),
         ]
@@ -393,12 +394,21 @@ def _functions(
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
         each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap --mem=0 "$@"'
-    batch_node_cleanup = ""
+    other_nodes_cleanup = ""
     if resources.nodes > 1:
-        batch_node_cleanup = (
-            "\n    # This node's own first: after scancel, Slurm starts no more steps for the other nodes."
-            '\n    rm -rf -- "$job_scratch" || true'
-        )
+        other_nodes_cleanup = """
+    # This node's own first, then the janitor's tasks remove the others': after scancel or the time
+    # limit Slurm starts no new step, so the loop below is left for a janitor that did not start.
+    rm -rf -- "$job_scratch" || true
+    if [[ -n $janitor_pid ]]; then
+        kill "$janitor_pid" 2>/dev/null || true
+        if wait "$janitor_pid"; then
+            janitor_pid=""
+            cleaned=1
+            return 0
+        fi
+        janitor_pid=""
+    fi"""
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
     if resources.tasks > 1 and dialect.steps:
         to_whom, pattern = (
@@ -411,7 +421,7 @@ def _functions(
             "        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.\n"
             "        # After a plain scancel no step can start, but Slurm has signalled every process.\n"
             "        if [[ $1 == USR1 || $1 == TERM ]]; then\n"
-            '            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \\\n'
+            f'            on_each_node bash -c "$signal_job" signal "$1" "${{{dialect.job_id}}}" \\\n'
             f"                {shlex.quote(pattern)} || true\n"
             "        fi"
         )
@@ -421,12 +431,21 @@ def _functions(
         else "# A removal can fail while a process of the job still holds a file open."
     )
     time_up = "\n    else\n        time_up=1" if isinstance(command, Steps) else ""
+    signal_job = ""
+    if resources.tasks > 1 and dialect.steps:
+        signal_job = f"""
+# Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
+# pattern alone would also reach this shell (a program run by bash matches it) and the processes of
+# the user's other jobs; the job's processes carry HPCBOX_JOB in their environment.
+# shellcheck disable=SC2016  # expanded by the shell on each node
+signal_job={shlex.quote(SIGNAL_JOB)}
+"""
     return f"""\
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {{
     {each_node}
 }}
-
+{signal_job}
 # Copies the results to shared storage through a folder beside them, renaming each file into place
 # whole: a script killed mid-copy ({dialect.killed_by}) leaves the earlier copy of a file or
 # the new one, never half of it.
@@ -458,7 +477,7 @@ clean_up() {{
     fi
     if [[ -d $job_scratch/out ]]; then
         copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
-    fi{batch_node_cleanup}
+    fi{other_nodes_cleanup}
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
@@ -496,8 +515,46 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT"""
 
 
+SIGNAL_JOB = """\
+for pid in $(pgrep --uid "$(id -u)" --full "$3"); do
+    if grep -qzxF "HPCBOX_JOB=$2" "/proc/$pid/environ" 2>/dev/null; then
+        kill -s "$1" "$pid" 2>/dev/null || true
+    fi
+done"""
+
+# One task per node for the whole job, asleep; on TERM it removes its node's scratch. Slurm sends TERM to
+# every running step when a job is cancelled or reaches its time limit, and clean_up sends it through
+# srun otherwise. The batch node's task leaves at once: its scratch holds the results still to copy.
+JANITOR = """\
+[[ $SLURMD_NODENAME != "$1" ]] || exit 0
+scratch=$2
+sleeper=""
+on_term() {
+    kill "$sleeper" 2>/dev/null
+    rm -rf -- "$scratch"
+    exit 0
+}
+trap on_term TERM
+while :; do
+    sleep 3600 &
+    sleeper=$!
+    wait "$sleeper" || true
+done"""
+
+
 def _stage_in(resources: Resources, dialect: Dialect) -> str:
-    sif_dir = copy_sif = ""
+    sif_dir = copy_sif = janitor = ""
+    if resources.nodes > 1:
+        janitor = "".join(
+            f"{line}\n"
+            for line in [
+                "# The other nodes' scratch goes however the job ends, even where no new step can start.",
+                "# shellcheck disable=SC2016  # expanded by the shell on each node",
+                f"janitor={shlex.quote(JANITOR)}",
+                'on_each_node bash -c "$janitor" janitor "$SLURMD_NODENAME" "$job_scratch" </dev/null &',
+                "janitor_pid=$!",
+            ]
+        )
     if resources.container.sif_on_scratch:
         sif_dir = ' "$job_scratch/sif"'
         copy_sif = "\n" + "\n".join(
@@ -522,7 +579,7 @@ if [[ ! -d $code_dir ]]; then
 fi
 
 echo "hpcbox: job ${{{dialect.job_id}}} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
-on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"{sif_dir}
+{janitor}on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"{sif_dir}
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"{copy_sif}
 # A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
@@ -740,6 +797,8 @@ def _launch(
     if multi_process:
         # The trainer sizes its DataLoader workers by this: the CPUs of one process, not of the node.
         units.append(f"--env SLURM_CPUS_PER_TASK={resources.cpus_per_task or 1}")
+    if multi_process and dialect.steps:
+        units.append(f'--env "HPCBOX_JOB=${{{dialect.job_id}}}"')  # how signal_job tells the job's processes
     units += [f"--pwd {SCRATCH_MOUNT}", '"$sif"']
     if torchrun:
         units += [*_torchrun(resources), *_command_units(command.torchrun_words(), command.resolved_args())]

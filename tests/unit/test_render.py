@@ -341,6 +341,7 @@ def make_sandbox(root: Path) -> Sandbox:
         "HOME": str(root),
         "USER": "researcher",
         "SLURM_JOB_ID": "4242",
+        "SLURMD_NODENAME": "node1",
         "SLURM_SUBMIT_DIR": str(submit),
         "STUB_RECORD": str(root / "argv.json"),
         "STUB_SCRATCH_SEEN": str(root / "scratch-seen"),
@@ -521,6 +522,10 @@ args = sys.argv[1:]
 pathlib.Path(os.environ["STUB_RECORD"]).write_text(json.dumps(args))
 scratch = next(a.split(":")[0] for a in args if a.endswith(":/scratch"))
 os.environ["STUB_OUT"] = str(pathlib.Path(scratch, "out"))
+for option, value in zip(args, args[1:]):
+    # As Apptainer sets them in the container; the sandbox's own PYTHONPATH stands in for /code.
+    if option == "--env" and not value.startswith("PYTHONPATH="):
+        name, _, os.environ[name] = value.partition("=")
 command = args[args.index("--pwd") + 3 :]
 os.execvp(command[0], command)
 """
@@ -558,6 +563,47 @@ def test_usr1_reaches_each_task_of_a_program_that_is_not_ddp(sandbox: Sandbox):
     assert process.returncode == 0, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
     assert sandbox.scontrol_calls() == ["requeue 4242"]
+
+
+# A program run by bash: on USR1 it checkpoints and exits 75. So does a decoy of the same user run by
+# bash too, which must not hear of it: the batch shell would send itself the signal, and another job's
+# processes would checkpoint, were the pattern the only test.
+BASH_PROGRAM = """
+trap 'echo "$1" >"$STUB_OUT/checkpointed"; kill "$!"; exit 75' USR1
+echo "$$" >"$STUB_READY"
+sleep 60 >/dev/null &
+wait
+"""
+
+
+def test_usr1_reaches_this_jobs_bash_program_and_no_other_process_that_matches(sandbox: Sandbox):
+    (sandbox.root / "bin" / "apptainer").write_text(STUB_APPTAINER_EXEC)
+    (sandbox.root / "bin" / "apptainer").chmod(0o755)
+    decoys = {}
+    for name, job in (("other-job", "4243"), ("no-job", None)):
+        out = sandbox.root / name
+        out.mkdir()
+        env = {**sandbox.env, "STUB_OUT": str(out), "STUB_READY": str(out / "ready")}
+        env.pop("HPCBOX_JOB", None)
+        if job:
+            env["HPCBOX_JOB"] = job
+        decoys[name] = subprocess.Popen(["bash", "-c", BASH_PROGRAM, "bash", name], env=env)
+        _wait_for(out / "ready")
+    command = ContainerCommand("program", "bash", ("-c", BASH_PROGRAM, "bash", "mine"), launcher="srun")
+    try:
+        process = sandbox.start(sandbox.script(SIX_TASKS_ONE_GPU, (), command), mode="wait")
+        _wait_for(sandbox.root / "ready")
+        process.send_signal(signal.SIGUSR1)
+        output, _ = process.communicate(timeout=30)
+        assert process.returncode == 0, output
+        assert (sandbox.run_dir / "checkpointed").read_text() == "mine\n"
+        assert sandbox.scontrol_calls() == ["requeue 4242"]
+        assert [decoy.poll() for decoy in decoys.values()] == [None, None]
+        assert not any((sandbox.root / name / "checkpointed").exists() for name in decoys)
+    finally:
+        for decoy in decoys.values():
+            decoy.kill()
+            decoy.wait()
 
 
 # A project's console entry point, `stubfit.cli:main`: checkpoints on USR1 with the arguments it got.

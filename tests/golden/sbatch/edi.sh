@@ -39,6 +39,16 @@ on_each_node() {
     "$@"
 }
 
+# Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
+# pattern alone would also reach this shell (a program run by bash matches it) and the processes of
+# the user's other jobs; the job's processes carry HPCBOX_JOB in their environment.
+# shellcheck disable=SC2016  # expanded by the shell on each node
+signal_job='for pid in $(pgrep --uid "$(id -u)" --full "$3"); do
+    if grep -qzxF "HPCBOX_JOB=$2" "/proc/$pid/environ" 2>/dev/null; then
+        kill -s "$1" "$pid" 2>/dev/null || true
+    fi
+done'
+
 # Copies the results to shared storage through a folder beside them, renaming each file into place
 # whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
 # the new one, never half of it.
@@ -103,7 +113,7 @@ forward() {
         # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.
         # After a plain scancel no step can start, but Slurm has signalled every process.
         if [[ $1 == USR1 || $1 == TERM ]]; then
-            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \
+            on_each_node bash -c "$signal_job" signal "$1" "${SLURM_JOB_ID}" \
                 '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true
         fi
     fi
@@ -174,10 +184,11 @@ rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
 srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=8 --mem=0 --kill-on-bad-exit=0 \
     --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
     --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
-    --env SLURM_CPUS_PER_TASK=4 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=1 \
-    --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
-    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
-    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
+    --env SLURM_CPUS_PER_TASK=4 --env "HPCBOX_JOB=${SLURM_JOB_ID}" --pwd /scratch "$sif" \
+    python -m hpctrain.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=static \
+    --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
+    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
+    'it'"'"'s $HOME and `date`' &
 trainer_pid=$!
 status=0
 wait "$trainer_pid" || status=$?

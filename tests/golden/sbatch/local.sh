@@ -32,11 +32,22 @@ sampler_pid=""
 syncer_pid=""
 terminated=""
 cleaned=""
+janitor_pid=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
     srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --mem=0 "$@"
 }
+
+# Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
+# pattern alone would also reach this shell (a program run by bash matches it) and the processes of
+# the user's other jobs; the job's processes carry HPCBOX_JOB in their environment.
+# shellcheck disable=SC2016  # expanded by the shell on each node
+signal_job='for pid in $(pgrep --uid "$(id -u)" --full "$3"); do
+    if grep -qzxF "HPCBOX_JOB=$2" "/proc/$pid/environ" 2>/dev/null; then
+        kill -s "$1" "$pid" 2>/dev/null || true
+    fi
+done'
 
 # Copies the results to shared storage through a folder beside them, renaming each file into place
 # whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
@@ -70,8 +81,18 @@ clean_up() {
     if [[ -d $job_scratch/out ]]; then
         copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
     fi
-    # This node's own first: after scancel, Slurm starts no more steps for the other nodes.
+    # This node's own first, then the janitor's tasks remove the others': after scancel or the time
+    # limit Slurm starts no new step, so the loop below is left for a janitor that did not start.
     rm -rf -- "$job_scratch" || true
+    if [[ -n $janitor_pid ]]; then
+        kill "$janitor_pid" 2>/dev/null || true
+        if wait "$janitor_pid"; then
+            janitor_pid=""
+            cleaned=1
+            return 0
+        fi
+        janitor_pid=""
+    fi
     local attempt
     for attempt in 1 2 3; do
         if on_each_node rm -rf -- "$job_scratch"; then
@@ -104,7 +125,7 @@ forward() {
         # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.
         # After a plain scancel no step can start, but Slurm has signalled every process.
         if [[ $1 == USR1 || $1 == TERM ]]; then
-            on_each_node pkill --signal "$1" --uid "$(id -u)" --full \
+            on_each_node bash -c "$signal_job" signal "$1" "${SLURM_JOB_ID}" \
                 '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true
         fi
     fi
@@ -127,6 +148,24 @@ if [[ ! -d $code_dir ]]; then
 fi
 
 echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+# The other nodes' scratch goes however the job ends, even where no new step can start.
+# shellcheck disable=SC2016  # expanded by the shell on each node
+janitor='[[ $SLURMD_NODENAME != "$1" ]] || exit 0
+scratch=$2
+sleeper=""
+on_term() {
+    kill "$sleeper" 2>/dev/null
+    rm -rf -- "$scratch"
+    exit 0
+}
+trap on_term TERM
+while :; do
+    sleep 3600 &
+    sleeper=$!
+    wait "$sleeper" || true
+done'
+on_each_node bash -c "$janitor" janitor "$SLURMD_NODENAME" "$job_scratch" </dev/null &
+janitor_pid=$!
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"
@@ -175,10 +214,11 @@ rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --mem=0 --kill-on-bad-exit=0 \
     --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
     --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
-    --env SLURM_CPUS_PER_TASK=1 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=2 \
-    --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
-    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
-    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
+    --env SLURM_CPUS_PER_TASK=1 --env "HPCBOX_JOB=${SLURM_JOB_ID}" --pwd /scratch "$sif" \
+    python -m hpctrain.torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=static \
+    --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
+    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
+    'it'"'"'s $HOME and `date`' &
 trainer_pid=$!
 status=0
 wait "$trainer_pid" || status=$?
