@@ -26,10 +26,13 @@ SCENARIOS = {
         "tests/integration/test_node_loss.py",
         "tests/unit/test_render.py::test_checkpoints_reach_shared_storage_while_the_job_runs",
     ],
-    "success, failure, cancel: results on shared storage, 0 bytes left on every node's scratch": [
+    "success, failure, cancel, timeout (1 and 2 nodes): results kept, 0 bytes left on any node's scratch": [
         "tests/integration/test_sbatch_cluster.py::test_local_script_runs_the_trainer_in_apptainer_and_cleans_up",
         "tests/integration/test_sbatch_cluster.py::test_failing_trainer_leaves_no_scratch_and_keeps_its_log",
         "tests/integration/test_sbatch_cluster.py::test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up",
+        "tests/integration/test_sbatch_cluster.py::test_two_nodes_train_one_ddp_run_in_apptainer",
+        "tests/integration/test_sbatch_cluster.py::test_two_node_time_limit_checkpoints_requeues_and_resumes",
+        "tests/integration/test_sbatch_cluster.py::test_two_node_job_past_its_time_limit_keeps_its_output_and_leaves_no_scratch",
         "tests/integration/test_submit.py::test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch",
     ],
     "sweep: 50 points → 50 results; --resubmit-failed reruns only the 3 failed": [

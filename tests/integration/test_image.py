@@ -85,31 +85,6 @@ def executed_steps(build_log: list[str]) -> list[str]:
     return [title for number, title in titles.items() if number not in cached]
 
 
-def test_host_ca_bundle_is_used_but_never_lands_in_a_layer(trainer_image, project_copy: Path, tmp_path: Path):
-    marker = os.urandom(48).hex()
-    fake_ca = tmp_path / "fake-ca.pem"
-    fake_ca.write_text(f"-----BEGIN CERTIFICATE-----\n{marker}\n-----END CERTIFICATE-----\n")
-    log: list[str] = []
-    built = image_stage.build_image(
-        load_project(project_copy),
-        offline=True,
-        ca_bundle=fake_ca,
-        no_cache=True,
-        say=lambda _: None,
-        on_line=log.append,
-    )
-    size = fake_ca.stat().st_size
-    assert any(f"host CA bundle mounted for this step ({size} bytes)" in line for line in log)
-    needle = marker.encode()
-    tail = b""
-    scanned = 0
-    for chunk in docker.save(built.ref):
-        assert needle not in tail + chunk
-        tail = chunk[-len(needle) :]
-        scanned += len(chunk)
-    assert scanned > 100_000_000  # the whole image was scanned, not an empty stream
-
-
 def test_failed_build_names_the_step_and_shows_its_last_lines(docker_engine, project_copy: Path):
     dockerfile = project_copy / "docker/Dockerfile"
     dockerfile.write_text(

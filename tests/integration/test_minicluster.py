@@ -142,42 +142,6 @@ def test_job_runs_apptainer_exec_of_a_sif_as_the_user(minicluster, run_id):
     assert on_node.stdout.split() == ["1500", "written-in-sif"]
 
 
-def test_killed_node_goes_down_and_requeued_job_completes_elsewhere(minicluster):
-    job_id = submit(
-        minicluster,
-        'echo "start $(hostname)"; sleep 20; echo "done $(hostname)"',
-        "--requeue",
-        "--output=requeue-%j.out",
-        wait=False,
-    )
-    deadline = time.monotonic() + 60
-    state = ""
-    while time.monotonic() < deadline:
-        state = minicluster.ssh(["squeue", "--noheader", "-j", job_id, "--format=%T %N"]).stdout.strip()
-        if state.startswith("RUNNING"):
-            break
-        time.sleep(0.5)
-    assert state.startswith("RUNNING"), state
-    victim = state.split()[1]
-    survivor = "node2" if victim == "node1" else "node1"
-
-    minicluster.node_container(victim).kill()
-    try:
-        wait_for_state(minicluster, victim, "down", timeout_s=60)
-        row = accounting(minicluster, job_id, timeout_s=150)
-        assert (row["State"], row["NodeList"]) == ("COMPLETED", survivor)
-        assert minicluster.ssh(f"cat requeue-{job_id}.out", check=True).stdout.split() == [
-            "start",
-            survivor,
-            "done",
-            survivor,
-        ]
-    finally:
-        # Bring the node back so the session's cluster stays whole (ReturnToService=2 makes it idle).
-        minicluster.node_container(victim).start()
-        wait_for_state(minicluster, victim, "idle", timeout_s=60)
-
-
 def test_memory_a_job_held_is_recorded_as_its_max_rss(minicluster):
     # 200 MiB touched and held for 12 s: at least two samples at JobAcctGatherFrequency=task=5.
     hold = "python3 -c 'import time; block = bytearray(200 * 1024 * 1024); time.sleep(12)'"

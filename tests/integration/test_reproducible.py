@@ -3,11 +3,14 @@
 The session's cpu environment image and its SIF (what a job ships: Debian's Python and PyTorch on the
 pinned base), however this machine came by them (built now, or kept from an earlier run), against a
 rebuild "from nothing" as on another machine: the base bootstrapped again under another name, the
-image built without any build cache under another name, the SIF converted into an empty cache.
+image built without any build cache under another name and behind a TLS-inspecting proxy (a host CA
+bundle, used by every step that downloads, must leave no byte in a layer and change nothing), the SIF
+converted into an empty cache.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,13 +45,26 @@ def test_rebuilt_from_nothing_elsewhere_the_tag_rootfs_and_sif_are_identical(
     project = load_project(session_project)
     lock = baseimage.project_lock(project.root)
     assert lock is not None
+    marker = os.urandom(48).hex()
+    ca_bundle = tmp_path / "proxy-ca.pem"
+    ca_bundle.write_text(f"-----BEGIN CERTIFICATE-----\n{marker}\n-----END CERTIFICATE-----\n")
+    log: list[str] = []
     base = baseimage.ensure_base(lock=lock, on_line=_quiet)
     try:
         assert base.created  # bootstrapped now, not found
         image = build_image(
-            project, offline=True, target=ENVIRONMENT, no_cache=True, say=_quiet, on_line=_quiet
+            project,
+            offline=True,
+            target=ENVIRONMENT,
+            no_cache=True,
+            ca_bundle=ca_bundle,
+            say=_quiet,
+            on_line=log.append,
         )
         try:
+            size = ca_bundle.stat().st_size
+            assert any(f"host CA bundle mounted for this step ({size} bytes)" in line for line in log)
+            assert _bytes_scanned_without(marker.encode(), docker.save(image.ref)) > 100_000_000
             sif = build_sif(
                 image,
                 compression=load_profile("local").apptainer.compression,
@@ -76,3 +92,14 @@ def test_rebuilt_from_nothing_elsewhere_the_tag_rootfs_and_sif_are_identical(
     assert image.ref != environment_image.ref  # two builds, named apart
     assert elsewhere == here
     print(f"\nbuilt here and again from nothing: {here}")
+
+
+def _bytes_scanned_without(needle: bytes, chunks) -> int:
+    """Scans a stream for ``needle``, across chunk boundaries too; how many bytes it held."""
+    tail = b""
+    scanned = 0
+    for chunk in chunks:
+        assert needle not in tail + chunk
+        tail = chunk[-len(needle) :]
+        scanned += len(chunk)
+    return scanned

@@ -79,6 +79,14 @@ def scratch_left(cluster, job_id: str) -> list[str]:
     return left
 
 
+def wait_scratch_gone(cluster, job_id: str) -> None:
+    """The exit trap (and on other nodes the janitor step) may finish after Slurm has marked the job."""
+    deadline = time.monotonic() + 30
+    while left := scratch_left(cluster, job_id):
+        assert time.monotonic() < deadline, left
+        time.sleep(1)
+
+
 def local_profile() -> profiles.ClusterProfile:
     return profiles.load_profile("local")
 
@@ -160,10 +168,7 @@ def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDi
     cluster.ssh(["scancel", job_id], check=True)
     state, _ = wait_finished(cluster, job_id)
     assert state == "CANCELLED"
-    deadline = time.monotonic() + 30
-    while scratch_left(cluster, job_id):  # the trap may finish after Slurm has marked the job
-        assert time.monotonic() < deadline, scratch_left(cluster, job_id)
-        time.sleep(1)
+    wait_scratch_gone(cluster, job_id)
     log = job_dir.sh(f"cat logs/cancelled-{job_id}.out").stdout
     assert job_dir.sh(f"cat runs/{job_id}/metrics.jsonl").stdout.strip(), log
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
@@ -188,12 +193,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
     wait_finished(cluster, job_id)
     assert f"requeueing job {job_id}" in log
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
-    # After scancel Slurm starts no new step, so only the batch node's scratch is removed for sure
-    # (documented; sites with $SLURM_TMPDIR or an epilog clean the rest).
-    deadline = time.monotonic() + 30
-    while any(left.startswith("node1:") for left in scratch_left(cluster, job_id)):
-        assert time.monotonic() < deadline, scratch_left(cluster, job_id)
-        time.sleep(1)
+    wait_scratch_gone(cluster, job_id)
 
 
 def test_a_program_that_is_not_ddp_runs_once_per_task_with_stderr_apart(job_dir: JobDir):
@@ -264,13 +264,33 @@ def test_with_sif_on_scratch_each_node_runs_its_own_copy_of_the_sif(job_dir: Job
     assert scratch_left(job_dir.cluster, job_id) == [], log
 
 
-def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
-    """USR1 reaches every rank through srun and torchrun: one checkpoint, requeue, both nodes resume."""
-    script = render_local(
+@pytest.fixture(scope="module")
+def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
+    """The two-node jobs that wait for their time limit, submitted together so that their minutes overlap
+    (one CPU of each node apiece): job name → job id."""
+    limited = render_local(
         ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES),
         ("--epochs", "1000", "--device", "cpu", "--workers", "0"),
     )
-    job_id = job_dir.submit(script, "ddp-limited.sh")
+    each_task = 'trap "" USR1; echo "task $SLURM_PROCID" >{output_dir}/task-$SLURM_PROCID; exec sleep 600'
+    command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
+    profile = local_profile()
+    overtime = render_sbatch(
+        profile,
+        resolve(profile, ResourceRequest(job_name="overtime", time="1", **TWO_NODES), ddp=False),
+        JobInputs.defaults("trainer"),
+        (),
+        command,
+    )
+    return {
+        name: job_dir.submit(script, f"{name}.sh")
+        for name, script in (("ddp-limited", limited), ("overtime", overtime))
+    }
+
+
+def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
+    """USR1 reaches every rank through srun and torchrun: one checkpoint, requeue, both nodes resume."""
+    job_id = time_driven_jobs["ddp-limited"]
     cluster = job_dir.cluster
     deadline = time.monotonic() + 240
     log = ""
@@ -291,6 +311,24 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
     resumed = next(event for event in starts if event["resumed"])
     assert resumed["world_size"] == 2
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
+    # Cancelled while both nodes train: Slurm starts no new step then, and the janitor step each node
+    # ran since the start removes the other node's scratch.
+    wait_scratch_gone(cluster, job_id)
+
+
+def test_two_node_job_past_its_time_limit_keeps_its_output_and_leaves_no_scratch(
+    job_dir: JobDir, time_driven_jobs
+):
+    """A program that ignores USR1 runs into the time limit: TIMEOUT, yet what it wrote and its log reach
+    shared storage, and neither node keeps scratch (no new step can start then: the janitor's work)."""
+    job_id = time_driven_jobs["overtime"]
+    state, _ = wait_finished(job_dir.cluster, job_id)
+    log = job_dir.sh(f"cat logs/overtime-{job_id}.out", check=False).stdout
+    assert state == "TIMEOUT", log
+    wait_scratch_gone(job_dir.cluster, job_id)
+    # Rank 0 runs on the batch node, whose scratch is copied back.
+    assert job_dir.sh(f"cat runs/{job_id}/task-0").stdout == "task 0\n", log
+    assert "the trainer exited with status" in log, log  # the batch shell outlived its program
 
 
 @pytest.mark.parametrize(
