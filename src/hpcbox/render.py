@@ -391,11 +391,10 @@ def _functions(
     profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps, dialect: Dialect
 ) -> str:
     each_node = '"$@"'
+    other_nodes_cleanup = ""
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
         each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap --mem=0 "$@"'
-    other_nodes_cleanup = ""
-    if resources.nodes > 1:
         other_nodes_cleanup = """
     # This node's own first, then the janitor's tasks remove the others': after scancel or the time
     # limit Slurm starts no new step, so the loop below is left for a janitor that did not start.
@@ -410,7 +409,15 @@ def _functions(
         janitor_pid=""
     fi"""
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
+    signal_job = ""
     if resources.tasks > 1 and dialect.steps:
+        signal_job = f"""
+# Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
+# pattern alone would also reach this shell (a program run by bash matches it) and the processes of
+# the user's other jobs; the job's processes carry HPCBOX_JOB in their environment.
+# shellcheck disable=SC2016  # expanded by the shell on each node
+signal_job={shlex.quote(SIGNAL_JOB)}
+"""
         to_whom, pattern = (
             ("each node's torchrun, which tells its ranks", "^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ")
             if command.ddp
@@ -431,15 +438,6 @@ def _functions(
         else "# A removal can fail while a process of the job still holds a file open."
     )
     time_up = "\n    else\n        time_up=1" if isinstance(command, Steps) else ""
-    signal_job = ""
-    if resources.tasks > 1 and dialect.steps:
-        signal_job = f"""
-# Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
-# pattern alone would also reach this shell (a program run by bash matches it) and the processes of
-# the user's other jobs; the job's processes carry HPCBOX_JOB in their environment.
-# shellcheck disable=SC2016  # expanded by the shell on each node
-signal_job={shlex.quote(SIGNAL_JOB)}
-"""
     return f"""\
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {{

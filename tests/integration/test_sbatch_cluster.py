@@ -91,9 +91,12 @@ def local_profile() -> profiles.ClusterProfile:
     return profiles.load_profile("local")
 
 
-def render_local(request: ResourceRequest, args: tuple[str, ...]) -> JobScript:
+def render_local(
+    request: ResourceRequest, args: tuple[str, ...] = (), command: ContainerCommand = EXAMPLE_TRAINER
+) -> JobScript:
     profile = local_profile()
-    return render_sbatch(profile, resolve(profile, request), JobInputs.defaults("trainer"), args)
+    checked = resolve(profile, request, ddp=command.ddp)
+    return render_sbatch(profile, checked, JobInputs.defaults("trainer"), args, command)
 
 
 @pytest.fixture(scope="module")
@@ -205,10 +208,7 @@ def test_a_program_that_is_not_ddp_runs_once_per_task_with_stderr_apart(job_dir:
     command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
     request = ResourceRequest(job_name="tasks", partition="cpu", ntasks_per_node=2, time="5",
                               log="tasklogs/%x/%j.out", error_log="tasklogs/%x/%j.err")  # fmt: skip
-    profile = local_profile()
-    script = render_sbatch(
-        profile, resolve(profile, request, ddp=False), JobInputs.defaults("trainer"), (), command
-    )
+    script = render_local(request, command=command)
     job_id = job_dir.submit(script, "tasks.sh")
     state, exit_code = wait_finished(job_dir.cluster, job_id)
     out = job_dir.sh(f"cat tasklogs/tasks/{job_id}.out", check=False).stdout
@@ -249,10 +249,7 @@ def test_with_sif_on_scratch_each_node_runs_its_own_copy_of_the_sif(job_dir: Job
     each_task = 'echo "task $SLURM_PROCID on $(hostname) runs $APPTAINER_CONTAINER"'
     command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
     request = ResourceRequest(job_name="sif-copy", time="5", sif_on_scratch=True, **TWO_NODES)
-    profile = local_profile()
-    script = render_sbatch(
-        profile, resolve(profile, request, ddp=False), JobInputs.defaults("trainer"), (), command
-    )
+    script = render_local(request, command=command)
     job_id = job_dir.submit(script, "sif-copy.sh")
     state, exit_code = wait_finished(job_dir.cluster, job_id)
     log = job_dir.sh(f"cat logs/sif-copy-{job_id}.out", check=False).stdout
@@ -274,14 +271,7 @@ def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
     )
     each_task = 'trap "" USR1; echo "task $SLURM_PROCID" >{output_dir}/task-$SLURM_PROCID; exec sleep 600'
     command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
-    profile = local_profile()
-    overtime = render_sbatch(
-        profile,
-        resolve(profile, ResourceRequest(job_name="overtime", time="1", **TWO_NODES), ddp=False),
-        JobInputs.defaults("trainer"),
-        (),
-        command,
-    )
+    overtime = render_local(ResourceRequest(job_name="overtime", time="1", **TWO_NODES), command=command)
     return {
         name: job_dir.submit(script, f"{name}.sh")
         for name, script in (("ddp-limited", limited), ("overtime", overtime))
@@ -342,9 +332,7 @@ def test_two_node_job_past_its_time_limit_keeps_its_output_and_leaves_no_scratch
     ],
 )  # fmt: skip
 def test_scripts_with_their_own_logs_and_launchers_pass_sbatch_test_only(minicluster, request_, command):
-    profile = local_profile()
-    checked = resolve(profile, request_, ddp=command.ddp)
-    script = render_sbatch(profile, checked, JobInputs.defaults("trainer"), (), command)
+    script = render_local(request_, command=command)
     answer = slurm.test_only(minicluster.ssh_target(), script.text)
     assert "to start at" in answer, answer
 
