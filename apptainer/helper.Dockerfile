@@ -5,9 +5,10 @@
 ARG BASE=hpcbox/debian:trixie
 FROM ${BASE}
 COPY add-sid.sh apt-helper.txt /tmp/helper/
-RUN sh /tmp/helper/add-sid.sh \
+RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-sid.sh \
  && grep -v '^#' /tmp/helper/apt-helper.txt \
     | xargs env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
  && rm -rf /var/lib/apt/lists/* /tmp/helper /var/log/*.log /var/log/apt \
+    /tmp/hpcbox-apt /etc/apt/apt.conf.d/00hpcbox-mirror \
  && apptainer --version && mksquashfs -version | head -n1
 LABEL org.opencontainers.image.title="hpcbox apptainer helper"

@@ -2,6 +2,7 @@
 
 pytest_plugins = [
     "tests.fixtures.engine",
+    "tests.fixtures.debian",
     "tests.fixtures.images",
     "tests.fixtures.sif",
     "tests.fixtures.cluster",

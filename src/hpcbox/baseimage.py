@@ -9,22 +9,31 @@ then loads it as an image whose config carries that same time instead of the mom
 import, so the image id, a hash of the config, is the same too. A project pins the base in
 `docker/lock/base.toml` (suite, time, and the exact package versions it must contain); a mirror
 that has moved on stops the bootstrap with the package that changed, before anything is tagged.
+
+Debian's mirror serves only current versions; snapshot.debian.org serves the archive as it was at any
+time. A lock made where the snapshot archive answers is resolved from it and records that time
+(`snapshot`): once the mirror has moved on, the base (and the image's apt pins) come from the snapshot
+at that time instead, so an old commit still rebuilds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import tarfile
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +51,11 @@ LOCK_NAME = "base.toml"
 # The suite alone, named explicitly: left to itself mmdebstrap adds -updates and -security, which move
 # every few days; the suite itself changes only at point releases.
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# snapshot.debian.org's name for a moment: what the archive served then (its latest import before it).
+SNAPSHOT_TIME_FORMAT = "%Y%m%dT%H%M%SZ"
+_SNAPSHOT_TIME = re.compile(r"^\d{8}T\d{6}Z$")
+# How long the snapshot archive may take to answer whether it is there at all.
+_SNAPSHOT_PROBE_SECONDS = 15
 _APT_NO_CACHE = """\
 APT::Install-Recommends "false";
 APT::Install-Suggests "false";
@@ -69,6 +83,10 @@ class BaseLock:
     suite: str
     source_date_epoch: int
     packages: Mapping[str, str] = field(default_factory=dict)
+    # When snapshot.debian.org served exactly these versions (the lock was resolved from it); None
+    # where it could not be reached. Not part of the digest: where the packages come from does not
+    # change the base.
+    snapshot: str | None = None
 
     @property
     def digest(self) -> str:
@@ -78,9 +96,10 @@ class BaseLock:
 
     def to_toml(self) -> str:
         packages = "".join(f'"{name}" = "{version}"\n' for name, version in sorted(self.packages.items()))
+        snapshot = f'snapshot = "{self.snapshot}"\n' if self.snapshot else ""
         return (
-            f'{_LOCK_HEADER}suite = "{self.suite}"\nsource_date_epoch = {self.source_date_epoch}\n\n'
-            f"[packages]\n{packages}"
+            f'{_LOCK_HEADER}suite = "{self.suite}"\nsource_date_epoch = {self.source_date_epoch}\n'
+            f"{snapshot}\n[packages]\n{packages}"
         )
 
 
@@ -102,7 +121,13 @@ def read_lock(path: Path) -> BaseLock:
         or any(not isinstance(v, str) for v in packages.values())
     ):
         raise HpcboxError(f"{path}: packages: must map each package to its version", "run `hpcbox lock`")
-    return BaseLock(suite, epoch, dict(packages))
+    snapshot = data.get("snapshot")
+    if snapshot is not None and not (isinstance(snapshot, str) and _SNAPSHOT_TIME.match(snapshot)):
+        raise HpcboxError(
+            f"{path}: snapshot: {snapshot!r} is not a snapshot.debian.org time such as 20261123T091500Z",
+            "run `hpcbox lock`",
+        )
+    return BaseLock(suite, epoch, dict(packages), snapshot)
 
 
 def lock_path(root: Path, docker_dir: str = "docker") -> Path:
@@ -132,11 +157,13 @@ def ensure_base(
     ref: str | None = None,
     force: bool = False,
     on_line: Callable[[str], None] | None = None,
+    say: Callable[[str], None] = print,
 ) -> BaseImage:
     """The bootstrapped base image, made only if missing (or when ``force``).
 
-    With ``lock``, its suite, time and packages; without, ``suite`` as the mirror serves it today.
-    ``mirror`` defaults to Debian's own (deb.debian.org), the suite without -updates and -security.
+    With ``lock``, its suite, time and packages (from its snapshot once the mirror has moved on);
+    without, ``suite`` as the mirror serves it today. ``mirror`` defaults to Debian's own
+    (deb.debian.org), the suite without -updates and -security.
     """
     suite = _known_suite(lock.suite if lock else suite)
     target = ref or base_ref(suite, lock)
@@ -145,25 +172,110 @@ def ensure_base(
         return BaseImage(target, existing.id, suite, created=False)
     epoch = lock.source_date_epoch if lock else int(time.time())
     with _workdir() as work:
-        layer = _bootstrap(suite, epoch, work, mirror, on_line)
-        if lock is not None:
-            check_packages(lock, installed_packages(layer))
+        if lock is None:
+            layer = _bootstrap(suite, epoch, work, mirror, on_line)
+        else:
+            layer = _bootstrap_locked(lock, work, mirror, on_line, say)
         image_id = _load(layer, target, suite, epoch, lock, work)
     return BaseImage(target, image_id, suite, created=True)
 
 
+def _bootstrap_locked(
+    lock: BaseLock, work: Path, mirror: str | None, on_line, say: Callable[[str], None]
+) -> Path:
+    """The lock's packages from the mirror, or from the lock's snapshot when the mirror cannot serve them."""
+    try:
+        layer = _bootstrap(lock.suite, lock.source_date_epoch, work, mirror, on_line)
+        check_packages(lock, installed_packages(layer))
+        return layer
+    except HpcboxError as failed:
+        if lock.snapshot is None:
+            raise
+        mirror = reachable_snapshot(
+            lock.snapshot, lock.suite, failed.message, "run `hpcbox lock` to pin today's base (and rebuild)"
+        )
+        say(f"hpcbox: {failed.message}; bootstrapping from the snapshot archive at {lock.snapshot}")
+    layer = _bootstrap(lock.suite, lock.source_date_epoch, work, mirror, on_line)
+    check_packages(lock, installed_packages(layer), lock.snapshot)
+    return layer
+
+
 def relock(
-    suite: str = DEFAULT_SUITE, *, mirror: str | None = None, on_line: Callable[[str], None] | None = None
+    suite: str = DEFAULT_SUITE,
+    *,
+    mirror: str | None = None,
+    on_line: Callable[[str], None] | None = None,
+    say: Callable[[str], None] = print,
 ) -> tuple[BaseLock, BaseImage]:
-    """Bootstrap ``suite`` as the mirror serves it now and pin that: the new lock and its base image."""
+    """Bootstrap ``suite`` as Debian serves it now and pin that: the new lock and its base image.
+
+    Resolved from the snapshot archive at this moment where it answers (the lock records the time,
+    so the same versions stay obtainable), else from the mirror."""
     suite = _known_suite(suite)
     epoch = int(time.time())
+    snapshot = None
+    if mirror is None:
+        snapshot = time.strftime(SNAPSHOT_TIME_FORMAT, time.gmtime(epoch))
+        unreachable = snapshot_unreachable(snapshot, suite)
+        if unreachable:
+            say(
+                f"hpcbox: the snapshot archive cannot be reached ({unreachable}): the base is pinned from "
+                "Debian's mirror with no snapshot time, so it rebuilds only while the mirror serves "
+                "these versions"
+            )
+            snapshot = None
     with _workdir() as work:
-        layer = _bootstrap(suite, epoch, work, mirror, on_line)
-        lock = BaseLock(suite, epoch, installed_packages(layer))
+        layer = _bootstrap(suite, epoch, work, snapshot_mirror(snapshot) if snapshot else mirror, on_line)
+        lock = BaseLock(suite, epoch, installed_packages(layer), snapshot)
         target = base_ref(suite, lock)
         image_id = _load(layer, target, suite, epoch, lock, work)
     return lock, BaseImage(target, image_id, suite, created=True)
+
+
+def snapshot_url() -> str:
+    """snapshot.debian.org, or what HPCBOX_SNAPSHOT_URL names instead (a mirror of it, or a proxy)."""
+    return os.environ.get("HPCBOX_SNAPSHOT_URL", "https://snapshot.debian.org").rstrip("/")
+
+
+def snapshot_mirror(snapshot: str) -> str:
+    """The Debian archive as it was at ``snapshot``, as a mirror URL."""
+    return f"{snapshot_url()}/archive/debian/{snapshot}"
+
+
+def reachable_snapshot(snapshot: str, suite: str, failed: str, fix: str) -> str:
+    """The mirror URL of the snapshot archive at ``snapshot`` to build from again, once ``failed`` (what
+    the mirror could not do) stopped a build; one line with both where the archive cannot be reached."""
+    unreachable = snapshot_unreachable(snapshot, suite)
+    if unreachable:
+        raise HpcboxError(
+            f"{failed}, and the snapshot archive it was locked from cannot be reached ({unreachable})",
+            "let this machine reach snapshot.debian.org (or set HPCBOX_SNAPSHOT_URL to a mirror of it), "
+            f"or {fix}",
+        )
+    return snapshot_mirror(snapshot)
+
+
+@contextlib.contextmanager
+def mirror_secret(url: str) -> Iterator[dict[str, Path]]:
+    """The `apt_mirror` build secret naming ``url``: the apt steps read the mirror from it."""
+    with tempfile.TemporaryDirectory(prefix="hpcbox-mirror-") as folder:
+        path = Path(folder) / "apt_mirror"
+        path.write_text(url)
+        yield {"apt_mirror": path}
+
+
+def snapshot_unreachable(snapshot: str, suite: str) -> str | None:
+    """Why the snapshot archive cannot serve ``suite`` as it was at ``snapshot``; None when it can."""
+    url = f"{snapshot_mirror(snapshot)}/dists/{suite}/Release"
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, method="HEAD"), timeout=_SNAPSHOT_PROBE_SECONDS
+        ):
+            return None
+    except urllib.error.HTTPError as exc:
+        return f"{url} answers {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"{url}: {getattr(exc, 'reason', exc)}"
 
 
 def _known_suite(suite: str) -> str:
@@ -206,17 +318,16 @@ def _bootstrap(suite: str, epoch: int, work: Path, mirror: str | None, on_line) 
     layer = work / "rootfs.tar"
     apt_config = work / "90hpcbox"
     apt_config.write_text(_APT_NO_CACHE)
+    hooks = [f"--customize-hook=copy-in {apt_config} /etc/apt/apt.conf.d"]
+    source = mirror or DEFAULT_MIRROR
+    if source != DEFAULT_MIRROR:
+        # A snapshot's Release files are past their Valid-Until, and the base is the same wherever its
+        # packages came from: its sources name Debian's mirror, as they would from deb.debian.org.
+        source = f"deb [check-valid-until=no] {source} {suite} main"
+        canonical = shlex.quote(f"deb {DEFAULT_MIRROR} {suite} main")
+        hooks.append(f'--customize-hook=echo {canonical} > "$1/etc/apt/sources.list"')
     proc.stream(
-        [
-            mmdebstrap,
-            "--variant=minbase",
-            "--mode=root",
-            "--format=tar",
-            f"--customize-hook=copy-in {apt_config} /etc/apt/apt.conf.d",
-            suite,
-            str(layer),
-            mirror or DEFAULT_MIRROR,
-        ],
+        [mmdebstrap, "--variant=minbase", "--mode=root", "--format=tar", *hooks, suite, str(layer), source],
         what=f"bootstrap Debian {suite} with mmdebstrap",
         hint="check that the Debian mirror is reachable from this machine (or pass another mirror)",
         on_line=on_line,
@@ -242,21 +353,26 @@ def installed_packages(layer: Path) -> dict[str, str]:
     return packages
 
 
-def check_packages(lock: BaseLock, installed: Mapping[str, str]) -> None:
+def check_packages(lock: BaseLock, installed: Mapping[str, str], snapshot: str | None = None) -> None:
+    """Stop unless ``installed`` is exactly the lock's packages, from the mirror or the ``snapshot``."""
+    source = f"the snapshot archive at {snapshot}" if snapshot else f"Debian's {lock.suite} mirror"
     for name, version in sorted(lock.packages.items()):
         got = installed.get(name)
         if got != version:
-            now = f"it now serves {got}" if got else "it no longer installs it"
+            if snapshot:
+                now = f"does not serve it either ({f'it serves {got}' if got else 'it installs none'})"
+            else:
+                now = f"has moved on ({f'it now serves {got}' if got else 'it no longer installs it'})"
             raise HpcboxError(
-                f"the base lock pins {name} {version}, but Debian's {lock.suite} mirror has moved on ({now})",
+                f"the base lock pins {name} {version}, but {source} {now}",
                 "run `hpcbox lock` to pin today's base (and rebuild), or build on a mirror that still "
                 "serves the locked versions (`hpcbox base --mirror URL`)",
             )
     extra = sorted(set(installed) - set(lock.packages))
     if extra:
         raise HpcboxError(
-            f"Debian's {lock.suite} mirror now adds {extra[0]} {installed[extra[0]]} to the base, "
-            "which the base lock does not list",
+            f"{source} now adds {extra[0]} {installed[extra[0]]} to the base, which the base lock does "
+            "not list",
             "run `hpcbox lock` to pin today's base (and rebuild)",
         )
 

@@ -100,6 +100,7 @@ class BuildPlan:
     target: str = RUNTIME
     source_date_epoch: int | None = None  # from the base lock; None on an unpinned base
     base_name: str = ""  # the base as the image's label names it: the same on every machine when pinned
+    base_lock: baseimage.BaseLock | None = None  # the lock of a pinned base (its snapshot time, if any)
 
     @property
     def build_args(self) -> dict[str, str]:
@@ -285,6 +286,7 @@ def plan_build(
         target=target,
         source_date_epoch=source_date_epoch,
         base_name=baseimage.base_ref(lock=pinned, canonical=True) if pinned else base_ref,
+        base_lock=pinned,
     )
 
 
@@ -333,20 +335,28 @@ def build_image(
             f"CA bundle {ca} does not exist", "point PIP_CERT / SSL_CERT_FILE at a readable file"
         )
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
-    try:
+    secrets = {"host_ca": ca} if ca is not None else {}
+
+    def build(mirror: Mapping[str, Path]) -> None:
         docker.build(
             plan.context,
             dockerfile=project.dockerfile,
             tag_ref=plan.ref,
             build_args=plan.build_args,
             labels=labels,
-            secrets={"host_ca": ca} if ca is not None else {},
+            secrets={**secrets, **mirror},
             no_cache=no_cache,
             target=plan.target,
             on_line=on_line or _echo,
         )
+
+    try:
+        build({})
     except HpcboxError as failed:
-        raise _gone_pin(project, failed.details) or failed from failed
+        gone = _gone_pin(project, failed.details)
+        if gone is None:
+            raise
+        _build_from_snapshot(project, plan.base_lock, build, gone, say)
     built = docker.image(plan.ref)
     if built is None:
         raise HpcboxError(f"the build reported success but {plan.ref} is not in the engine")
@@ -354,8 +364,45 @@ def build_image(
     return _image(plan, built, built=True)
 
 
-def _gone_pin(project: ProjectConfig, build_output: str) -> HpcboxError | None:
-    """The one line for a build that failed because Debian dropped a pinned version, else None."""
+def _build_from_snapshot(
+    project: ProjectConfig,
+    base_lock: baseimage.BaseLock | None,
+    build: Callable[[Mapping[str, Path]], None],
+    gone: GonePin,
+    say: Callable[[str], None],
+) -> None:
+    """``build`` again with apt reading the snapshot archive at the base lock's time, where Debian's
+    mirror has dropped a pinned version; one line when the lock records no snapshot or it cannot help."""
+    fix = "run `hpcbox lock` to pin today's versions, then build again"
+    gone_line = f"Debian no longer serves {gone.package} {gone.version}, pinned in {gone.pinned_in}"
+    if base_lock is None or base_lock.snapshot is None:
+        raise HpcboxError(f"{gone_line} (a point release replaced it)", fix)
+    snapshot = base_lock.snapshot
+    mirror = baseimage.reachable_snapshot(snapshot, base_lock.suite, gone_line, fix)
+    say(f"hpcbox: {gone_line}; building from the snapshot archive at {snapshot}")
+    with baseimage.mirror_secret(mirror) as mirror_secret:
+        try:
+            build(mirror_secret)
+        except HpcboxError as failed:
+            still = _gone_pin(project, failed.details)
+            if still is None:
+                raise
+            raise HpcboxError(
+                f"the snapshot archive at {snapshot} does not serve {still.package} {still.version} "
+                f"either, pinned in {still.pinned_in}",
+                fix,
+            ) from failed
+
+
+@dataclass(frozen=True)
+class GonePin:
+    package: str
+    version: str
+    pinned_in: str  # the lock file that pins it
+
+
+def _gone_pin(project: ProjectConfig, build_output: str) -> GonePin | None:
+    """The pin a build failed on because the mirror does not serve that version, else None."""
     gone = baseimage.superseded_pin(build_output)
     if gone is None:
         return None
@@ -369,10 +416,7 @@ def _gone_pin(project: ProjectConfig, build_output: str) -> HpcboxError | None:
         ),
         "the Debian locks",
     )
-    return HpcboxError(
-        f"Debian no longer serves {package} {version}, pinned in {pinned_in} (a point release replaced it)",
-        "run `hpcbox lock` to pin today's versions, then build again",
-    )
+    return GonePin(package, version, pinned_in)
 
 
 def record_path(project: ProjectConfig, flavour: str) -> Path:

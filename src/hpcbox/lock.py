@@ -6,10 +6,12 @@ the pip locks are resolved for the image's Python and platform, not the host's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,9 +71,20 @@ def read_apt_lock(path: Path) -> AptLock:
     return AptLock(path, tuple(names))
 
 
-def candidate_versions(base_ref: str, packages: tuple[str, ...]) -> dict[str, str]:
-    """The version apt would install for each package, asked of the base image's own mirror."""
-    script = "apt-get update -qq >/dev/null && apt-cache policy " + shlex.join(packages)
+def candidate_versions(
+    base_ref: str, packages: tuple[str, ...], snapshot_mirror: str | None = None
+) -> dict[str, str]:
+    """The version apt would install for each package, asked of the base image's own mirror (or of
+    the snapshot archive the base was locked from, so that the build can fall back to it)."""
+    # --error-on=any: a source that cannot be fetched fails here, not as "no package" further on
+    update = "apt-get update --error-on=any -qq >/dev/null"
+    if snapshot_mirror:
+        sources = shlex.quote(f"s#[a-z]+://[^ ]+/debian( |$)#{snapshot_mirror}\\1#")
+        update = (
+            f"sed -i -E {sources} /etc/apt/sources.list"
+            " && apt-get -o Acquire::Check-Valid-Until=false update --error-on=any -qq >/dev/null"
+        )
+    script = f"{update} && apt-cache policy {shlex.join(packages)}"
     output = docker.run_once(base_ref, ["sh", "-c", script], what="ask apt for candidate versions")
     versions: dict[str, str] = {}
     current = ""
@@ -100,22 +113,30 @@ def relock_apt(lock: AptLock, versions: dict[str, str]) -> str:
 def refresh_base_lock(
     project: ProjectConfig, *, mirror: str | None = None, say: Callable[[str], None] = print
 ) -> tuple[Path | None, str]:
-    """Pin the Debian base as the mirror serves it today: the lock file if it changed, and the base
-    image (made or found) in which to resolve the apt pins."""
+    """Pin the Debian base as Debian serves it today: the lock file if it changed, and the base image
+    (made or found) in which to resolve the apt pins."""
     path = baseimage.lock_path(project.root, project.docker_dir)
     current = baseimage.project_lock(project.root, project.docker_dir)
-    pinned, made = baseimage.relock(current.suite if current else baseimage.DEFAULT_SUITE, mirror=mirror)
+    suite = current.suite if current else baseimage.DEFAULT_SUITE
+    pinned, made = baseimage.relock(suite, mirror=mirror, say=say)
     relative = path.relative_to(project.root)
     if current is not None and (current.suite, dict(current.packages)) == (
         pinned.suite,
         dict(pinned.packages),
     ):
-        # Same packages, only a newer time: keep the lock, and so every image built on it.
+        # Same packages, only a newer time: keep the lock's time, and so every image built on it; a
+        # snapshot time the lock lacked is recorded (it serves these same versions).
         docker.remove_image(made.ref)
-        say(f"hpcbox: {relative}: the mirror still serves the {len(current.packages)} pinned packages")
-        return None, baseimage.ensure_base(lock=current).ref
+        say(f"hpcbox: {relative}: Debian still serves the {len(current.packages)} pinned packages")
+        if current.snapshot is None and pinned.snapshot is not None:
+            current = dataclasses.replace(current, snapshot=pinned.snapshot)
+            path.write_text(current.to_toml())
+            say(f"hpcbox: {relative}: recorded the snapshot time {current.snapshot}")
+            return path, baseimage.ensure_base(lock=current, say=say).ref
+        return None, baseimage.ensure_base(lock=current, say=say).ref
     path.write_text(pinned.to_toml())
-    say(f"hpcbox: {relative}: Debian {pinned.suite} base, {len(pinned.packages)} packages pinned")
+    snapshot = f", from the snapshot archive at {pinned.snapshot}" if pinned.snapshot else ""
+    say(f"hpcbox: {relative}: Debian {pinned.suite} base, {len(pinned.packages)} packages pinned{snapshot}")
     return path, made.ref
 
 
@@ -124,8 +145,14 @@ def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str],
     lock_dir = project.root / project.docker_dir / "lock"
     changed = []
     apt_locks = [read_apt_lock(path) for path in sorted(lock_dir.glob("apt-*.txt"))]
+    base_lock = baseimage.project_lock(project.root, project.docker_dir)
+    snapshot = (
+        baseimage.snapshot_mirror(base_lock.snapshot)
+        if base_lock and base_lock.snapshot and base_ref == baseimage.base_ref(lock=base_lock)
+        else None
+    )
     versions = candidate_versions(
-        base_ref, tuple(sorted({name for lock in apt_locks for name in lock.packages}))
+        base_ref, tuple(sorted({name for lock in apt_locks for name in lock.packages})), snapshot
     )
     for lock in apt_locks:
         updated = relock_apt(lock, versions)
@@ -303,11 +330,26 @@ def simulated_installs(apt_output: str) -> dict[str, str]:
 
 
 def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
-    """Pin what the Apptainer helper installs as the mirror (trixie, and sid for Apptainer) serves it
-    today, resolved on the helper's own pinned base; the lock file if it changed."""
+    """Pin what the Apptainer helper installs as Debian (trixie, and sid for Apptainer) serves it today,
+    resolved on the helper's own pinned base, from the snapshot archive at this moment where it answers
+    (the lock records the time: sid replaces versions within days); the lock file if it changed."""
     base = baseimage.ensure_base(lock=apptainer.helper_base_lock()).ref
+    snapshot = time.strftime(baseimage.SNAPSHOT_TIME_FORMAT, time.gmtime())
+    unreachable = baseimage.snapshot_unreachable(snapshot, "sid")
+    hand_in = ""
+    if unreachable:
+        say(
+            f"hpcbox: the snapshot archive cannot be reached ({unreachable}): the helper is pinned from "
+            "Debian's mirror with no snapshot time"
+        )
+        snapshot = None
+    else:
+        # what the helper's build is handed as its apt_mirror secret when the mirror has moved on
+        secret = shlex.quote(baseimage.snapshot_mirror(snapshot))
+        hand_in = f"mkdir -p /run/secrets && printf %s {secret} > /run/secrets/apt_mirror\n"
     script = (
-        apptainer.HELPER_SID_SCRIPT.read_text()
+        hand_in
+        + apptainer.HELPER_SID_SCRIPT.read_text()
         + "\napt-get install --simulate --no-install-recommends -y "
         + shlex.join(apptainer.HELPER_PACKAGES)
     )
@@ -316,13 +358,19 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
     if not pins:
         raise HpcboxError("apt resolved no packages for the Apptainer helper", "see apt's output above")
     text = _HELPER_LOCK_HEADER.format(wanted=" ".join(apptainer.HELPER_PACKAGES))
+    text += f"# snapshot: {snapshot}\n" if snapshot else ""
     text += "".join(f"{name}={version}\n" for name, version in sorted(pins.items()))
     path = apptainer.HELPER_LOCK
     say(f"hpcbox: {path.parent.parent.name}/{path.parent.name}/{path.name}: {len(pins)} packages pinned")
-    if path.is_file() and path.read_text() == text:
-        return None
+    before = path.read_text() if path.is_file() else ""
+    if _pins(before) == _pins(text) and (apptainer.HELPER_SNAPSHOT_LINE.search(before) or not snapshot):
+        return None  # the same pins: the lock, and the time they were first seen at, stay
     path.write_text(text)
     return path
+
+
+def _pins(helper_lock: str) -> list[str]:
+    return [line for line in helper_lock.splitlines() if line and not line.startswith("#")]
 
 
 def _uv_env() -> dict[str, str]:

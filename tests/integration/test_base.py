@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import shutil
 import subprocess
@@ -12,11 +13,16 @@ from pathlib import Path
 import pytest
 
 from hpcbox import baseimage
+from hpcbox.errors import HpcboxError
+from hpcbox.lock import candidate_versions
 from hpcbox.tools import docker
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+# A Debian mirror that is not there (nothing listens on the discard port): its bootstrap fails at once.
+NO_MIRROR = "http://127.0.0.1:9/debian"
+SNAPSHOT = "20261123T100000Z"
 
 
 def test_the_base_bootstrapped_twice_from_one_lock_is_the_same_image(docker_engine, run_id: str):
@@ -35,8 +41,6 @@ def test_the_base_bootstrapped_twice_from_one_lock_is_the_same_image(docker_engi
 
 
 def lock_day(lock: baseimage.BaseLock) -> str:
-    import datetime
-
     return datetime.datetime.fromtimestamp(lock.source_date_epoch, datetime.UTC).strftime("%Y-%m-%d")
 
 
@@ -68,6 +72,91 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
     assert docker_engine.images.list(name=repository) == []  # nothing tagged
     # and no bootstrap left on disk (its folder is named after its process)
     assert list(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{bootstrap.pid}-*")) == []
+
+
+def test_a_lock_the_mirror_cannot_serve_is_bootstrapped_from_its_snapshot_into_the_same_image(
+    docker_engine, run_id: str, snapshot_archive
+):
+    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    expected = baseimage.ensure_base(lock=lock)  # the suite's base, from Debian's mirror
+    ref = f"{run_id}/debian:from-snapshot"
+    said: list[str] = []
+    try:
+        made = baseimage.ensure_base(
+            lock=dataclasses.replace(lock, snapshot=SNAPSHOT),
+            mirror=NO_MIRROR,
+            ref=ref,
+            force=True,
+            on_line=lambda _: None,
+            say=said.append,
+        )
+    finally:
+        docker.remove_image(ref)
+    assert snapshot_archive.times_asked == {SNAPSHOT}
+    assert len(said) == 1 and said[0].endswith(f"; bootstrapping from the snapshot archive at {SNAPSHOT}")
+    # The same bytes wherever the packages came from (its sources name Debian's mirror, not the snapshot)
+    assert made.id == expected.id
+
+
+def test_a_version_neither_the_mirror_nor_the_snapshot_serves_stops_in_one_line(
+    docker_engine, run_id: str, snapshot_archive
+):
+    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    stale = dataclasses.replace(
+        lock, packages={**lock.packages, "bash": "5.0-1+hpcbox.gone"}, snapshot=SNAPSHOT
+    )
+    ref = f"{run_id}/debian:stale-snapshot"
+    with pytest.raises(HpcboxError) as refused:
+        baseimage.ensure_base(lock=stale, mirror=NO_MIRROR, ref=ref, force=True, on_line=lambda _: None)
+    assert refused.value.message == (
+        f"the base lock pins bash 5.0-1+hpcbox.gone, but the snapshot archive at {SNAPSHOT} does not serve "
+        f"it either (it serves {lock.packages['bash']})"
+    )
+    assert docker.image(ref) is None
+
+
+def test_an_unreachable_snapshot_archive_is_named_in_the_one_line(docker_engine, run_id: str, monkeypatch):
+    monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
+    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    ref = f"{run_id}/debian:no-snapshot"
+    with pytest.raises(HpcboxError) as refused:
+        baseimage.ensure_base(
+            lock=dataclasses.replace(lock, snapshot=SNAPSHOT), mirror=NO_MIRROR, ref=ref, force=True
+        )
+    message = refused.value.message
+    assert message.startswith("failed to bootstrap Debian trixie with mmdebstrap: "), message
+    assert (
+        f", and the snapshot archive it was locked from cannot be reached "
+        f"(http://127.0.0.1:9/archive/debian/{SNAPSHOT}/dists/trixie/Release: " in message
+    )
+    assert "\n" not in message and "snapshot.debian.org" in refused.value.hint
+    assert docker.image(ref) is None
+
+
+def test_a_lock_made_where_the_snapshot_archive_answers_is_resolved_from_it_and_records_its_time(
+    docker_engine, run_id: str, snapshot_archive, monkeypatch
+):
+    monkeypatch.setenv("HPCBOX_BASE_REPOSITORY", f"{run_id}/relocked")
+    repository_lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    said: list[str] = []
+    lock, made = baseimage.relock("trixie", on_line=lambda _: None, say=said.append)
+    docker.remove_image(made.ref)
+    assert lock.snapshot is not None and snapshot_archive.times_asked == {lock.snapshot}
+    stamp = datetime.datetime.strptime(lock.snapshot, baseimage.SNAPSHOT_TIME_FORMAT).replace(
+        tzinfo=datetime.UTC
+    )
+    assert stamp.timestamp() == lock.source_date_epoch  # the moment of locking
+    assert said == []  # nothing to warn about
+    assert lock.packages == repository_lock.packages  # (the stand-in serves today's archive)
+
+
+def test_apt_pins_resolve_from_the_locks_snapshot(docker_engine, snapshot_archive):
+    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    base = baseimage.ensure_base(lock=lock)
+    from_mirror = candidate_versions(base.ref, ("hello", "zstd"))
+    from_snapshot = candidate_versions(base.ref, ("hello", "zstd"), baseimage.snapshot_mirror(SNAPSHOT))
+    assert snapshot_archive.times_asked == {SNAPSHOT}
+    assert from_snapshot == from_mirror  # the stand-in serves today's archive at every time
 
 
 def test_a_bootstrap_clears_what_a_killed_bootstrap_left(docker_engine, run_id: str):

@@ -122,7 +122,7 @@ def assert_one_line_error(done, *fragments: str) -> None:
 
 
 def test_a_pinned_debian_version_that_is_gone_is_one_line_naming_it_and_the_lock(
-    docker_engine, project_copy: Path
+    docker_engine, project_copy: Path, snapshot_archive
 ):
     lock = project_copy / "docker/lock/apt-system.txt"
     lock.write_text(
@@ -137,6 +137,68 @@ def test_a_pinned_debian_version_that_is_gone_is_one_line_naming_it_and_the_lock
         "hpcbox lock",
     )
     assert docker_engine.images.list(name=repository) == []  # nothing built or tagged
+    # A lock made where the snapshot archive answered records its time: the build turns to the
+    # snapshot, and says so in one line where it cannot be reached either.
+    base_lock = project_copy / "docker/lock/base.toml"
+    snapshot = "20261123T100000Z"
+    base_lock.write_text(
+        base_lock.read_text().replace("\n\n[packages]", f'\nsnapshot = "{snapshot}"\n\n[packages]')
+    )
+    done = invoke("build", "--offline", cwd=project_copy, env={"HPCBOX_SNAPSHOT_URL": "http://127.0.0.1:9"})
+    assert_one_line_error(
+        done,
+        "error: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in "
+        "docker/lock/apt-system.txt, and the snapshot archive it was locked from cannot be reached "
+        f"(http://127.0.0.1:9/archive/debian/{snapshot}/dists/trixie/Release: ",
+        "snapshot.debian.org",
+    )
+    assert docker_engine.images.list(name=repository) == []
+    # Where it can be reached, the apt step runs again reading the snapshot (handed in as a secret).
+    done = invoke("build", "--offline", cwd=project_copy)  # HPCBOX_SNAPSHOT_URL: the stand-in
+    assert_one_line_error(
+        done,
+        f"error: the snapshot archive at {snapshot} does not serve ca-certificates 20250419+hpcbox.gone "
+        "either, pinned in docker/lock/apt-system.txt",
+    )
+    assert "hpcbox: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in " in done.stdout
+    assert (
+        f"hpcbox: packages from {snapshot_archive.url}/archive/debian/{snapshot}" in done.stdout + done.stderr
+    )
+    assert snapshot_archive.times_asked == {snapshot}
+    assert docker_engine.images.list(name=repository) == []
+
+
+def test_apt_install_reads_the_mirror_it_is_handed_for_its_step_only(
+    docker_engine, snapshot_archive, tmp_path
+):
+    """What the build does once Debian's mirror has dropped a pin: the Dockerfile's apt step, handed the
+    snapshot archive as the apt_mirror secret, installs from it and leaves the sources as they were."""
+    from hpcbox import baseimage
+
+    base = baseimage.ensure_base(lock=baseimage.read_lock(REPO / "docker/lock/base.toml"))
+    mirror_url = baseimage.snapshot_mirror("20261123T100000Z")
+    (tmp_path / "apt_mirror").write_text(mirror_url)
+    (tmp_path / "apt-test.txt").write_text("# one small package\nhello\n")
+    shutil.copy(REPO / "docker/apt-install.sh", tmp_path)
+    script = (
+        "cp -p /etc/apt/sources.list /tmp/before && sh /in/apt-install.sh /in/apt-test.txt >/tmp/log 2>&1"
+        " || { cat /tmp/log; exit 1; }; grep -F 'packages from' /tmp/log; hello --version | head -n1;"
+        " cmp /tmp/before /etc/apt/sources.list && ls /tmp"
+    )
+    output = docker_engine.containers.run(
+        base.ref,
+        ["sh", "-c", script],
+        volumes={
+            str(tmp_path): {"bind": "/in", "mode": "ro"},
+            str(tmp_path / "apt_mirror"): {"bind": "/run/secrets/apt_mirror", "mode": "ro"},
+        },
+        remove=True,
+    ).decode()
+    said, version, left = output.splitlines()[0], output.splitlines()[1], output.splitlines()[2:]
+    assert said == f"hpcbox: packages from {mirror_url} for this step"
+    assert version.startswith("hello (GNU Hello)")
+    assert snapshot_archive.times_asked == {"20261123T100000Z"}
+    assert left == ["before", "log"]  # the sources are back and their copy is gone
 
 
 def test_unknown_flavour_is_one_line_error():

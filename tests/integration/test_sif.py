@@ -252,3 +252,16 @@ def test_a_helper_pin_debian_no_longer_serves_is_one_line_and_builds_nothing(
     )
     assert "hpcbox lock" in error.value.hint
     assert docker.image(ref) is None
+    # Pins resolved where the snapshot archive answered record its time; the build would turn to it,
+    # and says in the one line that it cannot be reached either.
+    lock.write_text(lock.read_text().replace("\nadduser=", "\n# snapshot: 20261123T100000Z\nadduser=", 1))
+    assert apptainer.helper_snapshot() == "20261123T100000Z"
+    monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
+    with pytest.raises(HpcboxError) as error:
+        apptainer.ensure_helper(on_line=lambda _: None)
+    assert error.value.message.startswith(
+        "Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in apptainer/lock/apt-helper.txt, and "
+        "the snapshot archive it was locked from cannot be reached "
+        "(http://127.0.0.1:9/archive/debian/20261123T100000Z/dists/sid/Release: "
+    ), error.value.message
+    assert docker.image(apptainer.helper_ref()) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import tarfile
 from pathlib import Path
@@ -55,6 +56,41 @@ def test_the_base_tag_follows_the_locks_suite_and_a_local_repository_but_not_its
     assert baseimage.base_ref("trixie") == "lab/debian:trixie"
 
 
+def test_a_snapshot_time_is_kept_in_the_lock_but_not_in_the_base_it_names(tmp_path: Path):
+    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    snapshotted = dataclasses.replace(lock, snapshot="20261123T091500Z")
+    path = tmp_path / "base.toml"
+    path.write_text(snapshotted.to_toml())
+    assert (
+        "source_date_epoch = " in path.read_text() and '\nsnapshot = "20261123T091500Z"\n' in path.read_text()
+    )
+    assert baseimage.read_lock(path) == snapshotted
+    # where the packages come from does not change the base: same digest, same tag
+    assert snapshotted.digest == lock.digest and baseimage.base_ref(lock=snapshotted) == baseimage.base_ref(
+        lock=lock
+    )
+
+
+def test_the_snapshot_archive_is_snapshot_debian_org_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("HPCBOX_SNAPSHOT_URL", raising=False)
+    assert baseimage.snapshot_mirror("20261123T091500Z") == (
+        "https://snapshot.debian.org/archive/debian/20261123T091500Z"
+    )
+    monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://cache.lab:8080/")
+    assert (
+        baseimage.snapshot_mirror("20261123T091500Z")
+        == "http://cache.lab:8080/archive/debian/20261123T091500Z"
+    )
+
+
+def test_an_archive_nobody_answers_for_is_said_to_be_unreachable_with_the_reason(monkeypatch):
+    monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
+    why = baseimage.snapshot_unreachable("20261123T091500Z", "trixie")
+    assert why is not None
+    assert why.startswith("http://127.0.0.1:9/archive/debian/20261123T091500Z/dists/trixie/Release: ")
+    assert "refused" in why.lower()
+
+
 def test_installed_packages_are_read_from_dpkgs_status_in_the_tarball(tmp_path: Path):
     layer = tmp_path / "rootfs.tar"
     with tarfile.open(layer, "w") as archive:
@@ -77,6 +113,12 @@ def test_a_lock_differing_from_the_packages_names_the_first_difference():
     assert gone.value.message.endswith("(it no longer installs it)")
     with pytest.raises(HpcboxError, match=r"^Debian's trixie mirror now adds sed 4.9 to the base"):
         baseimage.check_packages(lock, {"bash": "5.2", "zlib1g": "1.3", "sed": "4.9"})
+    with pytest.raises(HpcboxError) as neither:
+        baseimage.check_packages(lock, {"bash": "5.2", "zlib1g": "1.2"}, snapshot="20261123T091500Z")
+    assert neither.value.message == (
+        "the base lock pins zlib1g 1.3, but the snapshot archive at 20261123T091500Z does not serve it "
+        "either (it serves 1.2)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -93,6 +135,10 @@ def test_a_lock_differing_from_the_packages_names_the_first_difference():
             "packages: must map each package",
         ),
         ("suite = trixie\n", "cannot read the base lock"),
+        (
+            'suite = "trixie"\nsource_date_epoch = 1\nsnapshot = "2026-11-23"\n[packages]\nbash = "5"\n',
+            "snapshot: '2026-11-23' is not a snapshot.debian.org time such as 20261123T091500Z",
+        ),
     ],
 )
 def test_a_malformed_base_lock_is_one_line_naming_the_file(tmp_path: Path, text: str, says: str):

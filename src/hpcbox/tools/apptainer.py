@@ -29,6 +29,8 @@ HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
 # Every package the helper adds to the base, at its exact version; `hpcbox lock` writes it.
 HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
 HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
+# HELPER_LOCK's line for the snapshot.debian.org time its pins were resolved from, where it answered.
+HELPER_SNAPSHOT_LINE = re.compile(r"(?m)^# snapshot: (\d{8}T\d{6}Z)$")
 # What the helper is for; `hpcbox lock` resolves these (with what they pull in) into HELPER_LOCK.
 HELPER_PACKAGES = ("apptainer/sid", "squashfs-tools/sid", "squashfuse", "fuse2fs", "fuse-overlayfs", "uidmap")
 HELPER_REPOSITORY = "hpcbox/apptainer-helper"
@@ -322,6 +324,12 @@ def helper_base_lock():
     return lock
 
 
+def helper_snapshot() -> str | None:
+    """The snapshot archive time the helper's pins were resolved from (`hpcbox lock` records it)."""
+    found = HELPER_SNAPSHOT_LINE.search(HELPER_LOCK.read_text())
+    return found[1] if found else None
+
+
 def helper_ref() -> str:
     """The helper image's tag: a hash of its Dockerfile, its package pins and its pinned base."""
     from hpcbox import baseimage
@@ -348,23 +356,42 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
         return ref
     base = baseimage.ensure_base(lock=helper_base_lock(), on_line=on_line)
     files = {"Dockerfile": HELPER_DOCKERFILE, "add-sid.sh": HELPER_SID_SCRIPT, "apt-helper.txt": HELPER_LOCK}
-    try:
+
+    def build(secrets: dict[str, Path]) -> None:
         docker.build(
             docker.context_tar(files),
             dockerfile="Dockerfile",
             tag_ref=ref,
             build_args={"BASE": base.ref},
             labels={},
-            secrets={},
+            secrets=secrets,
             on_line=on_line,
         )
+
+    fix = "run `hpcbox lock` to pin what the mirror serves now, then convert again"
+    try:
+        build({})
     except HpcboxError as failed:
         gone = baseimage.superseded_pin(failed.details)
         if gone is None:
             raise
-        raise HpcboxError(
-            f"Debian no longer serves {gone[0]} {gone[1]}, pinned in apptainer/lock/apt-helper.txt for the "
-            "Apptainer helper (sid replaces versions within days)",
-            "run `hpcbox lock` to pin what the mirror serves now, then convert again",
-        ) from failed
+        gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in apptainer/lock/apt-helper.txt"
+        snapshot = helper_snapshot()
+        if snapshot is None:
+            raise HpcboxError(
+                f"{gone_line} for the Apptainer helper (sid replaces versions within days)", fix
+            ) from failed
+        mirror = baseimage.reachable_snapshot(snapshot, "sid", gone_line, fix)
+        with baseimage.mirror_secret(mirror) as secrets:
+            try:
+                build(secrets)
+            except HpcboxError as again:
+                still = baseimage.superseded_pin(again.details)
+                if still is None:
+                    raise
+                raise HpcboxError(
+                    f"the snapshot archive at {snapshot} does not serve {still[0]} {still[1]} either, "
+                    "pinned in apptainer/lock/apt-helper.txt",
+                    fix,
+                ) from again
     return ref
