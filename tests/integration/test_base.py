@@ -25,15 +25,33 @@ NO_MIRROR = "http://127.0.0.1:9/debian"
 SNAPSHOT = "20261123T100000Z"
 
 
-def test_the_base_bootstrapped_twice_from_one_lock_is_the_same_image(docker_engine, run_id: str):
+def test_the_base_bootstrapped_twice_from_one_lock_is_the_same_image_whichever_archive_served_it(
+    docker_engine, run_id: str, snapshot_archive
+):
+    """Once from Debian's mirror; once where that mirror cannot serve the lock, which then falls back to
+    the snapshot archive at the lock's snapshot time (the stand-in)."""
     lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
-    refs = [f"{run_id}/debian:first", f"{run_id}/debian:second"]
+    refs = [f"{run_id}/debian:first", f"{run_id}/debian:from-snapshot"]
+    said: list[str] = []
     try:
-        made = [baseimage.ensure_base(lock=lock, ref=ref, force=True, on_line=lambda _: None) for ref in refs]
+        made = [
+            baseimage.ensure_base(lock=lock, ref=refs[0], force=True, on_line=lambda _: None),
+            baseimage.ensure_base(
+                lock=dataclasses.replace(lock, snapshot=SNAPSHOT),
+                mirror=NO_MIRROR,
+                ref=refs[1],
+                force=True,
+                on_line=lambda _: None,
+                say=said.append,
+            ),
+        ]
         first, second = (docker_engine.api.inspect_image(ref) for ref in refs)
     finally:
         for ref in refs:
             docker.remove_image(ref)
+    assert snapshot_archive.times_asked == {SNAPSHOT}
+    assert len(said) == 1 and said[0].endswith(f"; bootstrapping from the snapshot archive at {SNAPSHOT}")
+    # The same bytes wherever the packages came from (the base's sources name Debian's mirror).
     assert made[0].id == made[1].id == first["Id"] == second["Id"]
     assert first["RootFS"]["Layers"] == second["RootFS"]["Layers"] and len(first["RootFS"]["Layers"]) == 1
     assert first["Created"].startswith(lock_day(lock))  # the lock's time, not the time of the bootstrap
@@ -72,30 +90,6 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
     assert docker_engine.images.list(name=repository) == []  # nothing tagged
     # and no bootstrap left on disk (its folder is named after its process)
     assert list(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{bootstrap.pid}-*")) == []
-
-
-def test_a_lock_the_mirror_cannot_serve_is_bootstrapped_from_its_snapshot_into_the_same_image(
-    docker_engine, run_id: str, snapshot_archive
-):
-    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
-    expected = baseimage.ensure_base(lock=lock)  # the suite's base, from Debian's mirror
-    ref = f"{run_id}/debian:from-snapshot"
-    said: list[str] = []
-    try:
-        made = baseimage.ensure_base(
-            lock=dataclasses.replace(lock, snapshot=SNAPSHOT),
-            mirror=NO_MIRROR,
-            ref=ref,
-            force=True,
-            on_line=lambda _: None,
-            say=said.append,
-        )
-    finally:
-        docker.remove_image(ref)
-    assert snapshot_archive.times_asked == {SNAPSHOT}
-    assert len(said) == 1 and said[0].endswith(f"; bootstrapping from the snapshot archive at {SNAPSHOT}")
-    # The same bytes wherever the packages came from (its sources name Debian's mirror, not the snapshot)
-    assert made.id == expected.id
 
 
 def test_a_version_neither_the_mirror_nor_the_snapshot_serves_stops_in_one_line(
@@ -159,7 +153,9 @@ def test_apt_pins_resolve_from_the_locks_snapshot(docker_engine, snapshot_archiv
     assert from_snapshot == from_mirror  # the stand-in serves today's archive at every time
 
 
-def test_a_bootstrap_clears_what_a_killed_bootstrap_left(docker_engine, run_id: str):
+def test_a_bootstrap_clears_what_a_killed_bootstrap_left_and_a_failed_one_leaves_nothing(
+    docker_engine, run_id: str
+):
     lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -170,9 +166,14 @@ def test_a_bootstrap_clears_what_a_killed_bootstrap_left(docker_engine, run_id: 
     alive.mkdir()
     ref = f"{run_id}/debian:cleared"
     try:
-        baseimage.ensure_base(lock=lock, ref=ref, force=True, on_line=lambda _: None)
+        # The clearing comes first, so a bootstrap that then fails at once (no mirror there) shows it.
+        with pytest.raises(HpcboxError, match=r"^failed to bootstrap Debian trixie with mmdebstrap"):
+            baseimage.ensure_base(lock=lock, mirror=NO_MIRROR, ref=ref, force=True, on_line=lambda _: None)
         assert not left.exists()  # its process is gone: removed
         assert alive.exists()  # this process is alive: someone's bootstrap in progress, kept
+        mine = set(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{os.getpid()}-*"))
+        assert mine == {alive}  # the failed bootstrap's own folder is gone
+        assert docker.image(ref) is None
     finally:
         shutil.rmtree(left, ignore_errors=True)
         shutil.rmtree(alive, ignore_errors=True)
