@@ -18,7 +18,6 @@ at that time instead, so an old commit still rebuilds.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -33,7 +32,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -215,15 +214,13 @@ def relock(
     epoch = int(time.time())
     snapshot = None
     if mirror is None:
-        snapshot = time.strftime(SNAPSHOT_TIME_FORMAT, time.gmtime(epoch))
-        unreachable = snapshot_unreachable(snapshot, suite)
-        if unreachable:
-            say(
-                f"hpcbox: the snapshot archive cannot be reached ({unreachable}): the base is pinned from "
-                "Debian's mirror with no snapshot time, so it rebuilds only while the mirror serves "
-                "these versions"
-            )
-            snapshot = None
+        snapshot = snapshot_now(
+            suite,
+            "the base is pinned from Debian's mirror with no snapshot time, so it rebuilds only while "
+            "the mirror serves these versions",
+            say,
+            epoch,
+        )
     with _workdir() as work:
         layer = _bootstrap(suite, epoch, work, snapshot_mirror(snapshot) if snapshot else mirror, on_line)
         lock = BaseLock(suite, epoch, installed_packages(layer), snapshot)
@@ -242,6 +239,19 @@ def snapshot_mirror(snapshot: str) -> str:
     return f"{snapshot_url()}/archive/debian/{snapshot}"
 
 
+def snapshot_now(
+    suite: str, without: str, say: Callable[[str], None], epoch: int | None = None
+) -> str | None:
+    """This moment (or ``epoch``) as a snapshot time to lock ``suite`` from; None, after saying so and
+    ``without`` (what that means), where the snapshot archive cannot be reached."""
+    snapshot = time.strftime(SNAPSHOT_TIME_FORMAT, time.gmtime(epoch))
+    unreachable = snapshot_unreachable(snapshot, suite)
+    if unreachable:
+        say(f"hpcbox: the snapshot archive cannot be reached ({unreachable}): {without}")
+        return None
+    return snapshot
+
+
 def reachable_snapshot(snapshot: str, suite: str, failed: str, fix: str) -> str:
     """The mirror URL of the snapshot archive at ``snapshot`` to build from again, once ``failed`` (what
     the mirror could not do) stopped a build; one line with both where the archive cannot be reached."""
@@ -255,13 +265,35 @@ def reachable_snapshot(snapshot: str, suite: str, failed: str, fix: str) -> str:
     return snapshot_mirror(snapshot)
 
 
-@contextlib.contextmanager
-def mirror_secret(url: str) -> Iterator[dict[str, Path]]:
-    """The `apt_mirror` build secret naming ``url``: the apt steps read the mirror from it."""
+def build_from_snapshot(
+    snapshot: str,
+    suite: str,
+    build: Callable[[Mapping[str, Path]], None],
+    gone_line: str,
+    pinned_in: Callable[[str, str], str],
+    fix: str,
+    say: Callable[[str], None],
+) -> None:
+    """``build`` again with its apt steps reading the snapshot archive at ``snapshot`` (handed in as the
+    `apt_mirror` build secret), once ``gone_line`` (a pinned version the mirror dropped) stopped it; one
+    line where the archive cannot be reached or lacks a pinned version (``pinned_in`` names its lock)."""
+    mirror = reachable_snapshot(snapshot, suite, gone_line, fix)
+    say(f"hpcbox: {gone_line}; building from the snapshot archive at {snapshot}")
     with tempfile.TemporaryDirectory(prefix="hpcbox-mirror-") as folder:
-        path = Path(folder) / "apt_mirror"
-        path.write_text(url)
-        yield {"apt_mirror": path}
+        secret = Path(folder) / "apt_mirror"
+        secret.write_text(mirror)
+        try:
+            build({"apt_mirror": secret})
+        except HpcboxError as failed:
+            still = superseded_pin(failed.details)
+            if still is None:
+                raise
+            package, version = still
+            raise HpcboxError(
+                f"the snapshot archive at {snapshot} does not serve {package} {version} either, pinned in "
+                f"{pinned_in(package, version)}",
+                fix,
+            ) from failed
 
 
 def snapshot_unreachable(snapshot: str, suite: str) -> str | None:

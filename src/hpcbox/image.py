@@ -8,6 +8,7 @@ Docker to build.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -353,7 +354,7 @@ def build_image(
     try:
         build({})
     except HpcboxError as failed:
-        gone = _gone_pin(project, failed.details)
+        gone = baseimage.superseded_pin(failed.details)
         if gone is None:
             raise
         _build_from_snapshot(project, plan.base_lock, build, gone, say)
@@ -368,47 +369,30 @@ def _build_from_snapshot(
     project: ProjectConfig,
     base_lock: baseimage.BaseLock | None,
     build: Callable[[Mapping[str, Path]], None],
-    gone: GonePin,
+    gone: tuple[str, str],
     say: Callable[[str], None],
 ) -> None:
-    """``build`` again with apt reading the snapshot archive at the base lock's time, where Debian's
-    mirror has dropped a pinned version; one line when the lock records no snapshot or it cannot help."""
+    """``build`` again reading the snapshot archive at the base lock's time, where Debian's mirror has
+    dropped a pinned version; one line when the lock records no snapshot or it cannot help."""
     fix = "run `hpcbox lock` to pin today's versions, then build again"
-    gone_line = f"Debian no longer serves {gone.package} {gone.version}, pinned in {gone.pinned_in}"
+    gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(project, *gone)}"
     if base_lock is None or base_lock.snapshot is None:
         raise HpcboxError(f"{gone_line} (a point release replaced it)", fix)
-    snapshot = base_lock.snapshot
-    mirror = baseimage.reachable_snapshot(snapshot, base_lock.suite, gone_line, fix)
-    say(f"hpcbox: {gone_line}; building from the snapshot archive at {snapshot}")
-    with baseimage.mirror_secret(mirror) as mirror_secret:
-        try:
-            build(mirror_secret)
-        except HpcboxError as failed:
-            still = _gone_pin(project, failed.details)
-            if still is None:
-                raise
-            raise HpcboxError(
-                f"the snapshot archive at {snapshot} does not serve {still.package} {still.version} "
-                f"either, pinned in {still.pinned_in}",
-                fix,
-            ) from failed
+    baseimage.build_from_snapshot(
+        base_lock.snapshot,
+        base_lock.suite,
+        build,
+        gone_line,
+        functools.partial(_pinned_in, project),
+        fix,
+        say,
+    )
 
 
-@dataclass(frozen=True)
-class GonePin:
-    package: str
-    version: str
-    pinned_in: str  # the lock file that pins it
-
-
-def _gone_pin(project: ProjectConfig, build_output: str) -> GonePin | None:
-    """The pin a build failed on because the mirror does not serve that version, else None."""
-    gone = baseimage.superseded_pin(build_output)
-    if gone is None:
-        return None
-    package, version = gone
+def _pinned_in(project: ProjectConfig, package: str, version: str) -> str:
+    """The apt lock file that pins ``package`` at ``version``."""
     lock_dir = project.root / project.docker_dir / "lock"
-    pinned_in = next(
+    return next(
         (
             path.relative_to(project.root).as_posix()
             for path in sorted(lock_dir.glob("apt-*.txt"))
@@ -416,7 +400,6 @@ def _gone_pin(project: ProjectConfig, build_output: str) -> GonePin | None:
         ),
         "the Debian locks",
     )
-    return GonePin(package, version, pinned_in)
 
 
 def record_path(project: ProjectConfig, flavour: str) -> Path:

@@ -11,7 +11,6 @@ import os
 import re
 import shlex
 import tempfile
-import time
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -128,12 +127,13 @@ def refresh_base_lock(
         # snapshot time the lock lacked is recorded (it serves these same versions).
         docker.remove_image(made.ref)
         say(f"hpcbox: {relative}: Debian still serves the {len(current.packages)} pinned packages")
+        written = None
         if current.snapshot is None and pinned.snapshot is not None:
             current = dataclasses.replace(current, snapshot=pinned.snapshot)
             path.write_text(current.to_toml())
             say(f"hpcbox: {relative}: recorded the snapshot time {current.snapshot}")
-            return path, baseimage.ensure_base(lock=current, say=say).ref
-        return None, baseimage.ensure_base(lock=current, say=say).ref
+            written = path
+        return written, baseimage.ensure_base(lock=current, say=say).ref
     path.write_text(pinned.to_toml())
     snapshot = f", from the snapshot archive at {pinned.snapshot}" if pinned.snapshot else ""
     say(f"hpcbox: {relative}: Debian {pinned.suite} base, {len(pinned.packages)} packages pinned{snapshot}")
@@ -334,16 +334,11 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
     resolved on the helper's own pinned base, from the snapshot archive at this moment where it answers
     (the lock records the time: sid replaces versions within days); the lock file if it changed."""
     base = baseimage.ensure_base(lock=apptainer.helper_base_lock()).ref
-    snapshot = time.strftime(baseimage.SNAPSHOT_TIME_FORMAT, time.gmtime())
-    unreachable = baseimage.snapshot_unreachable(snapshot, "sid")
+    snapshot = baseimage.snapshot_now(
+        "sid", "the helper is pinned from Debian's mirror with no snapshot time", say
+    )
     hand_in = ""
-    if unreachable:
-        say(
-            f"hpcbox: the snapshot archive cannot be reached ({unreachable}): the helper is pinned from "
-            "Debian's mirror with no snapshot time"
-        )
-        snapshot = None
-    else:
+    if snapshot:
         # what the helper's build is handed as its apt_mirror secret when the mirror has moved on
         secret = shlex.quote(baseimage.snapshot_mirror(snapshot))
         hand_in = f"mkdir -p /run/secrets && printf %s {secret} > /run/secrets/apt_mirror\n"

@@ -357,7 +357,7 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
     base = baseimage.ensure_base(lock=helper_base_lock(), on_line=on_line)
     files = {"Dockerfile": HELPER_DOCKERFILE, "add-sid.sh": HELPER_SID_SCRIPT, "apt-helper.txt": HELPER_LOCK}
 
-    def build(secrets: dict[str, Path]) -> None:
+    def build(secrets: Mapping[str, Path]) -> None:
         docker.build(
             docker.context_tar(files),
             dockerfile="Dockerfile",
@@ -381,17 +381,7 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
             raise HpcboxError(
                 f"{gone_line} for the Apptainer helper (sid replaces versions within days)", fix
             ) from failed
-        mirror = baseimage.reachable_snapshot(snapshot, "sid", gone_line, fix)
-        with baseimage.mirror_secret(mirror) as secrets:
-            try:
-                build(secrets)
-            except HpcboxError as again:
-                still = baseimage.superseded_pin(again.details)
-                if still is None:
-                    raise
-                raise HpcboxError(
-                    f"the snapshot archive at {snapshot} does not serve {still[0]} {still[1]} either, "
-                    "pinned in apptainer/lock/apt-helper.txt",
-                    fix,
-                ) from again
+        baseimage.build_from_snapshot(
+            snapshot, "sid", build, gone_line, lambda *_: "apptainer/lock/apt-helper.txt", fix, lambda _: None
+        )
     return ref
