@@ -54,7 +54,9 @@ def test(c, k=None, unit=False, lint_first=True):
     """Run the whole test suite (lint, unit and integration tests against real Docker, Apptainer, Slurm)."""
     if lint_first:
         lint(c)
-    args = [sys.executable, "-m", "pytest", "tests/unit" if unit else "tests"]
+    # Two workers: the integration tests keep one (see tests/conftest.py), the unit tests fill the other.
+    args = [sys.executable, "-m", "pytest", "--numprocesses=2"]
+    args.append("tests/unit" if unit else "tests")
     if k:
         args += ["-k", k]
     c.run(shlex.join(args), pty=False)

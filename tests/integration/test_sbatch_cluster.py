@@ -178,27 +178,6 @@ def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDi
     assert "requeueing" not in log
 
 
-def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir):
-    """--signal=B:USR1 before the limit: checkpoint, copy back, requeue; the next run resumes from it."""
-    script = render_local(
-        ResourceRequest(job_name="limited", time="2"),
-        ("--epochs", "1000", "--device", "cpu", "--workers", "0"),
-    )
-    job_id = job_dir.submit(script, "limited.sh")
-    cluster = job_dir.cluster
-    deadline = time.monotonic() + 240
-    log = ""
-    while '"resumed": {' not in log:
-        assert time.monotonic() < deadline, log
-        time.sleep(3)
-        log = job_dir.sh(f"cat logs/limited-{job_id}.out", check=False).stdout
-    cluster.ssh(["scancel", job_id], check=True)
-    wait_finished(cluster, job_id)
-    assert f"requeueing job {job_id}" in log
-    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
-    wait_scratch_gone(cluster, job_id)
-
-
 def test_a_program_that_is_not_ddp_runs_once_per_task_with_stderr_apart(job_dir: JobDir):
     """launcher = "srun": Slurm's tasks, each in its own container and told its place; its own logs."""
     each_task = (
@@ -263,19 +242,35 @@ def test_with_sif_on_scratch_each_node_runs_its_own_copy_of_the_sif(job_dir: Job
 
 @pytest.fixture(scope="module")
 def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
-    """The two-node jobs that wait for their time limit, submitted together so that their minutes overlap
-    (one CPU of each node apiece): job name → job id."""
-    limited = render_local(
-        ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES),
-        ("--epochs", "1000", "--device", "cpu", "--workers", "0"),
-    )
+    """The jobs that wait for their time limit, submitted together so that their minutes overlap (the
+    test cluster's third CPU per node makes room for all three): job name → job id."""
+    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    limited = render_local(ResourceRequest(job_name="limited", time="2"), training)
+    ddp_limited = render_local(ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES), training)
     each_task = 'trap "" USR1; echo "task $SLURM_PROCID" >{output_dir}/task-$SLURM_PROCID; exec sleep 600'
     command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
     overtime = render_local(ResourceRequest(job_name="overtime", time="1", **TWO_NODES), command=command)
     return {
         name: job_dir.submit(script, f"{name}.sh")
-        for name, script in (("ddp-limited", limited), ("overtime", overtime))
+        for name, script in (("limited", limited), ("ddp-limited", ddp_limited), ("overtime", overtime))
     }
+
+
+def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
+    """--signal=B:USR1 before the limit: checkpoint, copy back, requeue; the next run resumes from it."""
+    job_id = time_driven_jobs["limited"]
+    cluster = job_dir.cluster
+    deadline = time.monotonic() + 240
+    log = ""
+    while '"resumed": {' not in log:
+        assert time.monotonic() < deadline, log
+        time.sleep(3)
+        log = job_dir.sh(f"cat logs/limited-{job_id}.out", check=False).stdout
+    cluster.ssh(["scancel", job_id], check=True)
+    wait_finished(cluster, job_id)
+    assert f"requeueing job {job_id}" in log
+    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
+    wait_scratch_gone(cluster, job_id)
 
 
 def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
