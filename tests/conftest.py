@@ -28,8 +28,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     unit tests run on the other worker meanwhile, each test a unit of work of its own."""
     from xdist.scheduler import LoadScopeScheduling
 
+    integration = f"{INTEGRATION.relative_to(config.rootpath).as_posix()}/"  # as node ids start
+
     class IntegrationTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "integration" if nodeid.startswith("tests/integration/") else nodeid
+            return "integration" if nodeid.startswith(integration) else nodeid
 
     return IntegrationTogether(config, log)

@@ -256,35 +256,32 @@ def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
     }
 
 
-def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
-    """--signal=B:USR1 before the limit: checkpoint, copy back, requeue; the next run resumes from it."""
-    job_id = time_driven_jobs["limited"]
-    cluster = job_dir.cluster
+def resumed_then_cancelled(job_dir: JobDir, name: str, job_id: str) -> str:
+    """Waits until the requeued run has resumed, then cancels the job and waits for it to end: its log."""
     deadline = time.monotonic() + 240
     log = ""
     while '"resumed": {' not in log:
         assert time.monotonic() < deadline, log
         time.sleep(3)
-        log = job_dir.sh(f"cat logs/limited-{job_id}.out", check=False).stdout
-    cluster.ssh(["scancel", job_id], check=True)
-    wait_finished(cluster, job_id)
+        log = job_dir.sh(f"cat logs/{name}-{job_id}.out", check=False).stdout
+    job_dir.cluster.ssh(["scancel", job_id], check=True)
+    wait_finished(job_dir.cluster, job_id)
+    return log
+
+
+def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
+    """--signal=B:USR1 before the limit: checkpoint, copy back, requeue; the next run resumes from it."""
+    job_id = time_driven_jobs["limited"]
+    log = resumed_then_cancelled(job_dir, "limited", job_id)
     assert f"requeueing job {job_id}" in log
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
-    wait_scratch_gone(cluster, job_id)
+    wait_scratch_gone(job_dir.cluster, job_id)
 
 
 def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
     """USR1 reaches every rank through srun and torchrun: one checkpoint, requeue, both nodes resume."""
     job_id = time_driven_jobs["ddp-limited"]
-    cluster = job_dir.cluster
-    deadline = time.monotonic() + 240
-    log = ""
-    while '"resumed": {' not in log:
-        assert time.monotonic() < deadline, log
-        time.sleep(3)
-        log = job_dir.sh(f"cat logs/ddp-limited-{job_id}.out", check=False).stdout
-    cluster.ssh(["scancel", job_id], check=True)
-    wait_finished(cluster, job_id)
+    log = resumed_then_cancelled(job_dir, "ddp-limited", job_id)
     assert f"requeueing job {job_id}" in log
     assert "the workers checkpointed; exiting 75" in log
     # The copy-back renames whole files into place, so even a copy cut short by KillWait after the final
@@ -302,7 +299,7 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, t
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
     # Cancelled while both nodes train: Slurm starts no new step then, and the janitor step each node
     # ran since the start removes the other node's scratch.
-    wait_scratch_gone(cluster, job_id)
+    wait_scratch_gone(job_dir.cluster, job_id)
 
 
 def test_two_node_job_past_its_time_limit_keeps_its_output_and_leaves_no_scratch(
