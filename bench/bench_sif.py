@@ -1,6 +1,6 @@
 """`invoke sif` on the cpu trainer image (~1.5-2 GB with PyTorch), side by side in one run:
 
-- the fast path (docker export | mksquashfs -tar, SIF assembled with `apptainer sif`) against
+- the fast path (mksquashfs reading the image's layers into a SIF laid out by `apptainer sif`) against
   `docker save` + a plain `apptainer build out.sif docker-archive://image.tar` (target ratio <= 0.6);
 - the cache hit (library call and the whole `invoke sif` command);
 - SIF size against image size, and conversion time, for gzip and zstd;

@@ -26,7 +26,8 @@ from hpcbox.compression import parse_compression
 from hpcbox.config import load_project
 from hpcbox.image import ENVIRONMENT, LABEL_CONTENT, build_image
 from hpcbox.profiles import load_profile
-from hpcbox.sif import build_sif, exported
+from hpcbox.rootfs import exported
+from hpcbox.sif import build_sif
 from hpcbox.tools import docker
 
 REPO = Path(__file__).resolve().parents[1]

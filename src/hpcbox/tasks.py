@@ -200,9 +200,9 @@ def init(
 
 @task(
     help={
-        "engine": "auto (default: the host's apptainer if on PATH, else hpcbox's helper container), "
-        "host, container",
-        "path": "fast (default: docker export streamed into mksquashfs) or reference (apptainer build)",
+        "engine": "for --path reference: auto (default: the host's apptainer if on PATH, else hpcbox's "
+        "helper container), host, container; the fast path always runs in the helper",
+        "path": "fast (default: mksquashfs reading the image's layers) or reference (apptainer build)",
         "compression": "ALGORITHM[:LEVEL]: gzip, zstd, xz, lz4, lzo, e.g. zstd:3 (default: what --cluster's "
         "profile says its Apptainer reads, else gzip:1, which every Singularity and Apptainer reads)",
         "cluster": "make the SIF this cluster's profile asks for (its compression)",

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox import provenance, sif
+from hpcbox import provenance, rootfs, sif
 from hpcbox.compression import parse_compression
 from hpcbox.config import ProjectConfig, load_project
 from hpcbox.errors import HpcboxError
@@ -294,15 +294,23 @@ def _differences(artifact: Manifest, rebuilt: Manifest) -> list[str]:
     return lines
 
 
+# What `docker export` adds that is no part of the image and differs from one export to the next.
+_NOT_IMAGE = frozenset({".dockerenv", "dev/console"})
+
+
 def image_files(image_id: str) -> Manifest:
-    """Every file of the image's root filesystem, read from `docker export` as the sif stage reads it."""
+    """Every file of the image's root filesystem, read from `docker export`, times clamped to its source
+    date as in its SIF."""
     raw = docker.client().api.inspect_image(image_id)
     epoch = sif.created_epoch(raw)
     manifest: Manifest = {}
-    with sif.exported(image_id) as chunks, tarfile.open(fileobj=sif.ChunkReader(chunks), mode="r|") as tar:
+    with (
+        rootfs.exported(image_id) as chunks,
+        tarfile.open(fileobj=rootfs.ChunkReader(chunks), mode="r|") as tar,
+    ):
         for member in tar:
             name = member.name.removeprefix("./").rstrip("/")
-            if name.encode() in sif.NOT_IMAGE:
+            if name in _NOT_IMAGE:
                 continue
             content = ""
             if member.isfile():

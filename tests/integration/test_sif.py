@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from hpcbox.compression import parse_compression
 from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256
 from hpcbox.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.profiles import load_profile
 from hpcbox.sif import (
@@ -150,6 +153,99 @@ def test_fast_path_payload_is_reproducible(small_image, small_sifs, sif_cache, a
     assert rootfs_sha256(again.path, helper) == rootfs_sha256(small_sifs["fast"].path, helper)
 
 
+# What a layer can say about the ones below it (a deleted file, a folder replaced whole, a hard link), a
+# name that needs quoting, and a source date older than every file, so that every time is clamped.
+LAYERED_DOCKERFILE = """\
+ARG BASE
+FROM ${BASE}
+RUN mkdir -p /opt/data/old && touch /opt/data/old/gone /opt/data/kept && ln /opt/data/kept /opt/data/kept-link
+RUN rm /opt/data/kept-link /etc/debian_version && rm -rf /opt/data/old && mkdir /opt/data/old \\
+    && touch /opt/data/old/new '/opt/data/a "quoted" name' && ln /opt/data/old/new /opt/data/old/same
+LABEL io.hpcbox.source-date-epoch=1700000000
+"""
+
+
+@pytest.fixture(scope="module")
+def layered_image(docker_engine, run_id, tmp_path_factory):
+    from hpcbox import baseimage
+    from hpcbox.tools import docker
+    from tests.fixtures.images import build_dockerfile
+
+    ref = f"{run_id}/sif-layered:1"
+    build_dockerfile(
+        LAYERED_DOCKERFILE, ref, tmp_path_factory.mktemp("sif-layered"), baseimage.ensure_base().ref
+    )
+    info = docker.image(ref)
+    assert info is not None
+    yield SimpleNamespace(ref=ref, id=info.id)
+    docker.remove_image(ref)
+
+
+def test_layers_unpacked_from_docker_save_give_the_same_sif_as_the_engines_own(
+    layered_image, sif_cache, apptainer_helper, monkeypatch
+):
+    """Where the helper cannot read the engine's overlay2 folders, `docker save` is unpacked instead:
+    the same SIF, byte for byte. Deleted files stay deleted, a replaced folder shows only its new
+    contents, and every time is clamped to the image's source date."""
+    from hpcbox import rootfs
+    from hpcbox.verify import squashfs_files
+
+    from_engine = _convert(layered_image, sif_cache / "layered-engine")
+    monkeypatch.setattr(rootfs, "engine_layers", lambda raw: None)  # as on an engine without overlay2
+    from_save = _convert(layered_image, sif_cache / "layered-saved")
+    assert from_save.sha256 == from_engine.sha256
+
+    work = sif_cache / "layered-files"
+    work.mkdir()
+    files = squashfs_files(from_engine.path, Apptainer("container", apptainer_helper), work)
+    assert "etc/debian_version" not in files and "opt/data/kept-link" not in files
+    assert "opt/data/old/gone" not in files and files["opt/data/old/new"][0] == "file"
+    assert files['opt/data/a "quoted" name'][0] == "file"
+    assert max(int(fields[4]) for fields in files.values()) == 1700000000
+    assert files['opt/data/a "quoted" name'][4] == files["opt/data/old"][4] == "1700000000"  # built later
+    assert files["etc/passwd"][2] == "0:0" and files[".singularity.d/runscript"][2] == "0:0"
+
+
+def test_the_fast_paths_sif_is_what_apptainer_sif_writes_byte_for_byte(
+    small_sifs, sif_cache, apptainer_helper
+):
+    """mksquashfs writes straight into a SIF laid out by `apptainer sif` around a placeholder: apart from
+    the per-run header fields hpcbox fixes anyway, the file is what `apptainer sif new/add` makes of the
+    same four objects."""
+    from hpcbox.sif import normalise_header
+    from hpcbox.tools.apptainer import Command
+
+    fast = small_sifs["fast"]
+    work = sif_cache / "assembled"
+    work.mkdir()
+    shutil.copyfile(fast.path, work / "fast.sif")
+    helper = Apptainer("container", apptainer_helper)
+    dump = [
+        Command("apptainer", ("sif", "dump", str(i), "fast.sif"), stdout=f"object-{i}") for i in (1, 2, 3, 4)
+    ]
+    info = [Command("apptainer", ("sif", "info", str(i), "fast.sif"), stdout=f"info-{i}") for i in (1, 2, 3)]
+    helper.script([*dump, *info], work, what="take the fast SIF's objects apart")
+    add = ("sif", "add", "--groupid", "1")
+    steps = [Command("apptainer", ("sif", "new", "again.sif"))]
+    for i, datatype in ((1, 1), (2, 6), (3, 6)):
+        name = re.search(r"Name:\s*(\S+)", (work / f"info-{i}").read_text())[1]
+        steps.append(
+            Command(
+                "apptainer",
+                (*add, "--datatype", str(datatype), "--filename", name, "again.sif", f"object-{i}"),
+            )
+        )
+    partition = ("--datatype", "4", "--partfs", "1", "--parttype", "2", "--partarch", "2")
+    steps.append(Command("apptainer", (*add, *partition, "again.sif", "object-4")))
+    helper.script(steps, work, what="assemble the same objects with apptainer sif")
+    header = (work / "fast.sif").read_bytes()[:128]
+    normalise_header(work / "again.sif", int.from_bytes(header[64:72], "little"), "any")
+    with (work / "again.sif").open("r+b") as again:
+        again.seek(48)
+        again.write(header[48:64])  # the id hpcbox derives from the image's content
+    assert file_sha256(work / "again.sif") == fast.sha256
+
+
 def test_corrupted_cached_sif_is_rebuilt(small_image, small_sifs, sif_cache):
     cache = sif_cache / "corrupt"
     first = _convert(small_image, cache)
@@ -198,6 +294,15 @@ def test_image_not_built_is_one_line_and_leaves_nothing(tmp_path, run_id):
     assert not any(tmp_path.rglob("*.sif"))
 
 
+def test_the_fast_path_with_the_hosts_apptainer_is_one_line(small_image, tmp_path):
+    with pytest.raises(
+        HpcboxError, match=r"^--engine host: the fast path mounts the image's layers"
+    ) as error:
+        _convert(small_image, tmp_path / "cache", engine_choice="host")
+    assert "--path reference" in error.value.hint
+    assert not (tmp_path / "cache").exists()
+
+
 def test_not_enough_disk_is_refused_before_starting(small_image, tmp_path, monkeypatch):
     import shutil
 
@@ -210,8 +315,8 @@ def test_not_enough_disk_is_refused_before_starting(small_image, tmp_path, monke
 
 
 def test_mksquashfs_refusing_its_options_ends_the_conversion_with_its_own_words(small_image, tmp_path):
-    """mksquashfs exits after the helper's shell opened the export FIFO: the export stops, nothing
-    hangs, and no SIF or work folder is left."""
+    """mksquashfs exits at once, after the helper mounted the image's layers: nothing hangs, and no SIF
+    or work folder is left."""
     from hpcbox.compression import SifCompression
 
     started = time.monotonic()

@@ -1,10 +1,8 @@
-"""The sif stage's pure parts: the export stream filter, cache records, definitions, validation."""
+"""The sif stage's pure parts: cache records, definitions, the SIF header, validation."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +17,6 @@ from hpcbox.sif import (
     LABEL_IMAGE_ID,
     LABEL_IMAGE_REF,
     Sif,
-    _filter_export,
     _set_build_date,
     build_sif,
     cached,
@@ -31,60 +28,6 @@ from hpcbox.sif import (
 from hpcbox.tools.apptainer import engine, parse_sif_list
 
 EPOCH = 1_700_000_000
-
-
-def _entry(tar: tarfile.TarFile, name: str, data: bytes = b"", *, mtime: int = EPOCH - 10, **kw) -> None:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = mtime
-    for key, value in kw.items():
-        setattr(info, key, value)
-    tar.addfile(info, io.BytesIO(data) if data else None)
-
-
-def _export_like() -> bytes:
-    """A tar like `docker export` writes: ustar, the container's own files, one entry needing PAX."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _entry(tar, ".dockerenv", mtime=EPOCH + 500)
-        _entry(tar, "dev/console", mtime=EPOCH + 500)
-        _entry(tar, "etc/hosts", b"", mtime=EPOCH + 500)
-        _entry(tar, "usr/lib/python3/" + "long" * 40 + ".py", b"print('hi')\n" * 100)
-        _entry(tar, "usr/bin/tool", b"#!/bin/sh\n", mode=0o755, uid=1000, gid=1000)
-        _entry(tar, "bin", type=tarfile.SYMTYPE, linkname="usr/bin")
-    return buffer.getvalue()
-
-
-def _overlay() -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        _entry(tar, ".singularity.d/runscript", b"#!/bin/sh\n", mtime=EPOCH)
-    data = buffer.getvalue()
-    return data[: 512 + 512]  # header + one data block, no end-of-archive
-
-
-def test_filter_drops_container_files_clamps_times_and_appends_overlay():
-    out = io.BytesIO()
-    source = _export_like()
-    chunks = [source[i : i + 700] for i in range(0, len(source), 700)]  # chunk edges inside headers
-    seen: list[int] = []
-    _filter_export(chunks, out, _overlay(), EPOCH, seen.append)
-    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
-        members = {member.name: member for member in tar.getmembers()}
-        long_name = next(name for name in members if name.startswith("usr/lib/python3/long"))
-        assert tar.extractfile(long_name).read() == b"print('hi')\n" * 100
-    assert ".dockerenv" not in members and "dev/console" not in members
-    assert members["etc/hosts"].mtime == EPOCH
-    assert members["usr/bin/tool"].mtime == EPOCH - 10 and members["usr/bin/tool"].uid == 1000
-    assert members["bin"].issym() and members["bin"].linkname == "usr/bin"
-    assert list(members)[-1] == ".singularity.d/runscript"
-    assert seen[-1] <= len(source)
-
-
-def test_filter_reports_a_truncated_export():
-    source = _export_like()
-    with pytest.raises(HpcboxError, match="docker export ended"):
-        _filter_export([source[:1500]], io.BytesIO(), b"", EPOCH, lambda done: None)
 
 
 def test_definition_carries_the_image_id_in_labels():

@@ -106,10 +106,13 @@ class Apptainer:
         mounts: bool = False,
         stdin: bool = False,
         env: Mapping[str, str] | None = None,
+        binds: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
         """The command line running ``tool args`` (tool: apptainer, mksquashfs, unsquashfs) in ``workdir``.
 
         ``mounts``: the command mounts filesystems or builds (needs the helper's extra privileges).
+        ``binds``: (engine host path, helper path) pairs bound read-only; a missing host path is an
+        error, not an empty folder (as `-v` would make it).
         """
         if self.kind == "host":
             return [self.program if tool == "apptainer" else tool, *args]
@@ -130,6 +133,8 @@ class Apptainer:
             command.append("-i")
         if mounts:
             command += HELPER_RUN_OPTIONS
+        for source, target in binds:
+            command += ["--mount", f"type=bind,source={source},target={target},readonly"]
         for key, value in (env or {}).items():
             command += ["-e", f"{key}={value}"]
         return [*command, self.program, tool, *args]
@@ -143,11 +148,12 @@ class Apptainer:
         what: str,
         mounts: bool = False,
         env: Mapping[str, str] | None = None,
+        binds: Sequence[tuple[str, str]] = (),
     ) -> str:
         """Run to completion; returns stdout. Failures carry the tool's own error lines."""
         with self._helper_start_errors():
             done = proc.run(
-                self.argv(tool, args, workdir, mounts=mounts, env=env),
+                self.argv(tool, args, workdir, mounts=mounts, env=env, binds=binds),
                 what=what,
                 hint=self._hint(),
                 cwd=workdir,
@@ -166,9 +172,10 @@ class Apptainer:
         env: Mapping[str, str] | None = None,
         stdin: IO[bytes] | None = None,
         on_line: Callable[[str], None] | None = None,
+        binds: Sequence[tuple[str, str]] = (),
     ) -> list[str]:
         """Run with output shown line by line as it comes (progress), and its tail kept for errors."""
-        argv = self.argv(tool, args, workdir, mounts=mounts, stdin=stdin is not None, env=env)
+        argv = self.argv(tool, args, workdir, mounts=mounts, stdin=stdin is not None, env=env, binds=binds)
         with self._helper_start_errors():
             return proc.stream(
                 argv,
