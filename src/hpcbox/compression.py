@@ -40,7 +40,7 @@ class SifCompression:
 
 
 # Every Apptainer and Singularity release (and the kernel's squashfs) reads gzip; level 1 costs 4 % in
-# size against level 9 and converts the cuda image three times faster (bench/results/sif.json).
+# size against level 9 and converts the cuda image 3.6 times faster (bench/results/sif_cuda.json).
 DEFAULT = SifCompression("gzip", 1)
 
 
