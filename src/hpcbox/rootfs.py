@@ -88,8 +88,10 @@ _LIST_NEWER = rf"""
 cd /rootfs
 find . -mindepth 1 -newermt "@$epoch" -printf '%m %U %G %P\0' > {HELPER_WORKDIR}/{NEWER}
 """
+# The helper runs as root; hpcbox then fills in the SIF's header, so the file goes to the caller.
 _SQUASH = r"""
-exec mksquashfs /rootfs "$@"
+mksquashfs /rootfs "$@"
+chown "$HPCBOX_OWNER" "$1"
 """
 
 
@@ -177,9 +179,25 @@ def make_squashfs(
         work,
         what="make the squashfs with mksquashfs",
         mounts=True,
+        env={"HPCBOX_OWNER": caller()},
         binds=layers.binds,
         on_line=_percentages(on_line),
     )
+
+
+def caller() -> str:
+    """uid:gid of this process, to whom the helper (root) hands back the files hpcbox edits."""
+    return f"{os.getuid()}:{os.getgid()}"
+
+
+def remove_root_owned(tool: Apptainer, work: Path) -> None:
+    """Remove what the helper wrote as root and must stay root's (the image's files and owners, unpacked
+    layers, /.singularity.d): a caller who is not root cannot; best effort, as the cleanup of a failure."""
+    present = [name for name in (TOP, SAVED_LAYERS) if (work / name).exists()]
+    if not present or os.getuid() == 0:
+        return
+    with contextlib.suppress(HpcboxError):
+        tool.run("rm", ["-rf", *present], work, what="remove the conversion's root-owned folders")
 
 
 def clamp_definitions(listing: bytes, epoch: int) -> str:

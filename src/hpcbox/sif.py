@@ -272,6 +272,8 @@ def build_sif(
         os.replace(produced, target)
         _write_atomically(target.with_suffix(".json"), sif.record().encode())
     finally:
+        if conversion == "fast":
+            rootfs.remove_root_owned(tool, work)
         shutil.rmtree(work, ignore_errors=True)
     say(f"hpcbox: wrote {target} ({sif.size / 1e6:.0f} MB) in {time.monotonic() - started:.1f} s")
     return sif
@@ -518,6 +520,8 @@ def _apptainer_metadata(
     steps += [
         Command("apptainer", ("sif", "dump", "4", "skeleton.sif"), stdout="skeleton.sqfs"),
         Command("unsquashfs", ("-no-xattrs", "-quiet", "-no-progress", "-d", "skeleton", "skeleton.sqfs")),
+        # The helper runs as root: what hpcbox edits below must be the caller's.
+        Command("chown", ("-R", rootfs.caller(), ".")),
     ]
     tool.script(steps, work, what="build the /.singularity.d metadata with apptainer", mounts=True)
     listed = [row.type for row in parse_sif_list((work / "skeleton.list").read_text())]
