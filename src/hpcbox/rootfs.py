@@ -101,7 +101,6 @@ class Layers:
 
     dirs: tuple[str, ...]
     binds: tuple[tuple[str, str], ...]
-    source: str  # "engine" or "saved"
 
 
 def engine_layers(raw: Mapping[str, Any]) -> Layers | None:
@@ -118,7 +117,7 @@ def engine_layers(raw: Mapping[str, Any]) -> Layers | None:
     )
     if not _mountable(inside):
         return None
-    return Layers(inside, ((root, _ENGINE_LAYERS),), "engine")
+    return Layers(inside, ((root, _ENGINE_LAYERS),))
 
 
 def _mountable(dirs: Sequence[str]) -> bool:
@@ -283,7 +282,7 @@ def unpack_saved(image_id: str, tool: Apptainer, work: Path, on_line: Callable[[
         writer.join()
     if errors:
         raise _save_error(errors[0]) from errors[0]
-    return Layers(tuple(f"{HELPER_WORKDIR}/{folder}" for folder in reversed(order)), (), "saved")
+    return Layers(tuple(f"{HELPER_WORKDIR}/{folder}" for folder in reversed(order)), ())
 
 
 def _open_fifo(fifo: Path, done: threading.Event) -> IO[bytes] | None:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from hpcbox import rootfs
 from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
@@ -365,7 +365,7 @@ def _convert_fast(
     objects = _apptainer_metadata(tool, work, raw, epoch)
     if layers is not None and not rootfs.reachable(tool, work, layers):
         say("hpcbox: the helper cannot see the engine's image layers; unpacking `docker save` instead")
-        _check_disk(work, info.size, 2)
+        _check_disk(work, info.size, _copies("fast", None))
         layers = None
     if layers is None:
         say(f"hpcbox: unpacking the layers of {info.id[:19]} (docker save) ...")
@@ -424,28 +424,31 @@ def normalise_header(path: Path, epoch: int, identity: str) -> None:
             raise HpcboxError(f"{path} is not a SIF file", "run `hpcbox sif --force`")
         sif.seek(_SIF_ID)
         sif.write(image_uuid.bytes + struct.pack("<qq", epoch, epoch))
-        _free, total, offset, _size = _SIF_DESCRIPTORS.unpack_from(header, 80)
-        for index in range(total):
-            start = offset + index * _SIF_DESCRIPTOR_SIZE
-            sif.seek(start + _DESCRIPTOR_USED)
-            if sif.read(1) != b"\x01":
-                continue
+        for start, _descriptor in _used_descriptors(sif, header):
             sif.seek(start + _DESCRIPTOR_TIMES)
             sif.write(struct.pack("<qqqq", epoch, epoch, 0, 0))
+
+
+def _used_descriptors(sif: IO[bytes], header: bytes) -> list[tuple[int, bytes]]:
+    """(position, bytes) of each data object descriptor in use, from the SIF's global ``header``."""
+    _free, total, table, _size = _SIF_DESCRIPTORS.unpack_from(header, 80)
+    used = []
+    for index in range(total):
+        start = table + index * _SIF_DESCRIPTOR_SIZE
+        sif.seek(start)
+        descriptor = sif.read(_SIF_DESCRIPTOR_SIZE)
+        if descriptor[_DESCRIPTOR_USED] == 1:
+            used.append((start, descriptor))
+    return used
 
 
 def _partition(path: Path) -> tuple[int, int, int]:
     """(offset, size, descriptor position) of the SIF's root filesystem partition."""
     with path.open("rb") as sif:
-        header = sif.read(128)
-        _free, total, table, _size = _SIF_DESCRIPTORS.unpack_from(header, 80)
-        for index in range(total):
-            sif.seek(table + index * _SIF_DESCRIPTOR_SIZE)
-            descriptor = sif.read(_SIF_DESCRIPTOR_SIZE)
-            datatype, used = struct.unpack_from("<i?", descriptor)
-            if used and datatype == _PARTITION:
+        for start, descriptor in _used_descriptors(sif, sif.read(128)):
+            if struct.unpack_from("<i", descriptor)[0] == _PARTITION:
                 offset, size = struct.unpack_from("<qq", descriptor, _DESCRIPTOR_OFFSET)
-                return offset, size, table + index * _SIF_DESCRIPTOR_SIZE
+                return offset, size, start
     raise HpcboxError(f"{path} has no filesystem partition", "convert it again with `hpcbox sif --force`")
 
 
@@ -455,12 +458,13 @@ def _fill_partition(path: Path, prefix: bytes) -> None:
     with path.open("r+b") as sif:
         sif.write(prefix)
     offset, placeholder, position = _partition(path)
-    grown = path.stat().st_size - offset - placeholder
+    size = path.stat().st_size - offset
+    grown = size - placeholder
     with path.open("r+b") as sif:
+        sif.seek(position + _DESCRIPTOR_OFFSET + 16)
+        (stored,) = struct.unpack("<q", sif.read(8))
         sif.seek(position + _DESCRIPTOR_OFFSET + 8)
-        size, stored = struct.unpack("<qq", sif.read(16))
-        sif.seek(position + _DESCRIPTOR_OFFSET + 8)
-        sif.write(struct.pack("<qq", size + grown, stored + grown))
+        sif.write(struct.pack("<qq", size, stored + grown))
         sif.seek(_SIF_DATA_SIZE)
         (data_size,) = struct.unpack("<q", sif.read(8))
         sif.seek(_SIF_DATA_SIZE)
