@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -244,6 +245,91 @@ def test_the_fast_paths_sif_is_what_apptainer_sif_writes_byte_for_byte(
         again.seek(48)
         again.write(header[48:64])  # the id hpcbox derives from the image's content
     assert file_sha256(work / "again.sif") == fast.sha256
+
+
+# The child runs `hpcbox sif` as a caller who is not root; "save" stands in for an engine whose overlay2
+# folders the helper cannot bind, as the test above does.
+_AS_CALLER = """
+import sys
+from hpcbox import rootfs
+from hpcbox.cli import main
+if sys.argv.pop(1) == "save":
+    rootfs.engine_layers = lambda raw: None
+main()
+"""
+
+
+def _unused_id() -> int:
+    import grp
+    import pwd
+
+    taken = {entry.pw_uid for entry in pwd.getpwall()} | {entry.gr_gid for entry in grp.getgrall()}
+    return next(candidate for candidate in range(40000, 60000) if candidate not in taken)
+
+
+@pytest.fixture
+def caller_workspace(run_id):
+    """A project folder owned by a uid that is neither root nor in /etc/passwd, under /var/tmp (the
+    suite's own temporary folders sit in root's 0700 home)."""
+    uid = _unused_id()
+    workspace = Path(tempfile.mkdtemp(prefix=f"{run_id}-caller-", dir="/var/tmp"))
+    (workspace / "pyproject.toml").write_text('[project]\nname = "caller"\n')
+    for path in (workspace, workspace / "pyproject.toml"):
+        os.chown(path, uid, uid)
+    yield uid, workspace
+    shutil.rmtree(workspace)
+
+
+@pytest.mark.parametrize("layers", ["engine", "save"])
+def test_a_caller_who_is_not_root_gets_the_same_sif_and_leaves_nothing_of_roots(
+    layers, caller_workspace, small_image, small_sifs
+):
+    """A user in the docker group converts without root: the helper runs as root, and what it writes that
+    hpcbox edits afterwards (the metadata, the SIF) is handed back, what must stay root's it removes
+    itself. The caller keeps only DAC_READ_SEARCH, to read this checkout and interpreter where a 0700
+    home holds them: it writes nothing it does not own, which is where a non-root caller failed."""
+    import grp
+
+    uid, workspace = caller_workspace
+    docker_gid = grp.getgrnam("docker").gr_gid
+    caps = "+dac_read_search"
+    done = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            f"--groups={docker_gid}",
+            "--no-new-privs",
+            f"--inh-caps={caps}",
+            f"--ambient-caps={caps}",
+            "--",
+            sys.executable,
+            "-c",
+            _AS_CALLER,
+            layers,
+            "sif",
+            "--image",
+            small_image.ref,
+        ],
+        cwd=workspace,
+        env={**{k: v for k, v in os.environ.items() if k != "HPCBOX_CACHE"}, "HOME": str(workspace)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    sif = Path(done.stdout.splitlines()[-1])
+    assert sif.parent == workspace / ".hpcbox" / "sif"
+    assert file_sha256(sif) == small_sifs["fast"].sha256
+    left = sorted(path.relative_to(workspace).as_posix() for path in workspace.rglob("*"))
+    assert left == [
+        ".hpcbox",
+        ".hpcbox/sif",
+        f".hpcbox/sif/{sif.stem}.json",
+        f".hpcbox/sif/{sif.name}",
+        "pyproject.toml",
+    ]
+    assert {(workspace / name).stat().st_uid for name in left} == {uid}
 
 
 def test_corrupted_cached_sif_is_rebuilt(small_image, small_sifs, sif_cache):
