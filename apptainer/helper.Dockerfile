@@ -1,8 +1,18 @@
-# The Apptainer helper: real Apptainer (from Debian sid) and squashfs-tools 4.6+ (for `mksquashfs -tar`)
-# on the pinned Debian base, so hosts without Apptainer can still make SIFs. Built offline from Debian's
-# mirror only; no registry. Every package it adds is pinned in lock/apt-helper.txt (`hpcbox lock`
-# refreshes it): a SIF's bytes depend on the mksquashfs and Apptainer that write it.
+# The Apptainer helper: real Apptainer (from Debian sid) and squashfs-tools 4.6+ on the pinned Debian
+# base, so hosts without Apptainer can still make SIFs. Built offline from Debian's mirror only; no
+# registry. Every package it adds is pinned in lock/ (`hpcbox lock` refreshes both files): a SIF's
+# bytes depend on the mksquashfs, libdeflate and Apptainer that write it.
 ARG BASE=hpcbox/debian:trixie
+
+# mksquashfs's gzip through libdeflate (zlib-libdeflate.c), compiled in a stage of its own so that the
+# compiler stays out of the helper.
+FROM ${BASE} AS zlib-libdeflate
+COPY add-sid.sh apt-helper-build.txt zlib-libdeflate.c /tmp/helper/
+RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-sid.sh \
+ && grep -v '^#' /tmp/helper/apt-helper-build.txt \
+    | xargs env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+ && gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o /zlib-libdeflate.so /tmp/helper/zlib-libdeflate.c -ldeflate
+
 FROM ${BASE}
 COPY add-sid.sh apt-helper.txt /tmp/helper/
 RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-sid.sh \
@@ -11,4 +21,5 @@ RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-sid.sh \
  && rm -rf /var/lib/apt/lists/* /tmp/helper /var/log/*.log /var/log/apt \
     /tmp/hpcbox-apt /etc/apt/apt.conf.d/00hpcbox-mirror \
  && apptainer --version && mksquashfs -version | head -n1
+COPY --from=zlib-libdeflate /zlib-libdeflate.so /usr/local/lib/hpcbox/zlib-libdeflate.so
 LABEL org.opencontainers.image.title="hpcbox apptainer helper"

@@ -47,6 +47,11 @@ _HELPER_LOCK_HEADER = """\
 # version: a SIF's bytes depend on the mksquashfs and Apptainer that write it. Written by `hpcbox lock`
 # from: {wanted}
 """
+_HELPER_BUILD_LOCK_HEADER = """\
+# What the SIF helper's build stage (helper.Dockerfile) compiles zlib-libdeflate.c with, every package at
+# its exact version. Written by `hpcbox lock` from: {wanted}
+"""
+_BUILD_STAGE_MARK = "hpcbox-build-stage-packages"
 
 
 @dataclass(frozen=True)
@@ -329,10 +334,11 @@ def simulated_installs(apt_output: str) -> dict[str, str]:
     return dict(_SIMULATED_INSTALL.findall(apt_output))
 
 
-def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
-    """Pin what the Apptainer helper installs as Debian (trixie, and sid for Apptainer) serves it today,
-    resolved on the helper's own pinned base, from the snapshot archive at this moment where it answers
-    (the lock records the time: sid replaces versions within days); the lock file if it changed."""
+def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
+    """Pin what the Apptainer helper installs, and what its build stage compiles with, as Debian (trixie,
+    and sid for Apptainer) serves them today, resolved on the helper's own pinned base, from the snapshot
+    archive at this moment where it answers (the locks record the time: sid replaces versions within
+    days); the lock files it changed. The two are written together: the build reads both from one time."""
     base = baseimage.ensure_base(lock=apptainer.helper_base_lock()).ref
     snapshot = baseimage.snapshot_now(
         "sid", "the helper is pinned from Debian's mirror with no snapshot time", say
@@ -342,26 +348,41 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> Path | None:
         # what the helper's build is handed as its apt_mirror secret when the mirror has moved on
         secret = shlex.quote(baseimage.snapshot_mirror(snapshot))
         hand_in = f"mkdir -p /run/secrets && printf %s {secret} > /run/secrets/apt_mirror\n"
+    simulate = "apt-get install --simulate --no-install-recommends -y "
     script = (
         hand_in
         + apptainer.HELPER_SID_SCRIPT.read_text()
-        + "\napt-get install --simulate --no-install-recommends -y "
-        + shlex.join(apptainer.HELPER_PACKAGES)
+        + f"\n{simulate}{shlex.join(apptainer.HELPER_PACKAGES)}"
+        + f"\necho {_BUILD_STAGE_MARK}\n{simulate}{shlex.join(apptainer.HELPER_BUILD_PACKAGES)}"
     )
     output = docker.run_once(base, ["sh", "-c", script], what="resolve the Apptainer helper's packages")
-    pins = simulated_installs(output)
-    if not pins:
-        raise HpcboxError("apt resolved no packages for the Apptainer helper", "see apt's output above")
-    text = _HELPER_LOCK_HEADER.format(wanted=" ".join(apptainer.HELPER_PACKAGES))
-    text += f"# snapshot: {snapshot}\n" if snapshot else ""
-    text += "".join(f"{name}={version}\n" for name, version in sorted(pins.items()))
-    path = apptainer.HELPER_LOCK
-    say(f"hpcbox: {path.parent.parent.name}/{path.parent.name}/{path.name}: {len(pins)} packages pinned")
-    before = path.read_text() if path.is_file() else ""
-    if _pins(before) == _pins(text) and (apptainer.HELPER_SNAPSHOT_LINE.search(before) or not snapshot):
-        return None  # the same pins: the lock, and the time they were first seen at, stay
-    path.write_text(text)
-    return path
+    helper_output, _, build_output = output.partition(f"\n{_BUILD_STAGE_MARK}\n")
+    texts = {}
+    for path, header, wanted, resolved in (
+        (apptainer.HELPER_LOCK, _HELPER_LOCK_HEADER, apptainer.HELPER_PACKAGES, helper_output),
+        (
+            apptainer.HELPER_BUILD_LOCK,
+            _HELPER_BUILD_LOCK_HEADER,
+            apptainer.HELPER_BUILD_PACKAGES,
+            build_output,
+        ),
+    ):
+        pins = simulated_installs(resolved)
+        if not pins:
+            raise HpcboxError(f"apt resolved no packages for {path.name}", "see apt's output above")
+        text = header.format(wanted=" ".join(wanted))
+        text += f"# snapshot: {snapshot}\n" if snapshot else ""
+        texts[path] = text + "".join(f"{name}={version}\n" for name, version in sorted(pins.items()))
+        say(f"hpcbox: {path.parent.parent.name}/{path.parent.name}/{path.name}: {len(pins)} packages pinned")
+    before = {path: path.read_text() if path.is_file() else "" for path in texts}
+    same = all(_pins(before[path]) == _pins(text) for path, text in texts.items())
+    if same and (
+        all(apptainer.HELPER_SNAPSHOT_LINE.search(text) for text in before.values()) or not snapshot
+    ):
+        return []  # the same pins: the locks, and the time they were first seen at, stay
+    for path, text in texts.items():
+        path.write_text(text)
+    return list(texts)
 
 
 def _pins(helper_lock: str) -> list[str]:

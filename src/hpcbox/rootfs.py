@@ -34,7 +34,7 @@ from typing import IO, Any
 
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import HELPER_WORKDIR, Apptainer
+from hpcbox.tools.apptainer import HELPER_WORKDIR, ZLIB_LIBDEFLATE, Apptainer
 
 # In the work folder: what goes above the image's layers, the unpacked `docker save` layers, the
 # listing of files newer than the source date, and its pseudo definitions.
@@ -88,9 +88,10 @@ _LIST_NEWER = rf"""
 cd /rootfs
 find . -mindepth 1 -newermt "@$epoch" -printf '%m %U %G %P\0' > {HELPER_WORKDIR}/{NEWER}
 """
-# The helper runs as root; hpcbox then fills in the SIF's header, so the file goes to the caller.
-_SQUASH = r"""
-mksquashfs /rootfs "$@"
+# gzip through libdeflate: the same format in half zlib's time (apptainer/zlib-libdeflate.c). The
+# helper runs as root; hpcbox then fills in the SIF's header, so the file goes to the caller.
+_SQUASH = rf"""
+LD_PRELOAD={ZLIB_LIBDEFLATE} mksquashfs /rootfs "$@"
 chown "$HPCBOX_OWNER" "$1"
 """
 

@@ -46,7 +46,8 @@ from hpcbox.tools.apptainer import Apptainer, Command, engine, parse_sif_list
 CONVERSIONS = ("fast", "reference")
 DEFAULT_CONVERSION = "fast"
 LABEL_IMAGE_ID = "io.hpcbox.image.id"
-# The Apptainer and mksquashfs that made the SIF: the same image gives the same SIF with the same ones.
+# The Apptainer and mksquashfs (and libdeflate, for gzip on the fast path) that made the SIF: the same
+# image gives the same SIF with the same ones.
 LABEL_CONVERTER = "io.hpcbox.sif.converter"
 LABEL_IMAGE_REF = "io.hpcbox.image.ref"
 # The squashfs compression as `hpcbox sif --compression` writes it: `hpcbox verify` converts again with it.
@@ -253,7 +254,8 @@ def build_sif(
     work = Path(tempfile.mkdtemp(prefix=".convert-", dir=cache))
     try:
         labels = {} if reproducible else local_names(info.id, image.ref)
-        labels[LABEL_CONVERTER] = tool.versions(work)
+        gzip_by_libdeflate = conversion == "fast" and compression.algorithm == "gzip"
+        labels[LABEL_CONVERTER] = tool.versions(work, libdeflate=gzip_by_libdeflate)
         labels[LABEL_COMPRESSION] = str(compression)
         (work / DEFINITION).write_text(definition(labels))
         if conversion == "fast":

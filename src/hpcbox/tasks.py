@@ -142,9 +142,9 @@ def lock(c, base=None, mirror=None, pip_only=False):
             changed += [base_lock] if base_lock else []
         changed += refresh_locks(project, base)
         changed += [path for path in [refresh_registry_base(project)] if path]
-        # The SIF helper is hpcbox's own: its lock is refreshed in hpcbox's checkout, not in a project's.
+        # The SIF helper is hpcbox's own: its locks are refreshed in hpcbox's checkout, not in a project's.
         if apptainer.HELPER_DIR.is_relative_to(project.root):
-            changed += [path for path in [refresh_helper_lock()] if path]
+            changed += refresh_helper_lock()
     print("locks changed: " + ", ".join(str(p) for p in changed) if changed else "locks are up to date")
 
 

@@ -44,23 +44,38 @@ def test_malformed_lock_line_names_file_and_line(tmp_path: Path):
         read_apt_lock(lock)
 
 
-def test_the_helper_lock_pins_apptainer_and_mksquashfs_and_what_they_need(
+def test_the_helper_locks_pin_apptainer_mksquashfs_libdeflate_and_the_compiler(
     docker_engine, tmp_path, monkeypatch
 ):
     from hpcbox.lock import refresh_helper_lock
     from hpcbox.tools import apptainer
 
     monkeypatch.setattr(apptainer, "HELPER_LOCK", tmp_path / "apt-helper.txt")
-    assert refresh_helper_lock(say=lambda _: None) == tmp_path / "apt-helper.txt"
-    pins = dict(
-        line.split("=", 1)
-        for line in (tmp_path / "apt-helper.txt").read_text().splitlines()
-        if not line.startswith("#")
-    )
-    assert {"apptainer", "squashfs-tools", "squashfuse", "fuse2fs", "fuse-overlayfs", "uidmap"} <= pins.keys()
-    assert all(version and " " not in version for version in pins.values())
-    # The same mirror again: nothing changes, so the helper's tag (a hash of its lock) stays.
-    assert refresh_helper_lock(say=lambda _: None) is None
+    monkeypatch.setattr(apptainer, "HELPER_BUILD_LOCK", tmp_path / "apt-helper-build.txt")
+    assert refresh_helper_lock(say=lambda _: None) == [
+        tmp_path / "apt-helper.txt",
+        tmp_path / "apt-helper-build.txt",
+    ]
+
+    def pins(name: str) -> dict[str, str]:
+        lines = (tmp_path / name).read_text().splitlines()
+        return dict(line.split("=", 1) for line in lines if not line.startswith("#"))
+
+    helper, build = pins("apt-helper.txt"), pins("apt-helper-build.txt")
+    assert {
+        "apptainer",
+        "squashfs-tools",
+        "squashfuse",
+        "fuse2fs",
+        "fuse-overlayfs",
+        "uidmap",
+    } <= helper.keys()
+    assert {"gcc", "libc6-dev", "libdeflate-dev", "zlib1g-dev"} <= build.keys() and "gcc" not in helper
+    # What the shim is compiled against is what runs it.
+    assert helper["libdeflate0"] == build["libdeflate-dev"] == build["libdeflate0"]
+    assert all(version and " " not in version for version in (*helper.values(), *build.values()))
+    # The same mirror again: nothing changes, so the helper's tag (a hash of its locks) stays.
+    assert refresh_helper_lock(say=lambda _: None) == []
 
 
 # A project's own dependency list, locked from PyPI for both flavours (no Docker needed).

@@ -30,7 +30,7 @@ from hpcbox.sif import (
     rootfs_sha256,
     sif_path_for,
 )
-from hpcbox.tools.apptainer import Apptainer
+from hpcbox.tools.apptainer import ZLIB_LIBDEFLATE, Apptainer
 from tests.fixtures.sif import WITH_CODE
 
 pytestmark = pytest.mark.integration
@@ -99,6 +99,17 @@ def test_inspect_shows_provenance(environment_image, trainer_sif, apptainer_help
     assert "Bootstrap: docker-archive" in attributes["deffile"]
 
 
+def test_a_gzip_sif_names_the_libdeflate_that_compressed_it(small_sifs, apptainer_helper):
+    helper = Apptainer("container", apptainer_helper)
+    fast, reference = (
+        helper.inspect(small_sifs[path].path)["labels"][LABEL_CONVERTER] for path in small_sifs
+    )
+    assert re.fullmatch(
+        r"apptainer version \S+; mksquashfs version \S+ \(\S+\); gzip by libdeflate 1\.\S+", fast
+    )
+    assert "libdeflate" not in reference  # `apptainer build` runs mksquashfs as it is
+
+
 def test_second_conversion_is_a_cache_hit(environment_image, trainer_sif, sif_cache):
     compression = load_profile("local").apptainer.compression
     again = _convert(environment_image, sif_cache, compression=compression)
@@ -123,7 +134,10 @@ def _inside(node, sif_path: Path) -> dict:
     for done in (inspect, env, run, default_run, files):
         assert done.returncode == 0, done.stderr
     metadata = json.loads(inspect.stdout)["data"]["attributes"]
-    labels = {key: value for key, value in metadata.pop("labels").items() if key != BUILD_DATE_LABEL}
+    # Per path by design: the build date, and the converter (the fast path's gzip is libdeflate's).
+    per_path = (BUILD_DATE_LABEL, LABEL_CONVERTER)
+    labels = {key: value for key, value in metadata.pop("labels").items() if key not in per_path}
+    metadata["deffile"] = [line for line in metadata["deffile"].splitlines() if LABEL_CONVERTER not in line]
     variables = sorted(
         line
         for line in env.stdout.splitlines()
@@ -135,7 +149,9 @@ def _inside(node, sif_path: Path) -> dict:
         "env": variables,
         "run": run.stdout,
         "default_run": default_run.stdout,
-        "files": [line for line in files.stdout.splitlines() if "labels.json" not in line],
+        "files": [
+            line for line in files.stdout.splitlines() if not line.endswith(("labels.json", "./Singularity"))
+        ],
     }
 
 
@@ -245,6 +261,48 @@ def test_the_fast_paths_sif_is_what_apptainer_sif_writes_byte_for_byte(
         again.seek(48)
         again.write(header[48:64])  # the id hpcbox derives from the image's content
     assert file_sha256(work / "again.sif") == fast.sha256
+
+
+# Both squashfs files of the same folder, by libdeflate and by zlib: unsquashed, the same files.
+_GZIP_BOTH_WAYS = f"""
+set -e
+mkdir -p tree && cp -a /usr/share/perl5 /usr/share/doc tree/
+for how in libdeflate zlib; do
+    if [ "$how" = libdeflate ]; then preload={ZLIB_LIBDEFLATE}; else preload=; fi
+    LD_PRELOAD=$preload mksquashfs tree "$how.sqfs" -noappend -quiet -no-progress -comp gzip \\
+        -Xcompression-level 1 -all-time 0 -mkfs-time 0
+    unsquashfs -q -no-progress -d "$how" "$how.sqfs" >/dev/null
+done
+diff -r libdeflate zlib
+unsquashfs -stat libdeflate.sqfs | grep -i '^compression'
+"""
+
+
+def test_gzip_in_the_fast_path_is_libdeflates_and_inflates_to_the_same_files(apptainer_helper, tmp_path):
+    """mksquashfs's gzip goes through apptainer/zlib-libdeflate.c: other bytes than zlib's (so it is in
+    effect), the same files once zlib's own unsquashfs inflates them."""
+    stdout = Apptainer("container", apptainer_helper).run(
+        "sh", ["-c", _GZIP_BOTH_WAYS], tmp_path, what="squash a folder with libdeflate and with zlib"
+    )
+    assert stdout.split() == ["Compression", "gzip"]
+    by_libdeflate, by_zlib = (
+        (tmp_path / "libdeflate.sqfs").read_bytes(),
+        (tmp_path / "zlib.sqfs").read_bytes(),
+    )
+    assert by_libdeflate[:4] == by_zlib[:4] == b"hsqs" and by_libdeflate != by_zlib
+
+
+def test_gzip_options_libdeflate_does_not_serve_stop_mksquashfs(apptainer_helper, tmp_path):
+    """Whole blocks at the default window and strategy are all zlib-libdeflate.c serves: anything else is
+    refused, never quietly compressed otherwise than asked (zlib itself takes the same options)."""
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "file").write_text("hpcbox " * 10000)
+    helper = Apptainer("container", apptainer_helper)
+    squash = "LD_PRELOAD=$0 mksquashfs tree out.sqfs -noappend -quiet -comp gzip -Xwindow-size 12"
+    helper.run("sh", ["-c", squash, ""], tmp_path, what="squash with a smaller window, by zlib")
+    with pytest.raises(HpcboxError) as error:
+        helper.run("sh", ["-c", squash, ZLIB_LIBDEFLATE], tmp_path, what="squash with a smaller window")
+    assert "compressor_init failed" in error.value.details
 
 
 # The child runs `hpcbox sif` as a caller who is not root; "save" stands in for an engine whose overlay2

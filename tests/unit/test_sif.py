@@ -100,3 +100,26 @@ def test_the_helper_is_named_by_what_it_holds_not_by_the_local_name_of_its_base(
     here = apptainer.helper_ref()
     monkeypatch.setenv("HPCBOX_BASE_REPOSITORY", "elsewhere/debian")
     assert apptainer.helper_ref() == here
+
+
+def test_every_file_the_helper_is_built_from_names_it(monkeypatch, tmp_path: Path):
+    """The libdeflate shim and its compiler's pins are part of the helper: changing one is another helper."""
+    from hpcbox.tools import apptainer
+
+    here = apptainer.helper_ref()
+    for constant in ("HELPER_ZLIB_SOURCE", "HELPER_BUILD_LOCK", "HELPER_LOCK"):
+        changed = tmp_path / constant
+        changed.write_bytes(getattr(apptainer, constant).read_bytes() + b"\n")
+        with monkeypatch.context() as patch:
+            patch.setattr(apptainer, constant, changed)
+            assert apptainer.helper_ref() != here, constant
+
+
+def test_a_vanished_pin_is_named_with_the_lock_that_holds_it():
+    from hpcbox.tools import apptainer
+
+    gcc = next(
+        line for line in apptainer.HELPER_BUILD_LOCK.read_text().splitlines() if line.startswith("gcc=")
+    )
+    assert apptainer._pinned_in(*gcc.split("=", 1)) == "apptainer/lock/apt-helper-build.txt"
+    assert apptainer._pinned_in("apptainer", "1.4.5-2") == "apptainer/lock/apt-helper.txt"

@@ -29,10 +29,23 @@ HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
 # Every package the helper adds to the base, at its exact version; `hpcbox lock` writes it.
 HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
 HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
+# The zlib stand-in mksquashfs compresses gzip with in the fast path, its source and what compiles it.
+HELPER_ZLIB_SOURCE = HELPER_DIR / "zlib-libdeflate.c"
+HELPER_BUILD_LOCK = HELPER_DIR / "lock" / "apt-helper-build.txt"
+HELPER_BUILD_PACKAGES = ("gcc", "libc6-dev", "libdeflate-dev", "zlib1g-dev")
+ZLIB_LIBDEFLATE = "/usr/local/lib/hpcbox/zlib-libdeflate.so"
 # HELPER_LOCK's line for the snapshot.debian.org time its pins were resolved from, where it answered.
 HELPER_SNAPSHOT_LINE = re.compile(r"(?m)^# snapshot: (\d{8}T\d{6}Z)$")
 # What the helper is for; `hpcbox lock` resolves these (with what they pull in) into HELPER_LOCK.
-HELPER_PACKAGES = ("apptainer/sid", "squashfs-tools/sid", "squashfuse", "fuse2fs", "fuse-overlayfs", "uidmap")
+HELPER_PACKAGES = (
+    "apptainer/sid",
+    "squashfs-tools/sid",
+    "squashfuse",
+    "fuse2fs",
+    "fuse-overlayfs",
+    "uidmap",
+    "libdeflate0",
+)
 HELPER_REPOSITORY = "hpcbox/apptainer-helper"
 HELPER_WORKDIR = "/work"
 # What `apptainer build` and a SIF mount need in a container; --privileged fails on many hosts.
@@ -212,15 +225,14 @@ class Apptainer:
         with self._helper_start_errors():
             return proc.stream(argv, what=what, hint=self._hint(), cwd=workdir, on_line=on_line or _discard)
 
-    def versions(self, workdir: Path) -> str:
-        """Apptainer's and mksquashfs's versions on one line: a SIF's bytes depend on them."""
+    def versions(self, workdir: Path, *, libdeflate: bool = False) -> str:
+        """Apptainer's and mksquashfs's versions on one line (and, with ``libdeflate``, that of the
+        libdeflate mksquashfs's gzip goes through in the helper): a SIF's bytes depend on them."""
         apptainer = shlex.quote(self.program) if self.kind == "host" else "apptainer"
-        text = self.run(
-            "sh",
-            ["-c", f"{apptainer} --version && mksquashfs -version | head -n 1"],
-            workdir,
-            what="ask Apptainer and mksquashfs for their versions",
-        )
+        script = f"{apptainer} --version && mksquashfs -version | head -n 1"
+        if libdeflate:
+            script += " && echo \"gzip by libdeflate $(dpkg-query -W -f '${Version}' libdeflate0)\""
+        text = self.run("sh", ["-c", script], workdir, what="ask Apptainer and mksquashfs for their versions")
         return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
     def inspect(self, sif: Path) -> dict:
@@ -338,19 +350,30 @@ def helper_snapshot() -> str | None:
 
 
 def helper_ref() -> str:
-    """The helper image's tag: a hash of its Dockerfile, its package pins and its pinned base."""
+    """The helper image's tag: a hash of its files, its package pins and its pinned base."""
     from hpcbox import baseimage
 
     override = os.environ.get("HPCBOX_APPTAINER_HELPER")
     if override:
         return override
     digest = hashlib.sha256()
-    for path in (HELPER_DOCKERFILE, HELPER_SID_SCRIPT, HELPER_LOCK):
+    for path in _helper_files().values():
         digest.update(path.read_bytes() + b"\0")
     # The base by its canonical name: a base bootstrapped under another local name (HPCBOX_BASE_REPOSITORY)
     # is the same image, so it gives the same helper, not a second tag of it.
     digest.update(baseimage.base_ref(lock=helper_base_lock(), canonical=True).encode())
     return f"{HELPER_REPOSITORY}:{digest.hexdigest()[:12]}"
+
+
+def _helper_files() -> dict[str, Path]:
+    """The helper's build context: name in it → file."""
+    return {
+        "Dockerfile": HELPER_DOCKERFILE,
+        HELPER_SID_SCRIPT.name: HELPER_SID_SCRIPT,
+        HELPER_LOCK.name: HELPER_LOCK,
+        HELPER_BUILD_LOCK.name: HELPER_BUILD_LOCK,
+        HELPER_ZLIB_SOURCE.name: HELPER_ZLIB_SOURCE,
+    }
 
 
 def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
@@ -362,7 +385,7 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
     if docker.image(ref) is not None:
         return ref
     base = baseimage.ensure_base(lock=helper_base_lock(), on_line=on_line)
-    files = {"Dockerfile": HELPER_DOCKERFILE, "add-sid.sh": HELPER_SID_SCRIPT, "apt-helper.txt": HELPER_LOCK}
+    files = _helper_files()
 
     def build(secrets: Mapping[str, Path]) -> None:
         docker.build(
@@ -382,13 +405,18 @@ def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
         gone = baseimage.superseded_pin(failed.details)
         if gone is None:
             raise
-        gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in apptainer/lock/apt-helper.txt"
+        gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(*gone)}"
         snapshot = helper_snapshot()
         if snapshot is None:
             raise HpcboxError(
                 f"{gone_line} for the Apptainer helper (sid replaces versions within days)", fix
             ) from failed
-        baseimage.build_from_snapshot(
-            snapshot, "sid", build, gone_line, lambda *_: "apptainer/lock/apt-helper.txt", fix, lambda _: None
-        )
+        baseimage.build_from_snapshot(snapshot, "sid", build, gone_line, _pinned_in, fix, lambda _: None)
     return ref
+
+
+def _pinned_in(package: str, version: str) -> str:
+    """Which of the helper's locks pins ``package`` at ``version``, as a path in hpcbox's checkout."""
+    pin = f"{package}={version}"
+    lock = HELPER_BUILD_LOCK if pin in HELPER_BUILD_LOCK.read_text().splitlines() else HELPER_LOCK
+    return f"apptainer/lock/{lock.name}"
