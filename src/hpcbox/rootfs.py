@@ -88,10 +88,12 @@ _LIST_NEWER = rf"""
 cd /rootfs
 find . -mindepth 1 -newermt "@$epoch" -printf '%m %U %G %P\0' > {HELPER_WORKDIR}/{NEWER}
 """
-# gzip through libdeflate: the same format in half zlib's time (apptainer/zlib-libdeflate.c). The
-# helper runs as root; hpcbox then fills in the SIF's header, so the file goes to the caller.
+# gzip through libdeflate: the same format in half zlib's time (apptainer/zlib-libdeflate.c; a helper
+# named by HPCBOX_APPTAINER_HELPER may lack it, and then zlib serves, as the SIF's converter label says).
+# The helper runs as root; hpcbox then fills in the SIF's header, so the file goes to the caller.
 _SQUASH = rf"""
-LD_PRELOAD={ZLIB_LIBDEFLATE} mksquashfs /rootfs "$@"
+if [ -e {ZLIB_LIBDEFLATE} ]; then export LD_PRELOAD={ZLIB_LIBDEFLATE}; fi
+mksquashfs /rootfs "$@"
 chown "$HPCBOX_OWNER" "$1"
 """
 

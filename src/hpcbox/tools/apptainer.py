@@ -226,12 +226,13 @@ class Apptainer:
             return proc.stream(argv, what=what, hint=self._hint(), cwd=workdir, on_line=on_line or _discard)
 
     def versions(self, workdir: Path, *, libdeflate: bool = False) -> str:
-        """Apptainer's and mksquashfs's versions on one line (and, with ``libdeflate``, that of the
-        libdeflate mksquashfs's gzip goes through in the helper): a SIF's bytes depend on them."""
+        """Apptainer's and mksquashfs's versions on one line (and, with ``libdeflate``, libdeflate's where
+        the helper has zlib-libdeflate.so for mksquashfs's gzip): a SIF's bytes depend on them."""
         apptainer = shlex.quote(self.program) if self.kind == "host" else "apptainer"
         script = f"{apptainer} --version && mksquashfs -version | head -n 1"
         if libdeflate:
-            script += " && echo \"gzip by libdeflate $(dpkg-query -W -f '${Version}' libdeflate0)\""
+            version = "$(dpkg-query -W -f '${Version}' libdeflate0)"
+            script += f' && if [ -e {ZLIB_LIBDEFLATE} ]; then echo "gzip by libdeflate {version}"; fi'
         text = self.run("sh", ["-c", script], workdir, what="ask Apptainer and mksquashfs for their versions")
         return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
