@@ -135,8 +135,10 @@ def verify(
         if not path.is_file():
             raise HpcboxError(f"no SIF at {artifact}", "give the path of a .sif file, or an image reference")
         tool = engine(engine_choice, on_line=on_line)
-        origin = Provenance.from_labels(_sif_labels(path, tool), artifact, is_sif=True)
-        return _verify_sif(path.resolve(), origin, project, tool, say, on_line)
+        labels = _sif_labels(path, tool)
+        origin = Provenance.from_labels(labels, artifact, is_sif=True)
+        converter = labels.get(sif.LABEL_CONVERTER, "")
+        return _verify_sif(path.resolve(), origin, converter, project, tool, say, on_line)
     info = docker.image(artifact)
     if info is None:
         raise HpcboxError(
@@ -153,6 +155,7 @@ def _sif_labels(path: Path, tool: Apptainer) -> Mapping[str, str]:
 def _verify_sif(
     path: Path,
     origin: Provenance,
+    converter: str,
     project: ProjectConfig,
     tool: Apptainer,
     say: Callable[[str], None],
@@ -169,6 +172,15 @@ def _verify_sif(
             return Verdict(str(path), origin.revision, (), f"sha256 {digest}")
         say("hpcbox: the SIFs differ; comparing them object by object and file by file ...")
         differences = _sif_differences(path, again.path, tool, scratch)
+        converter_now = _sif_labels(again.path, tool).get(sif.LABEL_CONVERTER, "")
+        if converter != converter_now:
+            # Another Apptainer, mksquashfs or libdeflate writes other bytes from the same files, and
+            # its name in the labels differs: say so first, or the label looks like the cause.
+            differences = (
+                f"converted by {converter or 'a converter it does not name'}; this hpcbox converts with "
+                f"{converter_now}",
+                *differences,
+            )
     return Verdict(str(path), origin.revision, differences, f"sha256 {digest}")
 
 

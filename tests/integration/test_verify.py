@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from hpcbox.config import load_project
 from hpcbox.image import build_image
 from hpcbox.sif import build_sif
 from hpcbox.tools import docker
+from hpcbox.tools.apptainer import ZLIB_LIBDEFLATE
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = """\
@@ -33,11 +35,15 @@ RUN echo hello > /hello.txt && mkdir -p /opt/tiny
 FROM environment AS runtime
 COPY code/src /opt/tiny/src
 """
+# Fixed dates too: each test's `tiny` is then the same commit, which the image an earlier test built
+# (and a later one reuses, its content being the same) names as its revision.
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "hpcbox tests",
     "GIT_AUTHOR_EMAIL": "tests@hpcbox.invalid",
+    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
     "GIT_COMMITTER_NAME": "hpcbox tests",
     "GIT_COMMITTER_EMAIL": "tests@hpcbox.invalid",
+    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
 }
 
 
@@ -121,6 +127,42 @@ def test_a_sif_and_an_image_built_from_a_commit_verify_identical_and_a_changed_f
     assert "  /added.txt: only in the artifact" in lines
     assert "  /hello.txt: content" in lines
     assert len(lines) == 3, done.stdout  # nothing else differs
+
+
+def test_a_sif_from_another_converter_says_so_before_the_files(
+    tiny, tmp_path, run_id, apptainer_helper, monkeypatch
+):
+    """A gzip SIF made by a helper without zlib-libdeflate.so (an older hpcbox's, or one of one's own):
+    the rebuild's bytes differ for that reason, and its label with them; verify names the converters
+    first, so the label is not taken for the cause."""
+    from tests.fixtures.images import build_dockerfile
+
+    image = build_image(load_project(tiny), flavour="cpu", offline=True, say=_quiet, on_line=_quiet)
+    zlib_helper = f"{run_id}/verify-helper-zlib:1"
+    build_dockerfile(
+        f"ARG BASE\nFROM ${{BASE}}\nRUN rm {ZLIB_LIBDEFLATE}\n", zlib_helper, tmp_path, apptainer_helper
+    )
+    try:
+        with monkeypatch.context() as patch:
+            patch.setenv("HPCBOX_APPTAINER_HELPER", zlib_helper)
+            gzip = parse_compression("gzip:1", "--compression")
+            by_zlib = build_sif(image, compression=gzip, cache=tmp_path / "sif", say=_quiet, on_line=_quiet)
+        done = _verify(tiny, str(by_zlib.path))
+    finally:
+        docker.remove_image(zlib_helper)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    converter = r"apptainer version \S+; mksquashfs version \S+ \(\S+\)"
+    assert re.fullmatch(
+        rf"  converted by {converter}; this hpcbox converts with {converter}; gzip by libdeflate \S+",
+        lines[1],
+    ), done.stdout
+    # Beyond the converter, only where its name is written: the definition and the labels.
+    assert lines[2:] == [
+        "  SIF object 'Def.FILE' differs",
+        "  /.singularity.d/Singularity: size, content",
+        "  /.singularity.d/labels.json: size, content",
+    ], done.stdout
 
 
 def test_sources_that_do_not_hash_to_the_recorded_content_are_refused_before_building(tiny, tmp_path):
