@@ -104,14 +104,18 @@ def _rebuilt(project, cache: Path, compression: str) -> tuple[float, _Rebuilt]:
 
 def run() -> list[dict]:
     project = load_project(REPO)
-    image = build_image(project, flavour="cuda", offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet)
+
+    def build():
+        return build_image(
+            project, flavour="cuda", offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet
+        )
+
+    image = build()
     if image.labels.get(LABEL_REVISION) != source_revision(project.root):
         # Built at another commit with the same content (so its tag matched): its revision label, and so
         # its SIF, differ from the rebuild's at this commit, which the reproducibility row compares.
         docker.remove_image(image.ref)
-        image = build_image(
-            project, flavour="cuda", offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet
-        )
+        image = build()
     shipped = str(load_profile("local").apptainer.compression)
     image_size = docker.image(image.ref).size
     mb = 1e6

@@ -66,6 +66,7 @@ class Provenance:
     base_id: str
     pinned: bool  # built on the bootstrapped base its lock pins (else on a registry image)
     compression: str = ""  # SIFs only
+    converter: str = ""  # SIFs only: the Apptainer, mksquashfs (and libdeflate) that wrote it
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str], what: str, *, is_sif: bool) -> Provenance:
@@ -93,6 +94,7 @@ class Provenance:
             base_id=labels[LABEL_BASE_DIGEST],
             pinned=LABEL_SOURCE_DATE_EPOCH in labels,
             compression=labels.get(sif.LABEL_COMPRESSION, "") if is_sif else "",
+            converter=labels.get(sif.LABEL_CONVERTER, "") if is_sif else "",
         )
 
 
@@ -135,10 +137,8 @@ def verify(
         if not path.is_file():
             raise HpcboxError(f"no SIF at {artifact}", "give the path of a .sif file, or an image reference")
         tool = engine(engine_choice, on_line=on_line)
-        labels = _sif_labels(path, tool)
-        origin = Provenance.from_labels(labels, artifact, is_sif=True)
-        converter = labels.get(sif.LABEL_CONVERTER, "")
-        return _verify_sif(path.resolve(), origin, converter, project, tool, say, on_line)
+        origin = Provenance.from_labels(_sif_labels(path, tool), artifact, is_sif=True)
+        return _verify_sif(path.resolve(), origin, project, tool, say, on_line)
     info = docker.image(artifact)
     if info is None:
         raise HpcboxError(
@@ -155,7 +155,6 @@ def _sif_labels(path: Path, tool: Apptainer) -> Mapping[str, str]:
 def _verify_sif(
     path: Path,
     origin: Provenance,
-    converter: str,
     project: ProjectConfig,
     tool: Apptainer,
     say: Callable[[str], None],
@@ -173,12 +172,12 @@ def _verify_sif(
         say("hpcbox: the SIFs differ; comparing them object by object and file by file ...")
         differences = _sif_differences(path, again.path, tool, scratch)
         converter_now = _sif_labels(again.path, tool).get(sif.LABEL_CONVERTER, "")
-        if converter != converter_now:
+        if origin.converter != converter_now:
             # Another Apptainer, mksquashfs or libdeflate writes other bytes from the same files, and
             # its name in the labels differs: say so first, or the label looks like the cause.
             differences = (
-                f"converted by {converter or 'a converter it does not name'}; this hpcbox converts with "
-                f"{converter_now}",
+                f"converted by {origin.converter or 'a converter it does not name'}; "
+                f"this hpcbox converts with {converter_now}",
                 *differences,
             )
     return Verdict(str(path), origin.revision, differences, f"sha256 {digest}")

@@ -306,21 +306,13 @@ def test_gzip_options_libdeflate_does_not_serve_stop_mksquashfs(apptainer_helper
 
 
 def test_a_helper_of_ones_own_without_the_shim_still_converts_and_claims_no_libdeflate(
-    small_image, apptainer_helper, run_id, tmp_path, monkeypatch
+    small_image, helper_without_libdeflate, tmp_path, monkeypatch
 ):
     """HPCBOX_APPTAINER_HELPER may name a helper image built without zlib-libdeflate.so: its mksquashfs
     keeps zlib's gzip, and the SIF's converter label does not claim libdeflate."""
-    from hpcbox.tools import docker
-    from tests.fixtures.images import build_dockerfile
-
-    ref = f"{run_id}/helper-without-libdeflate:1"
-    build_dockerfile(f"ARG BASE\nFROM ${{BASE}}\nRUN rm {ZLIB_LIBDEFLATE}\n", ref, tmp_path, apptainer_helper)
-    try:
-        monkeypatch.setenv("HPCBOX_APPTAINER_HELPER", ref)
-        by_zlib = _convert(small_image, tmp_path / "cache")
-        label = Apptainer("container", ref).inspect(by_zlib.path)["labels"][LABEL_CONVERTER]
-    finally:
-        docker.remove_image(ref)
+    monkeypatch.setenv("HPCBOX_APPTAINER_HELPER", helper_without_libdeflate)
+    by_zlib = _convert(small_image, tmp_path / "cache")
+    label = Apptainer("container", helper_without_libdeflate).inspect(by_zlib.path)["labels"][LABEL_CONVERTER]
     assert re.fullmatch(r"apptainer version \S+; mksquashfs version \S+ \(\S+\)", label)
 
 

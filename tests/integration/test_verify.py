@@ -24,7 +24,6 @@ from hpcbox.config import load_project
 from hpcbox.image import build_image
 from hpcbox.sif import build_sif
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import ZLIB_LIBDEFLATE
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = """\
@@ -130,26 +129,17 @@ def test_a_sif_and_an_image_built_from_a_commit_verify_identical_and_a_changed_f
 
 
 def test_a_sif_from_another_converter_says_so_before_the_files(
-    tiny, tmp_path, run_id, apptainer_helper, monkeypatch
+    tiny, tmp_path, helper_without_libdeflate, monkeypatch
 ):
     """A gzip SIF made by a helper without zlib-libdeflate.so (an older hpcbox's, or one of one's own):
     the rebuild's bytes differ for that reason, and its label with them; verify names the converters
     first, so the label is not taken for the cause."""
-    from tests.fixtures.images import build_dockerfile
-
     image = build_image(load_project(tiny), flavour="cpu", offline=True, say=_quiet, on_line=_quiet)
-    zlib_helper = f"{run_id}/verify-helper-zlib:1"
-    build_dockerfile(
-        f"ARG BASE\nFROM ${{BASE}}\nRUN rm {ZLIB_LIBDEFLATE}\n", zlib_helper, tmp_path, apptainer_helper
-    )
-    try:
-        with monkeypatch.context() as patch:
-            patch.setenv("HPCBOX_APPTAINER_HELPER", zlib_helper)
-            gzip = parse_compression("gzip:1", "--compression")
-            by_zlib = build_sif(image, compression=gzip, cache=tmp_path / "sif", say=_quiet, on_line=_quiet)
-        done = _verify(tiny, str(by_zlib.path))
-    finally:
-        docker.remove_image(zlib_helper)
+    with monkeypatch.context() as patch:
+        patch.setenv("HPCBOX_APPTAINER_HELPER", helper_without_libdeflate)
+        gzip = parse_compression("gzip:1", "--compression")
+        by_zlib = build_sif(image, compression=gzip, cache=tmp_path / "sif", say=_quiet, on_line=_quiet)
+    done = _verify(tiny, str(by_zlib.path))
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     converter = r"apptainer version \S+; mksquashfs version \S+ \(\S+\)"
