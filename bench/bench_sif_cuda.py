@@ -26,7 +26,7 @@ from hpcbox.compression import parse_compression
 from hpcbox.config import load_project
 from hpcbox.image import ENVIRONMENT, LABEL_CONTENT, LABEL_REVISION, build_image
 from hpcbox.profiles import load_profile
-from hpcbox.provenance import source_revision
+from hpcbox.provenance import inputs_revision
 from hpcbox.rootfs import exported
 from hpcbox.sif import build_sif
 from hpcbox.tools import docker
@@ -111,9 +111,12 @@ def run() -> list[dict]:
         )
 
     image = build()
-    if image.labels.get(LABEL_REVISION) != source_revision(project.root):
-        # Built at another commit with the same content (so its tag matched): its revision label, and so
-        # its SIF, differ from the rebuild's at this commit, which the reproducibility row compares.
+    if image.labels.get(LABEL_REVISION) != inputs_revision(
+        project.root, (project.docker_dir, project.dockerfile)
+    ):
+        # Built from the same content at another commit of docker/ (changed and changed back, or built
+        # before it was committed): its revision label, and so its SIF, differ from the rebuild's now,
+        # which the reproducibility row compares.
         docker.remove_image(image.ref)
         image = build()
     shipped = str(load_profile("local").apptainer.compression)

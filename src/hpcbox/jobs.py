@@ -25,7 +25,7 @@ from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
 from hpcbox.image import ENVIRONMENT, Image, build_image, last_image
 from hpcbox.profiles import ClusterProfile
-from hpcbox.provenance import source_revision
+from hpcbox.provenance import inputs_revision
 from hpcbox.render import JobInputs, JobScript, render_sbatch
 from hpcbox.resources import Resources
 from hpcbox.sweep import Sweep
@@ -264,7 +264,7 @@ def submit(
             runs_dir="runs",
             log_dir="logs",
             sif_sha256=payload.sif_sha256,
-            code_revision=source_revision(project.root),
+            code_revision=inputs_revision(project.root, project.code),
         )
         script = render_sbatch(profile, resources, inputs, trainer_args, project.run, sweep=sweep)
         stamp = datetime.now(UTC)

@@ -15,7 +15,7 @@ import pytest
 from hpcbox import image as image_stage
 from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
-from hpcbox.provenance import source_revision
+from hpcbox.provenance import inputs_revision
 from hpcbox.tools import docker
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,9 @@ def test_cpu_image_imports_torch_as_non_root_user(trainer_image):
 def test_labels_record_revision_lock_flavour_and_base(trainer_image):
     labels = docker.image(trainer_image.ref).labels
     project = load_project(REPO)
-    assert labels[image_stage.LABEL_REVISION] == source_revision(REPO)
+    # The last commit of what the runtime image is built from (docker/ and the code), not the tree's.
+    inputs = (project.docker_dir, project.dockerfile, *project.code)
+    assert labels[image_stage.LABEL_REVISION] == inputs_revision(REPO, inputs)
     assert labels[image_stage.LABEL_LOCK] == image_stage.lock_hash(project, image_stage.FLAVOURS["cpu"])
     assert labels[image_stage.LABEL_FLAVOUR] == "cpu"
     assert labels[image_stage.LABEL_BASE_NAME] == trainer_image.base

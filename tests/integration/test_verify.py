@@ -21,9 +21,10 @@ import pytest
 
 from hpcbox.compression import parse_compression
 from hpcbox.config import load_project
-from hpcbox.image import build_image
+from hpcbox.image import ENVIRONMENT, LABEL_REVISION, build_image
 from hpcbox.sif import build_sif
 from hpcbox.tools import docker
+from hpcbox.tools.apptainer import Apptainer
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = """\
@@ -72,6 +73,11 @@ def tiny(tmp_path: Path, run_id: str, monkeypatch, docker_engine) -> Path:
     monkeypatch.setenv("HPCBOX_IMAGE_REPOSITORY", f"{run_id}/tiny")
     monkeypatch.chdir(root)
     return root
+
+
+def _head(root: Path) -> str:
+    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip()
 
 
 def _verify(root: Path, artifact: str) -> subprocess.CompletedProcess:
@@ -126,6 +132,55 @@ def test_a_sif_and_an_image_built_from_a_commit_verify_identical_and_a_changed_f
     assert "  /added.txt: only in the artifact" in lines
     assert "  /hello.txt: content" in lines
     assert len(lines) == 3, done.stdout  # nothing else differs
+
+
+def test_a_commit_to_the_readme_alone_leaves_the_environment_sif_byte_identical(
+    tiny, tmp_path, apptainer_helper
+):
+    """The cluster's SIF records the last commit of docker/, not the tree's: after a commit that touches
+    only the README, the environment image rebuilt from nothing (removed, no build cache: a teammate's
+    fresh machine) and converted again is the very same file, and verify rebuilds it from that commit."""
+    compression = parse_compression("zstd:3", "--compression")
+    helper = Apptainer("container", apptainer_helper)
+    first = _head(tiny)
+    image = build_image(
+        load_project(tiny), flavour="cpu", offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet
+    )
+    try:
+        before = build_sif(
+            image, compression=compression, cache=tmp_path / "before", say=_quiet, on_line=_quiet
+        )
+    finally:
+        docker.remove_image(image.ref)
+    assert helper.inspect(before.path)["labels"][LABEL_REVISION] == first
+
+    (tiny / "README.md").write_text("# tiny\n\nHow to train it.\n")
+    _git(tiny, "add", "README.md")
+    _git(tiny, "commit", "--quiet", "-m", "README only")
+    assert _head(tiny) != first  # where the whole tree's revision would have moved the label
+    assert docker.image(image.ref) is None
+    again = build_image(
+        load_project(tiny),
+        flavour="cpu",
+        offline=True,
+        target=ENVIRONMENT,
+        no_cache=True,
+        say=_quiet,
+        on_line=_quiet,
+    )
+    try:
+        assert again.built and again.ref == image.ref
+        after = build_sif(
+            again, compression=compression, cache=tmp_path / "after", say=_quiet, on_line=_quiet
+        )
+    finally:
+        docker.remove_image(again.ref)
+    assert helper.inspect(after.path)["labels"][LABEL_REVISION] == first
+    assert after.sha256 == before.sha256
+
+    done = _verify(tiny, str(after.path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"identical: {after.path} is what commit {first[:12]} builds"), done.stdout
 
 
 def test_a_sif_from_another_converter_says_so_before_the_files(
