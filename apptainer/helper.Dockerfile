@@ -1,7 +1,7 @@
 # The Apptainer helper: real Apptainer (from Debian sid) and squashfs-tools 4.6+ on the pinned Debian
 # base, so hosts without Apptainer can still make SIFs. Built offline from Debian's mirror only; no
-# registry. Every package it adds is pinned in lock/ (`hpcbox lock` refreshes both files): a SIF's
-# bytes depend on the mksquashfs, libdeflate and Apptainer that write it.
+# registry. A SIF's bytes depend on the mksquashfs, libdeflate and Apptainer that write it: lock/ pins
+# those at their exact versions (`hpcbox lock` refreshes both files), the rest follows the mirror.
 ARG BASE=hpcbox/debian:trixie
 
 # mksquashfs's gzip through libdeflate (zlib-libdeflate.c), compiled in a stage of its own so that the

@@ -7,13 +7,14 @@ mmdebstrap writes the root filesystem as one tarball, every file stamped with SO
 no per-run files (logs, caches, machine-id): with the same packages it is the same bytes. hpcbox
 then loads it as an image whose config carries that same time instead of the moment of the
 import, so the image id, a hash of the config, is the same too. A project pins the base in
-`docker/lock/base.toml` (suite, time, and the exact package versions it must contain); a mirror
-that has moved on stops the bootstrap with the package that changed, before anything is tagged.
+`docker/lock/base.toml` (suite, time, and the exact package versions it must contain).
 
 Debian's mirror serves only current versions; snapshot.debian.org serves the archive as it was at any
 time. A lock made where the snapshot archive answers is resolved from it and records that time
 (`snapshot`): once the mirror has moved on, the base (and the image's apt pins) come from the snapshot
-at that time instead, so an old commit still rebuilds.
+at that time instead, so an old commit still rebuilds. Where neither serves them, the base is what the
+mirror serves, labelled off-lock with the packages that moved (`hpcbox.offlock`), or refused under
+`--strict-lock` before anything is tagged.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from hpcbox import offlock
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.tools import docker, proc
@@ -63,9 +65,9 @@ DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/*.bin ||
 """
 _LOCK_HEADER = """\
 # The Debian base of offline builds: mmdebstrap --variant=minbase of `suite` from Debian's mirror,
-# every file stamped at `source_date_epoch`, and exactly these packages (a mirror that serves other
-# versions stops the bootstrap). The same lock gives the same base image, byte for byte, on any
-# machine. Regenerate with `hpcbox lock`.
+# every file stamped at `source_date_epoch`, and exactly these packages (where neither the mirror nor
+# the snapshot archive serves them, the base is labelled off-lock). The same lock gives the same base
+# image, byte for byte, on any machine. Regenerate with `hpcbox lock`.
 """
 
 
@@ -75,6 +77,7 @@ class BaseImage:
     id: str
     suite: str
     created: bool
+    moved: tuple[offlock.MovedPin, ...] = ()  # the lock's packages it has at other versions (off-lock)
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,11 @@ def lock_path(root: Path, docker_dir: str = "docker") -> Path:
     return root / docker_dir / "lock" / LOCK_NAME
 
 
+def lock_file(docker_dir: str = "docker") -> str:
+    """The base lock as a project names it, in what an off-lock base says moved."""
+    return f"{docker_dir}/lock/{LOCK_NAME}"
+
+
 def project_lock(root: Path, docker_dir: str = "docker") -> BaseLock | None:
     """The project's base lock, if it pins one."""
     path = lock_path(root, docker_dir)
@@ -155,48 +163,68 @@ def ensure_base(
     mirror: str | None = None,
     ref: str | None = None,
     force: bool = False,
+    strict: bool = False,
+    lock_name: str = lock_file(),
     on_line: Callable[[str], None] | None = None,
     say: Callable[[str], None] = print,
 ) -> BaseImage:
     """The bootstrapped base image, made only if missing (or when ``force``).
 
-    With ``lock``, its suite, time and packages (from its snapshot once the mirror has moved on);
-    without, ``suite`` as the mirror serves it today. ``mirror`` defaults to Debian's own
-    (deb.debian.org), the suite without -updates and -security.
+    With ``lock`` (the file ``lock_name``), its suite, time and packages: from its snapshot once the
+    mirror has moved on, else off-lock as the mirror serves them (refused when ``strict``); without,
+    ``suite`` as the mirror serves it today. ``mirror`` defaults to Debian's own (deb.debian.org), the
+    suite without -updates and -security.
     """
     suite = _known_suite(lock.suite if lock else suite)
     target = ref or base_ref(suite, lock)
     existing = docker.image(target)
     if existing is not None and not force:
-        return BaseImage(target, existing.id, suite, created=False)
+        moved = offlock.from_labels(existing.labels)
+        offlock.refuse_if(moved, strict, f"base image ({target} is off-lock)")
+        return BaseImage(target, existing.id, suite, created=False, moved=moved)
     epoch = lock.source_date_epoch if lock else int(time.time())
+    moved: tuple[offlock.MovedPin, ...] = ()
     with _workdir() as work:
         if lock is None:
             layer = _bootstrap(suite, epoch, work, mirror, on_line)
         else:
-            layer = _bootstrap_locked(lock, work, mirror, on_line, say)
-        image_id = _load(layer, target, suite, epoch, lock, work)
-    return BaseImage(target, image_id, suite, created=True)
+            layer, moved = _bootstrap_locked(lock, lock_name, work, mirror, on_line, say)
+            offlock.refuse_if(moved, strict, "base image")
+        image_id = _load(layer, target, suite, epoch, lock, work, moved)
+    return BaseImage(target, image_id, suite, created=True, moved=moved)
 
 
 def _bootstrap_locked(
-    lock: BaseLock, work: Path, mirror: str | None, on_line, say: Callable[[str], None]
-) -> Path:
-    """The lock's packages from the mirror, or from the lock's snapshot when the mirror cannot serve them."""
+    lock: BaseLock, lock_name: str, work: Path, mirror: str | None, on_line, say: Callable[[str], None]
+) -> tuple[Path, tuple[offlock.MovedPin, ...]]:
+    """The lock's packages from the mirror, or from the lock's snapshot when the mirror cannot serve them;
+    where neither can, what serves closest (the snapshot's, else the mirror's) and the pins that moved."""
+    layer: Path | None = None
     try:
         layer = _bootstrap(lock.suite, lock.source_date_epoch, work, mirror, on_line)
-        check_packages(lock, installed_packages(layer))
-        return layer
-    except HpcboxError as failed:
+        moved = moved_packages(lock, installed_packages(layer), lock_name)
+        if not moved:
+            return layer, ()
+        failed = f"Debian's {lock.suite} mirror has moved on ({moved[0].describe()})"
+    except HpcboxError as unreachable:
         if lock.snapshot is None:
             raise
-        mirror = reachable_snapshot(
-            lock.snapshot, lock.suite, failed.message, "run `hpcbox lock` to pin today's base (and rebuild)"
-        )
-        say(f"hpcbox: {failed.message}; bootstrapping from the snapshot archive at {lock.snapshot}")
-    layer = _bootstrap(lock.suite, lock.source_date_epoch, work, mirror, on_line)
-    check_packages(lock, installed_packages(layer), lock.snapshot)
-    return layer
+        failed = unreachable.message
+    if lock.snapshot is not None:
+        fix = "run `hpcbox lock` to pin today's base (and rebuild)"
+        if layer is None:
+            snapshot = reachable_snapshot(lock.snapshot, lock.suite, failed, fix)
+        else:
+            snapshot = (
+                None if snapshot_unreachable(lock.snapshot, lock.suite) else snapshot_mirror(lock.snapshot)
+            )
+        if snapshot is not None:
+            say(f"hpcbox: {failed}; bootstrapping from the snapshot archive at {lock.snapshot}")
+            (work / "snapshot").mkdir()
+            layer = _bootstrap(lock.suite, lock.source_date_epoch, work / "snapshot", snapshot, on_line)
+            moved = moved_packages(lock, installed_packages(layer), lock_name)
+    assert layer is not None
+    return layer, tuple(moved)
 
 
 def relock(
@@ -266,34 +294,36 @@ def reachable_snapshot(snapshot: str, suite: str, failed: str, fix: str) -> str:
 
 
 def build_from_snapshot(
-    snapshot: str,
+    snapshot: str | None,
     suite: str,
     build: Callable[[Mapping[str, Path]], None],
     gone_line: str,
-    pinned_in: Callable[[str, str], str],
-    fix: str,
     say: Callable[[str], None],
-) -> None:
+) -> bool:
     """``build`` again with its apt steps reading the snapshot archive at ``snapshot`` (handed in as the
-    `apt_mirror` build secret), once ``gone_line`` (a pinned version the mirror dropped) stopped it; one
-    line where the archive cannot be reached or lacks a pinned version (``pinned_in`` names its lock)."""
-    mirror = reachable_snapshot(snapshot, suite, gone_line, fix)
+    `apt_mirror` build secret), once ``gone_line`` (a pinned version the mirror dropped) stopped it.
+    False, after saying why, where no snapshot time was recorded, the archive cannot be reached or it
+    lacks a pinned version too: then only an off-lock build is left."""
+    if snapshot is None:
+        say(f"hpcbox: {gone_line}, and its lock records no snapshot time")
+        return False
+    unreachable = snapshot_unreachable(snapshot, suite)
+    if unreachable:
+        say(f"hpcbox: {gone_line}, and the snapshot archive cannot be reached ({unreachable})")
+        return False
     say(f"hpcbox: {gone_line}; building from the snapshot archive at {snapshot}")
     with tempfile.TemporaryDirectory(prefix="hpcbox-mirror-") as folder:
         secret = Path(folder) / "apt_mirror"
-        secret.write_text(mirror)
+        secret.write_text(snapshot_mirror(snapshot))
         try:
             build({"apt_mirror": secret})
         except HpcboxError as failed:
             still = superseded_pin(failed.details)
             if still is None:
                 raise
-            package, version = still
-            raise HpcboxError(
-                f"the snapshot archive at {snapshot} does not serve {package} {version} either, pinned in "
-                f"{pinned_in(package, version)}",
-                fix,
-            ) from failed
+            say(f"hpcbox: the snapshot archive at {snapshot} does not serve {still[0]} {still[1]} either")
+            return False
+    return True
 
 
 def snapshot_unreachable(snapshot: str, suite: str) -> str | None:
@@ -385,35 +415,29 @@ def installed_packages(layer: Path) -> dict[str, str]:
     return packages
 
 
-def check_packages(lock: BaseLock, installed: Mapping[str, str], snapshot: str | None = None) -> None:
-    """Stop unless ``installed`` is exactly the lock's packages, from the mirror or the ``snapshot``."""
-    source = f"the snapshot archive at {snapshot}" if snapshot else f"Debian's {lock.suite} mirror"
-    for name, version in sorted(lock.packages.items()):
-        got = installed.get(name)
-        if got != version:
-            if snapshot:
-                now = f"does not serve it either ({f'it serves {got}' if got else 'it installs none'})"
-            else:
-                now = f"has moved on ({f'it now serves {got}' if got else 'it no longer installs it'})"
-            raise HpcboxError(
-                f"the base lock pins {name} {version}, but {source} {now}",
-                "run `hpcbox lock` to pin today's base (and rebuild), or build on a mirror that still "
-                "serves the locked versions (`hpcbox base --mirror URL`)",
-            )
-    extra = sorted(set(installed) - set(lock.packages))
-    if extra:
-        raise HpcboxError(
-            f"{source} now adds {extra[0]} {installed[extra[0]]} to the base, which the base lock does "
-            "not list",
-            "run `hpcbox lock` to pin today's base (and rebuild)",
-        )
+def moved_packages(lock: BaseLock, installed: Mapping[str, str], lock_name: str) -> list[offlock.MovedPin]:
+    """How ``installed`` differs from the lock's packages: each one at another version, gone, or added."""
+    return [
+        offlock.MovedPin(name, lock.packages.get(name, ""), installed.get(name, ""), lock_name)
+        for name in sorted({*lock.packages, *installed})
+        if lock.packages.get(name) != installed.get(name)
+    ]
 
 
-def _load(layer: Path, ref: str, suite: str, epoch: int, lock: BaseLock | None, work: Path) -> str:
+def _load(
+    layer: Path,
+    ref: str,
+    suite: str,
+    epoch: int,
+    lock: BaseLock | None,
+    work: Path,
+    moved: tuple[offlock.MovedPin, ...] = (),
+) -> str:
     """Load the root filesystem as a one-layer image whose config holds only fixed values."""
     digest = file_sha256(layer)
     stamp = datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     labels = {"io.hpcbox.base.suite": suite, **({"io.hpcbox.base.lock": lock.digest} if lock else {})}
+    labels.update(offlock.labels_for(moved))
     config = {
         "architecture": _debian_arch(),
         "os": "linux",

@@ -8,6 +8,7 @@ Docker to build.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -19,10 +20,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcbox import baseimage
+from hpcbox import baseimage, offlock
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
-from hpcbox.provenance import source_revision
+from hpcbox.provenance import inputs_revision
 from hpcbox.tools import docker
 
 
@@ -102,6 +103,13 @@ class BuildPlan:
     source_date_epoch: int | None = None  # from the base lock; None on an unpinned base
     base_name: str = ""  # the base as the image's label names it: the same on every machine when pinned
     base_lock: baseimage.BaseLock | None = None  # the lock of a pinned base (its snapshot time, if any)
+    # Off-lock: the pins Debian moved (the base's, the apt locks'), and the locked build's content hash.
+    moved: tuple[offlock.MovedPin, ...] = ()
+    off_lock_of: str = ""
+
+    @property
+    def repository(self) -> str:
+        return self.ref.rpartition(":")[0]
 
     @property
     def build_args(self) -> dict[str, str]:
@@ -162,8 +170,11 @@ def resolve_flavour(name: str | None, offline: bool) -> Flavour:
     return FLAVOURS[chosen]
 
 
-def build_context(project: ProjectConfig, *, with_code: bool = True) -> bytes:
-    """The build context as a reproducible tarball: docker/ and (``with_code``) the project's code."""
+def build_context(
+    project: ProjectConfig, *, with_code: bool = True, locks: Mapping[str, bytes] | None = None
+) -> bytes:
+    """The build context as a reproducible tarball: docker/ and (``with_code``) the project's code;
+    ``locks`` (path in the project → content) in place of the committed lock files."""
     dockerfile = project.root / project.dockerfile
     if not dockerfile.is_file():
         raise HpcboxError(
@@ -174,7 +185,8 @@ def build_context(project: ProjectConfig, *, with_code: bool = True) -> bytes:
         *project_files(project.root, project.docker_dir),
         *project_files(project.root, project.dockerfile),
     }
-    files = {relative: project.root / relative for relative in paths}
+    files: dict[str, Path | bytes] = {relative: project.root / relative for relative in paths}
+    files.update(locks or {})
     if with_code:
         files.update({f"code/{name}": path for name, path in code_files(project).items()})
     return docker.context_tar(files)
@@ -227,6 +239,7 @@ def plan_build(
     offline: bool = False,
     base: str | None = None,
     target: str = RUNTIME,
+    strict: bool = False,
     say: Callable[[str], None] = print,
 ) -> BuildPlan:
     """Decide base, context and tag; pulls or bootstraps the base image if it is missing.
@@ -260,35 +273,70 @@ def plan_build(
     base_image = docker.image(base_ref)
     if base_image is None and offline and base is None:
         say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `hpcbox base`)")
-        base_image = docker.image(baseimage.ensure_base(lock=base_lock, ref=base_ref).ref)
+        made = baseimage.ensure_base(
+            lock=base_lock, ref=base_ref, strict=strict, lock_name=baseimage.lock_file(project.docker_dir)
+        )
+        base_image = docker.image(made.ref)
     if base_image is None:
         raise HpcboxError(
             f"base image {base_ref} is not available",
             "pull it, or build offline with `hpcbox build --offline`",
         )
     pinned = base_lock if base_lock is not None and base_ref == baseimage.base_ref(lock=base_lock) else None
-    source_date_epoch = pinned.source_date_epoch if pinned else None
-    # The base by its id, not its name: the name is local (HPCBOX_BASE_REPOSITORY), the id is content.
-    hashed = {"FLAVOUR": chosen.name, "BASE_IMAGE_ID": base_image.id, **_dated(source_date_epoch)}
-    if target != RUNTIME:
-        hashed["TARGET"] = target
-    digest = hashlib.sha256(context)
-    digest.update(json.dumps(hashed, sort_keys=True).encode())
-    content_hash = digest.hexdigest()
+    moved = offlock.from_labels(base_image.labels) if pinned else ()
+    offlock.refuse_if(moved, strict, f"base image ({base_ref} is off-lock)")
     repository = project.repository if target == RUNTIME else f"{project.repository}-{target}"
-    return BuildPlan(
+    plan = BuildPlan(
         flavour=chosen,
         base=base_ref,
         base_id=base_image.id,
         context=context,
-        content_hash=content_hash,
+        content_hash="",
         lock_hash=lock_hash(project, chosen),
-        ref=f"{repository}:{content_hash[:12]}",
+        ref=f"{repository}:",
         target=target,
-        source_date_epoch=source_date_epoch,
+        source_date_epoch=pinned.source_date_epoch if pinned else None,
         base_name=baseimage.base_ref(lock=pinned, canonical=True) if pinned else base_ref,
         base_lock=pinned,
+        moved=moved,
     )
+    return _hashed(plan, context)
+
+
+def _hashed(plan: BuildPlan, context: bytes) -> BuildPlan:
+    """``plan`` building ``context``, with the content hash and tag that follow from them."""
+    # The base by its id, not its name: the name is local (HPCBOX_BASE_REPOSITORY), the id is content.
+    hashed = {"FLAVOUR": plan.flavour.name, "BASE_IMAGE_ID": plan.base_id, **_dated(plan.source_date_epoch)}
+    if plan.target != RUNTIME:
+        hashed["TARGET"] = plan.target
+    if plan.off_lock_of:
+        # never the tag of a locked build whose locks happen to read as these do
+        hashed["OFF_LOCK_OF"] = plan.off_lock_of
+    digest = hashlib.sha256(context)
+    digest.update(json.dumps(hashed, sort_keys=True).encode())
+    content_hash = digest.hexdigest()
+    return dataclasses.replace(
+        plan, context=context, content_hash=content_hash, ref=f"{plan.repository}:{content_hash[:12]}"
+    )
+
+
+def off_lock_plan(project: ProjectConfig, plan: BuildPlan, strict: bool) -> BuildPlan:
+    """``plan`` with each apt pin Debian no longer serves set to the version it serves now (asked of
+    apt in the base); refused in one line when ``strict``."""
+    docker_dir = project.root / project.docker_dir
+    texts = {
+        f"{project.docker_dir}/{lock}": (docker_dir / lock).read_text()
+        for lock in plan.flavour.locks
+        if Path(lock).name.startswith("apt-")
+    }
+    pins = {path: offlock.apt_pins(text) for path, text in texts.items()}
+    serving = offlock.served(plan.base, {package for each in pins.values() for package in each})
+    moved = {path: offlock.moved_pins(pins[path], serving, path) for path in texts}
+    every = (*plan.moved, *(pin for each in moved.values() for pin in each))
+    offlock.refuse_if(every, strict, "image")
+    locks = {path: offlock.follow(texts[path], moved[path]).encode() for path in texts if moved[path]}
+    context = build_context(project, with_code=plan.target == RUNTIME, locks=locks)
+    return _hashed(dataclasses.replace(plan, moved=every, off_lock_of=plan.content_hash), context)
 
 
 def host_ca_bundle() -> Path | None:
@@ -309,25 +357,34 @@ def build_image(
     ca_bundle: Path | None = None,
     no_cache: bool = False,
     target: str = RUNTIME,
+    strict_lock: bool = False,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> Image:
-    """Build the trainer image unless an image with the same content hash already exists."""
+    """Build the trainer image unless an image with the same content hash already exists (or, where
+    Debian moved on, its off-lock stand-in); off-lock where Debian no longer serves a pin, which
+    ``strict_lock`` (or HPCBOX_STRICT_LOCK) refuses instead."""
     docker.client()  # fail first, and clearly, when no engine answers
-    plan = plan_build(project, flavour=flavour, offline=offline, base=base, target=target, say=say)
-    labels = {
-        LABEL_TITLE: project.name,
-        LABEL_REVISION: source_revision(project.root),
-        LABEL_BASE_NAME: plan.base_name,
-        LABEL_BASE_DIGEST: plan.base_id,
-        LABEL_FLAVOUR: plan.flavour.name,
-        LABEL_LOCK: plan.lock_hash,
-        LABEL_CONTENT: plan.content_hash,
-    }
-    if plan.source_date_epoch is not None:
-        labels[LABEL_SOURCE_DATE_EPOCH] = str(plan.source_date_epoch)
+    strict = offlock.strict_lock(strict_lock)
+    plan = plan_build(
+        project, flavour=flavour, offline=offline, base=base, target=target, strict=strict, say=say
+    )
+    revision = inputs_revision(
+        project.root, (project.docker_dir, project.dockerfile, *(project.code if target == RUNTIME else ()))
+    )
     existing = docker.image(plan.ref)
+    if existing is None and not no_cache:
+        # where Debian moved on, the off-lock build that stands in for this one
+        existing = offlock.stand_in(plan.content_hash)
+        if existing is not None:
+            content_hash = existing.labels[LABEL_CONTENT]
+            plan = dataclasses.replace(
+                plan, content_hash=content_hash, ref=f"{plan.repository}:{content_hash[:12]}"
+            )
     if existing is not None and not no_cache:
+        moved = offlock.from_labels(existing.labels)
+        offlock.refuse_if(moved, strict, f"image ({plan.ref} is off-lock)")
+        offlock.announce(moved, say)
         say(f"hpcbox: {plan.ref} is up to date")
         return _image(plan, existing, built=False)
     ca = ca_bundle if ca_bundle is not None else host_ca_bundle()
@@ -338,7 +395,20 @@ def build_image(
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
     secrets = {"host_ca": ca} if ca is not None else {}
 
-    def build(mirror: Mapping[str, Path]) -> None:
+    def build(plan: BuildPlan, mirror: Mapping[str, Path]) -> None:
+        # The commit that last changed what this target is built from, not the whole tree's: a commit
+        # elsewhere (a README) leaves the label, and so the SIF, as they were.
+        labels = {
+            LABEL_TITLE: project.name,
+            LABEL_REVISION: revision,
+            LABEL_BASE_NAME: plan.base_name,
+            LABEL_BASE_DIGEST: plan.base_id,
+            LABEL_FLAVOUR: plan.flavour.name,
+            LABEL_LOCK: plan.lock_hash,
+            LABEL_CONTENT: plan.content_hash,
+            **_dated_label(plan.source_date_epoch),
+            **offlock.labels_for(plan.moved, of=plan.off_lock_of),
+        }
         docker.build(
             plan.context,
             dockerfile=project.dockerfile,
@@ -352,12 +422,20 @@ def build_image(
         )
 
     try:
-        build({})
+        build(plan, {})
     except HpcboxError as failed:
         gone = baseimage.superseded_pin(failed.details)
         if gone is None:
             raise
-        _build_from_snapshot(project, plan.base_lock, build, gone, say)
+        gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(project, *gone)}"
+        lock = plan.base_lock
+        if lock is None or not baseimage.build_from_snapshot(
+            lock.snapshot, lock.suite, functools.partial(build, plan), gone_line, say
+        ):
+            plan = off_lock_plan(project, plan, strict)
+            offlock.announce(plan.moved, say)
+            say(f"hpcbox: building {plan.ref} off-lock, with what Debian serves now")
+            build(plan, {})
     built = docker.image(plan.ref)
     if built is None:
         raise HpcboxError(f"the build reported success but {plan.ref} is not in the engine")
@@ -365,28 +443,8 @@ def build_image(
     return _image(plan, built, built=True)
 
 
-def _build_from_snapshot(
-    project: ProjectConfig,
-    base_lock: baseimage.BaseLock | None,
-    build: Callable[[Mapping[str, Path]], None],
-    gone: tuple[str, str],
-    say: Callable[[str], None],
-) -> None:
-    """``build`` again reading the snapshot archive at the base lock's time, where Debian's mirror has
-    dropped a pinned version; one line when the lock records no snapshot or it cannot help."""
-    fix = "run `hpcbox lock` to pin today's versions, then build again"
-    gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(project, *gone)}"
-    if base_lock is None or base_lock.snapshot is None:
-        raise HpcboxError(f"{gone_line} (a point release replaced it)", fix)
-    baseimage.build_from_snapshot(
-        base_lock.snapshot,
-        base_lock.suite,
-        build,
-        gone_line,
-        functools.partial(_pinned_in, project),
-        fix,
-        say,
-    )
+def _dated_label(source_date_epoch: int | None) -> dict[str, str]:
+    return {} if source_date_epoch is None else {LABEL_SOURCE_DATE_EPOCH: str(source_date_epoch)}
 
 
 def _pinned_in(project: ProjectConfig, package: str, version: str) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from hpcbox import baseimage, depsource
+from hpcbox import baseimage, depsource, offlock
 from hpcbox.config import ProjectConfig
 from hpcbox.depsource import DebianStandIn, DependencySource
 from hpcbox.errors import HpcboxError
@@ -43,13 +43,13 @@ _PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
 # `apt-get install --simulate`: "Inst NAME [OLD] (NEW Origin:suite [arch])".
 _SIMULATED_INSTALL = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.MULTILINE)
 _HELPER_LOCK_HEADER = """\
-# What the SIF helper (helper.Dockerfile) adds to the pinned Debian base, every package at its exact
-# version: a SIF's bytes depend on the mksquashfs and Apptainer that write it. Written by `hpcbox lock`
-# from: {wanted}
+# What the SIF helper (helper.Dockerfile) adds to the pinned Debian base. A SIF's bytes depend on the
+# Apptainer, mksquashfs and libdeflate that write it: those are pinned at their exact versions; the rest
+# follows the mirror. Written by `hpcbox lock`.
 """
 _HELPER_BUILD_LOCK_HEADER = """\
-# What the SIF helper's build stage (helper.Dockerfile) compiles zlib-libdeflate.c with, every package at
-# its exact version. Written by `hpcbox lock` from: {wanted}
+# What the SIF helper's build stage (helper.Dockerfile) compiles zlib-libdeflate.c with: libdeflate at
+# the version the helper runs it with, the compiler as the mirror serves it. Written by `hpcbox lock`.
 """
 _BUILD_STAGE_MARK = "hpcbox-build-stage-packages"
 
@@ -80,30 +80,21 @@ def candidate_versions(
 ) -> dict[str, str]:
     """The version apt would install for each package, asked of the base image's own mirror (or of
     the snapshot archive the base was locked from, so that the build can fall back to it)."""
-    # --error-on=any: a source that cannot be fetched fails here, not as "no package" further on
-    update = "apt-get update --error-on=any -qq >/dev/null"
+    setup = ""
     if snapshot_mirror:
         sources = shlex.quote(f"s#[a-z]+://[^ ]+/debian( |$)#{snapshot_mirror}\\1#")
-        update = (
+        setup = (
             f"sed -i -E {sources} /etc/apt/sources.list"
             " && apt-get -o Acquire::Check-Valid-Until=false update --error-on=any -qq >/dev/null"
         )
-    script = f"{update} && apt-cache policy {shlex.join(packages)}"
-    output = docker.run_once(base_ref, ["sh", "-c", script], what="ask apt for candidate versions")
-    versions: dict[str, str] = {}
-    current = ""
-    for line in output.splitlines():
-        if not line.startswith(" ") and line.endswith(":"):
-            current = line[:-1]
-        elif line.strip().startswith("Candidate:") and current:
-            versions[current] = line.split(":", 1)[1].strip()
-    missing = [name for name in packages if versions.get(name, "(none)") == "(none)"]
+    serving = offlock.served(base_ref, packages, setup)
+    missing = [name for name in packages if name not in serving]
     if missing:
         raise HpcboxError(
             f"Debian has no package {', '.join(missing)} for {base_ref}",
             "check the names in the apt lock files",
         )
-    return versions
+    return {name: serving[name].candidate for name in packages}
 
 
 def relock_apt(lock: AptLock, versions: dict[str, str]) -> str:
@@ -335,10 +326,11 @@ def simulated_installs(apt_output: str) -> dict[str, str]:
 
 
 def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
-    """Pin what the Apptainer helper installs, and what its build stage compiles with, as Debian (trixie,
-    and sid for Apptainer) serves them today, resolved on the helper's own pinned base, from the snapshot
-    archive at this moment where it answers (the locks record the time: sid replaces versions within
-    days); the lock files it changed. The two are written together: the build reads both from one time."""
+    """Write what the Apptainer helper installs, and what its build stage compiles with, pinning the SIF
+    writers (`apptainer.SIF_WRITERS`) as Debian (trixie, and sid for Apptainer) serves them today,
+    resolved on the helper's own pinned base, from the snapshot archive at this moment where it answers
+    (the locks record the time: sid replaces versions within days); the lock files it changed. The two
+    are written together: the build reads both from one time."""
     base = baseimage.ensure_base(lock=apptainer.helper_base_lock()).ref
     snapshot = baseimage.snapshot_now(
         "sid", "the helper is pinned from Debian's mirror with no snapshot time", say
@@ -368,12 +360,17 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
         ),
     ):
         pins = simulated_installs(resolved)
-        if not pins:
-            raise HpcboxError(f"apt resolved no packages for {path.name}", "see apt's output above")
-        text = header.format(wanted=" ".join(wanted))
-        text += f"# snapshot: {snapshot}\n" if snapshot else ""
-        texts[path] = text + "".join(f"{name}={version}\n" for name, version in sorted(pins.items()))
-        say(f"hpcbox: {path.parent.parent.name}/{path.parent.name}/{path.name}: {len(pins)} packages pinned")
+        names = sorted(package.partition("/")[0] for package in wanted)
+        unresolved = [name for name in names if name in apptainer.SIF_WRITERS and name not in pins]
+        if unresolved:
+            raise HpcboxError(f"apt resolved no {unresolved[0]} for {path.name}", "see apt's output above")
+        text = header + (f"# snapshot: {snapshot}\n" if snapshot else "")
+        texts[path] = text + "".join(
+            f"{name}={pins[name]}\n" if name in apptainer.SIF_WRITERS else f"{name}\n" for name in names
+        )
+        pinned = sum(name in apptainer.SIF_WRITERS for name in names)
+        relative = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
+        say(f"hpcbox: {relative}: {pinned} of {len(names)} packages pinned")
     before = {path: path.read_text() if path.is_file() else "" for path in texts}
     same = all(_pins(before[path]) == _pins(text) for path, text in texts.items())
     if same and (

@@ -34,14 +34,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from hpcbox import rootfs
+from hpcbox import offlock, rootfs
 from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.compression import SifCompression
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import Apptainer, Command, engine, parse_sif_list
+from hpcbox.tools.apptainer import Apptainer, Command, engine, helper_moved, parse_sif_list
 
 CONVERSIONS = ("fast", "reference")
 DEFAULT_CONVERSION = "fast"
@@ -49,6 +49,9 @@ LABEL_IMAGE_ID = "io.hpcbox.image.id"
 # The Apptainer and mksquashfs (and libdeflate, for gzip on the fast path) that made the SIF: the same
 # image gives the same SIF with the same ones.
 LABEL_CONVERTER = "io.hpcbox.sif.converter"
+# Every pin Debian had moved, the image's (its own io.hpcbox.off-lock label, which the SIF keeps) and
+# the converter's.
+LABEL_OFF_LOCK = "io.hpcbox.sif.off-lock"
 LABEL_IMAGE_REF = "io.hpcbox.image.ref"
 # The squashfs compression as `hpcbox sif --compression` writes it: `hpcbox verify` converts again with it.
 LABEL_COMPRESSION = "io.hpcbox.sif.compression"
@@ -102,6 +105,7 @@ class Sif:
     compression: str
     image_id: str
     built: bool = False  # False: it came from the cache
+    off_lock: str = ""  # the pins Debian had moved, the image's and its converter's (its off-lock label)
 
     def record(self) -> str:
         fields = {key: value for key, value in asdict(self).items() if key != "built"}
@@ -141,6 +145,7 @@ def cached(
             size=int(fields["size"]),
             compression=fields["compression"],
             image_id=fields["image_id"],
+            off_lock=fields.get("off_lock", ""),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -217,20 +222,26 @@ def build_sif(
     compression: SifCompression = DEFAULT_COMPRESSION,
     cache: Path | None = None,
     force: bool = False,
+    strict_lock: bool = False,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> Sif:
-    """The SIF of ``image``: from the cache when its content is unchanged, else converted now."""
+    """The SIF of ``image``: from the cache when its content is unchanged, else converted now. An image
+    or a converter built past pins Debian moved makes an off-lock SIF (refused when ``strict_lock``)."""
     if conversion not in CONVERSIONS:
         raise HpcboxError(
             f"--path: unknown conversion {conversion!r}", f"choose one of: {', '.join(CONVERSIONS)}"
         )
     info = _require_image(image.ref)
+    strict = offlock.strict_lock(strict_lock)
     cache = cache or cache_dir()
     target = sif_path_for(info.id, compression, cache)
     if not force:
         hit = cached(info.id, compression, cache)
         if hit is not None:
+            moved = offlock.from_labels({offlock.LABEL: hit.off_lock})
+            offlock.refuse_if(moved, strict, f"SIF ({target.name} is off-lock)")
+            offlock.announce(moved, say)
             say(f"hpcbox: {target.name} is up to date")
             return hit
         if target.exists():
@@ -242,7 +253,15 @@ def build_sif(
             "--engine host: the fast path mounts the image's layers in hpcbox's helper container",
             "use --engine container (auto picks it for the fast path), or --path reference",
         )
-    tool = engine("container" if conversion == "fast" else engine_choice, on_line=on_line)
+    offlock.refuse_if(offlock.from_labels(info.labels), strict, f"SIF (image {image.ref} is off-lock)")
+    tool = engine(
+        "container" if conversion == "fast" else engine_choice, strict=strict, on_line=on_line, say=say
+    )
+    moved = (
+        *offlock.from_labels(info.labels),
+        *(helper_moved(tool.program) if tool.kind == "container" else ()),
+    )
+    offlock.announce(moved, say)
     cache.mkdir(parents=True, exist_ok=True)
     layers = rootfs.engine_layers(raw) if conversion == "fast" else None
     _check_disk(cache, info.size, _copies(conversion, layers))
@@ -257,6 +276,8 @@ def build_sif(
         gzip_by_libdeflate = conversion == "fast" and compression.algorithm == "gzip"
         labels[LABEL_CONVERTER] = tool.versions(work, libdeflate=gzip_by_libdeflate)
         labels[LABEL_COMPRESSION] = str(compression)
+        if moved:
+            labels[LABEL_OFF_LOCK] = offlock.to_label(moved)
         (work / DEFINITION).write_text(definition(labels))
         if conversion == "fast":
             _convert_fast(tool, work, info, raw, layers, compression, say, on_line or print)
@@ -270,6 +291,7 @@ def build_sif(
             compression=str(compression),
             image_id=info.id,
             built=True,
+            off_lock=offlock.to_label(moved),
         )
         os.replace(produced, target)
         _write_atomically(target.with_suffix(".json"), sif.record().encode())

@@ -25,7 +25,11 @@ from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
 
-LONG_ONLY = {"sync_every", "sweep", "resubmit_failed"}
+LONG_ONLY = {"sync_every", "sweep", "resubmit_failed", "strict_lock"}
+STRICT_LOCK_HELP = (
+    "refuse to build past a pin Debian no longer serves (default: build with what it serves, labelled "
+    "off-lock; HPCBOX_STRICT_LOCK=1 does the same)"
+)
 
 
 class HpcboxTask(invoke.Task):
@@ -79,16 +83,19 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         "offline": "build on a Debian base bootstrapped here instead of pulling from a registry",
         "base": "base image to build on (overrides the flavour's default)",
         "no_cache": "rebuild every layer even if nothing changed",
+        "strict_lock": STRICT_LOCK_HELP,
     }
 )
 @friendly
-def build(c, flavour=None, offline=False, base=None, no_cache=False):
+def build(c, flavour=None, offline=False, base=None, no_cache=False, strict_lock=False):
     """Build the trainer image, tagged by content (no-op when nothing changed)."""
     from hpcbox.config import load_project
     from hpcbox.image import build_image, record_image
 
     project = load_project()
-    image = build_image(project, flavour=flavour, offline=offline, base=base, no_cache=no_cache)
+    image = build_image(
+        project, flavour=flavour, offline=offline, base=base, no_cache=no_cache, strict_lock=strict_lock
+    )
     record_image(project, image)
     print(image.ref)
 
@@ -98,17 +105,26 @@ def build(c, flavour=None, offline=False, base=None, no_cache=False):
         "suite": "Debian suite when the project pins no base (default trixie)",
         "mirror": "Debian mirror to bootstrap from (default deb.debian.org)",
         "force": "bootstrap again even if the image exists",
+        "strict_lock": STRICT_LOCK_HELP,
     }
 )
 @friendly
-def base(c, suite="trixie", mirror=None, force=False):
+def base(c, suite="trixie", mirror=None, force=False, strict_lock=False):
     """Bootstrap the Debian base image (for hosts with no registry), as docker/lock/base.toml pins it."""
-    from hpcbox import baseimage
+    from hpcbox import baseimage, offlock
     from hpcbox.config import load_project
 
     project = load_project()
     lock = baseimage.project_lock(project.root, project.docker_dir)
-    made = baseimage.ensure_base(suite, lock=lock, mirror=mirror, force=force)
+    made = baseimage.ensure_base(
+        suite,
+        lock=lock,
+        mirror=mirror,
+        force=force,
+        strict=offlock.strict_lock(strict_lock),
+        lock_name=baseimage.lock_file(project.docker_dir),
+    )
+    offlock.announce(made.moved, print)
     print(f"{made.ref} {'bootstrapped' if made.created else 'is up to date'} ({made.id[:19]})")
 
 
@@ -210,6 +226,7 @@ def init(
         "flavour": "convert the image `hpcbox build` last made of this flavour (default: the last one built)",
         "image": "convert this local image instead of the project's (e.g. myimage:tag)",
         "force": "convert again even if the cached SIF is up to date",
+        "strict_lock": STRICT_LOCK_HELP,
     }
 )
 @friendly
@@ -223,6 +240,7 @@ def sif(
     flavour=None,
     image=None,
     force=False,
+    strict_lock=False,
 ):
     """Convert the built image to an Apptainer SIF, cached by image content and compression."""
     from types import SimpleNamespace
@@ -247,7 +265,14 @@ def sif(
     if def_only:
         print(write_definition(source, project.root / "apptainer", name))
         return
-    made = build_sif(source, engine_choice=engine, conversion=path, compression=squashfs, force=force)
+    made = build_sif(
+        source,
+        engine_choice=engine,
+        conversion=path,
+        compression=squashfs,
+        force=force,
+        strict_lock=strict_lock,
+    )
     print(made.path)
 
 

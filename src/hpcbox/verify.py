@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox import provenance, rootfs, sif
+from hpcbox import offlock, provenance, rootfs, sif
 from hpcbox.compression import parse_compression
 from hpcbox.config import ProjectConfig, load_project
 from hpcbox.errors import HpcboxError
@@ -67,6 +67,7 @@ class Provenance:
     pinned: bool  # built on the bootstrapped base its lock pins (else on a registry image)
     compression: str = ""  # SIFs only
     converter: str = ""  # SIFs only: the Apptainer, mksquashfs (and libdeflate) that wrote it
+    off_lock: str = ""  # the pins Debian had moved when it was built (its off-lock label)
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str], what: str, *, is_sif: bool) -> Provenance:
@@ -95,6 +96,7 @@ class Provenance:
             pinned=LABEL_SOURCE_DATE_EPOCH in labels,
             compression=labels.get(sif.LABEL_COMPRESSION, "") if is_sif else "",
             converter=labels.get(sif.LABEL_CONVERTER, "") if is_sif else "",
+            off_lock=labels.get(sif.LABEL_OFF_LOCK if is_sif else offlock.LABEL, ""),
         )
 
 
@@ -106,21 +108,31 @@ class Verdict:
     revision: str
     differences: tuple[str, ...]
     digest: str  # the SIF's sha256, or the image's content hash
+    off_lock: str = ""  # the artifact's off-lock label: what its commit's locks no longer gave
 
     @property
     def identical(self) -> bool:
         return not self.differences
 
     def lines(self) -> list[str]:
+        off_lock = []
+        if self.off_lock:
+            off_lock = [
+                f"off-lock: {self.artifact} was built past pins Debian had moved ({self.off_lock}); the "
+                "rebuild follows what Debian serves now"
+            ]
         if self.identical:
-            return [f"identical: {self.artifact} is what commit {self.revision[:12]} builds ({self.digest})"]
+            return [
+                *off_lock,
+                f"identical: {self.artifact} is what commit {self.revision[:12]} builds ({self.digest})",
+            ]
         count = len(self.differences)
         head = f"differs: {self.artifact} is not what commit {self.revision[:12]} builds ({count} difference"
         head += "s)" if count != 1 else ")"
         shown = [f"  {line}" for line in self.differences[:SHOWN]]
         if count > SHOWN:
             shown.append(f"  ... and {count - SHOWN} more")
-        return [head, *shown]
+        return [*off_lock, head, *shown]
 
 
 def verify(
@@ -168,7 +180,7 @@ def _verify_sif(
         )
         digest = file_sha256(path)
         if digest == again.sha256:
-            return Verdict(str(path), origin.revision, (), f"sha256 {digest}")
+            return Verdict(str(path), origin.revision, (), f"sha256 {digest}", origin.off_lock)
         say("hpcbox: the SIFs differ; comparing them object by object and file by file ...")
         differences = _sif_differences(path, again.path, tool, scratch)
         converter_now = _sif_labels(again.path, tool).get(sif.LABEL_CONVERTER, "")
@@ -180,7 +192,7 @@ def _verify_sif(
                 f"this hpcbox converts with {converter_now}",
                 *differences,
             )
-    return Verdict(str(path), origin.revision, differences, f"sha256 {digest}")
+    return Verdict(str(path), origin.revision, differences, f"sha256 {digest}", origin.off_lock)
 
 
 def _verify_image(
@@ -194,7 +206,9 @@ def _verify_image(
     with _scratch() as scratch, _rebuilt_image(origin, project, scratch, say, on_line) as image:
         say("hpcbox: comparing the two root filesystems file by file ...")
         differences = tuple(_differences(image_files(image_id), image_files(image.id)))
-    return Verdict(ref, origin.revision, differences, f"content hash {origin.content_hash[:12]}")
+    return Verdict(
+        ref, origin.revision, differences, f"content hash {origin.content_hash[:12]}", origin.off_lock
+    )
 
 
 @contextlib.contextmanager

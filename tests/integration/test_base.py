@@ -1,10 +1,12 @@
-"""The bootstrapped Debian base: the same lock gives the same image, a stale lock stops before tagging."""
+"""The bootstrapped Debian base: the same lock gives the same image; a stale lock gives an off-lock one,
+or nothing under --strict-lock."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage
+from hpcbox import baseimage, offlock
 from hpcbox.errors import HpcboxError
 from hpcbox.lock import candidate_versions
 from hpcbox.tools import docker
@@ -62,7 +64,7 @@ def lock_day(lock: baseimage.BaseLock) -> str:
     return datetime.datetime.fromtimestamp(lock.source_date_epoch, datetime.UTC).strftime("%Y-%m-%d")
 
 
-def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
+def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_makes_an_off_lock_base_saying_so(
     docker_engine, project_copy: Path, run_id: str
 ):
     path = project_copy / "docker" / "lock" / baseimage.LOCK_NAME
@@ -70,29 +72,29 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_stops_in_one_line(
     stale = dataclasses.replace(lock, packages={**lock.packages, "bash": "5.0-1+hpcbox.gone"})
     path.write_text(stale.to_toml())
     repository = f"{run_id}/stalebase"
-    with subprocess.Popen(
+    done = subprocess.run(
         [sys.executable, "-m", "invoke", "-r", str(REPO), "base"],
         cwd=project_copy,
         env={**os.environ, "HPCBOX_BASE_REPOSITORY": repository},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
-    ) as bootstrap:
-        stdout, stderr = bootstrap.communicate(timeout=600)
-    done = subprocess.CompletedProcess(bootstrap.args, bootstrap.returncode, stdout, stderr)
-    assert done.returncode == 1, done.stdout + done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == [
-        f"error: the base lock pins bash 5.0-1+hpcbox.gone, but Debian's {lock.suite} mirror has moved on "
-        f"(it now serves {lock.packages['bash']})"
-    ], done.stderr
-    assert "hpcbox lock" in done.stderr and "Traceback" not in done.stderr
-    assert docker_engine.images.list(name=repository) == []  # nothing tagged
-    # and no bootstrap left on disk (its folder is named after its process)
-    assert list(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{bootstrap.pid}-*")) == []
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    moved = r"bash 5\.0-1\+hpcbox\.gone -> (\S+) \(docker/lock/base\.toml\)"
+    said = [line for line in done.stdout.splitlines() if line.startswith("hpcbox: Debian moved on: ")]
+    assert len(said) == 1, done.stdout
+    served = re.fullmatch(
+        f"hpcbox: Debian moved on: {moved}; this build is off-lock: run hpcbox lock", said[0]
+    )
+    assert served is not None and served[1] != "none", said
+    made = docker_engine.images.get(
+        baseimage.base_ref(lock=stale).replace(baseimage.BASE_REPOSITORY, repository)
+    )
+    assert re.fullmatch(moved, made.labels[offlock.LABEL])
 
 
-def test_a_version_neither_the_mirror_nor_the_snapshot_serves_stops_in_one_line(
+def test_a_version_neither_the_mirror_nor_the_snapshot_serves_is_refused_under_strict_lock_leaving_nothing(
     docker_engine, run_id: str, snapshot_archive
 ):
     lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
@@ -100,13 +102,19 @@ def test_a_version_neither_the_mirror_nor_the_snapshot_serves_stops_in_one_line(
         lock, packages={**lock.packages, "bash": "5.0-1+hpcbox.gone"}, snapshot=SNAPSHOT
     )
     ref = f"{run_id}/debian:stale-snapshot"
+    pid = os.getpid()
     with pytest.raises(HpcboxError) as refused:
-        baseimage.ensure_base(lock=stale, mirror=NO_MIRROR, ref=ref, force=True, on_line=lambda _: None)
-    assert refused.value.message == (
-        f"the base lock pins bash 5.0-1+hpcbox.gone, but the snapshot archive at {SNAPSHOT} does not serve "
-        f"it either (it serves {lock.packages['bash']})"
-    )
+        baseimage.ensure_base(
+            lock=stale, mirror=NO_MIRROR, ref=ref, force=True, strict=True, on_line=lambda _: None, say=print
+        )
+    assert re.fullmatch(
+        r"Debian moved on: bash 5\.0-1\+hpcbox\.gone -> \S+ \(docker/lock/base\.toml\); "
+        r"--strict-lock refuses an off-lock base image",
+        refused.value.message,
+    ), refused.value.message
+    assert snapshot_archive.times_asked == {SNAPSHOT}  # the snapshot was tried first
     assert docker.image(ref) is None
+    assert list(baseimage.scratch_dir().glob(f"{baseimage.WORKDIR_PREFIX}{pid}-*")) == []
 
 
 def test_an_unreachable_snapshot_archive_is_named_in_the_one_line(docker_engine, run_id: str, monkeypatch):

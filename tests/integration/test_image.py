@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox import image as image_stage
+from hpcbox import offlock
 from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
 from hpcbox.provenance import inputs_revision
@@ -123,51 +124,56 @@ def assert_one_line_error(done, *fragments: str) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_pinned_debian_version_that_is_gone_is_one_line_naming_it_and_the_lock(
+def test_a_pinned_debian_version_that_is_gone_builds_off_lock_and_strict_lock_refuses_leaving_nothing(
     docker_engine, project_copy: Path, snapshot_archive
 ):
+    """Debian moving on (a point release replacing a version) is simulated by a pin it never served."""
     lock = project_copy / "docker/lock/apt-system.txt"
     lock.write_text(
         re.sub(r"(?m)^ca-certificates=.*$", "ca-certificates=20250419+hpcbox.gone", lock.read_text())
     )
     repository = os.environ["HPCBOX_IMAGE_REPOSITORY"]  # project_copy's own
-    done = invoke("build", "--offline", cwd=project_copy)
-    assert_one_line_error(
-        done,
-        "error: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in "
-        "docker/lock/apt-system.txt (a point release replaced it)",
-        "hpcbox lock",
+    moved = r"ca-certificates 20250419\+hpcbox\.gone -> [^ ;]+ \(docker/lock/apt-system\.txt\)"
+    done = invoke("build", "--offline", "--strict-lock", cwd=project_copy)
+    assert_one_line_error(done, "hpcbox lock")
+    assert re.search(
+        f"(?m)^error: Debian moved on: {moved}; --strict-lock refuses an off-lock image$", done.stderr
     )
+    assert "and its lock records no snapshot time" in done.stdout
     assert docker_engine.images.list(name=repository) == []  # nothing built or tagged
-    # A lock made where the snapshot archive answered records its time: the build turns to the
-    # snapshot, and says so in one line where it cannot be reached either.
+    # A lock made where the snapshot archive answered records its time: the build turns to the snapshot
+    # first, and says why not where it cannot be reached.
     base_lock = project_copy / "docker/lock/base.toml"
     snapshot = "20261123T100000Z"
     base_lock.write_text(
         base_lock.read_text().replace("\n\n[packages]", f'\nsnapshot = "{snapshot}"\n\n[packages]')
     )
-    done = invoke("build", "--offline", cwd=project_copy, env={"HPCBOX_SNAPSHOT_URL": "http://127.0.0.1:9"})
-    assert_one_line_error(
-        done,
-        "error: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in "
-        "docker/lock/apt-system.txt, and the snapshot archive it was locked from cannot be reached "
-        f"(http://127.0.0.1:9/archive/debian/{snapshot}/dists/trixie/Release: ",
-        "snapshot.debian.org",
+    unreachable = {"HPCBOX_SNAPSHOT_URL": "http://127.0.0.1:9", "HPCBOX_STRICT_LOCK": "1"}
+    done = invoke("build", "--offline", cwd=project_copy, env=unreachable)
+    assert_one_line_error(done, "--strict-lock refuses an off-lock image")
+    assert (
+        "docker/lock/apt-system.txt, and the snapshot archive cannot be reached "
+        f"(http://127.0.0.1:9/archive/debian/{snapshot}/dists/trixie/Release: " in done.stdout
     )
     assert docker_engine.images.list(name=repository) == []
-    # Where it can be reached, the apt step runs again reading the snapshot (handed in as a secret).
+    # Where it can be reached but lacks the version too, the image is built off-lock: with what Debian
+    # serves, one line per moved pin, and the pins in its label.
     done = invoke("build", "--offline", cwd=project_copy)  # HPCBOX_SNAPSHOT_URL: the stand-in
-    assert_one_line_error(
-        done,
-        f"error: the snapshot archive at {snapshot} does not serve ca-certificates 20250419+hpcbox.gone "
-        "either, pinned in docker/lock/apt-system.txt",
-    )
-    assert "hpcbox: Debian no longer serves ca-certificates 20250419+hpcbox.gone, pinned in " in done.stdout
+    assert done.returncode == 0, done.stdout + done.stderr
     assert (
         f"hpcbox: packages from {snapshot_archive.url}/archive/debian/{snapshot}" in done.stdout + done.stderr
     )
-    assert snapshot_archive.times_asked == {snapshot}
-    assert docker_engine.images.list(name=repository) == []
+    assert f"hpcbox: the snapshot archive at {snapshot} does not serve ca-certificates" in done.stdout
+    line = f"hpcbox: Debian moved on: {moved}; this build is off-lock: run hpcbox lock"
+    assert len([each for each in done.stdout.splitlines() if re.fullmatch(line, each)]) == 1, done.stdout
+    ref = done.stdout.strip().splitlines()[-1]
+    labels = docker_engine.images.get(ref).labels
+    assert re.fullmatch(moved, labels[offlock.LABEL]) and labels[offlock.LABEL_OF]
+    # The next build finds it (no build, no question to the mirror); --strict-lock refuses it.
+    again = invoke("build", "--offline", cwd=project_copy)
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == ref
+    assert f"hpcbox: {ref} is up to date" in again.stdout and re.search(line, again.stdout)
+    assert_one_line_error(invoke("build", "--offline", "--strict-lock", cwd=project_copy), "is off-lock")
 
 
 def test_apt_install_reads_the_mirror_it_is_handed_for_its_step_only(

@@ -25,6 +25,7 @@ from hpcbox.sif import (
     LABEL_CONVERTER,
     LABEL_IMAGE_ID,
     LABEL_IMAGE_REF,
+    LABEL_OFF_LOCK,
     build_sif,
     cached,
     rootfs_sha256,
@@ -492,36 +493,51 @@ def test_helper_that_cannot_start_is_one_line(tmp_path, run_id):
     assert "\n" not in error.value.message and error.value.hint
 
 
-def test_a_helper_pin_debian_no_longer_serves_is_one_line_and_builds_nothing(
-    docker_engine, tmp_path, monkeypatch
+def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_which_strict_lock_refuses(
+    docker_engine, small_image, tmp_path, monkeypatch
 ):
+    """Debian moving on (sid replaces versions within days) is simulated by a pin it never served."""
+    from hpcbox import offlock
     from hpcbox.tools import apptainer, docker
 
+    gone = re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", apptainer.HELPER_LOCK.read_text())
     lock = tmp_path / "apt-helper.txt"
-    lock.write_text(
-        re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", apptainer.HELPER_LOCK.read_text())
-    )
     monkeypatch.setattr(apptainer, "HELPER_LOCK", lock)
     monkeypatch.delenv("HPCBOX_APPTAINER_HELPER", raising=False)
-    ref = apptainer.helper_ref()
-    with pytest.raises(HpcboxError) as error:
-        apptainer.ensure_helper(on_line=lambda _: None)
-    assert error.value.message == (
-        "Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in apptainer/lock/apt-helper.txt for "
-        "the Apptainer helper (sid replaces versions within days)"
-    )
-    assert "hpcbox lock" in error.value.hint
-    assert docker.image(ref) is None
-    # Pins resolved where the snapshot archive answered record its time; the build would turn to it,
-    # and says in the one line that it cannot be reached either.
-    lock.write_text(lock.read_text().replace("\nadduser=", "\n# snapshot: 20261123T100000Z\nadduser=", 1))
+    moved = r"apptainer 1\.4\.5-0\+hpcbox\.gone -> [^ ;]+ \(apptainer/lock/apt-helper\.txt\)"
+    # Pins resolved where the snapshot archive answered record its time; the build turns to it first,
+    # and says why not where it cannot be reached. --strict-lock then refuses, building nothing.
+    lock.write_text(gone.replace("\napptainer=", "\n# snapshot: 20261123T100000Z\napptainer=", 1))
     assert apptainer.helper_snapshot() == "20261123T100000Z"
     monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
-    with pytest.raises(HpcboxError) as error:
-        apptainer.ensure_helper(on_line=lambda _: None)
-    assert error.value.message.startswith(
-        "Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in apptainer/lock/apt-helper.txt, and "
-        "the snapshot archive it was locked from cannot be reached "
+    said: list[str] = []
+    with pytest.raises(HpcboxError) as refused:
+        apptainer.ensure_helper(strict=True, on_line=lambda _: None, say=said.append)
+    assert re.fullmatch(
+        f"Debian moved on: {moved}; --strict-lock refuses an off-lock SIF helper", refused.value.message
+    )
+    assert len(said) == 1 and said[0].startswith(
+        "hpcbox: Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in "
+        "apptainer/lock/apt-helper.txt, and the snapshot archive cannot be reached "
         "(http://127.0.0.1:9/archive/debian/20261123T100000Z/dists/sid/Release: "
-    ), error.value.message
-    assert docker.image(apptainer.helper_ref()) is None
+    )
+    assert docker.image(apptainer.helper_ref()) is None and offlock.stand_in(apptainer.helper_ref()) is None
+    # Without it, the helper is built with what Debian serves, labelled with the pin that moved.
+    lock.write_text(gone)
+    locked = apptainer.helper_ref()
+    helper = apptainer.ensure_helper(on_line=lambda _: None, say=said.append)
+    try:
+        assert helper != locked and docker.image(locked) is None
+        labels = docker.image(helper).labels
+        assert re.fullmatch(moved, labels[offlock.LABEL]) and labels[offlock.LABEL_OF] == locked
+        assert apptainer.ensure_helper(say=said.append) == helper  # found again, not rebuilt
+        sif = build_sif(small_image, cache=tmp_path / "cache", say=said.append, on_line=lambda _: None)
+        assert re.fullmatch(moved, sif.off_lock)
+        attributes = Apptainer("container", helper).inspect(sif.path)
+        assert attributes["labels"][LABEL_OFF_LOCK] == sif.off_lock
+        line = f"hpcbox: Debian moved on: {moved}; this build is off-lock: run hpcbox lock"
+        assert any(re.fullmatch(line, each) for each in said), said
+        with pytest.raises(HpcboxError, match="refuses an off-lock SIF"):
+            build_sif(small_image, cache=tmp_path / "cache", strict_lock=True, say=said.append)
+    finally:
+        docker.remove_image(helper)

@@ -105,20 +105,17 @@ def test_installed_packages_are_read_from_dpkgs_status_in_the_tarball(tmp_path: 
     }
 
 
-def test_a_lock_differing_from_the_packages_names_the_first_difference():
-    lock = baseimage.BaseLock("trixie", 1, {"bash": "5.2", "zlib1g": "1.3"})
-    with pytest.raises(HpcboxError) as gone:
-        baseimage.check_packages(lock, {"bash": "5.2"})
-    assert gone.value.message.startswith("the base lock pins zlib1g 1.3, ")
-    assert gone.value.message.endswith("(it no longer installs it)")
-    with pytest.raises(HpcboxError, match=r"^Debian's trixie mirror now adds sed 4.9 to the base"):
-        baseimage.check_packages(lock, {"bash": "5.2", "zlib1g": "1.3", "sed": "4.9"})
-    with pytest.raises(HpcboxError) as neither:
-        baseimage.check_packages(lock, {"bash": "5.2", "zlib1g": "1.2"}, snapshot="20261123T091500Z")
-    assert neither.value.message == (
-        "the base lock pins zlib1g 1.3, but the snapshot archive at 20261123T091500Z does not serve it "
-        "either (it serves 1.2)"
+def test_every_package_at_another_version_gone_or_added_is_a_moved_pin_of_the_base_lock():
+    lock = baseimage.BaseLock("trixie", 1, {"bash": "5.2", "sed": "4.9", "zlib1g": "1.3"})
+    assert baseimage.moved_packages(lock, dict(lock.packages), "docker/lock/base.toml") == []
+    moved = baseimage.moved_packages(
+        lock, {"bash": "5.2", "zlib1g": "1.3.1", "tar": "1.35"}, "env/lock/base.toml"
     )
+    assert [pin.describe() for pin in moved] == [
+        "sed 4.9 -> none (env/lock/base.toml)",
+        "tar none -> 1.35 (env/lock/base.toml)",
+        "zlib1g 1.3 -> 1.3.1 (env/lock/base.toml)",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -118,8 +118,24 @@ def test_every_file_the_helper_is_built_from_names_it(monkeypatch, tmp_path: Pat
 def test_a_vanished_pin_is_named_with_the_lock_that_holds_it():
     from hpcbox.tools import apptainer
 
-    gcc = next(
-        line for line in apptainer.HELPER_BUILD_LOCK.read_text().splitlines() if line.startswith("gcc=")
+    dev = next(
+        line
+        for line in apptainer.HELPER_BUILD_LOCK.read_text().splitlines()
+        if line.startswith("libdeflate-dev=")
     )
-    assert apptainer._pinned_in(*gcc.split("=", 1)) == "apptainer/lock/apt-helper-build.txt"
+    assert apptainer._pinned_in(*dev.split("=", 1)) == "apptainer/lock/apt-helper-build.txt"
     assert apptainer._pinned_in("apptainer", "1.4.5-2") == "apptainer/lock/apt-helper.txt"
+
+
+def test_the_helper_pins_what_writes_a_sifs_bytes_and_lets_the_rest_follow_the_mirror():
+    from hpcbox.offlock import apt_pins
+    from hpcbox.tools import apptainer
+
+    helper, build = (
+        apt_pins(lock.read_text()) for lock in (apptainer.HELPER_LOCK, apptainer.HELPER_BUILD_LOCK)
+    )
+    assert set(helper) == {"apptainer", "squashfs-tools", "libdeflate0"} and set(build) == {"libdeflate-dev"}
+    # what the shim is compiled against is what runs it
+    assert helper["libdeflate0"] == build["libdeflate-dev"]
+    bare = [line for line in apptainer.HELPER_LOCK.read_text().splitlines() if line and "=" not in line]
+    assert "squashfuse" in bare and "fuse2fs" in bare

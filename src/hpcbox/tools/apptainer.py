@@ -8,6 +8,7 @@ relative paths whichever engine runs, and results land on the host without copyi
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from hpcbox.tools import docker, proc
 ENGINES = ("auto", "host", "container")
 HELPER_DIR = shipped("apptainer")
 HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
-# Every package the helper adds to the base, at its exact version; `hpcbox lock` writes it.
+# What the helper adds to the base; `hpcbox lock` writes it (SIF_WRITERS at their exact versions).
 HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
 HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
 # The zlib stand-in mksquashfs compresses gzip with in the fast path, its source and what compiles it.
@@ -36,7 +37,7 @@ HELPER_BUILD_PACKAGES = ("gcc", "libc6-dev", "libdeflate-dev", "zlib1g-dev")
 ZLIB_LIBDEFLATE = "/usr/local/lib/hpcbox/zlib-libdeflate.so"
 # HELPER_LOCK's line for the snapshot.debian.org time its pins were resolved from, where it answered.
 HELPER_SNAPSHOT_LINE = re.compile(r"(?m)^# snapshot: (\d{8}T\d{6}Z)$")
-# What the helper is for; `hpcbox lock` resolves these (with what they pull in) into HELPER_LOCK.
+# What the helper is for; `hpcbox lock` writes these into HELPER_LOCK.
 HELPER_PACKAGES = (
     "apptainer/sid",
     "squashfs-tools/sid",
@@ -46,6 +47,10 @@ HELPER_PACKAGES = (
     "uidmap",
     "libdeflate0",
 )
+# The programs and the library whose versions decide a SIF's bytes (with the compressors' libraries in
+# the pinned base): pinned. The rest of the helper follows the mirror, as a new version of them writes
+# the same SIF.
+SIF_WRITERS = ("apptainer", "squashfs-tools", "libdeflate0", "libdeflate-dev")
 HELPER_REPOSITORY = "hpcbox/apptainer-helper"
 HELPER_WORKDIR = "/work"
 # What `apptainer build` and a SIF mount need in a container; --privileged fails on many hosts.
@@ -306,8 +311,15 @@ def _daemon_line(text: str) -> str | None:
     return None
 
 
-def engine(choice: str = "auto", *, on_line: Callable[[str], None] | None = None) -> Apptainer:
-    """Apptainer on the host when it has one (or ``choice`` says so), else the helper container."""
+def engine(
+    choice: str = "auto",
+    *,
+    strict: bool = False,
+    on_line: Callable[[str], None] | None = None,
+    say: Callable[[str], None] = print,
+) -> Apptainer:
+    """Apptainer on the host when it has one (or ``choice`` says so), else the helper container (an
+    off-lock one refused when ``strict``)."""
     if choice not in ENGINES:
         raise HpcboxError(f"--engine: unknown engine {choice!r}", f"choose one of: {', '.join(ENGINES)}")
     if choice in ("auto", "host"):
@@ -316,7 +328,7 @@ def engine(choice: str = "auto", *, on_line: Callable[[str], None] | None = None
             return Apptainer("host", program)
         if choice == "host":
             raise HpcboxError("--engine host: neither `apptainer` nor `singularity` is on PATH", ENGINE_HINT)
-    return Apptainer("container", ensure_helper(on_line=on_line))
+    return Apptainer("container", ensure_helper(strict=strict, on_line=on_line, say=say))
 
 
 def host_program() -> str | None:
@@ -352,14 +364,20 @@ def helper_snapshot() -> str | None:
 
 def helper_ref() -> str:
     """The helper image's tag: a hash of its files, its package pins and its pinned base."""
-    from hpcbox import baseimage
-
     override = os.environ.get("HPCBOX_APPTAINER_HELPER")
     if override:
         return override
-    digest = hashlib.sha256()
-    for path in _helper_files().values():
-        digest.update(path.read_bytes() + b"\0")
+    return _tag(_helper_files())
+
+
+def _tag(files: Mapping[str, Path | bytes], off_lock_of: str = "") -> str:
+    """The helper's tag for its build context ``files``: a hash of them and of its pinned base (and of
+    the locked helper an off-lock one stands in for, so that the two never share a tag)."""
+    from hpcbox import baseimage
+
+    digest = hashlib.sha256(off_lock_of.encode())
+    for source in files.values():
+        digest.update((source if isinstance(source, bytes) else source.read_bytes()) + b"\0")
     # The base by its canonical name: a base bootstrapped under another local name (HPCBOX_BASE_REPOSITORY)
     # is the same image, so it gives the same helper, not a second tag of it.
     digest.update(baseimage.base_ref(lock=helper_base_lock(), canonical=True).encode())
@@ -377,43 +395,74 @@ def _helper_files() -> dict[str, Path]:
     }
 
 
-def ensure_helper(*, on_line: Callable[[str], None] | None = None) -> str:
-    """The helper image (Apptainer + squashfs-tools from Debian, pinned), built from Debian's mirror if
-    missing."""
-    from hpcbox import baseimage
+def ensure_helper(
+    *, strict: bool = False, on_line: Callable[[str], None] | None = None, say: Callable[[str], None] = print
+) -> str:
+    """The helper image (Apptainer + squashfs-tools from Debian, the SIF writers pinned), built from
+    Debian's mirror if missing: from the snapshot archive once a pin moved, else off-lock (refused when
+    ``strict``)."""
+    from hpcbox import baseimage, offlock
 
     ref = helper_ref()
-    if docker.image(ref) is not None:
+    existing = docker.image(ref)
+    if existing is None and (stand_in := offlock.stand_in(ref)) is not None:
+        ref, existing = stand_in.tags[0], stand_in
+    if existing is not None:
+        offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
         return ref
-    base = baseimage.ensure_base(lock=helper_base_lock(), on_line=on_line)
-    files = _helper_files()
+    base = baseimage.ensure_base(lock=helper_base_lock(), strict=strict, on_line=on_line)
+    files: dict[str, Path | bytes] = dict(_helper_files())
 
-    def build(secrets: Mapping[str, Path]) -> None:
+    def build(tag: str, labels: Mapping[str, str], secrets: Mapping[str, Path]) -> None:
         docker.build(
             docker.context_tar(files),
             dockerfile="Dockerfile",
-            tag_ref=ref,
+            tag_ref=tag,
             build_args={"BASE": base.ref},
-            labels={},
+            labels=labels,
             secrets=secrets,
             on_line=on_line,
         )
 
-    fix = "run `hpcbox lock` to pin what the mirror serves now, then convert again"
     try:
-        build({})
+        build(ref, offlock.labels_for(base.moved), {})
     except HpcboxError as failed:
         gone = baseimage.superseded_pin(failed.details)
         if gone is None:
             raise
         gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(*gone)}"
-        snapshot = helper_snapshot()
-        if snapshot is None:
-            raise HpcboxError(
-                f"{gone_line} for the Apptainer helper (sid replaces versions within days)", fix
-            ) from failed
-        baseimage.build_from_snapshot(snapshot, "sid", build, gone_line, _pinned_in, fix, lambda _: None)
+        locked = functools.partial(build, ref, offlock.labels_for(base.moved))
+        if baseimage.build_from_snapshot(helper_snapshot(), "sid", locked, gone_line, say):
+            return ref
+        moved = _moved_helper_pins(base.ref)
+        offlock.refuse_if((*base.moved, *moved), strict, "SIF helper")
+        for lock in (HELPER_LOCK, HELPER_BUILD_LOCK):
+            files[lock.name] = offlock.follow(lock.read_text(), moved).encode()
+        of, ref = ref, _tag(files, off_lock_of=ref)
+        build(ref, offlock.labels_for((*base.moved, *moved), of=of), {})
     return ref
+
+
+def helper_moved(ref: str) -> tuple:
+    """The pins the helper image ``ref`` was built past (none where it is on-lock)."""
+    from hpcbox import offlock
+
+    found = docker.image(ref)
+    return offlock.from_labels(found.labels) if found else ()
+
+
+def _moved_helper_pins(base: str) -> list:
+    """The helper's pins (both locks) that Debian no longer serves, asked of apt with sid added."""
+    from hpcbox import offlock
+
+    pins = {lock: offlock.apt_pins(lock.read_text()) for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)}
+    setup = HELPER_SID_SCRIPT.read_text() + "\n"
+    serving = offlock.served(base, {name for each in pins.values() for name in each}, setup=setup)
+    return [
+        pin
+        for lock, each in pins.items()
+        for pin in offlock.moved_pins(each, serving, f"apptainer/lock/{lock.name}")
+    ]
 
 
 def _pinned_in(package: str, version: str) -> str:

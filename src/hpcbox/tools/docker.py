@@ -85,6 +85,16 @@ def image(ref: str) -> ImageInfo | None:
     )
 
 
+def images_labelled(label: str, value: str) -> list[ImageInfo]:
+    """The images whose label ``label`` is ``value``, newest first."""
+    try:
+        found = client().api.images(filters={"label": f"{label}={value}"})
+    except docker.errors.APIError as exc:
+        raise HpcboxError(f"cannot list images labelled {label}: {exc.explanation}") from exc
+    newest = sorted(found, key=lambda attrs: attrs.get("Created") or 0, reverse=True)
+    return [info for info in (image(attrs["Id"]) for attrs in newest) if info is not None]
+
+
 def pull(ref: str) -> bool:
     """Pull ``ref``; False when no registry can be reached (the caller decides what to do then)."""
     try:
@@ -167,9 +177,9 @@ def build_cli() -> str:
     )
 
 
-def context_tar(files: Mapping[str, Path]) -> bytes:
-    """A reproducible build context: ``files`` (name in the archive → file) in name order, with
-    fixed timestamps and owners, and modes reduced to 0755/0644 by the executable bit.
+def context_tar(files: Mapping[str, Path | bytes]) -> bytes:
+    """A reproducible build context: ``files`` (name in the archive → file, or its bytes) in name
+    order, with fixed timestamps and owners, and modes reduced to 0755/0644 by the executable bit.
 
     GNU format, never PAX: an archive that starts with a PAX header is taken by the docker CLI
     for a plain Dockerfile.
@@ -178,10 +188,10 @@ def context_tar(files: Mapping[str, Path]) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name in sorted(files):
             source = files[name]
-            data = source.read_bytes()
+            data = source if isinstance(source, bytes) else source.read_bytes()
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o755 if os.access(source, os.X_OK) else 0o644
+            info.mode = 0o755 if isinstance(source, Path) and os.access(source, os.X_OK) else 0o644
             info.mtime = 0
             tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
