@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 _BLOCK = 4 << 20
@@ -21,3 +22,10 @@ def file_sha256(path: Path) -> str:
         while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_atomically(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` whole or not at all: a reader never sees half a file."""
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, target)

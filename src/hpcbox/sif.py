@@ -38,7 +38,7 @@ from hpcbox import offlock, rootfs
 from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.compression import SifCompression
 from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256
+from hpcbox.files import file_sha256, write_atomically
 from hpcbox.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer, Command, engine, helper_moved, parse_sif_list
@@ -210,7 +210,7 @@ def write_definition(image: ImageLike, directory: Path, name: str) -> Path:
     )
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / f"{name}.def"
-    _write_atomically(target, text.encode())
+    write_atomically(target, text.encode())
     return target
 
 
@@ -294,7 +294,7 @@ def build_sif(
             off_lock=offlock.to_label(moved),
         )
         os.replace(produced, target)
-        _write_atomically(target.with_suffix(".json"), sif.record().encode())
+        write_atomically(target.with_suffix(".json"), sif.record().encode())
     finally:
         if conversion == "fast":
             rootfs.remove_root_owned(tool, work)
@@ -328,12 +328,6 @@ def _check_disk(cache: Path, image_size: int, copies: int) -> None:
             f"{free / 1e9:.1f} GB free",
             "free some space, or point HPCBOX_CACHE at a larger disk",
         )
-
-
-def _write_atomically(target: Path, data: bytes) -> None:
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_bytes(data)
-    os.replace(partial, target)
 
 
 # --- reference: docker save + apptainer build -------------------------------------------------------

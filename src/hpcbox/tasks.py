@@ -25,7 +25,7 @@ from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
 
-LONG_ONLY = {"sync_every", "sweep", "resubmit_failed", "strict_lock"}
+LONG_ONLY = {"sync_every", "sweep", "resubmit_failed", "strict_lock", "record"}
 STRICT_LOCK_HELP = (
     "refuse to build past a pin Debian no longer serves (default: build with what it serves, labelled "
     "off-lock; HPCBOX_STRICT_LOCK=1 does the same)"
@@ -133,12 +133,21 @@ def base(c, suite="trixie", mirror=None, force=False, strict_lock=False):
         "base": "image whose Debian mirror decides the apt pins (default: the newly pinned base)",
         "mirror": "Debian mirror to pin the base from (default deb.debian.org)",
         "pip_only": "only the pip locks: the project's dependencies as the package index serves them today",
+        "record": "no relocking: build the committed cpu environment and write what it builds to (base id, "
+        "content hash, root filesystem, SIF sha256 at the local profile's compression) in digests.toml",
     }
 )
 @friendly
-def lock(c, base=None, mirror=None, pip_only=False):
+def lock(c, base=None, mirror=None, pip_only=False, record=False):
     """Refresh the locks: Debian base, Debian versions, pip hashes, registry base digest, SIF helper."""
     from hpcbox.config import load_project
+
+    if record:
+        from hpcbox.profiles import load_profile
+        from hpcbox.verify import record_digests
+
+        print(record_digests(load_project(), str(load_profile("local").apptainer.compression)))
+        return
     from hpcbox.lock import (
         refresh_base_lock,
         refresh_helper_lock,

@@ -14,6 +14,10 @@ image built there with no build cache under a name of its own, and for a SIF con
 
 A local base image is reused only when its id is the one the artifact records: an id is a digest of
 the content, so reusing it proves nothing less than bootstrapping it again.
+
+The recorded digests (`digests.toml`, written by `hpcbox lock --record`) say what the cpu environment
+builds to, so that any clone, on any machine and day, can check its own build against them (the test
+suite does). They live outside docker/: inside, recording them would change what they record.
 """
 
 from __future__ import annotations
@@ -25,15 +29,17 @@ import os
 import shutil
 import tarfile
 import tempfile
+import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from hpcbox import offlock, provenance, rootfs, sif
 from hpcbox.compression import parse_compression
 from hpcbox.config import ProjectConfig, load_project
 from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256
+from hpcbox.files import file_sha256, write_atomically
 from hpcbox.image import (
     ENVIRONMENT,
     LABEL_BASE_DIGEST,
@@ -53,6 +59,116 @@ from hpcbox.tools.apptainer import Apptainer, engine, parse_sif_list
 # How many differing paths are printed; the count says how many there were.
 SHOWN = 10
 _SCRATCH_PREFIX = "hpcbox-verify-"
+DIGESTS_FILE = "digests.toml"
+# The environment whose digests are recorded: the one every machine can build (no registry, no GPU).
+RECORDED_FLAVOUR = "cpu"
+_DIGESTS_HEADER = """\
+# What the {flavour} environment (docker/ as of `revision`) builds to, at {compression}: the base image's
+# id, the image's content hash, the SIF's root filesystem and the whole SIF file. Any machine, on any
+# day on which Debian serves the pinned versions, builds these same bytes; the test suite checks it.
+# Written by `hpcbox lock --record` (after committing a change to docker/); never edited by hand.
+"""
+
+
+@dataclass(frozen=True)
+class Digests:
+    """What the environment built to: the recorded digests, or a build's own to hold against them."""
+
+    revision: str
+    flavour: str
+    compression: str
+    base_id: str
+    content_hash: str
+    rootfs_sha256: str
+    sif_sha256: str
+    sif_size: int
+    converter: str
+    off_lock: str = ""  # a build's own only: the pins Debian had moved (none are ever recorded)
+
+    def to_toml(self, recorded: str) -> str:
+        fields = dataclasses.asdict(self)
+        del fields["off_lock"]
+        lines = [
+            f"{key} = {value}" if isinstance(value, int) else f'{key} = "{value}"'
+            for key, value in fields.items()
+        ]
+        header = _DIGESTS_HEADER.format(flavour=self.flavour, compression=self.compression)
+        return header + "\n".join([*lines, f'recorded = "{recorded}"']) + "\n"
+
+    def differences(self, other: Digests) -> list[str]:
+        """The fields in which ``other`` differs from these, as `field: this != other`."""
+        mine, theirs = dataclasses.asdict(self), dataclasses.asdict(other)
+        return [
+            f"{key}: {mine[key]} != {theirs[key]}"
+            for key in mine
+            if key != "off_lock" and mine[key] != theirs[key]
+        ]
+
+
+def read_digests(root: Path) -> Digests:
+    """The digests recorded in ``root``'s digests.toml; one line naming the fix where it is missing or bad."""
+    path = root / DIGESTS_FILE
+    try:
+        data = tomllib.loads(path.read_text())
+        data.pop("recorded")
+        return Digests(**data)
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        raise HpcboxError(
+            f"{path}: no recorded digests ({exc})", "record them: `hpcbox lock --record`"
+        ) from exc
+
+
+def environment_digests(
+    project: ProjectConfig,
+    compression: str,
+    cache: Path,
+    *,
+    say: Callable[[str], None] = print,
+    on_line: Callable[[str], None] | None = None,
+) -> Digests:
+    """Build the project's cpu environment (offline) and convert it at ``compression``: its digests."""
+    image = build_image(
+        project, flavour=RECORDED_FLAVOUR, offline=True, target=ENVIRONMENT, say=say, on_line=on_line
+    )
+    made = sif.build_sif(
+        image,
+        compression=parse_compression(compression, "compression"),
+        cache=cache,
+        say=say,
+        on_line=on_line,
+    )
+    tool = engine("container", on_line=on_line, say=say)
+    return Digests(
+        revision=image.labels[LABEL_REVISION],
+        flavour=RECORDED_FLAVOUR,
+        compression=compression,
+        base_id=image.labels[LABEL_BASE_DIGEST],
+        content_hash=image.labels[LABEL_CONTENT],
+        rootfs_sha256=sif.rootfs_sha256(made.path, tool),
+        sif_sha256=made.sha256,
+        sif_size=made.size,
+        converter=_sif_labels(made.path, tool).get(sif.LABEL_CONVERTER, ""),
+        off_lock=made.off_lock,
+    )
+
+
+def record_digests(project: ProjectConfig, compression: str, *, say: Callable[[str], None] = print) -> Path:
+    """Write digests.toml from a build of the committed environment (on-lock: an off-lock or uncommitted
+    build is no record)."""
+    digests = environment_digests(project, compression, sif.cache_dir(), say=say, on_line=lambda _: None)
+    if digests.revision.endswith("-dirty") or digests.revision == "unknown":
+        raise HpcboxError(
+            f"the environment's inputs are not committed ({digests.revision}): they name no commit",
+            "commit docker/, then record",
+        )
+    if digests.off_lock:
+        raise HpcboxError(
+            f"this build is off-lock ({digests.off_lock}): it is not what the locks give",
+            "run `hpcbox lock` to pin what Debian serves now, commit, then record",
+        )
+    path = project.root / DIGESTS_FILE
+    write_atomically(path, digests.to_toml(datetime.now(UTC).strftime("%Y-%m-%d")).encode())
+    return path
 
 
 @dataclass(frozen=True)

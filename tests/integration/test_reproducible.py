@@ -15,15 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage
+from hpcbox import baseimage, offlock
 from hpcbox.config import load_project
 from hpcbox.image import ENVIRONMENT, LABEL_BASE_DIGEST, LABEL_CONTENT, build_image
 from hpcbox.profiles import load_profile
+from hpcbox.provenance import inputs_revision
 from hpcbox.sif import build_sif, rootfs_sha256
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer
+from hpcbox.verify import environment_digests, read_digests
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _quiet(_line: str) -> None:
@@ -103,3 +107,26 @@ def _bytes_scanned_without(needle: bytes, chunks) -> int:
         tail = chunk[-len(needle) :]
         scanned += len(chunk)
     return scanned
+
+
+def test_the_committed_environment_builds_to_the_recorded_digests(
+    docker_engine, apptainer_helper, run_id, tmp_path, monkeypatch
+):
+    """digests.toml was recorded on another machine on another day: this clone builds the same bytes, or,
+    where Debian has moved on since, says which pins it built past instead."""
+    recorded = read_digests(REPO)
+    project = load_project(REPO)
+    inputs = inputs_revision(REPO, (project.docker_dir, project.dockerfile))
+    assert inputs == recorded.revision, (
+        f"docker/ was last changed in {inputs}, but digests.toml records {recorded.revision}: "
+        "commit, then `invoke lock --record`"
+    )
+    monkeypatch.setenv("HPCBOX_IMAGE_REPOSITORY", f"{run_id}/recorded")
+    here = environment_digests(project, recorded.compression, tmp_path / "sif", say=_quiet, on_line=_quiet)
+    if here.off_lock:
+        moved = offlock.from_labels({offlock.LABEL: here.off_lock})
+        assert moved and all(pin.locked != pin.served for pin in moved)
+        print(f"\noff-lock, so not held against digests.toml: {here.off_lock}")
+    else:
+        assert recorded.differences(here) == []
+        print(f"\nthe recorded digests, built here: {here}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from hpcbox.errors import HpcboxError
@@ -86,3 +89,19 @@ def test_verdict_lines():
     assert lines[1:3] == ["  /f0: content", "  /f1: content"]
     assert lines[-1] == "  ... and 3 more"
     assert len(lines) == SHOWN + 2
+
+
+def test_recorded_digests_read_back_as_written_and_name_each_field_that_differs(tmp_path: Path):
+    from hpcbox.verify import DIGESTS_FILE, Digests, read_digests
+
+    digests = Digests(
+        "a" * 40, "cpu", "zstd:3", "sha256:" + "b" * 64, "c" * 64, "d" * 64, "e" * 64, 514, "x 1"
+    )
+    (tmp_path / DIGESTS_FILE).write_text(digests.to_toml("2026-11-25"))
+    assert read_digests(tmp_path) == digests
+    other = dataclasses.replace(digests, sif_sha256="f" * 64, off_lock="a 1 -> 2 (l)")
+    assert digests.differences(other) == [f"sif_sha256: {'e' * 64} != {'f' * 64}"]
+    (tmp_path / DIGESTS_FILE).write_text('revision = "a"\n')
+    with pytest.raises(HpcboxError) as missing:
+        read_digests(tmp_path)
+    assert "hpcbox lock --record" in missing.value.hint and "\n" not in missing.value.message
