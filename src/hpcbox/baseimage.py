@@ -12,9 +12,11 @@ import, so the image id, a hash of the config, is the same too. A project pins t
 Debian's mirror serves only current versions; snapshot.debian.org serves the archive as it was at any
 time. A lock made where the snapshot archive answers is resolved from it and records that time
 (`snapshot`): once the mirror has moved on, the base (and the image's apt pins) come from the snapshot
-at that time instead, so an old commit still rebuilds. Where neither serves them, the base is what the
-mirror serves, labelled off-lock with the packages that moved (`hpcbox.offlock`), or refused under
-`--strict-lock` before anything is tagged.
+at that time instead, so an old commit still rebuilds. A lock that records none (made where the archive
+could not be reached) is given one once a pin moved: when the archive's files of the moved versions had all
+arrived (`snapshot_time_of`). Where neither serves them, the base is what the mirror serves, labelled
+off-lock with the packages that moved (`hpcbox.offlock`), or refused under `--strict-lock` before anything
+is tagged.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import tempfile
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 
 from hpcbox import offlock
@@ -210,16 +214,19 @@ def _bootstrap_locked(
         if lock.snapshot is None:
             raise
         failed = unreachable.message
-    if lock.snapshot is not None:
+    at = lock.snapshot
+    if at is None:  # the mirror's bootstrap worked, and pins moved: when did the archive have them?
+        pins = {pin.package: pin.locked for pin in moved if pin.locked}
+        at, line = snapshot_time_of(pins, lock.source_date_epoch)
+        say(f"hpcbox: {line}" if at else f"hpcbox: {failed}, and its lock records no snapshot time ({line})")
+    if at is not None:
         fix = "run `hpcbox lock` to pin today's base (and rebuild)"
         if layer is None:
-            snapshot = reachable_snapshot(lock.snapshot, lock.suite, failed, fix)
+            snapshot = reachable_snapshot(at, lock.suite, failed, fix)
         else:
-            snapshot = (
-                None if snapshot_unreachable(lock.snapshot, lock.suite) else snapshot_mirror(lock.snapshot)
-            )
+            snapshot = None if snapshot_unreachable(at, lock.suite) else snapshot_mirror(at)
         if snapshot is not None:
-            say(f"hpcbox: {failed}; bootstrapping from the snapshot archive at {lock.snapshot}")
+            say(f"hpcbox: {failed}; bootstrapping from the snapshot archive at {at}")
             (work / "snapshot").mkdir()
             layer = _bootstrap(lock.suite, lock.source_date_epoch, work / "snapshot", snapshot, on_line)
             moved = moved_packages(lock, installed_packages(layer), lock_name)
@@ -299,14 +306,21 @@ def build_from_snapshot(
     build: Callable[[Mapping[str, Path]], None],
     gone_line: str,
     say: Callable[[str], None],
+    pins: Mapping[str, str] | None = None,
+    locked_at: int | None = None,
 ) -> bool:
     """``build`` again with its apt steps reading the snapshot archive at ``snapshot`` (handed in as the
     `apt_mirror` build secret), once ``gone_line`` (a pinned version the mirror dropped) stopped it.
-    False, after saying why, where no snapshot time was recorded, the archive cannot be reached or it
-    lacks a pinned version too: then only an off-lock build is left."""
+    Where the lock records no snapshot time, the one the archive's API gives for ``pins`` (the versions
+    that moved, package → version; not before ``locked_at``, when the lock was made). False, after
+    saying why, where there is no time, the archive cannot be reached or it lacks a pinned version too:
+    then only an off-lock build is left."""
     if snapshot is None:
-        say(f"hpcbox: {gone_line}, and its lock records no snapshot time")
-        return False
+        snapshot, line = snapshot_time_of(pins or {}, locked_at)
+        if snapshot is None:
+            say(f"hpcbox: {gone_line}, and its lock records no snapshot time ({line})")
+            return False
+        say(f"hpcbox: {line}")
     unreachable = snapshot_unreachable(snapshot, suite)
     if unreachable:
         say(f"hpcbox: {gone_line}, and the snapshot archive cannot be reached ({unreachable})")
@@ -324,6 +338,101 @@ def build_from_snapshot(
             say(f"hpcbox: the snapshot archive at {snapshot} does not serve {still[0]} {still[1]} either")
             return False
     return True
+
+
+def snapshot_time_of(pins: Mapping[str, str], locked_at: int | None = None) -> tuple[str | None, str]:
+    """For a lock that records no snapshot time: the earliest one at which the snapshot archive could serve
+    all of ``pins`` (package → version) together, the latest `first_seen` of their files (this machine's
+    architecture, or `all`) as its machine-readable API (/mr/binary) tells, and one line saying it was
+    found; (None, why) where the archive does not know a version or cannot be reached.
+
+    The archive keeps every file, but a suite's index lists a version only while the suite holds it: a
+    version that entered the pool before its suite took it (a stable point release) is not served at
+    that time yet, and the build from it then says so and goes off-lock."""
+    seen: dict[str, str] = {}
+    for package, version in sorted(pins.items()):
+        first, why = _first_seen(package, version)
+        if first is None:
+            return None, why
+        seen[f"{package} {version}"] = first
+    if not seen:
+        return None, "no pinned version to look one up by"
+    latest = max(seen, key=lambda pin: seen[pin])
+    more = f" and {len(seen) - 1} more" if len(seen) > 1 else ""
+    at = seen[latest]
+    locked = time.strftime(SNAPSHOT_TIME_FORMAT, time.gmtime(locked_at)) if locked_at is not None else ""
+    # The lock was resolved from what the mirror's index listed then: at that time every pin was served.
+    if locked > at:
+        return locked, f"found the snapshot archive's time for {latest}{more}: {locked}, when it was locked"
+    return at, f"found the snapshot archive's time for {latest}{more}: {at} (the lock records none)"
+
+
+def _first_seen(package: str, version: str) -> tuple[str | None, str]:
+    """When the snapshot archive first had ``package`` (NAME, or NAME:ARCH) at ``version``; else None, why."""
+    name, _, arch = package.partition(":")
+    arch = arch or _debian_arch()
+    quoted = f"{urllib.parse.quote(name, safe='')}/{urllib.parse.quote(version, safe='')}"
+    answer, status, why = _ask_mr(f"binary/{quoted}/binfiles?fileinfo=1")
+    if answer is None:
+        fails = (
+            f"does not know {package} {version}" if status == HTTPStatus.NOT_FOUND else "cannot be reached"
+        )
+        return None, f"the snapshot archive {fails} ({why})"
+    files = files_first_seen(answer, arch)
+    for digest in [digest for digest, first in files.items() if not first]:  # not in the answer's fileinfo
+        info, _, _ = _ask_mr(f"file/{digest}/info")
+        files[digest] = _earliest_in_debian(info.get("result") if info else None) or ""
+    first = min(filter(None, files.values()), default=None)
+    return first, "" if first else f"the snapshot archive has no {arch} or all file of {package} {version}"
+
+
+def files_first_seen(binfiles: Mapping, arch: str) -> dict[str, str]:
+    """From snapshot.debian.org's answer to /mr/binary/NAME/VERSION/binfiles?fileinfo=1 (as parsed JSON):
+    each file of ``arch`` or `all` by its hash → when it first appeared in the `debian` archive ("" where
+    the answer's fileinfo does not say)."""
+    fileinfo = binfiles.get("fileinfo") if isinstance(binfiles.get("fileinfo"), dict) else {}
+    files = {}
+    for entry in binfiles.get("result") or ():
+        if not isinstance(entry, dict) or not isinstance(entry.get("hash"), str):
+            continue
+        info = fileinfo.get(entry["hash"])
+        # the architecture, or where an answer leaves it out, the one its .deb's name ends with
+        names = [each.get("name", "") for each in info or () if isinstance(each, dict)]
+        archs = {entry["architecture"]} if "architecture" in entry else {_deb_arch(name) for name in names}
+        if archs & {arch, "all"}:
+            files[entry["hash"]] = _earliest_in_debian(info) or ""
+    return files
+
+
+def _earliest_in_debian(entries: object) -> str | None:
+    """The earliest `first_seen` of a file's entries (its names in the archives) in the `debian` archive."""
+    times = [
+        each["first_seen"]
+        for each in (entries if isinstance(entries, list) else ())
+        if isinstance(each, dict)
+        and each.get("archive_name") == "debian"
+        and _SNAPSHOT_TIME.match(str(each.get("first_seen", "")))
+    ]
+    return min(times, default=None)
+
+
+def _deb_arch(name: str) -> str:
+    return name.removesuffix(".deb").rpartition("_")[2] if name.endswith(".deb") else ""
+
+
+def _ask_mr(path: str) -> tuple[dict | None, int | None, str]:
+    """The snapshot archive's JSON answer at /mr/``path``; else None, the HTTP status if any, and why."""
+    url = f"{snapshot_url()}/mr/{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=_SNAPSHOT_PROBE_SECONDS) as answer:
+            data = json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return None, exc.code, f"{url} answers {exc.code} {exc.reason}"
+    except (urllib.error.URLError, OSError) as exc:
+        return None, None, f"{url}: {getattr(exc, 'reason', exc)}"
+    except ValueError as exc:
+        return None, None, f"{url}: not JSON ({exc})"
+    return (data, None, "") if isinstance(data, dict) else (None, None, f"{url}: not an answer of its API")
 
 
 def snapshot_unreachable(snapshot: str, suite: str) -> str | None:

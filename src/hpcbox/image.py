@@ -375,12 +375,10 @@ def build_image(
     existing = docker.image(plan.ref)
     if existing is None and not no_cache:
         # where Debian moved on, the off-lock build that stands in for this one
-        existing = offlock.stand_in(plan.content_hash)
-        if existing is not None:
-            content_hash = existing.labels[LABEL_CONTENT]
-            plan = dataclasses.replace(
-                plan, content_hash=content_hash, ref=f"{plan.repository}:{content_hash[:12]}"
-            )
+        found = offlock.stand_in(plan.content_hash, plan.repository)
+        if found is not None:
+            ref, existing = found
+            plan = dataclasses.replace(plan, content_hash=existing.labels[LABEL_CONTENT], ref=ref)
     if existing is not None and not no_cache:
         moved = offlock.from_labels(existing.labels)
         offlock.refuse_if(moved, strict, f"image ({plan.ref} is off-lock)")
@@ -430,7 +428,13 @@ def build_image(
         gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(project, *gone)}"
         lock = plan.base_lock
         if lock is None or not baseimage.build_from_snapshot(
-            lock.snapshot, lock.suite, functools.partial(build, plan), gone_line, say
+            lock.snapshot,
+            lock.suite,
+            functools.partial(build, plan),
+            gone_line,
+            say,
+            pins=dict([gone]),
+            locked_at=lock.source_date_epoch,
         ):
             plan = off_lock_plan(project, plan, strict)
             offlock.announce(plan.moved, say)

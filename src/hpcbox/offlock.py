@@ -96,10 +96,14 @@ def announce(moved: Iterable[MovedPin], say: Callable[[str], None]) -> None:
         say(f"hpcbox: Debian moved on: {pin.describe()}; this build is off-lock: run hpcbox lock")
 
 
-def stand_in(of: str) -> docker.ImageInfo | None:
-    """An off-lock build standing in for the locked build ``of`` (a content hash or tag), if one is here."""
-    found = docker.images_labelled(LABEL_OF, of)
-    return found[0] if found else None
+def stand_in(of: str, repository: str) -> tuple[str, docker.ImageInfo] | None:
+    """An off-lock build in ``repository`` standing in for the locked build ``of`` (a content hash or
+    tag), if one is here: its tag and what the engine knows of it."""
+    for found in docker.images_labelled(LABEL_OF, of):
+        for tag in found.tags:
+            if tag.rpartition(":")[0] == repository:
+                return tag, found
+    return None
 
 
 def apt_pins(text: str) -> dict[str, str]:

@@ -254,3 +254,48 @@ def test_invoke_build_prints_the_tag_and_records_the_image_for_the_next_stage(
     recorded = image_stage.last_image(load_project(project_copy))
     assert (recorded.ref, recorded.flavour) == (ref, "cpu")
     assert image_stage.last_image(load_project(project_copy), "cpu").id == docker.image(ref).id
+
+
+def test_a_gone_pin_of_a_lock_with_no_snapshot_time_turns_to_the_time_the_archives_api_gives_it(
+    docker_engine, project_copy: Path, snapshot_archive
+):
+    """A lock made where the snapshot archive could not be reached records no time; where it answers now,
+    its API says when the gone version arrived, and the build turns to the archive at that time. (The
+    stand-in serves today's mirror at every time, so the version is not there either: off-lock.)"""
+    from hpcbox import baseimage
+
+    # after the lock was made (2026-11-23): a version that arrived earlier is looked for at the lock's time
+    version, first_seen = "20250419+hpcbox.gone", "20261124T084516Z"
+    lock = project_copy / "docker/lock/apt-system.txt"
+    lock.write_text(re.sub(r"(?m)^ca-certificates=.*$", f"ca-certificates={version}", lock.read_text()))
+    assert baseimage.read_lock(project_copy / "docker/lock/base.toml").snapshot is None
+    snapshot_archive.mr = {
+        ("ca-certificates", version): ("2ab5bb1c5bcdb1e4ba8db2a9b3ec5b6a97b46e1c", first_seen)
+    }
+    said: list[str] = []
+    built = image_stage.build_image(
+        load_project(project_copy), offline=True, say=said.append, on_line=lambda _: None
+    )
+    try:
+        gone = f"Debian no longer serves ca-certificates {version}, pinned in docker/lock/apt-system.txt"
+        found = (
+            f"hpcbox: found the snapshot archive's time for ca-certificates {version}: {first_seen} "
+            "(the lock records none)"
+        )
+        assert found in said, said
+        at = said.index(found)
+        assert said[at : at + 3] == [
+            found,
+            f"hpcbox: {gone}; building from the snapshot archive at {first_seen}",
+            f"hpcbox: the snapshot archive at {first_seen} does not serve ca-certificates {version} either",
+        ], said
+        assert snapshot_archive.mr_asked == [
+            "/mr/binary/ca-certificates/20250419%2Bhpcbox.gone/binfiles?fileinfo=1"
+        ]
+        assert snapshot_archive.times_asked == {first_seen}
+        moved = rf"ca-certificates {re.escape(version)} -> [^ ;]+ \(docker/lock/apt-system\.txt\)"
+        line = f"hpcbox: Debian moved on: {moved}; this build is off-lock: run hpcbox lock"
+        assert [each for each in said if re.fullmatch(line, each)] == [said[at + 3]], said
+        assert re.fullmatch(moved, built.labels[offlock.LABEL])
+    finally:
+        docker.remove_image(built.ref)

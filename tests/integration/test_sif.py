@@ -521,7 +521,10 @@ def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_w
         "apptainer/lock/apt-helper.txt, and the snapshot archive cannot be reached "
         "(http://127.0.0.1:9/archive/debian/20261123T100000Z/dists/sid/Release: "
     )
-    assert docker.image(apptainer.helper_ref()) is None and offlock.stand_in(apptainer.helper_ref()) is None
+    assert (
+        docker.image(apptainer.helper_ref()) is None
+        and offlock.stand_in(apptainer.helper_ref(), apptainer.HELPER_REPOSITORY) is None
+    )
     # Without it, the helper is built with what Debian serves, labelled with the pin that moved.
     lock.write_text(gone)
     locked = apptainer.helper_ref()
@@ -539,5 +542,9 @@ def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_w
         assert any(re.fullmatch(line, each) for each in said), said
         with pytest.raises(HpcboxError, match="refuses an off-lock SIF"):
             build_sif(small_image, cache=tmp_path / "cache", strict_lock=True, say=said.append)
+        # converting anew under --strict-lock: refused before anything is written
+        with pytest.raises(HpcboxError, match="refuses an off-lock SIF helper"):
+            build_sif(small_image, cache=tmp_path / "strict", strict_lock=True, say=said.append)
+        assert not (tmp_path / "strict").exists()
     finally:
         docker.remove_image(helper)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -151,3 +152,138 @@ def test_superseded_pin_is_read_from_apts_words():
     output = "#8 3.1 E: Version '1.4.5-2' for 'apptainer' was not found\n#8 ERROR: process did not complete"
     assert baseimage.superseded_pin(output) == ("apptainer", "1.4.5-2")
     assert baseimage.superseded_pin("E: Unable to locate package apptainer") is None
+
+
+# snapshot.debian.org's answer to /mr/binary/bash/5.2.37-2+b5/binfiles?fileinfo=1, shortened to three of
+# its architectures; the amd64 file is known under two names, one of them in another archive.
+BINFILES = """\
+{"_comment": "foo", "binary": "bash", "binary_version": "5.2.37-2+b5",
+ "result": [{"architecture": "arm64", "hash": "0d1f1b3d6f5e0f1d8a7b3c2e1f0a9b8c7d6e5f40"},
+            {"architecture": "amd64", "hash": "5b1c0e2bd5d1e6a4f5f0a0c7e8e1d3b2a1f0e9d8"},
+            {"architecture": "i386", "hash": "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d"}],
+ "fileinfo": {
+  "0d1f1b3d6f5e0f1d8a7b3c2e1f0a9b8c7d6e5f40": [{"archive_name": "debian", "first_seen": "20250419T204027Z",
+    "name": "bash_5.2.37-2+b5_arm64.deb", "path": "/pool/main/b/bash", "size": 1478244}],
+  "5b1c0e2bd5d1e6a4f5f0a0c7e8e1d3b2a1f0e9d8": [
+   {"archive_name": "debian-ports", "first_seen": "20250301T000000Z", "name": "bash_5.2.37-2+b5_amd64.deb",
+    "path": "/pool/main/b/bash", "size": 1498512},
+   {"archive_name": "debian", "first_seen": "20250420T084516Z", "name": "bash_5.2.37-2+b5_amd64.deb",
+    "path": "/pool/main/b/bash", "size": 1498512},
+   {"archive_name": "debian", "first_seen": "20250420T024117Z", "name": "bash_5.2.37-2+b5_amd64.deb",
+    "path": "/pool/main/b/bash", "size": 1498512}],
+  "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d": [{"archive_name": "debian", "first_seen": "20250421T084512Z",
+    "name": "bash_5.2.37-2+b5_i386.deb", "path": "/pool/main/b/bash", "size": 1518408}]}}
+"""
+# /mr/binary/ca-certificates/20250419/binfiles?fileinfo=1: one file, for every architecture.
+BINFILES_ALL = """\
+{"_comment": "foo", "binary": "ca-certificates", "binary_version": "20250419",
+ "result": [{"architecture": "all", "hash": "2ab5bb1c5bcdb1e4ba8db2a9b3ec5b6a97b46e1c"}],
+ "fileinfo": {"2ab5bb1c5bcdb1e4ba8db2a9b3ec5b6a97b46e1c": [{"archive_name": "debian",
+   "first_seen": "20250419T204027Z", "name": "ca-certificates_20250419_all.deb",
+   "path": "/pool/main/c/ca-certificates", "size": 161744}]}}
+"""
+
+
+def test_a_versions_file_for_this_architecture_or_all_is_first_seen_at_its_earliest_time_in_debian():
+    assert baseimage.files_first_seen(json.loads(BINFILES), "amd64") == {
+        "5b1c0e2bd5d1e6a4f5f0a0c7e8e1d3b2a1f0e9d8": "20250420T024117Z"  # not debian-ports' time
+    }
+    assert baseimage.files_first_seen(json.loads(BINFILES), "arm64") == {
+        "0d1f1b3d6f5e0f1d8a7b3c2e1f0a9b8c7d6e5f40": "20250419T204027Z"
+    }
+    assert baseimage.files_first_seen(json.loads(BINFILES), "riscv64") == {}
+    assert baseimage.files_first_seen(json.loads(BINFILES_ALL), "arm64") == {
+        "2ab5bb1c5bcdb1e4ba8db2a9b3ec5b6a97b46e1c": "20250419T204027Z"
+    }
+    # Without `architecture`, the file's name says it; without fileinfo, the time is left to ask ("").
+    nameless = json.loads(BINFILES)
+    for entry in nameless["result"]:
+        del entry["architecture"]
+    assert list(baseimage.files_first_seen(nameless, "i386").values()) == ["20250421T084512Z"]
+    assert baseimage.files_first_seen({**json.loads(BINFILES_ALL), "fileinfo": {}}, "amd64") == {
+        "2ab5bb1c5bcdb1e4ba8db2a9b3ec5b6a97b46e1c": ""
+    }
+    assert baseimage.files_first_seen({"_comment": "foo", "result": "?"}, "amd64") == {}
+
+
+@pytest.fixture
+def archive(monkeypatch):
+    """The tests' stand-in for snapshot.debian.org, on this host only (it starts in milliseconds)."""
+    from tests.fixtures.debian import SnapshotArchive
+
+    with SnapshotArchive("127.0.0.1") as stand_in:
+        monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", stand_in.url)
+        yield stand_in
+
+
+def test_the_snapshot_time_of_moved_pins_is_the_latest_moment_one_of_their_files_arrived(archive):
+    archive.mr = {
+        ("ca-certificates", "20250419+deb13u1"): (
+            "2ab5bb1c5bcdb1e4ba8db2a9b3ec5b6a97b46e1c",
+            "20250420T084516Z",
+        ),
+        ("libc6", "2.41-12"): ("5b1c0e2bd5d1e6a4f5f0a0c7e8e1d3b2a1f0e9d8", "20250718T202307Z", "amd64"),
+        ("bash", "5.2.37-2+b5"): ("9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d", "20250419T204027Z"),
+    }
+    assert baseimage.snapshot_time_of({"ca-certificates": "20250419+deb13u1"}) == (
+        "20250420T084516Z",
+        "found the snapshot archive's time for ca-certificates 20250419+deb13u1: 20250420T084516Z "
+        "(the lock records none)",
+    )
+    assert archive.mr_asked == ["/mr/binary/ca-certificates/20250419%2Bdeb13u1/binfiles?fileinfo=1"]
+    # A version that arrived before the lock was made is looked for when it was made: the mirror's index
+    # listed every pin then (a stable point release's files enter the pool weeks before its index does).
+    locked_at = 1795428151  # 2026-11-23T10:02:31Z
+    assert baseimage.snapshot_time_of({"ca-certificates": "20250419+deb13u1"}, locked_at) == (
+        "20261123T100231Z",
+        "found the snapshot archive's time for ca-certificates 20250419+deb13u1: 20261123T100231Z, when it "
+        "was locked",
+    )
+    assert baseimage.snapshot_time_of({"ca-certificates": "20250419+deb13u1"}, 1_700_000_000)[0] == (
+        "20250420T084516Z"
+    )
+    pins = {"bash": "5.2.37-2+b5", "ca-certificates": "20250419+deb13u1", "libc6": "2.41-12"}
+    if baseimage._debian_arch() != "amd64":
+        pins["libc6:amd64"] = pins.pop("libc6")
+    found, line = baseimage.snapshot_time_of(pins)
+    assert found == "20250718T202307Z" and archive.times_asked == set()  # the archive itself: not asked
+    assert line.startswith("found the snapshot archive's time for libc6") and " and 2 more: " in line
+    # Where its answer leaves fileinfo out, each file's own /mr/file/HASH/info says when it came.
+    archive.fileinfo, archive.mr_asked = False, []
+    assert baseimage.snapshot_time_of({"bash": "5.2.37-2+b5"})[0] == "20250419T204027Z"
+    assert archive.mr_asked[1] == "/mr/file/9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d/info"
+
+
+def test_no_snapshot_time_is_found_for_a_version_the_archive_lacks_or_where_it_cannot_be_reached(
+    archive, monkeypatch
+):
+    archive.mr = {
+        ("apptainer", "1.4.5-2"): ("0d1f1b3d6f5e0f1d8a7b3c2e1f0a9b8c7d6e5f40", "20251130T145813Z", "s390x")
+    }
+    found, why = baseimage.snapshot_time_of({"bash": "5.2.37-2+b5", "apptainer": "1.4.5-0+hpcbox.gone"})
+    assert found is None and why == (
+        "the snapshot archive does not know apptainer 1.4.5-0+hpcbox.gone "
+        f"({archive.url}/mr/binary/apptainer/1.4.5-0%2Bhpcbox.gone/binfiles?fileinfo=1 answers 404 Not Found)"
+    )
+    assert len(archive.mr_asked) == 1  # the first a time cannot be found for ends the search
+    found, why = baseimage.snapshot_time_of({"apptainer": "1.4.5-2"})
+    assert (
+        found is None
+        and why.startswith("the snapshot archive has no ")
+        and why.endswith(" or all file of apptainer 1.4.5-2")
+    )
+    assert baseimage.snapshot_time_of({}) == (None, "no pinned version to look one up by")
+    # A build whose lock records no time and whose pin the archive lacks goes off-lock, saying so in one line.
+    said: list[str] = []
+    gone = "Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in apptainer/lock/apt-helper.txt"
+    built = baseimage.build_from_snapshot(
+        None, "sid", said.append, gone, said.append, pins={"apptainer": "1.4.5-0+hpcbox.gone"}
+    )
+    assert built is False and len(said) == 1
+    assert said[0].startswith(f"hpcbox: {gone}, and its lock records no snapshot time (the snapshot archive ")
+    monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
+    found, why = baseimage.snapshot_time_of({"apptainer": "1.4.5-2"})
+    assert found is None and why.startswith(
+        "the snapshot archive cannot be reached (http://127.0.0.1:9/mr/binary/apptainer/1.4.5-2/binfiles"
+    )
+    assert "refused" in why.lower()

@@ -105,3 +105,17 @@ def test_recorded_digests_read_back_as_written_and_name_each_field_that_differs(
     with pytest.raises(HpcboxError) as missing:
         read_digests(tmp_path)
     assert "hpcbox lock --record" in missing.value.hint and "\n" not in missing.value.message
+
+
+def test_an_off_lock_artifact_says_so_in_the_first_line_whatever_the_verdict():
+    moved = "ca-certificates 20250419+deb13u1 -> 20250419+deb13u2 (docker/lock/apt-system.txt)"
+    for differences in ((), ("/etc/x: content differs",)):
+        lines = Verdict("x.sif", "a" * 40, differences, "sha256 0", off_lock=moved).lines()
+        assert lines[0] == (
+            f"off-lock: x.sif was built past pins Debian had moved ({moved}); the rebuild follows what "
+            "Debian serves now"
+        )
+        assert lines[1].startswith("identical: " if not differences else "differs: ")
+    assert Verdict("x.sif", "a" * 40, (), "sha256 0").lines()[0].startswith("identical: ")
+    labels = {**LABELS, LABEL_COMPRESSION: "zstd:3", "io.hpcbox.sif.off-lock": moved}
+    assert Provenance.from_labels(labels, "x.sif", is_sif=True).off_lock == moved

@@ -405,8 +405,8 @@ def ensure_helper(
 
     ref = helper_ref()
     existing = docker.image(ref)
-    if existing is None and (stand_in := offlock.stand_in(ref)) is not None:
-        ref, existing = stand_in.tags[0], stand_in
+    if existing is None and (stand_in := offlock.stand_in(ref, HELPER_REPOSITORY)) is not None:
+        ref, existing = stand_in
     if existing is not None:
         offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
         return ref
@@ -432,7 +432,10 @@ def ensure_helper(
             raise
         gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(*gone)}"
         locked = functools.partial(build, ref, offlock.labels_for(base.moved))
-        if baseimage.build_from_snapshot(helper_snapshot(), "sid", locked, gone_line, say):
+        # The helper's locks are refreshed with the base's, so the base lock's time is theirs too.
+        locked_at = helper_base_lock().source_date_epoch
+        snapshot = helper_snapshot()
+        if baseimage.build_from_snapshot(snapshot, "sid", locked, gone_line, say, dict([gone]), locked_at):
             return ref
         moved = _moved_helper_pins(base.ref)
         offlock.refuse_if((*base.moved, *moved), strict, "SIF helper")
