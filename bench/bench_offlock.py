@@ -82,7 +82,7 @@ def run() -> list[dict]:
                 seconds, _ref, _lines = _build(root, no_cache=False)
                 found[kind].append(seconds)
     finally:
-        for image in docker.client().images.list(name=repository):
+        for image in docker.client().images.list(name=f"{repository}-{ENVIRONMENT}"):
             for tag in image.tags:
                 docker.remove_image(tag)
         shutil.rmtree(scratch, ignore_errors=True)
