@@ -25,7 +25,22 @@ from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
 
-LONG_ONLY = {"sync_every", "sweep", "resubmit_failed", "strict_lock", "record"}
+# The only single-letter flags of any command: sbatch's own letters (squeue's -j for a job id), each
+# meaning what it means there (sbatch's long option beside it); every other option is long only.
+SHORT_FLAGS = {
+    "partition": ("p", "--partition"),
+    "account": ("A", "--account"),
+    "time": ("t", "--time"),
+    "nodes": ("N", "--nodes"),
+    "cpus": ("c", "--cpus-per-task"),
+    "job_name": ("J", "--job-name"),
+    "qos": ("q", "--qos"),
+    "array": ("a", "--array"),
+    "log": ("o", "--output"),
+    "error_log": ("e", "--error"),
+    "cluster": ("M", "--clusters"),
+    "job": ("j", "--job"),  # squeue's
+}
 STRICT_LOCK_HELP = (
     "refuse to build past a pin Debian no longer serves (default: build with what it serves, labelled "
     "off-lock; HPCBOX_STRICT_LOCK=1 does the same)"
@@ -33,21 +48,20 @@ STRICT_LOCK_HELP = (
 
 
 class HpcboxTask(invoke.Task):
-    """A task whose options are all flags and whose short flags leave `-h` to invoke's `--help`.
+    """A task whose options are all flags, and whose only short flags are sbatch's (SHORT_FLAGS).
 
     Invoke makes an option without a default positional (so `hpcbox sbatch --help` would read
     `--help` as the cluster's name) and gives options the first free letter of their name as a short
-    flag (`--check` and `--host` would take `-h`, and `--remote-root`, out of letters, `--`). Options
-    added since those letters were handed out get none (LONG_ONLY): they would move them.
+    flag, which made `-n` the account in one command and the nodes in another: letters mean what
+    sbatch says they mean, or nothing.
     """
 
     def fill_implicit_positionals(self, positional):
         return [] if positional is None else positional
 
     def arg_opts(self, name, default, taken_names):
-        opts = super().arg_opts(name, default, {*taken_names, "h", "-"})
-        if name in LONG_ONLY:
-            opts["names"] = opts["names"][:1]
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] = [opts["names"][0], *([SHORT_FLAGS[name][0]] if name in SHORT_FLAGS else [])]
         return opts
 
 
@@ -365,9 +379,8 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
     """A task taking the resource flags beside its own options: ``fn(c, ..., **resources)``.
 
     Invoke reads a task's options from its signature, so the resource flags are put into the one
-    ``fn`` declares, right ``after`` its option of that name (invoke hands out short flags in
-    signature order: this keeps each one where users learnt it); ``defaults`` change a flag's default
-    for this task, ``leave_out`` drops flags.
+    ``fn`` declares, right ``after`` its option of that name (the order `--help` lists them in);
+    ``defaults`` change a flag's default for this task, ``leave_out`` drops flags.
     """
 
     def decorate(fn: Callable[..., Any]) -> invoke.Task:
@@ -430,16 +443,16 @@ SWEEP_HELP = "a sweep file (TOML: [grid] of option = [values], [[points]]): an a
 
 
 @job_task(
-    after="output",
+    after="save",
     help={
-        "output": "write the script to this file instead of printing it",
+        "save": "write the script to this file instead of printing it",
         "check": "also run `sbatch --test-only` on the mini cluster (for `local`, or with --via local)",
         "via": VIA_HELP,
         "sif": "SIF path on the cluster (default images/<project>.sif under the submit directory)",
         "sweep": SWEEP_HELP,
     },
 )
-def sbatch(c, cluster, output=None, sif=None, check=False, via=None, sweep=None, **resources):
+def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, **resources):
     """Render the job script for a cluster: `hpcbox sbatch --cluster=NAME [options] -- trainer args`.
 
     For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
@@ -457,9 +470,9 @@ def sbatch(c, cluster, output=None, sif=None, check=False, via=None, sweep=None,
     )
     if check:
         print(_test_only(project, profile, via, script.text), file=sys.stderr)
-    if output:
-        script.write(Path(output))
-        print(f"wrote {output}", file=sys.stderr)
+    if save:
+        script.write(Path(save))
+        print(f"wrote {save}", file=sys.stderr)
     else:
         print(script.text, end="")
 

@@ -3,6 +3,7 @@ Apptainer. Jobs go in the way a user's do: over SSH to the login node, then `sba
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 
@@ -188,3 +189,16 @@ def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, 
     assert docker_engine.volumes.list(filters=label) == []
     assert [c.name for c in docker_engine.containers.list(all=True) if c.name.startswith(spec.name)] == []
     assert not (minicluster_state / spec.name).exists()
+
+
+def test_every_short_flag_of_hpcbox_is_the_one_sbatch_and_squeue_give_that_option(minicluster):
+    """A letter never means something else in hpcbox than in Slurm: each one in SHORT_FLAGS is, in the
+    real `sbatch --help` (`squeue --help` for -j), the short form of the option it stands for."""
+    from hpcbox.tasks import SHORT_FLAGS
+
+    helps = {
+        command: minicluster.ssh([command, "--help"], check=True).stdout for command in ("sbatch", "squeue")
+    }
+    for name, (letter, long_option) in SHORT_FLAGS.items():
+        text = helps["squeue" if name == "job" else "sbatch"]
+        assert re.search(rf"(?m)^\s+-{letter}, {long_option}\b", text), (name, letter, long_option)

@@ -895,13 +895,13 @@ def test_invoke_sbatch_takes_the_account_from_the_environment_unless_a_flag_name
     assert account_lines("--account", "mine") == ["#SBATCH --account=mine"]
 
 
-def test_invoke_sbatch_writes_the_script_with_o(tmp_path: Path):
+def test_invoke_sbatch_writes_the_script_with_save_and_o_is_the_jobs_log_as_in_sbatch(tmp_path: Path):
     target = tmp_path / "job.sh"
-    done = invoke("sbatch", "--cluster=edi", "-o", str(target), cwd=REPO)
+    done = invoke("sbatch", "--cluster=edi", "--save", str(target), "-o", "logs/%x-%j.log", cwd=REPO)
     assert done.returncode == 0, done.stderr
-    assert target.read_text().startswith(
-        "#!/bin/bash\n#SBATCH --job-name=trainer\n#SBATCH --partition=PGR-Standard"
-    )
+    script = target.read_text()
+    assert script.startswith("#!/bin/bash\n#SBATCH --job-name=trainer\n#SBATCH --partition=PGR-Standard")
+    assert "\n#SBATCH --output=logs/%x-%j.log\n" in script
 
 
 @pytest.mark.parametrize(

@@ -188,7 +188,7 @@ def test_a_scheduler_without_steps_starts_ddp_with_torchrun_on_its_one_node():
 def test_invoke_sbatch_writes_the_bsub_script_for_an_lsf_profile(tmp_path: Path):
     target = tmp_path / "job.sh"
     done = invoke(
-        "sbatch", "--cluster=dtu", "--partition", "gpuv100", "--gpus", "1", "-o", str(target), cwd=REPO
+        "sbatch", "--cluster=dtu", "--partition", "gpuv100", "--gpus", "1", "--save", str(target), cwd=REPO
     )
     assert done.returncode == 0, done.stderr
     assert target.read_text().startswith("#!/bin/bash\n#BSUB -J trainer\n#BSUB -q gpuv100\n")
@@ -197,7 +197,15 @@ def test_invoke_sbatch_writes_the_bsub_script_for_an_lsf_profile(tmp_path: Path)
 def test_invoke_sbatch_refuses_a_queue_limit_in_one_line(tmp_path: Path):
     target = tmp_path / "job.sh"
     done = invoke(
-        "sbatch", "--cluster=dtu", "--partition", "gpua100", "--time", "25:00:00", "-o", str(target), cwd=REPO
+        "sbatch",
+        "--cluster=dtu",
+        "--partition",
+        "gpua100",
+        "--time",
+        "25:00:00",
+        "--save",
+        str(target),
+        cwd=REPO,
     )
     assert done.returncode == 1
     assert done.stderr.splitlines() == [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,7 +64,7 @@ def test_sbatch_help_through_the_real_command_line():
         done = _invoke(*argv)
         assert done.returncode == 0, done.stderr
         assert "Render the job script for a cluster" in done.stdout
-        assert "-k, --check" in done.stdout
+        assert "  --check  " in done.stdout
 
 
 def test_a_missing_cluster_is_one_line_naming_the_flag():
@@ -89,3 +90,32 @@ def test_the_hpcbox_command_has_every_task_but_this_repositorys_own():
     assert helped.stdout.startswith("Usage: hpcbox [--core-opts] init ")
     version = subprocess.run([sys.executable, "-m", "hpcbox", "--version"], capture_output=True, text=True)
     assert version.stdout.strip() == "hpcbox 0.1.0"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_short_flag_is_slurms_letter_for_that_option_and_no_other_letter_is_handed_out(name, capsys):
+    from hpcbox.tasks import SHORT_FLAGS
+
+    options = _help(["--help", name], capsys).split("Options:\n", 1)[1]
+    letters = dict(re.findall(r"(?m)^  -(\w)(?: \w+)?, --([\w-]+)", options))
+    expected = {letter: option for option, (letter, _slurm) in SHORT_FLAGS.items()}
+    assert {letter: option.replace("-", "_") for letter, option in letters.items()} == {
+        letter: expected[letter] for letter in letters if letter in expected
+    }
+    assert not re.search(r"(?m)^  -\w(?: \w+)?  ", options)  # no letter stands alone either
+
+
+def test_sbatch_submit_and_shell_take_sbatchs_letters(capsys):
+    for name in ("sbatch", "submit", "shell"):
+        options = _help(["--help", name], capsys)
+        for shown in (
+            "-p STRING, --partition",
+            "-A STRING, --account",
+            "-t STRING, --time",
+            "-N STRING, --nodes",
+            "-c STRING, --cpus",
+            "-J STRING, --job-name",
+            "-q STRING, --qos",
+            "-M STRING, --cluster",
+        ):
+            assert shown in options, (name, shown)
