@@ -25,6 +25,7 @@ from hpcbox.image import ENVIRONMENT, LABEL_REVISION, build_image
 from hpcbox.sif import build_sif
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer
+from tests.fixtures.git import git
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = """\
@@ -35,26 +36,12 @@ RUN echo hello > /hello.txt && mkdir -p /opt/tiny
 FROM environment AS runtime
 COPY code/src /opt/tiny/src
 """
-# Fixed dates too: each test's `tiny` is then the same commit, which the image an earlier test built
-# (and a later one reuses, its content being the same) names as its revision.
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "hpcbox tests",
-    "GIT_AUTHOR_EMAIL": "tests@hpcbox.invalid",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
-    "GIT_COMMITTER_NAME": "hpcbox tests",
-    "GIT_COMMITTER_EMAIL": "tests@hpcbox.invalid",
-    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
-}
+# Fixed dates too (tests/fixtures/git.py): each test's `tiny` is then the same commit, which the image
+# an earlier test built (and a later one reuses, its content being the same) names as its revision.
 
 
 def _quiet(_line: str) -> None:
     pass
-
-
-def _git(root: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-C", str(root), *args], check=True, capture_output=True, env={**os.environ, **GIT_ENV}
-    )
 
 
 @pytest.fixture
@@ -67,17 +54,12 @@ def tiny(tmp_path: Path, run_id: str, monkeypatch, docker_engine) -> Path:
     (root / "src").mkdir()
     (root / "src" / "train.py").write_text("print('tiny')\n")
     (root / "pyproject.toml").write_text('[project]\nname = "tiny"\n\n[tool.hpcbox]\ncode = ["src"]\n')
-    _git(root, "init", "--quiet")
-    _git(root, "add", ".")
-    _git(root, "commit", "--quiet", "-m", "tiny project")
+    git(root, "init", "--quiet")
+    git(root, "add", ".")
+    git(root, "commit", "--quiet", "-m", "tiny project")
     monkeypatch.setenv("HPCBOX_IMAGE_REPOSITORY", f"{run_id}/tiny")
     monkeypatch.chdir(root)
     return root
-
-
-def _head(root: Path) -> str:
-    done = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 def _verify(root: Path, artifact: str) -> subprocess.CompletedProcess:
@@ -142,7 +124,7 @@ def test_a_commit_to_the_readme_alone_leaves_the_environment_sif_byte_identical(
     fresh machine) and converted again is the very same file, and verify rebuilds it from that commit."""
     compression = parse_compression("zstd:3", "--compression")
     helper = Apptainer("container", apptainer_helper)
-    first = _head(tiny)
+    first = git(tiny, "rev-parse", "HEAD")
     image = build_image(
         load_project(tiny), flavour="cpu", offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet
     )
@@ -155,9 +137,11 @@ def test_a_commit_to_the_readme_alone_leaves_the_environment_sif_byte_identical(
     assert helper.inspect(before.path)["labels"][LABEL_REVISION] == first
 
     (tiny / "README.md").write_text("# tiny\n\nHow to train it.\n")
-    _git(tiny, "add", "README.md")
-    _git(tiny, "commit", "--quiet", "-m", "README only")
-    assert _head(tiny) != first  # where the whole tree's revision would have moved the label
+    git(tiny, "add", "README.md")
+    git(tiny, "commit", "--quiet", "-m", "README only")
+    assert (
+        git(tiny, "rev-parse", "HEAD") != first
+    )  # where the whole tree's revision would have moved the label
     assert docker.image(image.ref) is None
     again = build_image(
         load_project(tiny),
@@ -215,7 +199,7 @@ def test_sources_that_do_not_hash_to_the_recorded_content_are_refused_before_bui
     image = build_image(project, flavour="cpu", offline=True, say=_quiet, on_line=_quiet)
     # The image now claims a commit whose Dockerfile says something else.
     (tiny / "docker" / "Dockerfile").write_text(DOCKERFILE.replace("hello", "hi"))
-    _git(tiny, "commit", "--quiet", "-am", "another Dockerfile")
+    git(tiny, "commit", "--quiet", "-am", "another Dockerfile")
     container = docker.client().containers.create(image.id, command=["true"])
     head = subprocess.run(["git", "-C", str(tiny), "rev-parse", "HEAD"], capture_output=True, text=True)
     try:

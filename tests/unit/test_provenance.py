@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from hpcbox.provenance import checkout, inputs_revision
+from tests.fixtures.git import git
 
 ENVIRONMENT = ("docker", "docker/Dockerfile")
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "hpcbox tests",
-    "GIT_AUTHOR_EMAIL": "tests@hpcbox.invalid",
-    "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
-    "GIT_COMMITTER_NAME": "hpcbox tests",
-    "GIT_COMMITTER_EMAIL": "tests@hpcbox.invalid",
-    "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
-
-
-def _git(root: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(root), *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        env={**os.environ, **GIT_ENV},
-    )
-    return done.stdout.strip()
 
 
 def _commit(root: Path, message: str) -> str:
-    _git(root, "add", "--all")
-    _git(root, "commit", "--quiet", "-m", message)
-    return _git(root, "rev-parse", "HEAD")
+    git(root, "add", "--all")
+    git(root, "commit", "--quiet", "-m", message)
+    return git(root, "rev-parse", "HEAD")
 
 
 def _write(path: Path, text: str) -> None:
@@ -58,7 +36,7 @@ def _project(root: Path) -> Path:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     root = _project(tmp_path / "repo")
-    _git(root, "init", "--quiet")
+    git(root, "init", "--quiet")
     return root
 
 
@@ -101,7 +79,7 @@ def test_only_changes_to_the_inputs_make_it_dirty(repo: Path):
     _write(repo / "docker" / "lock" / "apt-system.txt", "libc6=2.41-13\n")
     assert inputs_revision(repo, ENVIRONMENT) == f"{first}-dirty"
     assert inputs_revision(repo, ("src/tiny",)) == first
-    _git(repo, "add", "docker")  # staged is still not committed
+    git(repo, "add", "docker")  # staged is still not committed
     assert inputs_revision(repo, ENVIRONMENT) == f"{first}-dirty"
 
 
@@ -131,7 +109,7 @@ def test_a_project_in_a_subfolder_of_the_repository(tmp_path: Path):
     top = tmp_path / "monorepo"
     project = _project(top / "projects" / "tiny")
     _write(top / "docker" / "Dockerfile", "FROM scratch\n# the repository's own, not the project's\n")
-    _git(top, "init", "--quiet")
+    git(top, "init", "--quiet")
     first = _commit(top, "two projects")
 
     _write(top / "docker" / "Dockerfile", "FROM scratch\n# changed\n")
