@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcbox import logpaths, ship
+from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Steps
 from hpcbox.compression import SifCompression
 from hpcbox.config import ProjectConfig
 from hpcbox.errors import HpcboxError
@@ -547,11 +548,22 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     gpu_csv = local / "gpu-utilization.csv"
     gpu_path = gpu_csv if gpu_csv.is_file() else None
     try:
-        built = efficiency.build_report(rows, metrics_path, gpu_path)
+        built = efficiency.build_report(rows, metrics_path, gpu_path, _own_program(project.run))
     except ValueError as exc:
         raise HpcboxError(f"cannot report on job {record.job_id}: {exc}") from exc
     png = efficiency.plot_report(metrics_path, gpu_path, local / "report.png")
     return efficiency.format_report(built), png
+
+
+def _own_program(run: ContainerCommand | Steps) -> str | None:
+    """What the job runs, in words, where that is not the example trainer (which writes metrics.jsonl)."""
+    commands = [step.command for step in run.steps] if isinstance(run, Steps) else [run]
+    if any(command.kind == "module" and command.target == EXAMPLE_TRAINER.target for command in commands):
+        return None
+    return " then ".join(
+        command.target if command.kind == "entry_point" else " ".join(command.program_words())
+        for command in commands
+    )
 
 
 def cancel(

@@ -495,10 +495,14 @@ def _first_line(path: Path) -> str:
 
 
 def build_report(
-    sacct_rows: list[dict[str, str]], metrics_jsonl: Path | None, gpu_csv: Path | None
+    sacct_rows: list[dict[str, str]],
+    metrics_jsonl: Path | None,
+    gpu_csv: Path | None,
+    program: str | None = None,
 ) -> Report:
     """The report of one job from its sacct rows (job line first, as sacct prints it) and whichever
-    of its metrics and GPU samples were fetched."""
+    of its metrics and GPU samples were fetched. ``program``: what the job ran, where that is not the
+    example trainer (which always writes metrics.jsonl): its missing metrics are then its own choice."""
     jobs = [row for row in sacct_rows if "." not in row["JobID"]]
     if not jobs:
         raise ValueError("sacct printed no job line (is the job id right, and is accounting enabled?)")
@@ -506,6 +510,8 @@ def build_report(
     steps = [row for row in sacct_rows if row["JobID"].startswith(job["JobID"] + ".")]
     training = None
     why_missing = "no metrics.jsonl (the trainer did not start, or the results were not fetched)"
+    if program is not None:
+        why_missing = f"{program} writes no metrics.jsonl (the README's 'Your program's metrics' adds one)"
     if metrics_jsonl is not None and metrics_jsonl.is_file():
         records = read_metrics(metrics_jsonl)
         if records:

@@ -108,6 +108,13 @@ def test_own_project_init_lock_build_submit_fetch(
         assert fetched.is_relative_to(own_project / "runs" / "local")
         status = hpcbox(own_project, "status", env=env)
         assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout
+        # its program writes no metrics.jsonl: the report says so, not that it failed to start
+        reported = hpcbox(own_project, "report", env=env).stdout
+        assert (
+            "throughput  unknown" in reported
+            and "-> unknown: python /code/train.py writes no metrics.jsonl" in (reported)
+        ), reported
+        assert "did not start" not in reported
     finally:
         for image in docker.client().images.list(name=f"{run_id}/own-project*"):
             for tag in image.tags:

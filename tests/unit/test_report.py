@@ -7,6 +7,7 @@ nvidia-smi's CSV format (the capture machine has no GPU); everything else is rea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -374,3 +375,41 @@ def test_plot_without_gpu_samples_or_metrics_is_still_a_png(tmp_path):
     ]  # fmt: skip
     empty = report.plot_report(None, None, tmp_path / "empty.png")
     assert empty.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_program_of_ones_own_that_writes_no_metrics_is_said_to_write_none_not_to_have_failed():
+    """pytorch/examples' word-level language model trained and saved its model; the report said the trainer
+    did not start. A program other than the example trainer writing no metrics.jsonl is its own choice."""
+    built = report.build_report(sacct("steps"), None, None, program="python main.py")
+    found = {f.name: f for f in built.figures}
+    assert found["throughput"].verdict == (
+        "unknown: python main.py writes no metrics.jsonl (the README's 'Your program's metrics' adds one)"
+    )
+    assert "did not start" not in report.format_report(built)
+
+
+def test_only_a_job_that_runs_something_else_than_the_example_trainer_names_its_program():
+    from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
+    from hpcbox.jobs import _own_program
+
+    assert _own_program(EXAMPLE_TRAINER) is None
+    script = ContainerCommand("script", "main.py", ("--epochs", "3"))
+    assert _own_program(script) == "python main.py"
+    assert _own_program(ContainerCommand("entry_point", "lm.cli:main")) == "lm.cli:main"
+    assert _own_program(Steps((Step("prep", script), Step("train", EXAMPLE_TRAINER)))) is None
+    two = Steps((Step("prep", script), Step("fit", ContainerCommand("program", "fit"))))
+    assert _own_program(two) == "python main.py then fit"
+
+
+def test_the_metrics_the_readme_shows_for_ones_own_program_give_throughput_and_data_wait(tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    shown = re.search(r"per epoch\n`(\{\"event\": \"epoch\".*?\})`", readme, re.DOTALL)
+    assert shown is not None, "the README's example epoch line moved"
+    epoch = json.loads(shown[1].replace("\n", " "))
+    lines = [{**epoch, "epoch": n} for n in (1, 2)] + [{"event": "done"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    found = figures("steps", tmp_path / "metrics.jsonl")
+    assert found["throughput"].value.startswith("2 of 10 epochs")
+    assert not found["throughput"].verdict.startswith("unknown") and not found[
+        "data wait"
+    ].verdict.startswith("unknown")
