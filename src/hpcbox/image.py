@@ -392,6 +392,7 @@ def build_image(
         )
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
     secrets = {"host_ca": ca} if ca is not None else {}
+    progress = docker.BuildProgress(on_line or _echo)
 
     def build(plan: BuildPlan, mirror: Mapping[str, Path]) -> None:
         # The commit that last changed what this target is built from, not the whole tree's: a commit
@@ -416,7 +417,7 @@ def build_image(
             secrets={**secrets, **mirror},
             no_cache=no_cache,
             target=plan.target,
-            on_line=on_line or _echo,
+            on_line=progress,
         )
 
     try:

@@ -76,16 +76,8 @@ def test_nothing_changed_is_a_cache_hit_and_code_change_rebuilds_only_the_code_l
 
 
 def executed_steps(build_log: list[str]) -> list[str]:
-    """Titles of the Dockerfile steps a BuildKit build executed (not CACHED), from its plain progress."""
-    titles: dict[str, str] = {}
-    cached: set[str] = set()
-    for line in build_log:
-        number, _, rest = line.partition(" ")
-        if rest.startswith("[") and not rest.startswith("[internal]") and "] FROM " not in rest:
-            titles.setdefault(number, rest)
-        elif rest == "CACHED":
-            cached.add(number)
-    return [title for number, title in titles.items() if number not in cached]
+    """Titles of the Dockerfile steps a build executed (not cached), from its progress lines."""
+    return [line.strip().rpartition(" (")[0] for line in build_log if re.search(r"\(\d+\.\d s\)$", line)]
 
 
 def test_failed_build_names_the_step_and_shows_its_last_lines(docker_engine, project_copy: Path):

@@ -99,3 +99,36 @@ def test_next_stage_before_any_build_says_to_build_first(project):
         image_stage.last_image(project, "cuda")
     with pytest.raises(HpcboxError, match=r"unknown flavour 'rocm'"):
         image_stage.last_image(project, "rocm")
+
+
+def test_a_builds_progress_is_one_line_per_step_with_its_time_and_what_steps_say_for_people():
+    from hpcbox.tools.docker import BuildProgress
+
+    run = (
+        "RUN --mount=type=secret,id=host_ca --mount=type=secret,id=apt_mirror     sh "
+        "/opt/hpcbox/lock/apt-install.sh /opt/hpcbox/lock/apt-system.txt     && useradd --create-home trainer"
+    )
+    plain = f"""\
+#1 [internal] load remote build context
+#1 DONE 0.0s
+#4 [system 1/3] FROM docker.io/hpcbox/debian:trixie-aa04c4c80848
+#4 DONE 0.0s
+#5 [system 2/3] COPY docker/apt-install.sh docker/lock/apt-system.txt /opt/hpcbox/lock/
+#6 [system 3/3] {run}
+#5 CACHED
+#6 0.312 hpcbox: host CA bundle mounted for this step (214 bytes)
+#6 1.020 Get:1 http://deb.debian.org/debian trixie InRelease [140 kB]
+#6 DONE 6.5s
+#15 exporting to image
+#15 DONE 5.0s
+"""
+    said: list[str] = []
+    progress = BuildProgress(said.append)
+    for line in plain.splitlines():
+        progress(line)
+    assert said == [
+        "  [system 2/3] COPY docker/apt-install.sh docker/lock/apt-system.txt /opt/hpcbox/lock/ (cached)",
+        "hpcbox: host CA bundle mounted for this step (214 bytes)",
+        "  [system 3/3] RUN sh /opt/hpcbox/lock/apt-install.sh /opt/hpcbox/lock/apt-system.txt && useradd … "
+        "(6.5 s)",
+    ]

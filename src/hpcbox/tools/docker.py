@@ -245,6 +245,38 @@ def build(
 
 _STEP_HEADER = re.compile(r"^#(\d+) (\[[^\]]+\] .+)$")
 _ERROR_LINE = re.compile(r"^#(\d+) ERROR[: ]")
+_STEP_END = re.compile(r"^#(\d+) (?:DONE (\d+(?:\.\d+)?)s|(CACHED))$")
+# A line a step's own commands print for the person waiting (docker/apt-install.sh's "hpcbox: ...").
+_STEP_SAYS = re.compile(r"^#\d+ \d+(?:\.\d+)? (hpcbox: .+)$")
+_TITLE_WIDTH = 96
+
+
+class BuildProgress:
+    """BuildKit's plain progress as a person wants it: one line per Dockerfile step when it ends, with
+    how long it took (or that it was cached), and what a step says for people (`hpcbox: ...`); the
+    rest (apt's and pip's own output) only where a step fails, in the error."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.titles: dict[str, str] = {}
+
+    def __call__(self, line: str) -> None:
+        header = _STEP_HEADER.match(line)
+        if header:
+            # the secrets a RUN mounts say nothing about what it does
+            title = " ".join(word for word in header[2].split() if not word.startswith("--mount="))
+            if not title.startswith("[internal]") and "] FROM " not in title:
+                self.titles.setdefault(header[1], title)
+            return
+        said = _STEP_SAYS.match(line)
+        if said:
+            self.say(said[1])
+            return
+        end = _STEP_END.match(line)
+        if end and end[1] in self.titles:
+            title = self.titles.pop(end[1])
+            short = title if len(title) <= _TITLE_WIDTH else title[: _TITLE_WIDTH - 1] + "…"
+            self.say(f"  {short} ({'cached' if end[3] else f'{float(end[2]):.1f} s'})")
 
 
 def failed_step(lines: Sequence[str]) -> tuple[str, list[str]]:
