@@ -329,9 +329,7 @@ def off_lock_plan(project: ProjectConfig, plan: BuildPlan, strict: bool) -> Buil
         for lock in plan.flavour.locks
         if Path(lock).name.startswith("apt-")
     }
-    pins = {path: offlock.apt_pins(text) for path, text in texts.items()}
-    serving = offlock.served(plan.base, {package for each in pins.values() for package in each})
-    moved = {path: offlock.moved_pins(pins[path], serving, path) for path in texts}
+    moved = offlock.moved_in(plan.base, texts)
     every = (*plan.moved, *(pin for each in moved.values() for pin in each))
     offlock.refuse_if(every, strict, "image")
     locks = {path: offlock.follow(texts[path], moved[path]).encode() for path in texts if moved[path]}

@@ -54,8 +54,13 @@ def to_label(moved: Iterable[MovedPin]) -> str:
 
 def from_labels(labels: Mapping[str, str]) -> tuple[MovedPin, ...]:
     """The moved pins an artifact's labels record (none on an on-lock one)."""
+    return parse(labels.get(LABEL) or "")
+
+
+def parse(value: str) -> tuple[MovedPin, ...]:
+    """The moved pins an off-lock label's value (`to_label`'s text) names."""
     pins = []
-    for part in filter(None, (labels.get(LABEL) or "").split("; ")):
+    for part in filter(None, value.split("; ")):
         found = _MOVED.match(part)
         if found is None:
             raise HpcboxError(f"label {LABEL}: cannot read {part!r}", "rebuild it with this hpcbox")
@@ -166,6 +171,14 @@ def moved_pins(pins: Mapping[str, str], serving: Mapping[str, Served], lock: str
         for package, version in sorted(pins.items())
         if package not in serving or version not in serving[package].offers
     ]
+
+
+def moved_in(ref: str, locks: Mapping[str, str], setup: str = "") -> dict[str, list[MovedPin]]:
+    """For each apt lock (its name as the user finds it → its text), the pins Debian no longer serves,
+    asked of apt in a container of ``ref`` (after ``setup``) in one go."""
+    pins = {name: apt_pins(text) for name, text in locks.items()}
+    serving = served(ref, {package for each in pins.values() for package in each}, setup)
+    return {name: moved_pins(pins[name], serving, name) for name in locks}
 
 
 def follow(text: str, moved: Iterable[MovedPin]) -> str:

@@ -239,7 +239,7 @@ def build_sif(
     if not force:
         hit = cached(info.id, compression, cache)
         if hit is not None:
-            moved = offlock.from_labels({offlock.LABEL: hit.off_lock})
+            moved = offlock.parse(hit.off_lock)
             offlock.refuse_if(moved, strict, f"SIF ({target.name} is off-lock)")
             offlock.announce(moved, say)
             say(f"hpcbox: {target.name} is up to date")
@@ -253,14 +253,12 @@ def build_sif(
             "--engine host: the fast path mounts the image's layers in hpcbox's helper container",
             "use --engine container (auto picks it for the fast path), or --path reference",
         )
-    offlock.refuse_if(offlock.from_labels(info.labels), strict, f"SIF (image {image.ref} is off-lock)")
+    image_moved = offlock.from_labels(info.labels)
+    offlock.refuse_if(image_moved, strict, f"SIF (image {image.ref} is off-lock)")
     tool = engine(
         "container" if conversion == "fast" else engine_choice, strict=strict, on_line=on_line, say=say
     )
-    moved = (
-        *offlock.from_labels(info.labels),
-        *(helper_moved(tool.program) if tool.kind == "container" else ()),
-    )
+    moved = (*image_moved, *(helper_moved(tool.program) if tool.kind == "container" else ()))
     offlock.announce(moved, say)
     cache.mkdir(parents=True, exist_ok=True)
     layers = rootfs.engine_layers(raw) if conversion == "fast" else None

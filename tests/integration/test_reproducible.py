@@ -124,7 +124,7 @@ def test_the_committed_environment_builds_to_the_recorded_digests(
     monkeypatch.setenv("HPCBOX_IMAGE_REPOSITORY", f"{run_id}/recorded")
     here = environment_digests(project, recorded.compression, tmp_path / "sif", say=_quiet, on_line=_quiet)
     if here.off_lock:
-        moved = offlock.from_labels({offlock.LABEL: here.off_lock})
+        moved = offlock.parse(here.off_lock)
         assert moved and all(pin.locked != pin.served for pin in moved)
         print(f"\noff-lock, so not held against digests.toml: {here.off_lock}")
     else:

@@ -458,14 +458,9 @@ def _moved_helper_pins(base: str) -> list:
     """The helper's pins (both locks) that Debian no longer serves, asked of apt with sid added."""
     from hpcbox import offlock
 
-    pins = {lock: offlock.apt_pins(lock.read_text()) for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)}
-    setup = HELPER_SID_SCRIPT.read_text() + "\n"
-    serving = offlock.served(base, {name for each in pins.values() for name in each}, setup=setup)
-    return [
-        pin
-        for lock, each in pins.items()
-        for pin in offlock.moved_pins(each, serving, f"apptainer/lock/{lock.name}")
-    ]
+    locks = {f"apptainer/lock/{lock.name}": lock.read_text() for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)}
+    moved = offlock.moved_in(base, locks, setup=HELPER_SID_SCRIPT.read_text() + "\n")
+    return [pin for each in moved.values() for pin in each]
 
 
 def _pinned_in(package: str, version: str) -> str:
