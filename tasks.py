@@ -25,7 +25,7 @@ SHELL_SCRIPTS = ("bootstrap", ".ci/run", "docker/apt-install.sh")
 @friendly
 def demo(c, epochs=3, name=None, port=None):
     """The whole pipeline on the mini cluster: build, sif, cluster up, submit, wait, fetch, report."""
-    from hpcbox.demo import run_demo
+    from hpcbox.cli.demo import run_demo
     from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
 
     run_demo(epochs=int(epochs), name=name or DEFAULT_NAME, port=int(port or DEFAULT_PORT), say=say)
@@ -38,8 +38,8 @@ def lint(c):
     ruff = shlex.join([sys.executable, "-m", "ruff"])
     c.run(f"{ruff} check src tests bench tasks.py", pty=False)
     c.run(f"{ruff} format --check src tests bench tasks.py", pty=False)
-    scripts = [*SHELL_SCRIPTS, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "containers").rglob("*.sh"))]
-    scripts += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "apptainer").rglob("*.sh"))
+    # and the scripts each stage ships beside its code (the node image's, the SIF helper's)
+    scripts = [*SHELL_SCRIPTS, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.sh"))]
     c.run("shellcheck " + " ".join(scripts), pty=False)
 
 

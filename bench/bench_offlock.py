@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcbox.config import load_project
-from hpcbox.image import ENVIRONMENT, build_image
+from hpcbox.build.image import ENVIRONMENT, build_image
+from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 
 REPO = Path(__file__).resolve().parents[1]

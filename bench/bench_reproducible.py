@@ -20,13 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcbox import rootfs
-from hpcbox.config import load_project
-from hpcbox.image import ENVIRONMENT, build_image
-from hpcbox.profiles import load_profile
-from hpcbox.sif import _source_date_epoch, build_sif, normalise_header
+from hpcbox.build.image import ENVIRONMENT, build_image
+from hpcbox.project.config import load_project
+from hpcbox.render.profiles import load_profile
+from hpcbox.sif import rootfs
+from hpcbox.sif.convert import _source_date_epoch, build_sif, normalise_header
+from hpcbox.sif.helper import engine
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import Apptainer, engine
+from hpcbox.tools.apptainer import Apptainer
 
 REPO = Path(__file__).resolve().parents[1]
 ROUNDS = 3

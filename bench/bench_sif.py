@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcbox.compression import SifCompression, parse_compression
-from hpcbox.config import load_project
-from hpcbox.image import build_image
-from hpcbox.sif import build_sif, rootfs_sha256
+from hpcbox.build.image import build_image
+from hpcbox.project.config import load_project
+from hpcbox.sif.compression import SifCompression, parse_compression
+from hpcbox.sif.convert import build_sif, rootfs_sha256
+from hpcbox.sif.helper import engine
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import engine
 
 REPO = Path(__file__).resolve().parents[1]
 # What a plain `apptainer build` compresses with (mksquashfs's default), for a like-for-like comparison;

@@ -22,13 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpcbox.compression import parse_compression
-from hpcbox.config import load_project
-from hpcbox.image import ENVIRONMENT, LABEL_CONTENT, LABEL_REVISION, build_image
-from hpcbox.profiles import load_profile
-from hpcbox.provenance import inputs_revision
-from hpcbox.rootfs import exported
-from hpcbox.sif import build_sif
+from hpcbox.build.image import ENVIRONMENT, LABEL_CONTENT, LABEL_REVISION, build_image
+from hpcbox.build.provenance import inputs_revision
+from hpcbox.project.config import load_project
+from hpcbox.render.profiles import load_profile
+from hpcbox.sif.compression import parse_compression
+from hpcbox.sif.convert import build_sif
+from hpcbox.sif.rootfs import exported
 from hpcbox.tools import docker
 
 REPO = Path(__file__).resolve().parents[1]

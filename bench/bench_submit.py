@@ -15,10 +15,11 @@ import time
 import uuid
 from pathlib import Path
 
-from hpcbox import jobs, minicluster, profiles, resources
-from hpcbox.config import load_project
-from hpcbox.demo import make_dataset
-from hpcbox.image import build_image
+from hpcbox import jobs, minicluster
+from hpcbox.build.image import build_image
+from hpcbox.cli.demo import make_dataset
+from hpcbox.project.config import load_project
+from hpcbox.render import profiles, resources
 from hpcbox.tools import slurm, ssh
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from hpcbox.config import load_project
-from hpcbox.image import build_image
+from hpcbox.build.image import build_image
+from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 
 REPO = Path(__file__).resolve().parents[1]

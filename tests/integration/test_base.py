@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage, offlock
+from hpcbox.build import baseimage, offlock
+from hpcbox.build.lock import candidate_versions
 from hpcbox.errors import HpcboxError
-from hpcbox.lock import candidate_versions
 from hpcbox.tools import docker
 
 pytestmark = pytest.mark.integration

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import image as image_stage
-from hpcbox import offlock
-from hpcbox.config import load_project
+from hpcbox.build import image as image_stage
+from hpcbox.build import offlock
+from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
-from hpcbox.provenance import inputs_revision
+from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 
 pytestmark = pytest.mark.integration
@@ -173,7 +173,7 @@ def test_apt_install_reads_the_mirror_it_is_handed_for_its_step_only(
 ):
     """What the build does once Debian's mirror has dropped a pin: the Dockerfile's apt step, handed the
     snapshot archive as the apt_mirror secret, installs from it and leaves the sources as they were."""
-    from hpcbox import baseimage
+    from hpcbox.build import baseimage
 
     base = baseimage.ensure_base(lock=baseimage.read_lock(REPO / "docker/lock/base.toml"))
     mirror_url = baseimage.snapshot_mirror("20261123T100000Z")
@@ -254,7 +254,7 @@ def test_a_gone_pin_of_a_lock_with_no_snapshot_time_turns_to_the_time_the_archiv
     """A lock made where the snapshot archive could not be reached records no time; where it answers now,
     its API says when the gone version arrived, and the build turns to the archive at that time. (The
     stand-in serves today's mirror at every time, so the version is not there either: off-lock.)"""
-    from hpcbox import baseimage
+    from hpcbox.build import baseimage
 
     # after the lock was made (2026-11-23): a version that arrived earlier is looked for at the lock's time
     version, first_seen = "20250419+hpcbox.gone", "20261124T084516Z"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage
-from hpcbox.config import load_project
+from hpcbox.build import baseimage
+from hpcbox.build.lock import read_apt_lock, refresh_locks, refresh_pip_locks
 from hpcbox.errors import HpcboxError
-from hpcbox.lock import read_apt_lock, refresh_locks, refresh_pip_locks
+from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 
 pytestmark = pytest.mark.integration
@@ -47,12 +47,11 @@ def test_malformed_lock_line_names_file_and_line(tmp_path: Path):
 def test_the_helper_locks_pin_apptainer_mksquashfs_and_libdeflate_and_name_the_rest(
     docker_engine, tmp_path, monkeypatch
 ):
-    from hpcbox.lock import refresh_helper_lock
-    from hpcbox.tools import apptainer
+    from hpcbox.sif import helper as sif_helper
 
-    monkeypatch.setattr(apptainer, "HELPER_LOCK", tmp_path / "apt-helper.txt")
-    monkeypatch.setattr(apptainer, "HELPER_BUILD_LOCK", tmp_path / "apt-helper-build.txt")
-    assert refresh_helper_lock(say=lambda _: None) == [
+    monkeypatch.setattr(sif_helper, "HELPER_LOCK", tmp_path / "apt-helper.txt")
+    monkeypatch.setattr(sif_helper, "HELPER_BUILD_LOCK", tmp_path / "apt-helper-build.txt")
+    assert sif_helper.refresh_helper_lock(say=lambda _: None) == [
         tmp_path / "apt-helper.txt",
         tmp_path / "apt-helper-build.txt",
     ]
@@ -70,7 +69,7 @@ def test_the_helper_locks_pin_apptainer_mksquashfs_and_libdeflate_and_name_the_r
     assert pinned["libdeflate0"] == pinned["libdeflate-dev"]
     assert all(version and " " not in version for version in pinned.values())
     # The same mirror again: nothing changes, so the helper's tag (a hash of its locks) stays.
-    assert refresh_helper_lock(say=lambda _: None) == []
+    assert sif_helper.refresh_helper_lock(say=lambda _: None) == []
 
 
 # A project's own dependency list, locked from PyPI for both flavours (no Docker needed).

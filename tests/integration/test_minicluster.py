@@ -194,7 +194,7 @@ def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, 
 def test_every_short_flag_of_hpcbox_is_the_one_sbatch_and_squeue_give_that_option(minicluster):
     """A letter never means something else in hpcbox than in Slurm: each one in SHORT_FLAGS is, in the
     real `sbatch --help` (`squeue --help` for -j), the short form of the option it stands for."""
-    from hpcbox.tasks import SHORT_FLAGS
+    from hpcbox.cli.tasks import SHORT_FLAGS
 
     helps = {
         command: minicluster.ssh([command, "--help"], check=True).stdout for command in ("sbatch", "squeue")

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from hpcbox.resources import ResourceRequest
+from hpcbox.render.resources import ResourceRequest
 from tests.integration.test_minicluster import wait_for_state
 from tests.integration.test_sbatch_cluster import prepare_job_dir, render_local, sacct, wait_finished
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage
-from hpcbox.config import load_project
-from hpcbox.image import REGISTRY_BASE_LOCK, plan_build, registry_base_lock
-from hpcbox.lock import refresh_registry_base
+from hpcbox.build import baseimage
+from hpcbox.build.image import REGISTRY_BASE_LOCK, plan_build, registry_base_lock
+from hpcbox.build.lock import refresh_registry_base
+from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
 from tests.fixtures.images import build_dockerfile

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import jobs, minicluster, profiles
+from hpcbox import jobs, minicluster
 from hpcbox.errors import HpcboxError
-from hpcbox.render import JobInputs, render_sbatch
-from hpcbox.resources import resolve
+from hpcbox.render import profiles
+from hpcbox.render.resources import resolve
+from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished

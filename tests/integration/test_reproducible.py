@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage, offlock
-from hpcbox.config import load_project
-from hpcbox.image import ENVIRONMENT, LABEL_BASE_DIGEST, LABEL_CONTENT, build_image
-from hpcbox.profiles import load_profile
-from hpcbox.provenance import inputs_revision
-from hpcbox.sif import build_sif, rootfs_sha256
+from hpcbox.build import baseimage, offlock
+from hpcbox.build.image import ENVIRONMENT, LABEL_BASE_DIGEST, LABEL_CONTENT, build_image
+from hpcbox.build.provenance import inputs_revision
+from hpcbox.project.config import load_project
+from hpcbox.render.profiles import load_profile
+from hpcbox.sif.convert import build_sif, rootfs_sha256
+from hpcbox.sif.verify import environment_digests, read_digests
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer
-from hpcbox.verify import environment_digests, read_digests
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import profiles
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
-from hpcbox.render import JobInputs, JobScript, render_sbatch
-from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand
+from hpcbox.render import profiles
+from hpcbox.render.resources import ResourceRequest, resolve
+from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch
 from hpcbox.tools import slurm, ssh
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]

@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcbox.compression import parse_compression
+from hpcbox.build.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
-from hpcbox.profiles import load_profile
-from hpcbox.sif import (
+from hpcbox.render.profiles import load_profile
+from hpcbox.sif.compression import parse_compression
+from hpcbox.sif.convert import (
     BUILD_DATE_LABEL,
     LABEL_CONVERTER,
     LABEL_IMAGE_ID,
@@ -185,7 +185,7 @@ LABEL io.hpcbox.source-date-epoch=1700000000
 
 @pytest.fixture(scope="module")
 def layered_image(docker_engine, run_id, tmp_path_factory):
-    from hpcbox import baseimage
+    from hpcbox.build import baseimage
     from hpcbox.tools import docker
     from tests.fixtures.images import build_dockerfile
 
@@ -205,8 +205,8 @@ def test_layers_unpacked_from_docker_save_give_the_same_sif_as_the_engines_own(
     """Where the helper cannot read the engine's overlay2 folders, `docker save` is unpacked instead:
     the same SIF, byte for byte. Deleted files stay deleted, a replaced folder shows only its new
     contents, and every time is clamped to the image's source date."""
-    from hpcbox import rootfs
-    from hpcbox.verify import squashfs_files
+    from hpcbox.sif import rootfs
+    from hpcbox.sif.verify import squashfs_files
 
     from_engine = _convert(layered_image, sif_cache / "layered-engine")
     monkeypatch.setattr(rootfs, "engine_layers", lambda raw: None)  # as on an engine without overlay2
@@ -230,7 +230,7 @@ def test_the_fast_paths_sif_is_what_apptainer_sif_writes_byte_for_byte(
     """mksquashfs writes straight into a SIF laid out by `apptainer sif` around a placeholder: apart from
     the per-run header fields hpcbox fixes anyway, the file is what `apptainer sif new/add` makes of the
     same four objects."""
-    from hpcbox.sif import normalise_header
+    from hpcbox.sif.convert import normalise_header
     from hpcbox.tools.apptainer import Command
 
     fast = small_sifs["fast"]
@@ -321,7 +321,7 @@ def test_a_helper_of_ones_own_without_the_shim_still_converts_and_claims_no_libd
 # folders the helper cannot bind, as the test above does.
 _AS_CALLER = """
 import sys
-from hpcbox import rootfs
+from hpcbox.sif import rootfs
 from hpcbox.cli import main
 if sys.argv.pop(1) == "save":
     rootfs.engine_layers = lambda raw: None
@@ -473,7 +473,7 @@ def test_not_enough_disk_is_refused_before_starting(small_image, tmp_path, monke
 def test_mksquashfs_refusing_its_options_ends_the_conversion_with_its_own_words(small_image, tmp_path):
     """mksquashfs exits at once, after the helper mounted the image's layers: nothing hangs, and no SIF
     or work folder is left."""
-    from hpcbox.compression import SifCompression
+    from hpcbox.sif.compression import SifCompression
 
     started = time.monotonic()
     with pytest.raises(HpcboxError) as error:
@@ -497,43 +497,46 @@ def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_w
     docker_engine, small_image, tmp_path, monkeypatch
 ):
     """Debian moving on (sid replaces versions within days) is simulated by a pin it never served."""
-    from hpcbox import offlock
-    from hpcbox.tools import apptainer, docker
+    from hpcbox.build import offlock
+    from hpcbox.sif import helper as sif_helper
+    from hpcbox.tools import docker
 
-    gone = re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", apptainer.HELPER_LOCK.read_text())
+    gone = re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", sif_helper.HELPER_LOCK.read_text())
     lock = tmp_path / "apt-helper.txt"
-    monkeypatch.setattr(apptainer, "HELPER_LOCK", lock)
+    monkeypatch.setattr(sif_helper, "HELPER_LOCK", lock)
     monkeypatch.delenv("HPCBOX_APPTAINER_HELPER", raising=False)
-    moved = r"apptainer 1\.4\.5-0\+hpcbox\.gone -> [^ ;]+ \(apptainer/lock/apt-helper\.txt\)"
+    moved = (
+        r"apptainer 1\.4\.5-0\+hpcbox\.gone -> [^ ;]+ \(src/hpcbox/sif/helper-image/lock/apt-helper\.txt\)"
+    )
     # Pins resolved where the snapshot archive answered record its time; the build turns to it first,
     # and says why not where it cannot be reached. --strict-lock then refuses, building nothing.
     lock.write_text(gone.replace("\napptainer=", "\n# snapshot: 20261123T100000Z\napptainer=", 1))
-    assert apptainer.helper_snapshot() == "20261123T100000Z"
+    assert sif_helper.helper_snapshot() == "20261123T100000Z"
     monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
     said: list[str] = []
     with pytest.raises(HpcboxError) as refused:
-        apptainer.ensure_helper(strict=True, on_line=lambda _: None, say=said.append)
+        sif_helper.ensure_helper(strict=True, on_line=lambda _: None, say=said.append)
     assert re.fullmatch(
         f"Debian moved on: {moved}; --strict-lock refuses an off-lock SIF helper", refused.value.message
     )
     assert len(said) == 1 and said[0].startswith(
         "hpcbox: Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in "
-        "apptainer/lock/apt-helper.txt, and the snapshot archive cannot be reached "
+        "src/hpcbox/sif/helper-image/lock/apt-helper.txt, and the snapshot archive cannot be reached "
         "(http://127.0.0.1:9/archive/debian/20261123T100000Z/dists/sid/Release: "
     )
     assert (
-        docker.image(apptainer.helper_ref()) is None
-        and offlock.stand_in(apptainer.helper_ref(), apptainer.HELPER_REPOSITORY) is None
+        docker.image(sif_helper.helper_ref()) is None
+        and offlock.stand_in(sif_helper.helper_ref(), sif_helper.HELPER_REPOSITORY) is None
     )
     # Without it, the helper is built with what Debian serves, labelled with the pin that moved.
     lock.write_text(gone)
-    locked = apptainer.helper_ref()
-    helper = apptainer.ensure_helper(on_line=lambda _: None, say=said.append)
+    locked = sif_helper.helper_ref()
+    helper = sif_helper.ensure_helper(on_line=lambda _: None, say=said.append)
     try:
         assert helper != locked and docker.image(locked) is None
         labels = docker.image(helper).labels
         assert re.fullmatch(moved, labels[offlock.LABEL]) and labels[offlock.LABEL_OF] == locked
-        assert apptainer.ensure_helper(say=said.append) == helper  # found again, not rebuilt
+        assert sif_helper.ensure_helper(say=said.append) == helper  # found again, not rebuilt
         sif = build_sif(small_image, cache=tmp_path / "cache", say=said.append, on_line=lambda _: None)
         assert re.fullmatch(moved, sif.off_lock)
         attributes = Apptainer("container", helper).inspect(sif.path)

@@ -23,10 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import datadir, jobs, profiles
-from hpcbox.config import load_project
+from hpcbox import jobs
 from hpcbox.errors import HpcboxError
-from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.jobs import datasets
+from hpcbox.project.config import load_project
+from hpcbox.render import profiles
+from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.integration.test_sbatch_cluster import scratch_left
@@ -161,7 +163,7 @@ def test_first_submit_ships_everything_runs_the_trainer_and_fetches_results(
 def test_report_gives_every_figure_with_a_verdict_and_a_plot(
     first_job: jobs.JobRecord, setup: Setup, minicluster
 ):
-    from hpcbox import report as efficiency
+    from hpcbox.jobs import efficiency
 
     finished(minicluster, first_job)
     with ssh.Connection(minicluster.ssh_target()) as connection:
@@ -323,7 +325,7 @@ def test_a_dataset_directory_reaches_node_scratch_and_the_trainer(setup: Setup, 
     assert scratch_left(minicluster, record.job_id) == []
     # The unchanged directory is not archived again: the cache gives the same content address.
     said: list[str] = []
-    again = datadir.archive(directory, datadir.cache_dir(setup.project_dir), say=said.append)
+    again = datasets.archive(directory, datasets.cache_dir(setup.project_dir), say=said.append)
     assert (again.made, again.sha256) == (False, record.dataset_sha256), said
 
 

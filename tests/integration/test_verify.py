@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcbox.compression import parse_compression
-from hpcbox.config import load_project
-from hpcbox.image import ENVIRONMENT, LABEL_REVISION, build_image
-from hpcbox.sif import build_sif
+from hpcbox.build.image import ENVIRONMENT, LABEL_REVISION, build_image
+from hpcbox.project.config import load_project
+from hpcbox.sif.compression import parse_compression
+from hpcbox.sif.convert import build_sif
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer
 from tests.fixtures.git import git

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcbox import profiles
-from hpcbox.command import EXAMPLE_TRAINER
-from hpcbox.render import JobInputs, render_sbatch
-from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.project.command import EXAMPLE_TRAINER
+from hpcbox.render import profiles
+from hpcbox.render.resources import ResourceRequest, resolve
+from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.units import FieldError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import baseimage
+from hpcbox.build import baseimage
 from hpcbox.errors import HpcboxError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
-from hpcbox.config import load_project
 from hpcbox.errors import HpcboxError
+from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
+from hpcbox.project.config import load_project
 from hpcbox.units import FieldError
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import tomllib
-from pathlib import Path
 
 import pytest
 
-from hpcbox.compression import DEFAULT, SifCompression, parse_compression
-from hpcbox.profiles import parse_profile
+from hpcbox.render.profiles import SHIPPED_DIR, parse_profile
+from hpcbox.sif.compression import DEFAULT, SifCompression, parse_compression
 from hpcbox.units import FieldError
 
 
@@ -51,7 +50,7 @@ def test_bad_compression_names_the_field(written, problem):
 
 
 def _profile(apptainer: dict) -> dict:
-    data = tomllib.loads((Path(__file__).parents[2] / "slurm" / "clusters" / "local.toml").read_text())
+    data = tomllib.loads((SHIPPED_DIR / "local.toml").read_text())
     return {**data, "apptainer": apptainer}
 
 

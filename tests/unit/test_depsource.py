@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from hpcbox import depsource
-from hpcbox.config import load_project
-from hpcbox.depsource import DependencySource
 from hpcbox.errors import HpcboxError
+from hpcbox.project import depsource
+from hpcbox.project.config import load_project
+from hpcbox.project.depsource import DependencySource
 from hpcbox.units import FieldError
 
 ENVIRONMENT = """\

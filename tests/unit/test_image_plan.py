@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import image as image_stage
-from hpcbox.config import load_project
+from hpcbox.build import image as image_stage
 from hpcbox.errors import HpcboxError
+from hpcbox.project.config import load_project
 
 REPO = Path(__file__).resolve().parents[2]
 

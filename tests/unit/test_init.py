@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.config import load_project
-from hpcbox.shipped import shipped
+from hpcbox.project.config import load_project
+from hpcbox.project.init import docker_template
 
 TRAIN = "import argparse\nimport helpers\n"
 
@@ -61,7 +61,7 @@ def test_init_adds_what_hpcbox_needs_and_says_what_it_added(flat_project: Path):
         "added .gitignore",
     ]
     assert "hpcbox lock --pip-only" in added[-1]
-    assert (flat_project / "docker/Dockerfile").read_text() == (shipped("docker") / "Dockerfile").read_text()
+    assert (flat_project / "docker/Dockerfile").read_text() == (docker_template() / "Dockerfile").read_text()
     assert os.access(flat_project / "docker/apt-install.sh", os.X_OK)
     table = tomllib.loads((flat_project / "pyproject.toml").read_text())["tool"]["hpcbox"]
     assert table["project"] == "my-project"

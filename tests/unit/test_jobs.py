@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import jobs, profiles, ship
-from hpcbox.config import load_project
+from hpcbox import jobs
 from hpcbox.errors import HpcboxError
-from hpcbox.render import JobInputs, render_sbatch
-from hpcbox.resources import ResourceRequest, resolve
+from hpcbox.jobs import ship
+from hpcbox.project.config import load_project
+from hpcbox.render import profiles
+from hpcbox.render.resources import ResourceRequest, resolve
+from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.tools import slurm, ssh
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,7 +119,7 @@ def test_a_rehearsal_is_kept_apart_from_the_sites_own_jobs(project):
 
 
 def test_rehearsing_anywhere_but_the_mini_cluster_is_refused_naming_the_flag(project):
-    from hpcbox.profiles import load_profile
+    from hpcbox.render.profiles import load_profile
 
     with pytest.raises(HpcboxError) as caught:
         jobs.connection_target(load_profile("edi"), project, via="edi")
@@ -125,7 +127,7 @@ def test_rehearsing_anywhere_but_the_mini_cluster_is_refused_naming_the_flag(pro
 
 
 def test_a_rehearsal_needs_the_mini_cluster_up(project, monkeypatch):
-    from hpcbox.profiles import load_profile
+    from hpcbox.render.profiles import load_profile
 
     monkeypatch.setenv("HPCBOX_MINICLUSTER_STATE", str(project.root / "no-cluster-here"))
     with pytest.raises(HpcboxError) as caught:
@@ -333,7 +335,7 @@ def test_a_target_with_only_a_host_leaves_user_port_and_keys_to_ssh_config():
 
 
 def test_profile_login_gives_the_target_and_flags_win(project):
-    from hpcbox.profiles import load_profile
+    from hpcbox.render.profiles import load_profile
 
     edi = load_profile("edi")
     target = jobs.connection_target(edi, project)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hpcbox.lock import simulated_installs
+from hpcbox.build.lock import simulated_installs
 
 SIMULATED = """\
 NOTE: This is only a simulation!

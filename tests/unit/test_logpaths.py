@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpcbox import logpaths, profiles
-from hpcbox.render import JobInputs, render_sbatch
-from hpcbox.resources import FieldError, ResourceRequest, resolve
+from hpcbox.render import logpaths, profiles
+from hpcbox.render.resources import FieldError, ResourceRequest, resolve
+from hpcbox.render.sbatch import JobInputs, render_sbatch
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hpcbox import offlock
+from hpcbox.build import offlock
+from hpcbox.build.offlock import MovedPin
 from hpcbox.errors import HpcboxError
-from hpcbox.offlock import MovedPin
 
 # `apt-cache policy` in the helper's base with sid added (trimmed from a real run).
 POLICY = """\

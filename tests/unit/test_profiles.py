@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import profiles
-from hpcbox.resources import FieldError
+from hpcbox.render import profiles
+from hpcbox.render.resources import FieldError
 
 SHIPPED = ("alliance", "carc", "dtu", "edi", "local", "m3", "mila")
 

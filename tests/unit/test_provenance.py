@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.provenance import checkout, inputs_revision
+from hpcbox.build.provenance import checkout, inputs_revision
 from tests.fixtures.git import git
 
 ENVIRONMENT = ("docker", "docker/Dockerfile")

@@ -26,12 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcbox import profiles
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
-from hpcbox.render import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
-from hpcbox.render_lsf import renderer
-from hpcbox.resources import FieldError, ResourceRequest, resolve
-from hpcbox.sweep import Sweep
+from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
+from hpcbox.render import profiles
+from hpcbox.render.bsub import renderer
+from hpcbox.render.resources import FieldError, ResourceRequest, resolve
+from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
+from hpcbox.render.sweep import Sweep
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch"
 # LSF sites' scripts (scheduler = "lsf" in the profile) have goldens of their own.

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import profiles
-from hpcbox.render import JobInputs, JobScript
-from hpcbox.render_lsf import memory_per_slot, render_bsub, run_limit
-from hpcbox.resources import FieldError, ResourceRequest, resolve
+from hpcbox.render import profiles
+from hpcbox.render.bsub import memory_per_slot, render_bsub, run_limit
+from hpcbox.render.resources import FieldError, ResourceRequest, resolve
+from hpcbox.render.sbatch import JobInputs, JobScript
 from tests.unit.test_render import (
     REPO,
     Sandbox,

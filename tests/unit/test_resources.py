@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import profiles
-from hpcbox.resources import (
+from hpcbox.render import profiles
+from hpcbox.render.resources import (
     DEFAULT_MAX_RESTARTS,
     MAX_RESTARTS_LIMIT,
     ContainerOptions,

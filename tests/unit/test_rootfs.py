@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from hpcbox.errors import HpcboxError
-from hpcbox.rootfs import clamp_definitions, engine_layers, write_layers
+from hpcbox.sif.rootfs import clamp_definitions, engine_layers, write_layers
 
 EPOCH = 1_700_000_000
 OVERLAY2 = "/var/lib/docker/overlay2"

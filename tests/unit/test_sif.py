@@ -8,10 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hpcbox.compression import SifCompression
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.sif import (
+from hpcbox.sif.compression import SifCompression
+from hpcbox.sif.convert import (
     ARCHIVE,
     BUILD_DATE_LABEL,
     LABEL_IMAGE_ID,
@@ -25,7 +25,8 @@ from hpcbox.sif import (
     normalise_header,
     sif_path_for,
 )
-from hpcbox.tools.apptainer import engine, parse_sif_list
+from hpcbox.sif.helper import engine
+from hpcbox.tools.apptainer import parse_sif_list
 
 EPOCH = 1_700_000_000
 
@@ -95,47 +96,49 @@ def test_a_file_that_is_not_a_sif_is_left_untouched(tmp_path: Path):
 
 
 def test_the_helper_is_named_by_what_it_holds_not_by_the_local_name_of_its_base(monkeypatch):
-    from hpcbox.tools import apptainer
+    from hpcbox.sif import helper as sif_helper
 
-    here = apptainer.helper_ref()
+    here = sif_helper.helper_ref()
     monkeypatch.setenv("HPCBOX_BASE_REPOSITORY", "elsewhere/debian")
-    assert apptainer.helper_ref() == here
+    assert sif_helper.helper_ref() == here
 
 
 def test_every_file_the_helper_is_built_from_names_it(monkeypatch, tmp_path: Path):
     """The libdeflate shim and its compiler's pins are part of the helper: changing one is another helper."""
-    from hpcbox.tools import apptainer
+    from hpcbox.sif import helper as sif_helper
 
-    here = apptainer.helper_ref()
+    here = sif_helper.helper_ref()
     for constant in ("HELPER_ZLIB_SOURCE", "HELPER_BUILD_LOCK", "HELPER_LOCK"):
         changed = tmp_path / constant
-        changed.write_bytes(getattr(apptainer, constant).read_bytes() + b"\n")
+        changed.write_bytes(getattr(sif_helper, constant).read_bytes() + b"\n")
         with monkeypatch.context() as patch:
-            patch.setattr(apptainer, constant, changed)
-            assert apptainer.helper_ref() != here, constant
+            patch.setattr(sif_helper, constant, changed)
+            assert sif_helper.helper_ref() != here, constant
 
 
 def test_a_vanished_pin_is_named_with_the_lock_that_holds_it():
-    from hpcbox.tools import apptainer
+    from hpcbox.sif import helper as sif_helper
 
     dev = next(
         line
-        for line in apptainer.HELPER_BUILD_LOCK.read_text().splitlines()
+        for line in sif_helper.HELPER_BUILD_LOCK.read_text().splitlines()
         if line.startswith("libdeflate-dev=")
     )
-    assert apptainer._pinned_in(*dev.split("=", 1)) == "apptainer/lock/apt-helper-build.txt"
-    assert apptainer._pinned_in("apptainer", "1.4.5-2") == "apptainer/lock/apt-helper.txt"
+    assert (
+        sif_helper._pinned_in(*dev.split("=", 1)) == "src/hpcbox/sif/helper-image/lock/apt-helper-build.txt"
+    )
+    assert sif_helper._pinned_in("apptainer", "1.4.5-2") == "src/hpcbox/sif/helper-image/lock/apt-helper.txt"
 
 
 def test_the_helper_pins_what_writes_a_sifs_bytes_and_lets_the_rest_follow_the_mirror():
-    from hpcbox.offlock import apt_pins
-    from hpcbox.tools import apptainer
+    from hpcbox.build.offlock import apt_pins
+    from hpcbox.sif import helper as sif_helper
 
     helper, build = (
-        apt_pins(lock.read_text()) for lock in (apptainer.HELPER_LOCK, apptainer.HELPER_BUILD_LOCK)
+        apt_pins(lock.read_text()) for lock in (sif_helper.HELPER_LOCK, sif_helper.HELPER_BUILD_LOCK)
     )
     assert set(helper) == {"apptainer", "squashfs-tools", "libdeflate0"} and set(build) == {"libdeflate-dev"}
     # what the shim is compiled against is what runs it
     assert helper["libdeflate0"] == build["libdeflate-dev"]
-    bare = [line for line in apptainer.HELPER_LOCK.read_text().splitlines() if line and "=" not in line]
+    bare = [line for line in sif_helper.HELPER_LOCK.read_text().splitlines() if line and "=" not in line]
     assert "squashfuse" in bare and "fuse2fs" in bare

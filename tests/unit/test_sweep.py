@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox.jobs import array_state
-from hpcbox.sweep import MAX_POINTS, Sweep, load_sweep
+from hpcbox.render.sweep import MAX_POINTS, Sweep, load_sweep
 from hpcbox.tools.slurm import parse_tasks
 from hpcbox.units import FieldError
 

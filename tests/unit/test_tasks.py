@@ -94,7 +94,7 @@ def test_the_hpcbox_command_has_every_task_but_this_repositorys_own():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_short_flag_is_slurms_letter_for_that_option_and_no_other_letter_is_handed_out(name, capsys):
-    from hpcbox.tasks import SHORT_FLAGS
+    from hpcbox.cli.tasks import SHORT_FLAGS
 
     options = _help(["--help", name], capsys).split("Options:\n", 1)[1]
     letters = dict(re.findall(r"(?m)^  -(\w)(?: \w+)?, --([\w-]+)", options))

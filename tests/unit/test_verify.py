@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.errors import HpcboxError
-from hpcbox.image import (
+from hpcbox.build.image import (
     LABEL_BASE_DIGEST,
     LABEL_BASE_NAME,
     LABEL_CONTENT,
@@ -16,8 +15,9 @@ from hpcbox.image import (
     LABEL_REVISION,
     LABEL_SOURCE_DATE_EPOCH,
 )
-from hpcbox.sif import LABEL_COMPRESSION
-from hpcbox.verify import SHOWN, Provenance, Verdict, _differences
+from hpcbox.errors import HpcboxError
+from hpcbox.sif.convert import LABEL_COMPRESSION
+from hpcbox.sif.verify import SHOWN, Provenance, Verdict, _differences
 
 LABELS = {
     LABEL_REVISION: "a" * 40,
@@ -92,7 +92,7 @@ def test_verdict_lines():
 
 
 def test_recorded_digests_read_back_as_written_and_name_each_field_that_differs(tmp_path: Path):
-    from hpcbox.verify import DIGESTS_FILE, Digests, read_digests
+    from hpcbox.sif.verify import DIGESTS_FILE, Digests, read_digests
 
     digests = Digests(
         "a" * 40, "cpu", "zstd:3", "sha256:" + "b" * 64, "c" * 64, "d" * 64, "e" * 64, 514, "x 1"

@@ -22,7 +22,7 @@ from typing import Any
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import nodes
 from hpcbox.minicluster.cluster import Cluster
-from hpcbox.minicluster.image import ensure_image
+from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import ClusterSecrets, generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.spec import LABEL, ClusterSpec, state_dir

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hpcbox.profiles import ClusterProfile, load_profile
+from hpcbox.render.profiles import ClusterProfile, load_profile
 from hpcbox.units import FieldError
 
 # Where node scratch lives when the site names it only by a variable set per job (the Alliance's and

@@ -7,7 +7,7 @@ import shlex
 from hpcbox.minicluster.shape import SITE_AREAS_DIR, ClusterShape
 from hpcbox.minicluster.spec import ClusterSpec
 
-# Scripts in the node image (containers/node/site/) that give jobs the site's per-job scratch variable.
+# Scripts in the node image (minicluster/node/site/) that give jobs the site's per-job scratch variable.
 SITE_SCRIPTS = "/usr/local/lib/hpcbox-site"
 
 # Timers are short so that a failed node is noticed (and its requeued job restarted) in seconds, not

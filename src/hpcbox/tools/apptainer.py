@@ -8,8 +8,6 @@ relative paths whichever engine runs, and results land on the host without copyi
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import json
 import os
 import re
@@ -21,37 +19,11 @@ from pathlib import Path
 from typing import IO
 
 from hpcbox.errors import HpcboxError
-from hpcbox.shipped import shipped
 from hpcbox.tools import docker, proc
 
 ENGINES = ("auto", "host", "container")
-HELPER_DIR = shipped("apptainer")
-HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
-# What the helper adds to the base; `hpcbox lock` writes it (SIF_WRITERS at their exact versions).
-HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
-HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
-# The zlib stand-in mksquashfs compresses gzip with in the fast path, its source and what compiles it.
-HELPER_ZLIB_SOURCE = HELPER_DIR / "zlib-libdeflate.c"
-HELPER_BUILD_LOCK = HELPER_DIR / "lock" / "apt-helper-build.txt"
-HELPER_BUILD_PACKAGES = ("gcc", "libc6-dev", "libdeflate-dev", "zlib1g-dev")
+# Where the helper image has the zlib stand-in that mksquashfs compresses gzip with (sif.helper builds it).
 ZLIB_LIBDEFLATE = "/usr/local/lib/hpcbox/zlib-libdeflate.so"
-# HELPER_LOCK's line for the snapshot.debian.org time its pins were resolved from, where it answered.
-HELPER_SNAPSHOT_LINE = re.compile(r"(?m)^# snapshot: (\d{8}T\d{6}Z)$")
-# What the helper is for; `hpcbox lock` writes these into HELPER_LOCK.
-HELPER_PACKAGES = (
-    "apptainer/sid",
-    "squashfs-tools/sid",
-    "squashfuse",
-    "fuse2fs",
-    "fuse-overlayfs",
-    "uidmap",
-    "libdeflate0",
-)
-# The programs and the library whose versions decide a SIF's bytes (with the compressors' libraries in
-# the pinned base): pinned. The rest of the helper follows the mirror, as a new version of them writes
-# the same SIF.
-SIF_WRITERS = ("apptainer", "squashfs-tools", "libdeflate0", "libdeflate-dev")
-HELPER_REPOSITORY = "hpcbox/apptainer-helper"
 HELPER_WORKDIR = "/work"
 # What `apptainer build` and a SIF mount need in a container; --privileged fails on many hosts.
 HELPER_RUN_OPTIONS = (
@@ -311,26 +283,6 @@ def _daemon_line(text: str) -> str | None:
     return None
 
 
-def engine(
-    choice: str = "auto",
-    *,
-    strict: bool = False,
-    on_line: Callable[[str], None] | None = None,
-    say: Callable[[str], None] = print,
-) -> Apptainer:
-    """Apptainer on the host when it has one (or ``choice`` says so), else the helper container (an
-    off-lock one refused when ``strict``)."""
-    if choice not in ENGINES:
-        raise HpcboxError(f"--engine: unknown engine {choice!r}", f"choose one of: {', '.join(ENGINES)}")
-    if choice in ("auto", "host"):
-        program = host_program()
-        if program is not None:
-            return Apptainer("host", program)
-        if choice == "host":
-            raise HpcboxError("--engine host: neither `apptainer` nor `singularity` is on PATH", ENGINE_HINT)
-    return Apptainer("container", ensure_helper(strict=strict, on_line=on_line, say=say))
-
-
 def host_program() -> str | None:
     """The host's apptainer (or singularity) as spython finds it, or None."""
     from spython.utils import check_install
@@ -340,131 +292,3 @@ def host_program() -> str | None:
         if path is not None and check_install(program, quiet=True):
             return path
     return None
-
-
-def helper_base_lock():
-    """The helper's base: the Debian base hpcbox's own docker/lock/base.toml pins."""
-    from hpcbox import baseimage
-
-    docker_dir = shipped("docker")
-    lock = baseimage.project_lock(docker_dir.parent, docker_dir.name)
-    if lock is None:
-        raise HpcboxError(
-            f"no Debian base lock for the Apptainer helper in {docker_dir}",
-            "run `hpcbox lock` in hpcbox's own checkout",
-        )
-    return lock
-
-
-def helper_snapshot() -> str | None:
-    """The snapshot archive time the helper's pins were resolved from (`hpcbox lock` records it)."""
-    found = HELPER_SNAPSHOT_LINE.search(HELPER_LOCK.read_text())
-    return found[1] if found else None
-
-
-def helper_ref() -> str:
-    """The helper image's tag: a hash of its files, its package pins and its pinned base."""
-    override = os.environ.get("HPCBOX_APPTAINER_HELPER")
-    if override:
-        return override
-    return _tag(_helper_files())
-
-
-def _tag(files: Mapping[str, Path | bytes], off_lock_of: str = "") -> str:
-    """The helper's tag for its build context ``files``: a hash of them and of its pinned base (and of
-    the locked helper an off-lock one stands in for, so that the two never share a tag)."""
-    from hpcbox import baseimage
-
-    digest = hashlib.sha256(off_lock_of.encode())
-    for source in files.values():
-        digest.update((source if isinstance(source, bytes) else source.read_bytes()) + b"\0")
-    # The base by its canonical name: a base bootstrapped under another local name (HPCBOX_BASE_REPOSITORY)
-    # is the same image, so it gives the same helper, not a second tag of it.
-    digest.update(baseimage.base_ref(lock=helper_base_lock(), canonical=True).encode())
-    return f"{HELPER_REPOSITORY}:{digest.hexdigest()[:12]}"
-
-
-def _helper_files() -> dict[str, Path]:
-    """The helper's build context: name in it → file."""
-    return {
-        "Dockerfile": HELPER_DOCKERFILE,
-        HELPER_SID_SCRIPT.name: HELPER_SID_SCRIPT,
-        HELPER_LOCK.name: HELPER_LOCK,
-        HELPER_BUILD_LOCK.name: HELPER_BUILD_LOCK,
-        HELPER_ZLIB_SOURCE.name: HELPER_ZLIB_SOURCE,
-    }
-
-
-def ensure_helper(
-    *, strict: bool = False, on_line: Callable[[str], None] | None = None, say: Callable[[str], None] = print
-) -> str:
-    """The helper image (Apptainer + squashfs-tools from Debian, the SIF writers pinned), built from
-    Debian's mirror if missing: from the snapshot archive once a pin moved, else off-lock (refused when
-    ``strict``)."""
-    from hpcbox import baseimage, offlock
-
-    ref = helper_ref()
-    existing = docker.image(ref)
-    if existing is None and (stand_in := offlock.stand_in(ref, HELPER_REPOSITORY)) is not None:
-        ref, existing = stand_in
-    if existing is not None:
-        offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
-        return ref
-    base = baseimage.ensure_base(lock=helper_base_lock(), strict=strict, on_line=on_line)
-    files: dict[str, Path | bytes] = dict(_helper_files())
-
-    def build(tag: str, labels: Mapping[str, str], secrets: Mapping[str, Path]) -> None:
-        docker.build(
-            docker.context_tar(files),
-            dockerfile="Dockerfile",
-            tag_ref=tag,
-            build_args={"BASE": base.ref},
-            labels=labels,
-            secrets=secrets,
-            on_line=on_line,
-        )
-
-    try:
-        build(ref, offlock.labels_for(base.moved), {})
-    except HpcboxError as failed:
-        gone = baseimage.superseded_pin(failed.details)
-        if gone is None:
-            raise
-        gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(*gone)}"
-        locked = functools.partial(build, ref, offlock.labels_for(base.moved))
-        # The helper's locks are refreshed with the base's, so the base lock's time is theirs too.
-        locked_at = helper_base_lock().source_date_epoch
-        snapshot = helper_snapshot()
-        if baseimage.build_from_snapshot(snapshot, "sid", locked, gone_line, say, dict([gone]), locked_at):
-            return ref
-        moved = _moved_helper_pins(base.ref)
-        offlock.refuse_if((*base.moved, *moved), strict, "SIF helper")
-        for lock in (HELPER_LOCK, HELPER_BUILD_LOCK):
-            files[lock.name] = offlock.follow(lock.read_text(), moved).encode()
-        of, ref = ref, _tag(files, off_lock_of=ref)
-        build(ref, offlock.labels_for((*base.moved, *moved), of=of), {})
-    return ref
-
-
-def helper_moved(ref: str) -> tuple:
-    """The pins the helper image ``ref`` was built past (none where it is on-lock)."""
-    from hpcbox import offlock
-
-    found = docker.image(ref)
-    return offlock.from_labels(found.labels) if found else ()
-
-
-def _moved_helper_pins(base: str) -> list:
-    """The helper's pins (both locks) that Debian no longer serves, asked of apt with sid added."""
-    from hpcbox import offlock
-
-    locks = {f"apptainer/lock/{lock.name}": lock.read_text() for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)}
-    moved = offlock.moved_in(base, locks, setup=HELPER_SID_SCRIPT.read_text() + "\n")
-    return [pin for each in moved.values() for pin in each]
-
-
-def _pinned_in(package: str, version: str) -> str:
-    """Which of the helper's locks pins ``package`` at ``version``, as a path in hpcbox's checkout."""
-    pin = f"{package}={version}"
-    lock = HELPER_BUILD_LOCK if pin in HELPER_BUILD_LOCK.read_text().splitlines() else HELPER_LOCK
-    return f"apptainer/lock/{lock.name}"

@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcbox.resources import signal_margin
+from hpcbox.render.resources import signal_margin
 from hpcbox.units import format_time
 
 if TYPE_CHECKING:

@@ -1,11 +1,11 @@
-"""The `hpcbox` command: hpcbox's tasks (hpcbox.tasks) as a program of their own, no tasks.py needed."""
+"""The `hpcbox` command: hpcbox's tasks (hpcbox.cli.tasks) as a program of their own, no tasks.py needed."""
 
 from __future__ import annotations
 
 from invoke import Program
 
 from hpcbox import __version__
-from hpcbox.tasks import collection
+from hpcbox.cli.tasks import collection
 
 
 def main() -> None:

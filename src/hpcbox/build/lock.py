@@ -18,12 +18,13 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from hpcbox import baseimage, depsource, offlock
-from hpcbox.config import ProjectConfig
-from hpcbox.depsource import DebianStandIn, DependencySource
+from hpcbox.build import baseimage, offlock
+from hpcbox.build.image import DEFAULT_FLAVOUR, FLAVOURS, REGISTRY_BASE_LOCK, RegistryBase, registry_base_lock
 from hpcbox.errors import HpcboxError
-from hpcbox.image import DEFAULT_FLAVOUR, FLAVOURS, REGISTRY_BASE_LOCK, RegistryBase, registry_base_lock
-from hpcbox.tools import apptainer, docker, proc
+from hpcbox.project import depsource
+from hpcbox.project.config import ProjectConfig
+from hpcbox.project.depsource import DebianStandIn, DependencySource
+from hpcbox.tools import docker, proc
 
 PIP_TARGET = ("--python-version", depsource.IMAGE_PYTHON, "--python-platform", "x86_64-manylinux_2_28")
 # The locks a project's own dependency list gives, one per flavour, and what the cpu one builds on.
@@ -42,16 +43,6 @@ _CPU_LOCK_HEADER = """\
 _PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
 # `apt-get install --simulate`: "Inst NAME [OLD] (NEW Origin:suite [arch])".
 _SIMULATED_INSTALL = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.MULTILINE)
-_HELPER_LOCK_HEADER = """\
-# What the SIF helper (helper.Dockerfile) adds to the pinned Debian base. A SIF's bytes depend on the
-# Apptainer, mksquashfs and libdeflate that write it: those are pinned at their exact versions; the rest
-# follows the mirror. Written by `hpcbox lock`.
-"""
-_HELPER_BUILD_LOCK_HEADER = """\
-# What the SIF helper's build stage (helper.Dockerfile) compiles zlib-libdeflate.c with: libdeflate at
-# the version the helper runs it with, the compiler as the mirror serves it. Written by `hpcbox lock`.
-"""
-_BUILD_STAGE_MARK = "hpcbox-build-stage-packages"
 
 
 @dataclass(frozen=True)
@@ -323,67 +314,6 @@ def refresh_registry_base(project: ProjectConfig, *, say: Callable[[str], None] 
 def simulated_installs(apt_output: str) -> dict[str, str]:
     """Package → version from `apt-get install --simulate` output: what apt would install."""
     return dict(_SIMULATED_INSTALL.findall(apt_output))
-
-
-def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
-    """Write what the Apptainer helper installs, and what its build stage compiles with, pinning the SIF
-    writers (`apptainer.SIF_WRITERS`) as Debian (trixie, and sid for Apptainer) serves them today,
-    resolved on the helper's own pinned base, from the snapshot archive at this moment where it answers
-    (the locks record the time: sid replaces versions within days); the lock files it changed. The two
-    are written together: the build reads both from one time."""
-    base = baseimage.ensure_base(lock=apptainer.helper_base_lock()).ref
-    snapshot = baseimage.snapshot_now(
-        "sid", "the helper is pinned from Debian's mirror with no snapshot time", say
-    )
-    hand_in = ""
-    if snapshot:
-        # what the helper's build is handed as its apt_mirror secret when the mirror has moved on
-        secret = shlex.quote(baseimage.snapshot_mirror(snapshot))
-        hand_in = f"mkdir -p /run/secrets && printf %s {secret} > /run/secrets/apt_mirror\n"
-    simulate = "apt-get install --simulate --no-install-recommends -y "
-    script = (
-        hand_in
-        + apptainer.HELPER_SID_SCRIPT.read_text()
-        + f"\n{simulate}{shlex.join(apptainer.HELPER_PACKAGES)}"
-        + f"\necho {_BUILD_STAGE_MARK}\n{simulate}{shlex.join(apptainer.HELPER_BUILD_PACKAGES)}"
-    )
-    output = docker.run_once(base, ["sh", "-c", script], what="resolve the Apptainer helper's packages")
-    helper_output, _, build_output = output.partition(f"\n{_BUILD_STAGE_MARK}\n")
-    texts = {}
-    for path, header, wanted, resolved in (
-        (apptainer.HELPER_LOCK, _HELPER_LOCK_HEADER, apptainer.HELPER_PACKAGES, helper_output),
-        (
-            apptainer.HELPER_BUILD_LOCK,
-            _HELPER_BUILD_LOCK_HEADER,
-            apptainer.HELPER_BUILD_PACKAGES,
-            build_output,
-        ),
-    ):
-        pins = simulated_installs(resolved)
-        names = sorted(package.partition("/")[0] for package in wanted)
-        unresolved = [name for name in names if name in apptainer.SIF_WRITERS and name not in pins]
-        if unresolved:
-            raise HpcboxError(f"apt resolved no {unresolved[0]} for {path.name}", "see apt's output above")
-        text = header + (f"# snapshot: {snapshot}\n" if snapshot else "")
-        texts[path] = text + "".join(
-            f"{name}={pins[name]}\n" if name in apptainer.SIF_WRITERS else f"{name}\n" for name in names
-        )
-        pinned = sum(name in apptainer.SIF_WRITERS for name in names)
-        relative = f"{path.parent.parent.name}/{path.parent.name}/{path.name}"
-        say(f"hpcbox: {relative}: {pinned} of {len(names)} packages pinned")
-    before = {path: path.read_text() if path.is_file() else "" for path in texts}
-    same = all(_pins(before[path]) == _pins(text) for path, text in texts.items())
-    if same and (
-        all(apptainer.HELPER_SNAPSHOT_LINE.search(text) for text in before.values()) or not snapshot
-    ):
-        return []  # the same pins: the locks, and the time they were first seen at, stay
-    for path, text in texts.items():
-        path.write_text(text)
-    return list(texts)
-
-
-def _pins(helper_lock: str) -> list[str]:
-    return [line for line in helper_lock.splitlines() if line and not line.startswith("#")]
 
 
 def _uv_env() -> dict[str, str]:

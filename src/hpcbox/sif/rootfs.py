@@ -88,7 +88,7 @@ _LIST_NEWER = rf"""
 cd /rootfs
 find . -mindepth 1 -newermt "@$epoch" -printf '%m %U %G %P\0' > {HELPER_WORKDIR}/{NEWER}
 """
-# gzip through libdeflate: the same format in half zlib's time (apptainer/zlib-libdeflate.c; a helper
+# gzip through libdeflate: the same format in half zlib's time (sif/helper-image/zlib-libdeflate.c; a helper
 # named by HPCBOX_APPTAINER_HELPER may lack it, and then zlib serves, as the SIF's converter label says).
 # The helper runs as root; hpcbox then fills in the SIF's header, so the file goes to the caller.
 _SQUASH = rf"""

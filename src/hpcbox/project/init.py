@@ -15,9 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hpcbox.depsource import detect
 from hpcbox.errors import HpcboxError
-from hpcbox.shipped import shipped
+from hpcbox.project.depsource import detect
 
 # What init copies from hpcbox's own docker/: the stages and the system locks, pinned together with
 # the Debian base. The pip locks are the project's own: `hpcbox lock --pip-only` writes them.
@@ -31,6 +30,10 @@ DOCKER_FILES = (
 TASKS_LINES = "from hpcbox.tasks import collection\n\nns = collection()\n"
 IGNORED = (".hpcbox/", "runs/")
 # Top-level Python files that are tooling, not the program's code.
+# hpcbox's own docker/: package data in an installed hpcbox (pyproject.toml's package-dir), this
+# repository's folder in a checkout or an editable install of one.
+_PACKAGED_DOCKER = Path(__file__).resolve().parents[1] / "shipped" / "docker"
+_CHECKOUT_DOCKER = Path(__file__).resolve().parents[3] / "docker"
 _NOT_CODE = {"setup.py", "tasks.py", "conftest.py", "noxfile.py", "fabfile.py"}
 _NOT_PACKAGES = {"tests", "test", "docs", "docker", "slurm", "build", "dist"}
 
@@ -57,6 +60,11 @@ class InitPlan:
     notes: tuple[str, ...]  # what the user does next, or has to do by hand
 
 
+def docker_template() -> Path:
+    """The folder of hpcbox's own image inputs (Dockerfile, apt-install.sh, locks) that init copies."""
+    return _PACKAGED_DOCKER if _PACKAGED_DOCKER.is_dir() else _CHECKOUT_DOCKER
+
+
 def plan_init(
     root: Path,
     *,
@@ -76,7 +84,7 @@ def plan_init(
 
     if configured:
         dockerfile = data["tool"]["hpcbox"].get("dockerfile", "docker/Dockerfile")
-    template = shipped("docker")
+    template = docker_template()
     target = root / dockerfile
     if target.is_file() and target.read_text() != (template / "Dockerfile").read_text() and not configured:
         raise HpcboxError(

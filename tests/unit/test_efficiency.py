@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import report
-from hpcbox.report import Figure
+from hpcbox.jobs import efficiency
+from hpcbox.jobs.efficiency import Figure
 
 DATA = Path(__file__).parent / "data" / "report"
 
 
 def sacct(name: str) -> list[dict[str, str]]:
-    return report.parse_sacct((DATA / f"{name}.sacct").read_text())
+    return efficiency.parse_sacct((DATA / f"{name}.sacct").read_text())
 
 
 def figures(name: str, metrics: Path | None = None, gpu_csv: Path | None = None) -> dict[str, Figure]:
-    built = report.build_report(sacct(name), metrics, gpu_csv)
+    built = efficiency.build_report(sacct(name), metrics, gpu_csv)
     return {figure.name: figure for figure in built.figures}
 
 
@@ -40,7 +40,7 @@ def test_parse_sacct_reads_the_job_line_and_each_step():
 
 def test_parse_sacct_rejects_output_in_another_format():
     with pytest.raises(ValueError, match="expected 23"):
-        report.parse_sacct("1|job|COMPLETED\n")
+        efficiency.parse_sacct("1|job|COMPLETED\n")
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_parse_sacct_rejects_output_in_another_format():
     ],
 )
 def test_parse_size_knows_slurms_binary_units(text, size):
-    assert report.parse_size(text) == size
+    assert efficiency.parse_size(text) == size
 
 
 @pytest.mark.parametrize(
@@ -71,13 +71,13 @@ def test_parse_size_knows_slurms_binary_units(text, size):
     ],
 )
 def test_parse_req_mem_resolves_every_form_to_bytes_per_node(text, ncpus, nnodes, per_node, form):
-    assert report.parse_req_mem(text, ncpus, nnodes) == report.MemoryRequest(per_node, form)
+    assert efficiency.parse_req_mem(text, ncpus, nnodes) == efficiency.MemoryRequest(per_node, form)
 
 
 @pytest.mark.parametrize("text", ["", "lots", "1Gx", "-1G"])
 def test_parse_req_mem_rejects_what_slurm_never_prints(text):
     with pytest.raises(ValueError):
-        report.parse_req_mem(text, 1, 1)
+        efficiency.parse_req_mem(text, 1, 1)
 
 
 @pytest.mark.parametrize(
@@ -91,24 +91,26 @@ def test_parse_req_mem_rejects_what_slurm_never_prints(text):
     ],
 )
 def test_parse_cpu_time_reads_each_of_saccts_forms(text, seconds):
-    assert report.parse_cpu_time(text) == pytest.approx(seconds)
+    assert efficiency.parse_cpu_time(text) == pytest.approx(seconds)
 
 
 def test_sizes_print_as_slurm_prints_them():
-    assert report.format_size(316008 * 1024) == "308.6M"
-    assert report.format_size(3.1 * 1024**3) == "3.1G"
-    assert report.format_request(1000 * 1024**2) == "1000M"
-    assert report.format_request(2 * 1024**3) == "2G"
+    assert efficiency.format_size(316008 * 1024) == "308.6M"
+    assert efficiency.format_size(3.1 * 1024**3) == "3.1G"
+    assert efficiency.format_request(1000 * 1024**2) == "1000M"
+    assert efficiency.format_request(2 * 1024**3) == "2G"
 
 
 def test_requests_round_up_with_headroom_to_sizes_people_ask_for():
-    assert report.format_request(report.suggest_mem(3.1 * 1024**3)) == "4G"  # 3.9G
-    assert report.format_request(report.suggest_mem(300 * 1024**2)) == "384M"
-    assert report.format_request(report.suggest_mem(40 * 1024**3)) == "52G"
+    assert efficiency.format_request(efficiency.suggest_mem(3.1 * 1024**3)) == "4G"  # 3.9G
+    assert efficiency.format_request(efficiency.suggest_mem(300 * 1024**2)) == "384M"
+    assert efficiency.format_request(efficiency.suggest_mem(40 * 1024**3)) == "52G"
     # The limit leaves headroom after the checkpoint signal too (60 s before the end for short limits).
-    assert report.suggest_time(28) == 120
-    assert report.suggest_time(7 * 60) == 10 * 60  # 8.75 min of need: 9 min would leave 8 before the signal
-    assert report.suggest_time(50 * 60) == 75 * 60  # 62.5 min, to the quarter hour
+    assert efficiency.suggest_time(28) == 120
+    assert (
+        efficiency.suggest_time(7 * 60) == 10 * 60
+    )  # 8.75 min of need: 9 min would leave 8 before the signal
+    assert efficiency.suggest_time(50 * 60) == 75 * 60  # 62.5 min, to the quarter hour
 
 
 # -- verdicts for the captured jobs ------------------------------------------------------------------
@@ -139,7 +141,7 @@ def test_memory_per_cpu_request_counts_every_cpu():
 def test_memory_per_cpu_in_the_older_form_is_named():
     rows = sacct("gpu-percpu")
     rows[0]["ReqMem"] = "500Mc"  # how Slurm before 21.08 printed the same request
-    memory = {f.name: f for f in report.build_report(rows, None, None).figures}["memory"]
+    memory = {f.name: f for f in efficiency.build_report(rows, None, None).figures}["memory"]
     assert memory.value == "peak 418.2M of 1000M asked (500M per CPU) (42%)"
 
 
@@ -300,7 +302,7 @@ def test_a_run_cut_before_its_first_epoch_is_unknown_with_a_reason(tmp_path):
 
 
 def test_a_pending_job_is_unknown_everywhere_it_must_be():
-    built = report.build_report(sacct("pending"), None, None)
+    built = efficiency.build_report(sacct("pending"), None, None)
     assert built.state == "PENDING"
     found = {f.name: f for f in built.figures}
     for name in ("CPU", "memory", "time"):
@@ -336,14 +338,14 @@ def test_missing_or_empty_metrics_are_unknown(tmp_path):
 
 def test_sacct_without_a_job_line_is_an_error_not_a_report():
     with pytest.raises(ValueError, match="no job line"):
-        report.build_report(sacct("steps")[1:], None, None)
+        efficiency.build_report(sacct("steps")[1:], None, None)
 
 
 # -- output ------------------------------------------------------------------------------------------
 
 
 def test_format_report_prints_a_heading_and_a_line_per_figure():
-    text = report.format_report(report.build_report(sacct("failed"), None, None))
+    text = efficiency.format_report(efficiency.build_report(sacct("failed"), None, None))
     lines = text.splitlines()
     assert lines[0] == "job 3 (rpt-fail): FAILED, exit code 3:0"
     assert len(lines) == 1 + 6
@@ -353,7 +355,7 @@ def test_format_report_prints_a_heading_and_a_line_per_figure():
 
 
 def test_plot_has_losses_per_epoch_and_step_and_gpu_utilisation(tmp_path):
-    plot = report.report_plot(DATA / "metrics-requeued.jsonl", DATA / "gpu-2gpus.csv")
+    plot = efficiency.report_plot(DATA / "metrics-requeued.jsonl", DATA / "gpu-2gpus.csv")
     labels = [[line.get_label() for line in axes.get_lines()] for axes in plot.axes]
     assert labels == [
         ["train loss (step)", "train loss (epoch)", "val loss (epoch)"],
@@ -363,34 +365,36 @@ def test_plot_has_losses_per_epoch_and_step_and_gpu_utilisation(tmp_path):
     # Steps 10 and 20 of each epoch, of the 23 the start line reports (1438 samples in batches of 64).
     assert list(step_losses.get_xdata()) == pytest.approx([10 / 23, 20 / 23, 1 + 10 / 23, 1 + 20 / 23])
     assert plot.get_suptitle() == "job 7"
-    png = report.plot_report(DATA / "metrics-requeued.jsonl", DATA / "gpu-2gpus.csv", tmp_path / "report.png")
+    png = efficiency.plot_report(
+        DATA / "metrics-requeued.jsonl", DATA / "gpu-2gpus.csv", tmp_path / "report.png"
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_without_gpu_samples_or_metrics_is_still_a_png(tmp_path):
-    plot = report.report_plot(DATA / "metrics-2epochs.jsonl", None)
+    plot = efficiency.report_plot(DATA / "metrics-2epochs.jsonl", None)
     assert len(plot.axes) == 1
     assert [line.get_label() for line in plot.axes[0].get_lines()] == [
         "train loss (step)", "train loss (epoch)", "val loss (epoch)",
     ]  # fmt: skip
-    empty = report.plot_report(None, None, tmp_path / "empty.png")
+    empty = efficiency.plot_report(None, None, tmp_path / "empty.png")
     assert empty.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_program_of_ones_own_that_writes_no_metrics_is_said_to_write_none_not_to_have_failed():
     """pytorch/examples' word-level language model trained and saved its model; the report said the trainer
     did not start. A program other than the example trainer writing no metrics.jsonl is its own choice."""
-    built = report.build_report(sacct("steps"), None, None, program="python main.py")
+    built = efficiency.build_report(sacct("steps"), None, None, program="python main.py")
     found = {f.name: f for f in built.figures}
     assert found["throughput"].verdict == (
         "unknown: python main.py writes no metrics.jsonl (the README's 'Your program's metrics' adds one)"
     )
-    assert "did not start" not in report.format_report(built)
+    assert "did not start" not in efficiency.format_report(built)
 
 
 def test_only_a_job_that_runs_something_else_than_the_example_trainer_names_its_program():
-    from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
-    from hpcbox.jobs import _own_program
+    from hpcbox.jobs.fetch import _own_program
+    from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
 
     assert _own_program(EXAMPLE_TRAINER) is None
     script = ContainerCommand("script", "main.py", ("--epochs", "3"))

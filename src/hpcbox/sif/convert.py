@@ -34,14 +34,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from hpcbox import offlock, rootfs
-from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
-from hpcbox.compression import SifCompression
+from hpcbox.build import offlock
+from hpcbox.build.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256, write_atomically
-from hpcbox.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
+from hpcbox.sif import rootfs
+from hpcbox.sif.compression import DEFAULT as DEFAULT_COMPRESSION
+from hpcbox.sif.compression import SifCompression
+from hpcbox.sif.helper import engine, helper_moved
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import Apptainer, Command, engine, helper_moved, parse_sif_list
+from hpcbox.tools.apptainer import Apptainer, Command, parse_sif_list
 
 CONVERSIONS = ("fast", "reference")
 DEFAULT_CONVERSION = "fast"
@@ -114,7 +116,7 @@ class Sif:
 
 def cache_dir() -> Path:
     """Where SIFs are kept: $HPCBOX_CACHE/sif, else .hpcbox/sif in the project."""
-    from hpcbox.config import find_root
+    from hpcbox.project.config import find_root
 
     root = os.environ.get("HPCBOX_CACHE")
     if root:

@@ -35,12 +35,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hpcbox import offlock, provenance, rootfs, sif
-from hpcbox.compression import parse_compression
-from hpcbox.config import ProjectConfig, load_project
-from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256, write_atomically
-from hpcbox.image import (
+from hpcbox.build import offlock, provenance
+from hpcbox.build.image import (
     ENVIRONMENT,
     LABEL_BASE_DIGEST,
     LABEL_BASE_NAME,
@@ -53,8 +49,14 @@ from hpcbox.image import (
     build_image,
     plan_build,
 )
+from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256, write_atomically
+from hpcbox.project.config import ProjectConfig, load_project
+from hpcbox.sif import convert, rootfs
+from hpcbox.sif.compression import parse_compression
+from hpcbox.sif.helper import engine
 from hpcbox.tools import docker
-from hpcbox.tools.apptainer import Apptainer, engine, parse_sif_list
+from hpcbox.tools.apptainer import Apptainer, parse_sif_list
 
 # How many differing paths are printed; the count says how many there were.
 SHOWN = 10
@@ -130,7 +132,7 @@ def environment_digests(
     image = build_image(
         project, flavour=RECORDED_FLAVOUR, offline=True, target=ENVIRONMENT, say=say, on_line=on_line
     )
-    made = sif.build_sif(
+    made = convert.build_sif(
         image,
         compression=parse_compression(compression, "compression"),
         cache=cache,
@@ -144,10 +146,10 @@ def environment_digests(
         compression=compression,
         base_id=image.labels[LABEL_BASE_DIGEST],
         content_hash=image.labels[LABEL_CONTENT],
-        rootfs_sha256=sif.rootfs_sha256(made.path, tool),
+        rootfs_sha256=convert.rootfs_sha256(made.path, tool),
         sif_sha256=made.sha256,
         sif_size=made.size,
-        converter=_sif_labels(made.path, tool).get(sif.LABEL_CONVERTER, ""),
+        converter=_sif_labels(made.path, tool).get(convert.LABEL_CONVERTER, ""),
         off_lock=made.off_lock,
     )
 
@@ -155,7 +157,7 @@ def environment_digests(
 def record_digests(project: ProjectConfig, compression: str, *, say: Callable[[str], None] = print) -> Path:
     """Write digests.toml from a build of the committed environment (on-lock: an off-lock or uncommitted
     build is no record)."""
-    digests = environment_digests(project, compression, sif.cache_dir(), say=say, on_line=lambda _: None)
+    digests = environment_digests(project, compression, convert.cache_dir(), say=say, on_line=lambda _: None)
     if digests.revision.endswith("-dirty") or digests.revision == "unknown":
         raise HpcboxError(
             f"the environment's inputs are not committed ({digests.revision}): they name no commit",
@@ -189,7 +191,7 @@ class Provenance:
     def from_labels(cls, labels: Mapping[str, str], what: str, *, is_sif: bool) -> Provenance:
         needed = [LABEL_REVISION, LABEL_FLAVOUR, LABEL_CONTENT, LABEL_BASE_NAME, LABEL_BASE_DIGEST]
         if is_sif:
-            needed.append(sif.LABEL_COMPRESSION)
+            needed.append(convert.LABEL_COMPRESSION)
         missing = [label for label in needed if not labels.get(label)]
         if missing:
             raise HpcboxError(
@@ -210,9 +212,9 @@ class Provenance:
             base_name=labels[LABEL_BASE_NAME],
             base_id=labels[LABEL_BASE_DIGEST],
             pinned=LABEL_SOURCE_DATE_EPOCH in labels,
-            compression=labels.get(sif.LABEL_COMPRESSION, "") if is_sif else "",
-            converter=labels.get(sif.LABEL_CONVERTER, "") if is_sif else "",
-            off_lock=labels.get(sif.LABEL_OFF_LOCK if is_sif else offlock.LABEL, ""),
+            compression=labels.get(convert.LABEL_COMPRESSION, "") if is_sif else "",
+            converter=labels.get(convert.LABEL_CONVERTER, "") if is_sif else "",
+            off_lock=labels.get(convert.LABEL_OFF_LOCK if is_sif else offlock.LABEL, ""),
         )
 
 
@@ -288,10 +290,10 @@ def _verify_sif(
     say: Callable[[str], None],
     on_line: Callable[[str], None] | None,
 ) -> Verdict:
-    compression = parse_compression(origin.compression, sif.LABEL_COMPRESSION)
+    compression = parse_compression(origin.compression, convert.LABEL_COMPRESSION)
     with _scratch() as scratch, _rebuilt_image(origin, project, scratch, say, on_line) as image:
         say(f"hpcbox: converting the rebuild to a SIF ({compression}) ...")
-        again = sif.build_sif(
+        again = convert.build_sif(
             image, compression=compression, cache=scratch / "sif", say=lambda _: None, on_line=on_line or say
         )
         digest = file_sha256(path)
@@ -299,7 +301,7 @@ def _verify_sif(
             return Verdict(str(path), origin.revision, (), f"sha256 {digest}", origin.off_lock)
         say("hpcbox: the SIFs differ; comparing them object by object and file by file ...")
         differences = _sif_differences(path, again.path, tool, scratch)
-        converter_now = _sif_labels(again.path, tool).get(sif.LABEL_CONVERTER, "")
+        converter_now = _sif_labels(again.path, tool).get(convert.LABEL_CONVERTER, "")
         if origin.converter != converter_now:
             # Another Apptainer, mksquashfs or libdeflate writes other bytes from the same files, and
             # its name in the labels differs: say so first, or the label looks like the cause.
@@ -443,7 +445,7 @@ def image_files(image_id: str) -> Manifest:
     """Every file of the image's root filesystem, read from `docker export`, times clamped to its source
     date as in its SIF."""
     raw = docker.client().api.inspect_image(image_id)
-    epoch = sif.created_epoch(raw)
+    epoch = convert.created_epoch(raw)
     manifest: Manifest = {}
     with (
         rootfs.exported(image_id) as chunks,

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import datadir, ship
 from hpcbox.errors import HpcboxError
+from hpcbox.jobs import datasets, ship
 
 
 def make_dataset(root: Path, *, reverse: bool = False, umask: int = 0o022) -> Path:
@@ -43,8 +43,8 @@ def test_the_same_contents_give_the_same_archive_whatever_their_times_order_and_
     first = make_dataset(tmp_path / "a")
     time.sleep(0.01)
     second = make_dataset(tmp_path / "b", reverse=True, umask=0o077)
-    one = datadir.archive(first, tmp_path / "cache", say=lambda _: None)
-    two = datadir.archive(second, tmp_path / "cache", say=lambda _: None)
+    one = datasets.archive(first, tmp_path / "cache", say=lambda _: None)
+    two = datasets.archive(second, tmp_path / "cache", say=lambda _: None)
     assert one.made and two.made
     assert one.sha256 == two.sha256 == hashlib.sha256(one.path.read_bytes()).hexdigest()
     assert one.path == tmp_path / "cache" / "sha256" / f"{one.sha256}.tar" and one.files == 6
@@ -59,7 +59,7 @@ def test_the_same_contents_give_the_same_archive_whatever_their_times_order_and_
 
 def test_the_archive_unpacks_to_the_directorys_contents(tmp_path: Path):
     source = make_dataset(tmp_path / "data")
-    made = datadir.archive(source, tmp_path / "cache", say=lambda _: None)
+    made = datasets.archive(source, tmp_path / "cache", say=lambda _: None)
     unpacked = tmp_path / "unpacked"
     unpacked.mkdir()
     subprocess.run(["tar", "-xf", str(made.path), "-C", str(unpacked)], check=True)  # as the job does
@@ -78,32 +78,32 @@ def test_an_unchanged_directory_is_not_archived_again_and_a_change_is(tmp_path: 
     source = make_dataset(tmp_path / "data")
     cache = tmp_path / "cache"
     said: list[str] = []
-    first = datadir.archive(source, cache, say=said.append)
+    first = datasets.archive(source, cache, say=said.append)
     made_at = first.path.stat().st_mtime_ns
-    again = datadir.archive(source, cache, say=said.append)
+    again = datasets.archive(source, cache, say=said.append)
     assert (again.made, again.sha256, again.path) == (False, first.sha256, first.path)
     assert first.path.stat().st_mtime_ns == made_at  # not rewritten
     assert "archiving the dataset directory" in said[0] and "is unchanged since it was archived" in said[1]
 
     # The same size, rewritten: the manifest moves, and so does the content address.
     (source / "val" / "shard-0000.npz").write_bytes(b"VAL")
-    changed = datadir.archive(source, cache, say=said.append)
+    changed = datasets.archive(source, cache, say=said.append)
     assert changed.made and changed.sha256 != first.sha256
 
     # Touched but the same bytes: archived again (the manifest moved), to the same content address.
     (source / "val" / "shard-0000.npz").write_bytes(b"val")
     os.utime(source / "manifest.json")
-    back = datadir.archive(source, cache, say=said.append)
+    back = datasets.archive(source, cache, say=said.append)
     assert back.made and back.sha256 == first.sha256
 
 
 def test_a_cached_archive_that_was_altered_is_not_trusted(tmp_path: Path):
     source = make_dataset(tmp_path / "data")
     cache = tmp_path / "cache"
-    first = datadir.archive(source, cache, say=lambda _: None)
+    first = datasets.archive(source, cache, say=lambda _: None)
     with first.path.open("ab") as archive:
         archive.write(b"\0" * 512)
-    again = datadir.archive(source, cache, say=lambda _: None)
+    again = datasets.archive(source, cache, say=lambda _: None)
     assert again.made and again.sha256 == first.sha256
     assert hashlib.sha256(again.path.read_bytes()).hexdigest() == first.sha256
 

@@ -7,14 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox import baseimage
+from hpcbox.build import baseimage
 from hpcbox.errors import HpcboxError
-from hpcbox.shipped import shipped
 from hpcbox.tools import docker
 
 REPOSITORY = "hpcbox/minicluster"
 SUITE = "trixie"
-CONTEXT = shipped("node")
+# The node image's Dockerfile and scripts, beside this file.
+CONTEXT = Path(__file__).resolve().parent / "node"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,9 @@ def ensure_image(
     ``no_cache`` builds every layer anew (benchmarks of a cold build), ignoring BuildKit's cache.
     """
     if not (context / "Dockerfile").is_file():
-        raise HpcboxError(f"no Dockerfile in {context}", "run from a checkout of hpcbox (containers/node/)")
+        raise HpcboxError(
+            f"no Dockerfile in {context}", "this hpcbox lacks its node image files: reinstall it"
+        )
     base = baseimage.ensure_base(SUITE, on_line=on_line)
     ref = f"{REPOSITORY}:{content_hash(context, base.id)}"
     existing = docker.image(ref)

@@ -5,7 +5,7 @@ project of the user there, small things per project:
 
     images/sha256/<sha256>.sif         the environment, once per distinct SIF
     data/sha256/<sha256><suffix>       the dataset archive, once per distinct archive (a dataset
-                                       directory travels as its deterministic archive, see datadir)
+                                       directory travels as its deterministic archive, see datasets.py)
     <project>/code/<hash>/             a snapshot of the code's files, once per distinct snapshot
     <project>/scripts/ logs/ runs/     the submit directory (see tools.slurm.submit)
 
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox import datadir
-from hpcbox.config import ProjectConfig
+from hpcbox.build.image import code_files
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.image import code_files
+from hpcbox.jobs import datasets
+from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import docker, ssh
 
 DEFAULT_REMOTE_ROOT = "hpcbox"
@@ -100,7 +100,7 @@ def code_snapshot(project: ProjectConfig) -> CodeSnapshot:
 def dataset(path: Path, cache: Path, say: Callable[[str], None] = print) -> Dataset:
     """The dataset at ``path``: one archive as it is, or a directory archived into ``cache``."""
     if path.is_dir():
-        made = datadir.archive(path, cache, say)
+        made = datasets.archive(path, cache, say)
         return Dataset(made.path, made.sha256)
     if path.is_file():
         return Dataset(path, file_sha256(path))

@@ -42,7 +42,7 @@ from datetime import UTC, datetime
 from http import HTTPStatus
 from pathlib import Path
 
-from hpcbox import offlock
+from hpcbox.build import offlock
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.tools import docker, proc

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcbox import logpaths
 from hpcbox.errors import HpcboxError
-from hpcbox.profiles import APPTAINER_COMMANDS, ClusterProfile, Partition, bind_target, check_bind
+from hpcbox.render import logpaths
+from hpcbox.render.profiles import APPTAINER_COMMANDS, ClusterProfile, Partition, bind_target, check_bind
 from hpcbox.units import FieldError, format_time, parse_mem, parse_time
 
 __all__ = ["FieldError", "ResourceRequest", "Resources", "format_time", "parse_mem", "parse_time", "resolve"]

@@ -6,7 +6,7 @@ on `#SBATCH` lines, which sbatch parses itself before bash ever sees the file.
 
 The body (staging, the container, signals, copy-back, requeue) is shared with other schedulers'
 headers through `job_script` and a `Dialect`: the variables it reads and the commands it runs
-(`hpcbox.render_lsf` renders LSF's).
+(`hpcbox.render.bsub` renders LSF's).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox import logpaths
-from hpcbox.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
-from hpcbox.profiles import ClusterProfile
-from hpcbox.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
-from hpcbox.sweep import Sweep
+from hpcbox.project.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
+from hpcbox.render import logpaths
+from hpcbox.render.profiles import ClusterProfile
+from hpcbox.render.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
+from hpcbox.render.sweep import Sweep
 from hpcbox.units import FieldError, format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcbox import baseimage, offlock
-from hpcbox.config import ProjectConfig
+from hpcbox.build import baseimage, offlock
+from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
-from hpcbox.provenance import inputs_revision
+from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import docker
 
 

@@ -1,6 +1,6 @@
 """Cluster profiles: each site's scheduler conventions, read from TOML and validated once at load time.
 
-Profiles ship in `slurm/clusters/<name>.toml`; users add or override their own in
+Profiles ship beside this module, in `clusters/<name>.toml`; users add or override their own in
 `~/.config/hpcbox/clusters/` (or the directory named by `$HPCBOX_CLUSTERS_DIR`). A profile states what
 is publicly known about a site; whatever is not known is listed under `unknown` in the file, and
 hpcbox then neither validates against it nor renders it.
@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcbox.compression import DEFAULT as DEFAULT_COMPRESSION
-from hpcbox.compression import SifCompression, parse_compression
 from hpcbox.errors import HpcboxError
 from hpcbox.files import project_root
-from hpcbox.shipped import shipped
+from hpcbox.sif.compression import DEFAULT as DEFAULT_COMPRESSION
+from hpcbox.sif.compression import SifCompression, parse_compression
 from hpcbox.units import FieldError, parse_time
 
-SHIPPED_DIR = shipped("clusters")
+# The shipped profiles, one per site, beside this file.
+SHIPPED_DIR = Path(__file__).resolve().parent / "clusters"
 PROJECT_DIR = "slurm/clusters"
 
 SCHEDULERS = ("slurm", "lsf")
@@ -148,7 +148,7 @@ def profile_dirs() -> list[Path]:
         config_home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
         first = config_home / "hpcbox" / "clusters"
     root = project_root()
-    project = [root / PROJECT_DIR] if root and (root / PROJECT_DIR).resolve() != SHIPPED_DIR.resolve() else []
+    project = [root / PROJECT_DIR] if root and (root / PROJECT_DIR).is_dir() else []
     return [first, *project, SHIPPED_DIR]
 
 

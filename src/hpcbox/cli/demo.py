@@ -11,11 +11,12 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcbox import jobs, minicluster, profiles, resources
-from hpcbox.config import ProjectConfig, load_project
+from hpcbox import jobs, minicluster
+from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
-from hpcbox.image import build_image, record_image
 from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT, state_root
+from hpcbox.project.config import ProjectConfig, load_project
+from hpcbox.render import profiles, resources
 from hpcbox.tools import docker, ssh
 
 DEMO_FLAVOUR = "cpu"  # small, and built with no registry (on the bootstrapped Debian base)

@@ -1,7 +1,7 @@
 """The bsub job script for LSF sites (DTU): LSF's `#BSUB` header over the body Slurm scripts have.
 
 `render_bsub` is a pure function (golden-tested), like `render_sbatch`, and renders the same body
-through `render.job_script` with LSF's `Dialect`. The header: the queue (`-q`), job slots (`-n`) on one
+through `sbatch.job_script` with LSF's `Dialect`. The header: the queue (`-q`), job slots (`-n`) on one
 host (`span[hosts=1]`), the run limit (`-W [HH:]MM`), memory per slot (`rusage[mem=]` and `-M`: LSF
 counts memory per slot where Slurm's `--mem` is per node), GPUs per host (`-gpu "num=N:..."`), the
 warning signal before the run limit (`-wa USR1 -wt MINUTES`, Slurm's `--signal`), logs with LSF's `%J`
@@ -21,9 +21,10 @@ import math
 import re
 from collections.abc import Callable
 
-from hpcbox.command import EXAMPLE_TRAINER, ContainerCommand
-from hpcbox.profiles import ClusterProfile
-from hpcbox.render import (
+from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand
+from hpcbox.render.profiles import ClusterProfile
+from hpcbox.render.resources import Resources
+from hpcbox.render.sbatch import (
     CHECKPOINTED_EXIT,
     Dialect,
     JobInputs,
@@ -32,7 +33,6 @@ from hpcbox.render import (
     log_patterns,
     render_sbatch,
 )
-from hpcbox.resources import Resources
 from hpcbox.units import FieldError
 
 

@@ -1,0 +1,786 @@
+"""hpcbox's commands, as an invoke collection: `hpcbox --list` (or `invoke --list` in a project whose
+tasks.py imports it) shows them, `hpcbox --help TASK` their options.
+
+A project's own tasks.py needs two lines:
+
+    from hpcbox.tasks import collection
+    ns = collection()
+
+Thin by design: parse flags, call the hpcbox package, print. Logic lives in the modules they call.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import invoke
+from invoke import Collection, Exit
+
+from hpcbox.errors import HpcboxError
+
+# The only single-letter flags of any command: sbatch's own letters (squeue's -j for a job id), each
+# meaning what it means there (sbatch's long option beside it); every other option is long only.
+SHORT_FLAGS = {
+    "partition": ("p", "--partition"),
+    "account": ("A", "--account"),
+    "time": ("t", "--time"),
+    "nodes": ("N", "--nodes"),
+    "cpus": ("c", "--cpus-per-task"),
+    "job_name": ("J", "--job-name"),
+    "qos": ("q", "--qos"),
+    "array": ("a", "--array"),
+    "log": ("o", "--output"),
+    "error_log": ("e", "--error"),
+    "cluster": ("M", "--clusters"),
+    "job": ("j", "--job"),  # squeue's
+}
+STRICT_LOCK_HELP = (
+    "refuse to build past a pin Debian no longer serves (default: build with what it serves, labelled "
+    "off-lock; HPCBOX_STRICT_LOCK=1 does the same)"
+)
+
+
+class HpcboxTask(invoke.Task):
+    """A task whose options are all flags, and whose only short flags are sbatch's (SHORT_FLAGS).
+
+    Invoke makes an option without a default positional (so `hpcbox sbatch --help` would read
+    `--help` as the cluster's name) and gives options the first free letter of their name as a short
+    flag, which made `-n` the account in one command and the nodes in another: letters mean what
+    sbatch says they mean, or nothing.
+    """
+
+    def fill_implicit_positionals(self, positional):
+        return [] if positional is None else positional
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] = [opts["names"][0], *([SHORT_FLAGS[name][0]] if name in SHORT_FLAGS else [])]
+        return opts
+
+
+task = functools.partial(invoke.task, klass=HpcboxTask)
+
+
+def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn an HpcboxError into one line on stderr and exit status 1 (tracebacks with HPCBOX_DEBUG=1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HpcboxError as exc:
+            if os.environ.get("HPCBOX_DEBUG"):
+                raise
+            if exc.details:
+                print(exc.details, file=sys.stderr)
+            print(f"error: {exc.message}", file=sys.stderr)
+            if exc.hint:
+                print(f"  hint: {exc.hint}", file=sys.stderr)
+            sys.exit(1)
+
+    return wrapper
+
+
+# --- build (issue: foundation and build) ------------------------------------------------------
+
+
+@task(
+    help={
+        "flavour": "cuda (default; PyPI CUDA PyTorch) or cpu (Debian's CPU PyTorch; default offline)",
+        "offline": "build on a Debian base bootstrapped here instead of pulling from a registry",
+        "base": "base image to build on (overrides the flavour's default)",
+        "no_cache": "rebuild every layer even if nothing changed",
+        "strict_lock": STRICT_LOCK_HELP,
+    }
+)
+@friendly
+def build(c, flavour=None, offline=False, base=None, no_cache=False, strict_lock=False):
+    """Build the trainer image, tagged by content (no-op when nothing changed)."""
+    from hpcbox.build.image import build_image, record_image
+    from hpcbox.project.config import load_project
+
+    project = load_project()
+    image = build_image(
+        project, flavour=flavour, offline=offline, base=base, no_cache=no_cache, strict_lock=strict_lock
+    )
+    record_image(project, image)
+    print(image.ref)
+
+
+@task(
+    help={
+        "suite": "Debian suite when the project pins no base (default trixie)",
+        "mirror": "Debian mirror to bootstrap from (default deb.debian.org)",
+        "force": "bootstrap again even if the image exists",
+        "strict_lock": STRICT_LOCK_HELP,
+    }
+)
+@friendly
+def base(c, suite="trixie", mirror=None, force=False, strict_lock=False):
+    """Bootstrap the Debian base image (for hosts with no registry), as docker/lock/base.toml pins it."""
+    from hpcbox.build import baseimage, offlock
+    from hpcbox.project.config import load_project
+
+    project = load_project()
+    lock = baseimage.project_lock(project.root, project.docker_dir)
+    made = baseimage.ensure_base(
+        suite,
+        lock=lock,
+        mirror=mirror,
+        force=force,
+        strict=offlock.strict_lock(strict_lock),
+        lock_name=baseimage.lock_file(project.docker_dir),
+    )
+    offlock.announce(made.moved, print)
+    print(f"{made.ref} {'bootstrapped' if made.created else 'is up to date'} ({made.id[:19]})")
+
+
+@task(
+    help={
+        "base": "image whose Debian mirror decides the apt pins (default: the newly pinned base)",
+        "mirror": "Debian mirror to pin the base from (default deb.debian.org)",
+        "pip_only": "only the pip locks: the project's dependencies as the package index serves them today",
+        "record": "no relocking: build the committed cpu environment and write what it builds to (base id, "
+        "content hash, root filesystem, SIF sha256 at the local profile's compression) in digests.toml",
+    }
+)
+@friendly
+def lock(c, base=None, mirror=None, pip_only=False, record=False):
+    """Refresh the locks: Debian base, Debian versions, pip hashes, registry base digest, SIF helper."""
+    from hpcbox.project.config import load_project
+
+    if record:
+        from hpcbox.render.profiles import load_profile
+        from hpcbox.sif.verify import record_digests
+
+        print(record_digests(load_project(), str(load_profile("local").apptainer.compression)))
+        return
+    from hpcbox.build.lock import (
+        refresh_base_lock,
+        refresh_locks,
+        refresh_pip_locks,
+        refresh_registry_base,
+    )
+    from hpcbox.sif.helper import HELPER_DIR, refresh_helper_lock
+
+    project = load_project()
+    changed = []
+    if pip_only:
+        changed += refresh_pip_locks(project)
+    else:
+        if base is None:
+            base_lock, base = refresh_base_lock(project, mirror=mirror)
+            changed += [base_lock] if base_lock else []
+        changed += refresh_locks(project, base)
+        changed += [path for path in [refresh_registry_base(project)] if path]
+        # The SIF helper is hpcbox's own: its locks are refreshed in hpcbox's checkout, not in a project's.
+        if HELPER_DIR.is_relative_to(project.root):
+            changed += refresh_helper_lock()
+    print("locks changed: " + ", ".join(str(p) for p in changed) if changed else "locks are up to date")
+
+
+# --- your project ---------------------------------------------------------------------------------
+
+
+@task(
+    iterable=["code"],
+    help={
+        "script": "the job runs this script of the project: python SCRIPT ARGS (e.g. train.py)",
+        "module": "the job runs python -m MODULE ARGS",
+        "entry_point": "the job runs this [project.scripts] name's function",
+        "args": "its arguments, as one string: --args='--data {data_dir} --out {output_dir}'",
+        "code": "a folder or file of your code to ship (repeatable; default: found from the layout)",
+        "dependencies": "requirements.txt, pyproject.toml or environment.yml (default: the first found)",
+        "dockerfile": "where hpcbox's Dockerfile goes (default docker/Dockerfile)",
+        "name": "the image's name (default: the project's)",
+    },
+)
+@friendly
+def init(
+    c,
+    script=None,
+    module=None,
+    entry_point=None,
+    args=None,
+    code=None,
+    dependencies=None,
+    dockerfile="docker/Dockerfile",
+    name=None,
+):
+    """Set up hpcbox in this project: docker/, [tool.hpcbox] and tasks.py; never overwrites a file."""
+    from hpcbox.project.init import apply, plan_init, program_from_flags
+
+    root = Path.cwd()
+    plan = plan_init(
+        root,
+        program=program_from_flags(module, script, entry_point),
+        args=shlex.split(args or ""),
+        code=code or (),
+        dependencies=dependencies,
+        dockerfile=dockerfile,
+        name=name,
+    )
+    for line in apply(root, plan) or ["nothing to add: hpcbox is set up here"]:
+        print(f"hpcbox init: {line}")
+    for note in plan.notes:
+        print(f"hpcbox init: {note}")
+
+
+# --- sif -----------------------------------------------------------------------------------------
+
+
+@task(
+    help={
+        "engine": "for --path reference: auto (default: the host's apptainer if on PATH, else hpcbox's "
+        "helper container), host, container; the fast path always runs in the helper",
+        "path": "fast (default: mksquashfs reading the image's layers) or reference (apptainer build)",
+        "compression": "ALGORITHM[:LEVEL]: gzip, zstd, xz, lz4, lzo, e.g. zstd:3 (default: what --cluster's "
+        "profile says its Apptainer reads, else gzip:1, which every Singularity and Apptainer reads)",
+        "cluster": "make the SIF this cluster's profile asks for (its compression)",
+        "def_only": "only write .hpcbox/definitions/<project>-<flavour>.def, for building on the cluster",
+        "def_dir": "with --def-only: the folder to write the .def in",
+        "flavour": "convert the image `hpcbox build` last made of this flavour (default: the last one built)",
+        "image": "convert this local image instead of the project's (e.g. myimage:tag)",
+        "force": "convert again even if the cached SIF is up to date",
+        "strict_lock": STRICT_LOCK_HELP,
+    }
+)
+@friendly
+def sif(
+    c,
+    engine="auto",
+    path="fast",
+    compression=None,
+    cluster=None,
+    def_only=False,
+    def_dir=None,
+    flavour=None,
+    image=None,
+    force=False,
+    strict_lock=False,
+):
+    """Convert the built image to an Apptainer SIF, cached by image content and compression."""
+    from types import SimpleNamespace
+
+    from hpcbox.build.image import last_image
+    from hpcbox.project.config import load_project
+    from hpcbox.render.profiles import load_profile
+    from hpcbox.sif.compression import DEFAULT, parse_compression
+    from hpcbox.sif.convert import build_sif, write_definition
+
+    if compression is not None:
+        squashfs = parse_compression(compression, "--compression")
+    else:
+        squashfs = load_profile(cluster).apptainer.compression if cluster else DEFAULT
+
+    project = load_project()
+    if image is None:
+        source = last_image(project, flavour)
+        name = f"{project.name}-{source.flavour}"
+    else:
+        source, name = SimpleNamespace(ref=image), project.name
+    if def_only:
+        print(write_definition(source, Path(def_dir) if def_dir else project.state_dir / "definitions", name))
+        return
+    made = build_sif(
+        source,
+        engine_choice=engine,
+        conversion=path,
+        compression=squashfs,
+        force=force,
+        strict_lock=strict_lock,
+    )
+    print(made.path)
+
+
+@task(
+    help={
+        "artifact": "a .sif file, or a local image reference",
+        "engine": "where Apptainer runs for a SIF: auto (default), host, container",
+    }
+)
+@friendly
+def verify(c, artifact, engine="auto"):
+    """Rebuild an image or SIF from the commit it records, in a clean checkout: identical or not?"""
+    from hpcbox.project.config import load_project
+    from hpcbox.sif.verify import verify as rebuild_and_compare
+
+    verdict = rebuild_and_compare(artifact, load_project(), engine_choice=engine, say=say)
+    print("\n".join(verdict.lines()))
+    if not verdict.identical:
+        raise Exit(code=1)
+
+
+# --- sbatch / profiles ---------------------------------------------------------------------------
+
+
+def _trainer_args(remainder: str) -> tuple[str, ...]:
+    """Words after `--`: from sys.argv when it matches (invoke joins the remainder with spaces)."""
+
+    if "--" in sys.argv:
+        after = sys.argv[sys.argv.index("--") + 1 :]
+        if " ".join(after) == remainder:
+            return tuple(after)
+    return tuple(shlex.split(remainder))
+
+
+RESOURCE_HELP = {
+    "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
+    "job-name": "job name (default: the project's name)",
+    "partition": "partition, or queue on an LSF site (default: the profile's default one)",
+    "nodes": "nodes (default 1)",
+    "account": "Slurm account to charge (on an LSF site: the project, bsub -P)",
+    "qos": "quality of service",
+    "array": "job array spec, e.g. 0-9%2",
+    "mail-user": "address Slurm mails about the job",
+    "mail-type": "what Slurm mails about (default END,FAIL with --mail-user)",
+    "gpus": "GPUs per node",
+    "gpu-type": "GPU model, in the site's spelling (e.g. a100, V100)",
+    "cpus": "CPUs per task",
+    "mem": "memory per node, e.g. 16G",
+    "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
+    "ntasks-per-node": "processes per node (DDP: one per GPU, the default; launcher srun: Slurm tasks)",
+    "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
+    "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
+    "sync-every": "how often the running job copies checkpoints and results to the shared run folder, "
+    "so that a node that dies loses at most that much, e.g. 30:00 (default 10:00; 0: only at the end)",
+    "log": "the job's log (sbatch --output), e.g. logs/%x-%j.out; patterns %j %x %u %A %a %%",
+    "error-log": "stderr's own log (sbatch --error; default: stderr goes to --log)",
+    "container": "apptainer or singularity (default: the profile's)",
+    "cleanenv": "the container starts without the host's environment (--cleanenv)",
+    "no-home": "the container does not mount your home directory (--no-home)",
+    "bind": "one more bind into the container, /host or /host:/container[:ro] (repeatable)",
+    "home": "the home directory in the container, /host[:/container] (--home)",
+    "sif-on-scratch": "each node copies the SIF to its local scratch and runs that copy (default: the "
+    "profile's [apptainer] sif_on_scratch)",
+}
+VIA_HELP = (
+    "local: rehearse the cluster's job on the mini cluster shaped like it (`hpcbox cluster.up --like NAME`)"
+)
+
+
+# The job's resources: the same flags on sbatch, submit and shell, with their defaults.
+RESOURCE_OPTIONS: dict[str, Any] = {
+    "gpus": None, "gpu_type": None, "cpus": None, "mem": None, "time": None, "job_name": None,
+    "partition": None, "account": None, "qos": None, "nodes": None, "ntasks_per_node": None, "array": None,
+    "mail_user": None, "mail_type": None, "extra": None, "max_restarts": None, "log": None,
+    "error_log": None, "container": None, "cleanenv": False, "no_home": False, "bind": None, "home": None,
+    "sif_on_scratch": False, "sync_every": None,
+}  # fmt: skip
+
+
+def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (), **defaults: Any):
+    """A task taking the resource flags beside its own options: ``fn(c, ..., **resources)``.
+
+    Invoke reads a task's options from its signature, so the resource flags are put into the one
+    ``fn`` declares, right ``after`` its option of that name (the order `--help` lists them in);
+    ``defaults`` change a flag's default for this task, ``leave_out`` drops flags.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> invoke.Task:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        added = [
+            inspect.Parameter(
+                name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=defaults.get(name, default)
+            )
+            for name, default in RESOURCE_OPTIONS.items()
+            if name not in leave_out
+        ]
+        split = [p.name for p in own].index(after) + 1
+        fn.__signature__ = inspect.Signature([*own[:split], *added, *own[split:]])  # type: ignore[attr-defined]
+        flags = {
+            name: text for name, text in RESOURCE_HELP.items() if name.replace("-", "_") not in leave_out
+        }
+        return task(iterable=["extra", "bind"], help={**flags, **help})(friendly(fn))
+
+    return decorate
+
+
+def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None):
+    """The profile and the checked resources for ``cluster``: the task's resource flags (its
+    ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs."""
+    from hpcbox.project.config import load_project
+    from hpcbox.render import profiles, resources
+    from hpcbox.units import FieldError
+
+    project = load_project()
+    profile = profiles.load_profile(cluster)
+    flags = {name: arguments.get(name) for name in RESOURCE_OPTIONS}
+    if array is not None:
+        if flags["array"]:
+            raise FieldError(
+                "array",
+                "--array and the sweep both say which tasks run",
+                "set throttle = N in the sweep file",
+            )
+        flags["array"] = array
+    request = resources.request_for(
+        cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
+    )
+    return project, profile, resources.resolve(profile, request, ddp=project.run.ddp)
+
+
+def _sweep(cluster: str, path: str | None):
+    """The sweep in file ``path``, if given; only a Slurm site runs one (an array task per point)."""
+    from hpcbox.render import profiles
+    from hpcbox.render.sweep import load_sweep
+    from hpcbox.units import FieldError
+
+    if path is None:
+        return None
+    if profiles.load_profile(cluster).lsf:
+        raise FieldError("sweep", f"{cluster} uses LSF, whose arrays hpcbox does not run sweeps in yet")
+    return load_sweep(Path(path))
+
+
+SWEEP_HELP = "a sweep file (TOML: [grid] of option = [values], [[points]]): an array task per point"
+
+
+@job_task(
+    after="save",
+    help={
+        "save": "write the script to this file instead of printing it",
+        "check": "also run `sbatch --test-only` on the mini cluster (for `local`, or with --via local)",
+        "via": VIA_HELP,
+        "sif": "SIF path on the cluster (default images/<project>.sif under the submit directory)",
+        "sweep": SWEEP_HELP,
+    },
+)
+def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, **resources):
+    """Render the job script for a cluster: `hpcbox sbatch --cluster=NAME [options] -- trainer args`.
+
+    For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
+    from hpcbox.render.bsub import renderer
+    from hpcbox.render.sbatch import JobInputs
+
+    points = _sweep(cluster, sweep)
+    project, profile, checked = _resources(cluster, resources, points.array() if points else None)
+    script = renderer(profile)(
+        profile,
+        checked,
+        JobInputs.defaults(project.name, sif=sif),
+        _trainer_args(c.remainder),
+        project.run,
+        **({"sweep": points} if points else {}),
+    )
+    if check:
+        print(_test_only(project, profile, via, script.text), file=sys.stderr)
+    if save:
+        script.write(Path(save))
+        print(f"wrote {save}", file=sys.stderr)
+    else:
+        print(script.text, end="")
+
+
+def _test_only(project, profile, via: str | None, text: str) -> str:
+    """`sbatch --test-only` on the mini cluster, as `local` or shaped like the profile (`--via local`)."""
+    from hpcbox import jobs
+    from hpcbox.tools import slurm
+
+    if profile.lsf:
+        raise HpcboxError(
+            f"--check: {profile.name} uses LSF, which has no `sbatch --test-only`",
+            "on the login node, `BSUB_CHK_RESREQ=1 bsub < FILE` checks its resource strings without "
+            "submitting",
+        )
+    if profile.name != "local" and via is None:
+        raise HpcboxError(
+            f"--check cannot reach cluster {profile.name!r}",
+            f"rehearse it: `hpcbox cluster.up --like {profile.name}`, then add `--via local`; on the site, "
+            "run `sbatch --test-only FILE` on the login node",
+        )
+    return slurm.test_only(jobs.connection_target(profile, project, via=via), text)
+
+
+# --- submit and the job's life after it ---------------------------------------------------------
+
+
+@job_task(
+    after="data",
+    help={
+        "data": "the dataset to stage on node scratch: one archive, or a directory (archived once, "
+        "content-addressed; default: tool.hpcbox.data)",
+        "flavour": "image flavour (default: the one `hpcbox build` last made)",
+        "offline": "build on the Debian base bootstrapped here (no registry)",
+        "host": "login host or ~/.ssh/config alias (default: the profile's)",
+        "user": "login user name (default: the profile's, else ~/.ssh/config)",
+        "port": "login SSH port",
+        "remote_root": "where hpcbox keeps SIFs, data and jobs on the cluster (default ~/hpcbox)",
+        "via": VIA_HELP,
+        "dry_run": "say what would be uploaded and run, and send nothing",
+        "sweep": SWEEP_HELP,
+        "resubmit_failed": "JOB: run the points of sweep JOB that did not complete again, and only those, "
+        "with its arguments (and the resources given now)",
+    },
+)
+def submit(
+    c,
+    cluster,
+    data=None,
+    flavour=None,
+    offline=False,
+    host=None,
+    user=None,
+    port=None,
+    remote_root="hpcbox",
+    dry_run=False,
+    via=None,
+    sweep=None,
+    resubmit_failed=None,
+    **resources,
+):
+    """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
+    from hpcbox import jobs
+    from hpcbox.project.config import load_project
+    from hpcbox.render import profiles
+    from hpcbox.tools import ssh
+
+    jobs.require_slurm(profiles.load_profile(cluster))
+    trainer_args, points, array = _trainer_args(c.remainder), _sweep(cluster, sweep), None
+    if points:
+        array = points.array()
+    if resubmit_failed is not None:
+        if sweep is not None or trainer_args:
+            raise HpcboxError(
+                "--resubmit-failed runs the job's own sweep with its own arguments",
+                "leave out --sweep and the words after --",
+            )
+        project = load_project()
+        original = jobs.Ledger(project).find(resubmit_failed, cluster)
+        target = jobs.connection_target(profiles.load_profile(cluster), project, via=original.via)
+        with ssh.Connection(target) as connection:
+            failed = jobs.failed_tasks(connection, original)
+        if not failed:
+            say(f"hpcbox: every task of job {original.job_id} completed: nothing to resubmit")
+            return
+        points, trainer_args = jobs.sweep_of(original), original.trainer_args
+        array = points.array(failed)
+        say(f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}")
+    project, profile, checked = _resources(cluster, resources, array)
+    target = jobs.connection_target(
+        profile, project, via=via, host=host, user=user, port=int(port) if port else None
+    )
+    payload, environment = jobs.prepare_payload(
+        project, jobs.data_path(project, data), profile.apptainer.compression,
+        flavour=flavour, offline=offline, say=say,
+    )  # fmt: skip
+    record = jobs.submit(
+        project, profile, target, checked, trainer_args, payload,
+        image=environment.ref, via=via, remote_root=remote_root, dry_run=dry_run, sweep=points,
+        resubmits=resubmit_failed, say=say,
+    )  # fmt: skip
+    if record is not None:
+        say(f"hpcbox: sent {record.bytes_sent:,} bytes ({', '.join(record.sent) or 'nothing new'})")
+        say(f"hpcbox: log {record.log}")
+        print(record.job_id)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _job(job: str | None, cluster: str | None):
+    """The ledger's record of ``job`` (default: the last one submitted) and how to reach its cluster."""
+    from hpcbox import jobs
+    from hpcbox.project.config import load_project
+    from hpcbox.render import profiles
+
+    project = load_project()
+    record = jobs.Ledger(project).find(job, cluster)
+    target = jobs.connection_target(profiles.load_profile(record.cluster), project, via=record.via)
+    return project, record, target
+
+
+# Invoke has no optional positional arguments: the job is `-j JOB`, and the last job when left out.
+JOB_HELP = {
+    "job": "job id (default: the last job submitted from here)",
+    "cluster": "the job's cluster (e.g. edi, or edi-via-local for its rehearsal)",
+}
+
+
+@task(help=JOB_HELP)
+@friendly
+def status(c, job=None, cluster=None):
+    """Where a job is: state, why it is pending, elapsed time, node, exit code."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    _, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        if record.is_array:
+            print("\n".join(jobs.describe_tasks(record, jobs.task_states(connection, record))))
+        else:
+            print(jobs.describe(jobs.state(connection, record)))
+
+
+@task(help={"cluster": "only jobs on this cluster"})
+@friendly
+def jobs(c, cluster=None):
+    """The jobs submitted from this project, with their live states."""
+    from hpcbox import jobs as job_stage
+    from hpcbox.project.config import load_project
+
+    project = load_project()
+    lines = job_stage.overview(project, cluster)
+    print("\n".join(lines) if lines else "no jobs submitted from this project yet")
+
+
+@task(help={**JOB_HELP, "follow": "keep printing until the job ends"})
+@friendly
+def logs(c, job=None, cluster=None, follow=False):
+    """The job's output (Slurm log), optionally following it until the job ends."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    _, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        jobs.logs(connection, record, follow=follow, on_line=print)
+
+
+@task(help=JOB_HELP)
+@friendly
+def fetch(c, job=None, cluster=None):
+    """Copy the job's results, checkpoints, metrics and log to runs/<cluster>/<job>/ (resumable)."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    project, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        local, transfer = jobs.fetch(connection, project, record)
+    say(f"hpcbox: received {transfer.received:,} bytes")
+    print(local)
+
+
+@task(help=JOB_HELP)
+@friendly
+def report(c, job=None, cluster=None):
+    """Was the job efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; + a PNG."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    project, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        text, png = jobs.report(connection, project, record)
+    print(text)
+    say(f"hpcbox: plot {png}")
+
+
+@task(help=JOB_HELP)
+@friendly
+def cancel(c, job=None, cluster=None):
+    """Stop a job so that it keeps what it wrote: it checkpoints, copies results back, then ends."""
+    from hpcbox import jobs
+    from hpcbox.tools import ssh
+
+    _, record, target = _job(job, cluster)
+    with ssh.Connection(target) as connection:
+        print(jobs.describe(jobs.cancel(connection, record, say=say)))
+
+
+@job_task(
+    after="command",
+    help={"command": "run this command there instead of an interactive `apptainer shell`"},
+    # `shell` runs no job script, so it has no --sif-on-scratch and no --sync-every.
+    leave_out=("sif_on_scratch", "sync_every"),
+    time="1:00:00",
+    job_name="hpcbox-shell",
+)
+def shell(c, cluster, command=None, **resources):
+    """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
+    from hpcbox import jobs
+    from hpcbox.render import profiles
+    from hpcbox.tools import ssh
+
+    jobs.require_slurm(profiles.load_profile(cluster))
+    project, profile, checked = _resources(cluster, resources)
+    record = jobs.Ledger(project).find(cluster=cluster)
+    with ssh.Connection(jobs.connection_target(profile, project, via=record.via)) as connection:
+        jobs.shell(connection, profile, checked, record, command, on_line=print)
+
+
+# --- cluster (the mini Slurm-in-Docker cluster) ----------------------------------------------------
+
+
+def _cluster_tasks() -> Collection:
+    """The `cluster.*` tasks, kept in their own namespace (defined here so they stay off the top level)."""
+    from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_PORT
+
+    def _state() -> Path:
+        from hpcbox.minicluster.spec import state_root
+        from hpcbox.project.config import load_project
+
+        return state_root(load_project().state_dir)
+
+    def _find(name: str):
+        from hpcbox import minicluster
+
+        found = minicluster.find(name, _state())
+        if found is None:
+            raise HpcboxError(
+                f"no cluster named {name} is up here", f"start it: `hpcbox cluster.up --name {name}`"
+            )
+        return found
+
+    @task(
+        help={
+            "nodes": "compute nodes (default 2)",
+            "name": "cluster name",
+            "port": "login SSH port",
+            "like": "shape it like this cluster profile (partitions, GPU types, accounts, scratch): a "
+            "rehearsal of that site for `hpcbox submit --cluster NAME --via local` (default: local)",
+        }
+    )
+    @friendly
+    def up(c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT, like="local"):
+        """Start the mini Slurm cluster (idempotent), shaped like a profile, and wait until it is idle."""
+        from hpcbox import minicluster
+
+        spec = minicluster.spec_like(like, name=name, nodes=int(nodes), port=int(port))
+        cluster = minicluster.up(spec, _state(), on_line=print)
+        print(minicluster.status(cluster), end="")
+        print(f"login: ssh -i {cluster.key_path} -p {cluster.login_port} {cluster.user}@127.0.0.1")
+
+    @task(help={"name": "cluster name"})
+    @friendly
+    def status(c, name=DEFAULT_NAME):
+        """Show the cluster's nodes (sinfo) and jobs (squeue)."""
+        from hpcbox import minicluster
+
+        print(minicluster.status(_find(name)), end="")
+
+    @task(help={"name": "cluster name"})
+    @friendly
+    def down(c, name=DEFAULT_NAME):
+        """Remove the cluster's containers, network, volumes and keys."""
+        from hpcbox import minicluster
+
+        removed = minicluster.down(name, _state())
+        print(
+            f"removed {len(removed.containers)} containers, {len(removed.networks)} network(s), "
+            f"{len(removed.volumes)} volume(s) of {name}"
+        )
+
+    @task(help={"name": "cluster name"})
+    @friendly
+    def shell(c, name=DEFAULT_NAME):
+        """Open a shell on the login node as the cluster user, over SSH."""
+
+        from hpcbox.tools import ssh
+
+        c.run(shlex.join(ssh.ssh_argv(_find(name).ssh_target(), tty=True)), pty=True, warn=True)
+
+    return Collection("cluster", up=up, status=status, down=down, shell=shell)
+
+
+def collection() -> Collection:
+    """Every hpcbox task, `cluster.*` in their own namespace: a project's tasks.py names it `ns`."""
+    tasks = Collection.from_module(sys.modules[__name__])
+    tasks.add_collection(_cluster_tasks())
+    return tasks

@@ -1,0 +1,67 @@
+"""Reaching a cluster's login node: the profile's, the flags', or the mini cluster brought up here."""
+
+from __future__ import annotations
+
+import os
+
+from hpcbox.errors import HpcboxError
+from hpcbox.project.config import ProjectConfig
+from hpcbox.render.profiles import ClusterProfile
+from hpcbox.tools import ssh
+from hpcbox.units import FieldError
+
+
+def require_slurm(profile: ClusterProfile) -> None:
+    """Submitting, and everything after it, speaks Slurm (sbatch, squeue, sacct, srun) to the cluster."""
+    if profile.lsf:
+        raise HpcboxError(
+            f"{profile.name} uses LSF: hpcbox renders its bsub script "
+            f"(hpcbox sbatch --cluster={profile.name}) but cannot submit to it yet"
+        )
+
+
+def connection_target(
+    profile: ClusterProfile,
+    project: ProjectConfig,
+    *,
+    via: str | None = None,
+    host: str | None = None,
+    user: str | None = None,
+    port: int | None = None,
+) -> ssh.Target:
+    """How to reach ``profile``'s login node: flags over the profile; ~/.ssh/config fills the rest.
+
+    `local`, and any cluster ``via`` "local", is the mini cluster this checkout brought up (`invoke
+    cluster.up`), reached with the keys generated for it; HPCBOX_MINICLUSTER /
+    HPCBOX_MINICLUSTER_STATE name another one. It must be shaped like ``profile`` (`--like`).
+    """
+    if via not in (None, "local"):
+        raise FieldError(
+            "via", f"{via!r} is not a place to rehearse a job", "use --via local (the mini cluster)"
+        )
+    if via == "local" or (profile.name == "local" and host is None):
+        return _mini_cluster(profile, project).ssh_target()
+    login = profile.login
+    # Port 22 is ssh's own default: leave it out so that a Port in ~/.ssh/config still applies.
+    default_port = login.port if login.port != 22 else None
+    return ssh.Target(host or login.host, port or default_port, user or login.user)
+
+
+def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
+    from hpcbox import minicluster
+    from hpcbox.minicluster.spec import DEFAULT_NAME, state_root
+
+    name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
+    running = minicluster.find(name, state_root(project.state_dir))
+    like = "" if profile.name == "local" else f" --like {profile.name}"
+    if running is None:
+        raise HpcboxError(
+            f"the mini cluster {name} is not up",
+            f"start it with `hpcbox cluster.up{like}` (or run `hpcbox demo`)",
+        )
+    if running.spec.like != profile.name:
+        raise HpcboxError(
+            f"the mini cluster {name} is shaped like {running.spec.like!r}, not {profile.name!r}",
+            f"reshape it with `hpcbox cluster.up{like}`",
+        )
+    return running

@@ -1,0 +1,73 @@
+"""A job's results home: its run folder and logs into runs/<cluster>/<job>/, and its efficiency report."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from hpcbox.errors import HpcboxError
+from hpcbox.jobs.follow import log_words, state
+from hpcbox.jobs.ledger import JobRecord
+from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Steps
+from hpcbox.project.config import ProjectConfig
+from hpcbox.tools import slurm, ssh
+
+
+def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
+    return project.root / "runs" / record.where / record.job_id
+
+
+def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[Path, ssh.Transfer]:
+    """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental)."""
+    local = local_run_dir(project, record)
+    present = connection.run(
+        f"test -d {shlex.quote(record.run_dir)} && echo yes || echo no", what="look for the job's results"
+    )
+    if present.stdout.strip() != "yes":
+        raise HpcboxError(
+            f"job {record.job_id} has no results in {record.run_dir} yet",
+            "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",
+        )
+    transfers = [connection.download(f"{record.run_dir}/", local)]
+    listed = connection.run(
+        f'for log in {log_words(record)}; do if test -f "$log"; then printf "%s\\n" "$log"; fi; done',
+        what="look for the job's logs",
+    )
+    transfers += [connection.download(log, local) for log in listed.stdout.splitlines() if log]
+    return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
+
+
+def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[str, Path]:
+    """The efficiency report of a job (text) and its plot (PNG beside the fetched results).
+
+    Fetches the results first (incremental), so the trainer's metrics and the GPU samples are read
+    from the local copy; sacct gives the rest.
+    """
+    from hpcbox.jobs import efficiency
+
+    found = state(connection, record)
+    if found.state == "PENDING":
+        raise HpcboxError(f"job {record.job_id} has not started yet", "`hpcbox status` says why it waits")
+    local, _ = fetch(connection, project, record)
+    rows = efficiency.parse_sacct(slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS))
+    metrics = local / "metrics.jsonl"
+    metrics_path = metrics if metrics.is_file() else None
+    gpu_csv = local / "gpu-utilization.csv"
+    gpu_path = gpu_csv if gpu_csv.is_file() else None
+    try:
+        built = efficiency.build_report(rows, metrics_path, gpu_path, _own_program(project.run))
+    except ValueError as exc:
+        raise HpcboxError(f"cannot report on job {record.job_id}: {exc}") from exc
+    png = efficiency.plot_report(metrics_path, gpu_path, local / "report.png")
+    return efficiency.format_report(built), png
+
+
+def _own_program(run: ContainerCommand | Steps) -> str | None:
+    """What the job runs, in words, where that is not the example trainer (which writes metrics.jsonl)."""
+    commands = [step.command for step in run.steps] if isinstance(run, Steps) else [run]
+    if any(command.kind == "module" and command.target == EXAMPLE_TRAINER.target for command in commands):
+        return None
+    return " then ".join(
+        command.target if command.kind == "entry_point" else " ".join(command.program_words())
+        for command in commands
+    )

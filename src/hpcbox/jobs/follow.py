@@ -1,0 +1,222 @@
+"""A job's life after submit: its state (an array's tasks together), waiting, its logs, cancelling it."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+
+from hpcbox.errors import HpcboxError
+from hpcbox.jobs.connect import connection_target
+from hpcbox.jobs.ledger import JobRecord, Ledger
+from hpcbox.project.config import ProjectConfig
+from hpcbox.render.sweep import Sweep
+from hpcbox.tools import slurm, ssh
+
+# How long `cancel` lets the job script copy its results back before it cancels outright.
+CANCEL_GRACE_S = 120
+
+
+def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
+    """The job's state; an array's is its tasks' together: running while any runs, pending while any
+    waits, else COMPLETED when all did, else the state of the first that did not."""
+    found = array_state(task_states(connection, record)) if record.is_array else None
+    found = found or slurm.job_state(connection, record.job_id)
+    if found is None:
+        raise HpcboxError(
+            f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
+            "Slurm forgets finished jobs after a while where accounting is off; its results may still be "
+            f"in {record.run_dir} (`hpcbox fetch -j {record.job_id}`)",
+        )
+    return found
+
+
+def task_states(connection: ssh.Connection, record: JobRecord) -> dict[int, slurm.JobState]:
+    return slurm.task_states(connection, record.job_id)
+
+
+def array_state(tasks: dict[int, slurm.JobState]) -> slurm.JobState | None:
+    if not tasks:
+        return None
+    first = next(iter(tasks.values()))
+    job_id = first.job_id.rpartition("_")[0]
+    for waiting in ("RUNNING", "PENDING"):
+        if any(task.state == waiting for task in tasks.values()):
+            return slurm.JobState(job_id, waiting, source="array")
+    unfinished = [task for task in tasks.values() if not task.finished]
+    if unfinished:
+        return slurm.JobState(job_id, unfinished[0].state, source="array")
+    failed = [task for task in tasks.values() if task.state != "COMPLETED"]
+    return slurm.JobState(
+        job_id, failed[0].state if failed else "COMPLETED", exit_code=failed[0].exit_code if failed else "0:0"
+    )
+
+
+def describe_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> list[str]:
+    """The array's tasks for people: how many are in each state, then one line per task (its point)."""
+    counts: dict[str, int] = {}
+    for task in tasks.values():
+        counts[task.state] = counts.get(task.state, 0) + 1
+    summary = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+    lines = [f"job {record.job_id}: {len(tasks)} array tasks: {summary}"]
+    for index, task in tasks.items():
+        point = record.sweep[index] if index < len(record.sweep) else ()
+        lines.append("  " + describe(task) + (f" ({shlex.join(point)})" if point else ""))
+    return lines
+
+
+def sweep_of(record: JobRecord) -> Sweep:
+    """The sweep a job ran, as its record keeps it (its throttle from the array's %N)."""
+    _, percent, throttle = str(record.resources.get("array") or "").partition("%")
+    return Sweep(f"job {record.job_id}'s sweep", record.sweep, int(throttle) if percent else None)
+
+
+def failed_tasks(connection: ssh.Connection, record: JobRecord) -> tuple[int, ...]:
+    """The tasks of a finished sweep that did not complete (failed, timed out, cancelled, out of
+    memory, lost with their node): what `submit --resubmit-failed` runs again."""
+    if not record.sweep:
+        raise HpcboxError(
+            f"job {record.job_id} is not a sweep",
+            "--resubmit-failed reruns the failed points of a --sweep job",
+        )
+    tasks = task_states(connection, record)
+    running = [index for index, task in tasks.items() if not task.finished]
+    if running:
+        raise HpcboxError(
+            f"job {record.job_id} still has {len(running)} tasks pending or running",
+            f"wait until it ends (`hpcbox status -j {record.job_id}`), or cancel it",
+        )
+    return tuple(index for index, task in tasks.items() if task.state != "COMPLETED")
+
+
+def describe(found: slurm.JobState) -> str:
+    """One line for people: state, and what a pending reason means or how a finished job ended."""
+    parts = [f"job {found.job_id}: {found.state}"]
+    if found.state == "PENDING" and found.reason:
+        words = found.reason_in_words
+        parts.append(f"({found.reason}{': ' + words if words else ''})")
+    if found.elapsed:
+        parts.append(f"elapsed {found.elapsed}" + (f" of {found.time_limit}" if found.time_limit else ""))
+    if found.nodes and found.state != "PENDING":
+        parts.append(f"on {found.nodes}")
+    if found.exit_code:
+        parts.append(f"exit code {found.exit_code}")
+    return ", ".join(parts)
+
+
+def wait(
+    connection: ssh.Connection,
+    record: JobRecord,
+    *,
+    until: Callable[[slurm.JobState], bool] = lambda found: found.finished,
+    timeout_s: float = 3600,
+    poll_s: float = 2,
+    on_change: Callable[[slurm.JobState], None] | None = None,
+) -> slurm.JobState:
+    """Poll the job until ``until`` holds (default: it finished), telling ``on_change`` each new state."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        found = state(connection, record)
+        if on_change is not None and (found.state, found.reason) != last:
+            on_change(found)
+        last = (found.state, found.reason)
+        if until(found):
+            return found
+        if time.monotonic() > deadline:
+            raise HpcboxError(f"job {record.job_id} is still {found.state} after {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def follow_command(record: JobRecord, follow: bool) -> str:
+    """The remote shell command printing the job's logs, to the end of the job with ``follow``."""
+    logs = log_words(record)
+    first = _glob_word(record.log)
+    if not follow:
+        return f"""
+set --; for log in {logs}; do if test -f "$log"; then set -- "$@" "$log"; fi; done
+if test $# -gt 0; then tail -n +1 -- "$@"; else echo 'hpcbox: no log yet at '{first} >&2; fi
+"""
+    finished = "|".join(sorted(slurm.FINISHED_STATES))
+    job_state = f"squeue --noheader --states=all --jobs={record.job_id} --format=%T 2>/dev/null"
+    # Until the job ends: wait for a log to appear, then tail them; a requeued job comes back to PENDING
+    # and writes on in the same log, so only a finished state (or a job Slurm forgot) ends it. An array
+    # has a line per task: it is over when none of them is in another state.
+    return f"""
+over() {{ ! {{ {job_state} | grep -qvxE '{finished}'; }}; }}
+any_log() {{ for log in {logs}; do if test -f "$log"; then return 0; fi; done; return 1; }}
+until any_log || over; do sleep 2; done
+any_log || exit 0
+tail -n +1 -F -- {logs} 2>/dev/null & tailer=$!
+until over; do sleep 3; done
+sleep 2; kill "$tailer"
+"""
+
+
+def log_words(record: JobRecord) -> str:
+    return " ".join(_glob_word(path) for path in (record.log, record.error_log) if path)
+
+
+def _glob_word(path: str) -> str:
+    """``path`` as a shell word: quoted, but for the `*` standing for an array task's id."""
+    return "*".join(shlex.quote(part) for part in path.split("*"))
+
+
+def logs(
+    connection: ssh.Connection, record: JobRecord, *, follow: bool, on_line: Callable[[str], None]
+) -> None:
+    connection.stream(
+        follow_command(record, follow), what=f"read the log of job {record.job_id}", on_line=on_line
+    )
+
+
+def cancel(
+    connection: ssh.Connection,
+    record: JobRecord,
+    *,
+    grace_s: float = CANCEL_GRACE_S,
+    say: Callable[[str], None] = print,
+) -> slurm.JobState:
+    """Stop the job so that nothing it wrote is lost.
+
+    A running job's batch shell alone gets TERM (a plain scancel's TERM also reaches the squashfuse
+    process serving the SIF under unprivileged Apptainer, and the trainer dies before it can save):
+    the script passes it to the trainer, which checkpoints; the script copies the results to shared
+    storage, cleans node scratch and cancels its own job. Past ``grace_s``, a plain scancel.
+    """
+    found = state(connection, record)
+    if found.finished:
+        say(f"hpcbox: job {record.job_id} has already ended: {found.state}")
+        return found
+    if found.state != "RUNNING":
+        slurm.cancel(connection, record.job_id)
+    else:
+        say(f"hpcbox: asking job {record.job_id} to save its results and stop")
+        slurm.cancel(connection, record.job_id, batch_signal="TERM")
+    try:
+        return wait(connection, record, timeout_s=grace_s, poll_s=1)
+    except HpcboxError:
+        say(f"hpcbox: job {record.job_id} did not stop within {grace_s:.0f} s; cancelling it outright")
+        slurm.cancel(connection, record.job_id)
+        return wait(connection, record, timeout_s=60, poll_s=1)
+
+
+def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
+    """A line per ledger entry with its live state, one connection per cluster."""
+    from hpcbox.render.profiles import load_profile
+
+    records = [record for record in Ledger(project).all() if cluster in (None, record.cluster, record.where)]
+    described: dict[tuple[str, str], str] = {}
+    for name in sorted({record.where for record in records}):
+        mine = [record for record in records if record.where == name]
+        try:
+            target = connection_target(load_profile(mine[0].cluster), project, via=mine[0].via)
+            with ssh.Connection(target) as connection:
+                for record in mine:
+                    described[name, record.job_id] = describe(state(connection, record))
+        except HpcboxError as exc:
+            for record in mine:
+                described.setdefault(
+                    (name, record.job_id), f"job {record.job_id}: state unknown ({exc.message})"
+                )
+    return [f"{r.submitted_at}  {r.where:<10} {described[r.where, r.job_id]}" for r in records]

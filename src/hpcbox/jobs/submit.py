@@ -1,0 +1,203 @@
+"""Submit a job: the earlier stages' artifacts (the environment's SIF, the code snapshot, the dataset),
+shipped where the cluster lacks them, the job script rendered with the shipped paths and `sbatch`ed,
+the job recorded in the ledger."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hpcbox.build.image import ENVIRONMENT, Image, build_image, last_image
+from hpcbox.build.provenance import inputs_revision
+from hpcbox.errors import HpcboxError
+from hpcbox.jobs import ship
+from hpcbox.jobs.connect import require_slurm
+from hpcbox.jobs.ledger import JobRecord, Ledger
+from hpcbox.project.config import ProjectConfig
+from hpcbox.render import logpaths
+from hpcbox.render.profiles import ClusterProfile
+from hpcbox.render.resources import Resources
+from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch
+from hpcbox.render.sweep import Sweep
+from hpcbox.sif.compression import SifCompression
+from hpcbox.tools import slurm, ssh
+
+
+def prepare_payload(
+    project: ProjectConfig,
+    data: Path,
+    compression: SifCompression,
+    *,
+    flavour: str | None = None,
+    offline: bool = False,
+    cache: Path | None = None,
+    data_cache: Path | None = None,
+    say: Callable[[str], None] = print,
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[ship.Payload, Image]:
+    """The earlier stages, each a no-op when nothing changed: the environment image (the project's
+    image without its code), its SIF at ``compression`` (what the target cluster reads), the code
+    snapshot and the dataset's digest (a dataset directory's archive first, made once).
+
+    The flavour and base are those `hpcbox build` last used, unless given. ``cache``: the SIF cache
+    (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
+    directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data).
+    """
+    from hpcbox.jobs.datasets import cache_dir
+    from hpcbox.sif.convert import build_sif
+
+    # Bad input first, before anything is built.
+    dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
+    code = ship.code_snapshot(project)
+    base = None
+    if flavour is None and not offline:
+        try:
+            recorded = last_image(project)
+        except HpcboxError:
+            recorded = None
+        if recorded is not None:
+            flavour, base = recorded.flavour, recorded.base
+    environment = build_image(
+        project, flavour=flavour, offline=offline, base=base, target=ENVIRONMENT, say=say, on_line=on_line
+    )
+    sif = build_sif(environment, compression=compression, cache=cache, say=say, on_line=on_line)
+    payload = ship.Payload(sif.path, sif.sha256, sif.size, code, dataset)
+    return payload, environment
+
+
+def submit(
+    project: ProjectConfig,
+    profile: ClusterProfile,
+    target: ssh.Target,
+    resources: Resources,
+    trainer_args: tuple[str, ...],
+    payload: ship.Payload,
+    *,
+    image: str,
+    via: str | None = None,
+    remote_root: str = ship.DEFAULT_REMOTE_ROOT,
+    dry_run: bool = False,
+    sweep: Sweep | None = None,
+    resubmits: str | None = None,
+    say: Callable[[str], None] = print,
+) -> JobRecord | None:
+    """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
+
+    With a ``sweep`` the job is an array, a task per point (``resources.array`` names which)."""
+    require_slurm(profile)
+    started = time.monotonic()
+    with ssh.Connection(target) as connection:
+        connected = time.monotonic()
+        remote = ship.ship(connection, payload, project.name, root=remote_root, dry_run=dry_run, say=say)
+        shipped = time.monotonic()
+        inputs = JobInputs(
+            sif=remote.sif,
+            code_dir=remote.code_dir,
+            dataset=remote.dataset,
+            runs_dir="runs",
+            log_dir="logs",
+            sif_sha256=payload.sif_sha256,
+            code_revision=inputs_revision(project.root, project.code),
+        )
+        script = render_sbatch(profile, resources, inputs, trainer_args, project.run, sweep=sweep)
+        stamp = datetime.now(UTC)
+        script_name = f"{_slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
+        if dry_run:
+            say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
+            say(script.text)
+            return None
+        job_id = slurm.submit(
+            connection,
+            remote.submit_dir,
+            script_name,
+            script.text,
+            script.directories_to_create,
+            unset=script.overriding_environment,
+        )
+        user = ""
+        if any("%u" in pattern for pattern in script.log_patterns if pattern):
+            user = connection.run(["id", "-un"], what="ask the cluster for your user name").stdout.strip()
+    timings = {
+        "connect": round(connected - started, 3),
+        "ship": round(shipped - connected, 3),
+        "sbatch": round(time.monotonic() - shipped, 3),
+    }
+    record = _record(
+        profile, remote, script, script_name, job_id, user, stamp, payload, image, trainer_args, timings
+    )
+    record = replace(record, via=via, sweep=sweep.points if sweep else (), resubmits=resubmits)
+    Ledger(project).add(record, script.text)
+    return record
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "job"
+
+
+def _record(
+    profile: ClusterProfile,
+    remote: ship.Remote,
+    script: JobScript,
+    script_name: str,
+    job_id: str,
+    user: str,
+    stamp: datetime,
+    payload: ship.Payload,
+    image: str,
+    trainer_args: tuple[str, ...],
+    timings: dict[str, float],
+) -> JobRecord:
+    log, error_log = log_paths(script, remote.submit_dir, job_id, user)
+    resources = asdict(script.resources)
+    return JobRecord(
+        job_id=job_id,
+        cluster=profile.name,
+        host=remote.host,
+        submitted_at=stamp.isoformat(timespec="seconds"),
+        submit_dir=remote.submit_dir,
+        script=f"{remote.submit_dir}/scripts/{script_name}",
+        log=log,
+        run_dir=f"{remote.submit_dir}/{script.inputs.runs_dir}/{job_id}",
+        sif=remote.sif,
+        sif_sha256=payload.sif_sha256,
+        image=image,
+        code_revision=script.inputs.code_revision or "unknown",
+        code_snapshot=payload.code.digest,
+        dataset_sha256=payload.dataset.sha256,
+        resources=json.loads(json.dumps(resources, default=str)),
+        trainer_args=trainer_args,
+        sent=remote.sent,
+        bytes_sent=remote.bytes_sent,
+        timings_s=timings,
+        error_log=error_log,
+    )
+
+
+def log_paths(script: JobScript, submit_dir: str, job_id: str, user: str) -> tuple[str, str | None]:
+    """Where job ``job_id`` of ``user`` writes its log and its stderr's own log (None: none), on the
+    cluster; an array task's id is `*`."""
+
+    def on_cluster(pattern: str) -> str:
+        path = logpaths.expand(pattern, job_id=job_id, job_name=script.resources.job_name, user=user)
+        return path if path.startswith("/") else f"{submit_dir}/{path}"
+
+    output, error = script.log_patterns
+    return on_cluster(output), on_cluster(error) if error else None
+
+
+def data_path(project: ProjectConfig, given: str | None) -> Path:
+    """The dataset, an archive or a directory: ``given`` (relative to here), else `tool.hpcbox.data`
+    (relative to the root)."""
+    if given:
+        return Path(given).expanduser().resolve()
+    if project.data:
+        return project.root / project.data
+    raise HpcboxError(
+        "data: no dataset given",
+        'pass --data PATH (one archive, or a directory), or set data = "PATH" in [tool.hpcbox]',
+    )

@@ -1,0 +1,2 @@
+"""The user's project: [tool.hpcbox] in pyproject.toml, the container command, dependency sources,
+`hpcbox init`."""
