@@ -24,20 +24,13 @@ import invoke
 from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
+from hpcbox.render.options import RESOURCE_OPTIONS, named
 
-# The only single-letter flags of any command: sbatch's own letters (squeue's -j for a job id), each
-# meaning what it means there (sbatch's long option beside it); every other option is long only.
+# The only single-letter flags of any command: sbatch's own letters (the resource options', from their
+# table; --cluster is sbatch's --clusters, -j squeue's job id), each meaning what it means there (the
+# long option beside it); every other option is long only.
 SHORT_FLAGS = {
-    "partition": ("p", "--partition"),
-    "account": ("A", "--account"),
-    "time": ("t", "--time"),
-    "nodes": ("N", "--nodes"),
-    "cpus": ("c", "--cpus-per-task"),
-    "job_name": ("J", "--job-name"),
-    "qos": ("q", "--qos"),
-    "array": ("a", "--array"),
-    "log": ("o", "--output"),
-    "error_log": ("e", "--error"),
+    **{option.name: (option.short, option.sbatch) for option in RESOURCE_OPTIONS if option.short},
     "cluster": ("M", "--clusters"),
     "job": ("j", "--job"),  # squeue's
 }
@@ -332,48 +325,12 @@ def _trainer_args(remainder: str) -> tuple[str, ...]:
 
 
 RESOURCE_HELP = {
-    "cluster": "profile name (slurm/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
-    "job-name": "job name (default: the project's name)",
-    "partition": "partition, or queue on an LSF site (default: the profile's default one)",
-    "nodes": "nodes (default 1)",
-    "account": "Slurm account to charge (on an LSF site: the project, bsub -P)",
-    "qos": "quality of service",
-    "array": "job array spec, e.g. 0-9%2",
-    "mail-user": "address Slurm mails about the job",
-    "mail-type": "what Slurm mails about (default END,FAIL with --mail-user)",
-    "gpus": "GPUs per node",
-    "gpu-type": "GPU model, in the site's spelling (e.g. a100, V100)",
-    "cpus": "CPUs per task",
-    "mem": "memory per node, e.g. 16G",
-    "time": "time limit, e.g. 1:00:00 or 2-00:00:00",
-    "ntasks-per-node": "processes per node (DDP: one per GPU, the default; launcher srun: Slurm tasks)",
-    "extra": "one more #SBATCH option, e.g. --extra=--exclusive (repeatable)",
-    "max-restarts": "how often a job that checkpointed at its time limit requeues itself (default 10)",
-    "sync-every": "how often the running job copies checkpoints and results to the shared run folder, "
-    "so that a node that dies loses at most that much, e.g. 30:00 (default 10:00; 0: only at the end)",
-    "log": "the job's log (sbatch --output), e.g. logs/%x-%j.out; patterns %j %x %u %A %a %%",
-    "error-log": "stderr's own log (sbatch --error; default: stderr goes to --log)",
-    "container": "apptainer or singularity (default: the profile's)",
-    "cleanenv": "the container starts without the host's environment (--cleanenv)",
-    "no-home": "the container does not mount your home directory (--no-home)",
-    "bind": "one more bind into the container, /host or /host:/container[:ro] (repeatable)",
-    "home": "the home directory in the container, /host[:/container] (--home)",
-    "sif-on-scratch": "each node copies the SIF to its local scratch and runs that copy (default: the "
-    "profile's [apptainer] sif_on_scratch)",
+    "cluster": "profile name (render/clusters/, ~/.config/hpcbox/clusters/ or $HPCBOX_CLUSTERS_DIR)",
+    **{option.flag: option.help for option in RESOURCE_OPTIONS},
 }
 VIA_HELP = (
     "local: rehearse the cluster's job on the mini cluster shaped like it (`hpcbox cluster.up --like NAME`)"
 )
-
-
-# The job's resources: the same flags on sbatch, submit and shell, with their defaults.
-RESOURCE_OPTIONS: dict[str, Any] = {
-    "gpus": None, "gpu_type": None, "cpus": None, "mem": None, "time": None, "job_name": None,
-    "partition": None, "account": None, "qos": None, "nodes": None, "ntasks_per_node": None, "array": None,
-    "mail_user": None, "mail_type": None, "extra": None, "max_restarts": None, "log": None,
-    "error_log": None, "container": None, "cleanenv": False, "no_home": False, "bind": None, "home": None,
-    "sif_on_scratch": False, "sync_every": None,
-}  # fmt: skip
 
 
 def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (), **defaults: Any):
@@ -390,7 +347,7 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
             inspect.Parameter(
                 name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=defaults.get(name, default)
             )
-            for name, default in RESOURCE_OPTIONS.items()
+            for name, default in ((option.name, option.unset) for option in RESOURCE_OPTIONS)
             if name not in leave_out
         ]
         split = [p.name for p in own].index(after) + 1
@@ -398,7 +355,7 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
         flags = {
             name: text for name, text in RESOURCE_HELP.items() if name.replace("-", "_") not in leave_out
         }
-        return task(iterable=["extra", "bind"], help={**flags, **help})(friendly(fn))
+        return task(iterable=list(named(tuple)), help={**flags, **help})(friendly(fn))
 
     return decorate
 
@@ -412,7 +369,7 @@ def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None
 
     project = load_project()
     profile = profiles.load_profile(cluster)
-    flags = {name: arguments.get(name) for name in RESOURCE_OPTIONS}
+    flags = {option.name: arguments.get(option.name) for option in RESOURCE_OPTIONS}
     if array is not None:
         if flags["array"]:
             raise FieldError(
@@ -687,8 +644,7 @@ def cancel(c, job=None, cluster=None):
 @job_task(
     after="command",
     help={"command": "run this command there instead of an interactive `apptainer shell`"},
-    # `shell` runs no job script, so it has no --sif-on-scratch and no --sync-every.
-    leave_out=("sif_on_scratch", "sync_every"),
+    leave_out=tuple(option.name for option in RESOURCE_OPTIONS if not option.in_shell),
     time="1:00:00",
     job_name="hpcbox-shell",
 )

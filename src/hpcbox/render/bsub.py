@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand
+from hpcbox.render.options import RESOURCE_OPTIONS
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.render.resources import Resources
 from hpcbox.render.sbatch import (
@@ -94,6 +95,9 @@ def render_bsub(
     return job_script(profile, resources, inputs, trainer_args, command, header=header, dialect=lsf)
 
 
+_BSUB = {option.name: option.bsub for option in RESOURCE_OPTIONS if option.bsub}
+
+
 def renderer(profile: ClusterProfile) -> Callable[..., JobScript]:
     """The profile's job script renderer: bsub for an LSF site, sbatch for a Slurm one."""
     return render_bsub if profile.lsf else render_sbatch
@@ -105,25 +109,26 @@ def bsub_header(resources: Resources, inputs: JobInputs) -> str:
         _lsf_log(field, pattern, name) if pattern else None
         for field, pattern in zip(("log", "error_log"), log_patterns(resources, inputs.log_dir), strict=True)
     )
+    # Each option's flag from the resource options' table; LSF counts slots and memory per slot.
     options: list[tuple[str, str | None]] = [
-        ("-J", _array_name(name, resources.array) if resources.array else name),
-        ("-q", None if resources.partition.implicit else resources.partition.name),
-        ("-n", str(slots(resources))),
+        (_BSUB["job_name"], _array_name(name, resources.array) if resources.array else name),
+        (_BSUB["partition"], None if resources.partition.implicit else resources.partition.name),
+        (_BSUB["cpus"], str(slots(resources))),
         ("-R", "span[hosts=1]"),
     ]
     if resources.mem:
         per_slot = memory_per_slot(resources)
-        options += [("-R", f"rusage[mem={per_slot}]"), ("-M", per_slot)]
+        options += [("-R", f"rusage[mem={per_slot}]"), (_BSUB["mem"], per_slot)]
     options += [
-        ("-W", run_limit(resources.time_s) if resources.time_s is not None else None),
-        ("-P", resources.account),
-        ("-u", resources.mail_user),
+        (_BSUB["time"], run_limit(resources.time_s) if resources.time_s is not None else None),
+        (_BSUB["account"], resources.account),
+        (_BSUB["mail_user"], resources.mail_user),
         *((flag, "") for flag in _mail_flags(resources.mail_type)),
-        ("-o", log),
-        ("-e", error_log),
+        (_BSUB["log"], log),
+        (_BSUB["error_log"], error_log),
     ]
     if resources.gpus:
-        options.append(("-gpu", f"num={resources.gpus}:mode=exclusive_process"))
+        options.append((_BSUB["gpus"], f"num={resources.gpus}:mode=exclusive_process"))
     options += [
         ("-wa", "USR1"),
         ("-wt", str(math.ceil(resources.signal_margin_s / 60))),

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcbox.errors import HpcboxError
 from hpcbox.render import logpaths
+from hpcbox.render.options import RESOURCE_OPTIONS, named
 from hpcbox.render.profiles import APPTAINER_COMMANDS, ClusterProfile, Partition, bind_target, check_bind
 from hpcbox.units import FieldError, format_time, parse_mem, parse_time
 
@@ -36,12 +37,8 @@ MAIL_TYPES = (
 )  # fmt: skip
 # sbatch options hpcbox writes itself, with the flag to use instead of --extra.
 OWNED_OPTIONS = {
-    "--job-name": "use --job-name", "--partition": "use --partition",
-    "--gpus-per-node": "use --gpus/--gpu-type", "--gpus": "use --gpus", "--cpus-per-task": "use --cpus",
-    "--mem": "use --mem", "--time": "use --time", "--nodes": "use --nodes",
-    "--ntasks-per-node": "use --ntasks-per-node", "--account": "use --account", "--qos": "use --qos",
-    "--array": "use --array", "--mail-user": "use --mail-user", "--mail-type": "use --mail-type",
-    "--output": "use --log", "--error": "use --error-log",
+    **{option.sbatch: f"use --{option.flag}" for option in RESOURCE_OPTIONS if option.sbatch},
+    "--gpus-per-node": "use --gpus/--gpu-type", "--gpus": "use --gpus",
     "--signal": "it handles the time limit", "--requeue": "it requeues checkpointed jobs",
     "--chdir": "jobs run from their submit directory", "--open-mode": "requeued jobs append to their log",
 }  # fmt: skip
@@ -77,9 +74,9 @@ DEFAULT_SYNC_EVERY_S = 600
 MIN_SYNC_EVERY_S = 5
 # What sbatch takes from its environment when its command line does not say (and before #SBATCH lines).
 SBATCH_ENVIRONMENT = {"account": "SBATCH_ACCOUNT", "partition": "SBATCH_PARTITION", "qos": "SBATCH_QOS"}
-LISTS = ("extra", "bind")
-SWITCHES = ("cleanenv", "no_home", "sif_on_scratch")
-WHOLE_NUMBERS = ("gpus", "cpus", "nodes", "ntasks_per_node", "max_restarts")
+LISTS = named(tuple)
+SWITCHES = named(bool)
+WHOLE_NUMBERS = named(int)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hpcbox.project.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
 from hpcbox.render import logpaths
+from hpcbox.render.options import RESOURCE_OPTIONS
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.render.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
 from hpcbox.render.sweep import Sweep
@@ -244,17 +245,13 @@ def render_shell(
     Apptainer on ``sif`` with the code at /code: `apptainer shell` on a terminal, or ``command``."""
     _check_path("sif", sif)
     _check_path("code_dir", code_dir)
-    options = [
-        f"--job-name={resources.job_name}",
-        *([] if resources.partition.implicit else [f"--partition={resources.partition.name}"]),
-        "--nodes=1",
-        "--ntasks=1",
-        *([f"--cpus-per-task={resources.cpus_per_task}"] if resources.cpus_per_task else []),
-        *([f"--mem={resources.mem}"] if resources.mem else []),
-        *([f"--time={format_time(resources.time_s)}"] if resources.time_s is not None else []),
-        *([f"--account={resources.account}"] if resources.account else []),
-        *([f"--qos={resources.qos}"] if resources.qos else []),
-    ]
+    values = {**sbatch_values(resources, None, None), "nodes": "1"}
+    options = []
+    for option in RESOURCE_OPTIONS:
+        if option.srun and values[option.name] is not None:
+            options.append(f"{option.sbatch}={values[option.name]}")
+        if option.name == "nodes":
+            options.append("--ntasks=1")  # one task on one node: a shell, not the job's processes
     gpus = gpu_option(profile, resources)
     if gpus:
         options.append(gpus)
@@ -293,25 +290,31 @@ def log_folders(resources: Resources, inputs: JobInputs) -> tuple[str, ...]:
     return tuple(dict.fromkeys(folder for folder in folders if folder))
 
 
+def sbatch_values(resources: Resources, log: str | None, error_log: str | None) -> dict[str, str | None]:
+    """Each resource option that becomes an sbatch option (its table's ``sbatch``), with its value as
+    sbatch reads it; None: not written."""
+    return {
+        "job_name": resources.job_name,
+        "partition": None if resources.partition.implicit else resources.partition.name,
+        "nodes": str(resources.nodes),
+        "ntasks_per_node": str(resources.ntasks_per_node),
+        "cpus": str(resources.cpus_per_task) if resources.cpus_per_task else None,
+        "mem": resources.mem,
+        "time": format_time(resources.time_s) if resources.time_s is not None else None,
+        "account": resources.account,
+        "qos": resources.qos,
+        "array": resources.array,
+        "mail_user": resources.mail_user,
+        "mail_type": resources.mail_type,
+        "log": log,
+        "error_log": error_log,
+    }
+
+
 def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -> str:
-    log, error_log = log_patterns(resources, inputs.log_dir)
-    options: list[tuple[str, str | None]] = [
-        ("--job-name", resources.job_name),
-        ("--partition", None if resources.partition.implicit else resources.partition.name),
-        ("--nodes", str(resources.nodes)),
-        ("--ntasks-per-node", str(resources.ntasks_per_node)),
-        ("--cpus-per-task", str(resources.cpus_per_task) if resources.cpus_per_task else None),
-        ("--mem", resources.mem),
-        ("--time", format_time(resources.time_s) if resources.time_s is not None else None),
-        ("--account", resources.account),
-        ("--qos", resources.qos),
-        ("--array", resources.array),
-        ("--mail-user", resources.mail_user),
-        ("--mail-type", resources.mail_type),
-        ("--output", log),
-        ("--error", error_log),
-        ("--signal", f"B:USR1@{resources.signal_margin_s}"),
-    ]
+    values = sbatch_values(resources, *log_patterns(resources, inputs.log_dir))
+    options = [(option.sbatch, values[option.name]) for option in RESOURCE_OPTIONS if option.sbatch]
+    options.append(("--signal", f"B:USR1@{resources.signal_margin_s}"))
     lines = ["#!/bin/bash"]
     lines += [f"#SBATCH {name}={sbatch_quote(value)}" for name, value in options if value is not None]
     gpus = gpu_option(profile, resources)
