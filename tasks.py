@@ -51,9 +51,17 @@ def lint(c):
     }
 )
 def test(c, k=None, unit=False, lint_first=True):
-    """Run the whole test suite (lint, unit and integration tests against real Docker, Apptainer, Slurm)."""
+    """Run lint, the docs site's strict build and the whole test suite (real Docker, Apptainer, Slurm)."""
     if lint_first:
         lint(c)
+    # The docs site, strict: a broken link or anchor fails the suite. Built into a folder removed
+    # afterwards, so the checkout keeps nothing of it. Not --quiet: it hides the warnings --strict counts.
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hpcbox-site-") as site:
+        mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict"]
+        mkdocs += ["--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", site]
+        c.run(shlex.join(mkdocs), pty=False, env={"NO_MKDOCS_2_WARNING": "1"})
     # Two workers: the integration tests keep one (see tests/conftest.py), the unit tests fill the other.
     args = [sys.executable, "-m", "pytest", "--numprocesses=2"]
     args.append("tests/unit" if unit else "tests")

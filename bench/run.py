@@ -1,13 +1,15 @@
 """Benchmark runner: `python bench/run.py [NAME ...]` runs bench/bench_NAME.py, writes
-bench/results/NAME.json and prints a table.
+bench/results/NAME.json and prints a table; `python bench/run.py --docs-only` runs nothing and only
+rewrites the documents' figure blocks from the files as they are.
 
 A benchmark module exposes `run() -> list[dict]`; each row has metric, value, unit, and optionally a
 target (text such as "< 3 s") and a note. Results carry the machine they were measured on, since
 numbers only compare within one run on one machine.
 
-A document quotes a benchmark's table between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`: writing
-the results rewrites that block from them (`docs_blocks`), so a figure there is never typed by hand,
-and a test holds every block to its results file.
+A document (README.md, any page under docs/) quotes a figure table between `<!-- bench:NAME -->` and
+`<!-- /bench:NAME -->`: NAME is a benchmark (its bench/results/NAME.json) or `digests` (the recorded
+digests in digests.toml, which `hpcbox lock --record` writes). Writing results rewrites every such block
+(`docs_blocks`), so a figure in the docs is never typed by hand, and a test holds every block to its file.
 """
 
 from __future__ import annotations
@@ -19,13 +21,28 @@ import os
 import platform
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "src")]
-# The documents whose bench blocks are kept in step with bench/results/.
-DOCUMENTS = (HERE.parent / "README.md", *sorted((HERE.parent / "docs").glob("*.md")))
+REPO = HERE.parent
+sys.path[:0] = [str(HERE), str(REPO / "src")]
+# The documents whose figure blocks are kept in step with bench/results/ and digests.toml.
+DOCUMENTS = (REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")))
+DIGESTS = REPO / "digests.toml"
 _BLOCK = re.compile(r"(<!-- bench:(\w+) -->\n)(.*?)(<!-- /bench:\2 -->)", re.DOTALL)
+# What each recorded digest is, in the order the docs show them; a key not listed here is shown last.
+DIGEST_FIELDS = {
+    "revision": "docker/ at commit",
+    "flavour": "flavour",
+    "compression": "SIF compression",
+    "base_id": "base image id",
+    "content_hash": "content hash (the tag: its first 12 hex)",
+    "rootfs_sha256": "root filesystem sha256",
+    "sif_sha256": "SIF sha256 (the whole file)",
+    "sif_size": "SIF size (bytes)",
+    "converter": "converter",
+}
 
 
 def available() -> list[str]:
@@ -48,41 +65,82 @@ def run_one(name: str) -> dict:
     }
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_docs()
+    return result
+
+
+def write_docs() -> list[Path]:
+    """Rewrite every document's figure blocks from the files they quote; the documents that changed."""
+    changed = []
     for document in DOCUMENTS:
         text = document.read_text()
         if docs_blocks(text) != text:
             document.write_text(docs_blocks(text))
-    return result
+            changed.append(document)
+    return changed
 
 
-def docs_blocks(text: str) -> str:
-    """``text`` with each bench block rewritten from its benchmark's results file."""
+def docs_blocks(text: str, digests: Path = DIGESTS) -> str:
+    """``text`` with each figure block rewritten from its file: a benchmark's results, or the digests."""
 
     def block(found: re.Match) -> str:
-        result = json.loads((HERE / "results" / f"{found[2]}.json").read_text())
-        return found[1] + table(result) + "\n" + found[4]
+        if found[2] == "digests":
+            shown = digests_table(digests)
+        else:
+            shown = table(json.loads((HERE / "results" / f"{found[2]}.json").read_text()))
+        # Blank lines around the table: Markdown reads a table only as a paragraph of its own.
+        return found[1] + "\n" + shown + "\n\n" + found[4]
 
     return _BLOCK.sub(block, text)
 
 
 def table(result: dict) -> str:
     lines = [
-        f"## {result['benchmark']} ({result['started']}, {result['machine']['cpus']} cpus)",
+        f"`bench/results/{result['benchmark']}.json`: measured {result['started']} on "
+        f"{result['machine']['cpus']} CPUs.",
         "",
         "| metric | value | unit | target | note |",
         "|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        value = row["value"]
-        shown = f"{value:.3g}" if isinstance(value, float) else str(value)
         lines.append(
-            f"| {row['metric']} | {shown} | {row['unit']} | {row.get('target') or ''} | "
+            f"| {row['metric']} | {_number(row['value'])} | {row['unit']} | {row.get('target') or ''} | "
             f"{row.get('note') or ''} |"
         )
     return "\n".join(lines)
 
 
+def digests_table(path: Path = DIGESTS) -> str:
+    """The recorded digests (what the committed cpu environment builds to) as a table."""
+    recorded = tomllib.loads(path.read_text())
+    when = recorded.pop("recorded", "")
+    keys = [key for key in DIGEST_FIELDS if key in recorded] + sorted(set(recorded) - set(DIGEST_FIELDS))
+    lines = [
+        f"`{path.name}`: recorded {when} by `hpcbox lock --record`.",
+        "",
+        "| what | recorded |",
+        "|---|---|",
+    ]
+    for key in keys:
+        value = recorded[key]
+        shown = _number(value) if isinstance(value, int | float) else f"`{value}`"
+        lines.append(f"| {DIGEST_FIELDS.get(key, key)} | {shown} |")
+    return "\n".join(lines)
+
+
+def _number(value: object) -> str:
+    """A figure as a table shows it: three significant digits; from 1,000 up, whole, thousands separated."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    shown = f"{value:.3g}"
+    return f"{value:,.0f}" if isinstance(value, int) or ("e" in shown and abs(value) >= 1) else shown
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--docs-only"]:
+        for document in write_docs():
+            print(f"rewrote the figures in {document.relative_to(REPO)}")
+        return 0
     names = argv or available()
     unknown = [name for name in names if name not in available()]
     if unknown:

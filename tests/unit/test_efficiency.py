@@ -387,7 +387,8 @@ def test_a_program_of_ones_own_that_writes_no_metrics_is_said_to_write_none_not_
     built = efficiency.build_report(sacct("steps"), None, None, program="python main.py")
     found = {f.name: f for f in built.figures}
     assert found["throughput"].verdict == (
-        "unknown: python main.py writes no metrics.jsonl (the README's 'Your program's metrics' adds one)"
+        "unknown: python main.py writes no metrics.jsonl "
+        "(docs/own-project.md, 'Your program's metrics', adds one)"
     )
     assert "did not start" not in efficiency.format_report(built)
 
@@ -405,10 +406,10 @@ def test_only_a_job_that_runs_something_else_than_the_example_trainer_names_its_
     assert _own_program(two) == "python main.py then fit"
 
 
-def test_the_metrics_the_readme_shows_for_ones_own_program_give_throughput_and_data_wait(tmp_path):
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    shown = re.search(r"per epoch\n`(\{\"event\": \"epoch\".*?\})`", readme, re.DOTALL)
-    assert shown is not None, "the README's example epoch line moved"
+def test_the_metrics_the_docs_show_for_ones_own_program_give_throughput_and_data_wait(tmp_path):
+    page = (Path(__file__).resolve().parents[2] / "docs" / "own-project.md").read_text()
+    shown = re.search(r"per epoch\n`(\{\"event\": \"epoch\".*?\})`", page, re.DOTALL)
+    assert shown is not None, "docs/own-project.md's example epoch line moved"
     epoch = json.loads(shown[1].replace("\n", " "))
     lines = [{**epoch, "epoch": n} for n in (1, 2)] + [{"event": "done"}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -1,4 +1,4 @@
-"""`hpcbox demo`: the whole pipeline on the mini cluster, the way the README's first command runs it.
+"""`hpcbox demo`: the whole pipeline on the mini cluster, the way the README's quick start runs it.
 
 build → dataset → cluster up → submit (environment SIF, code, data shipped over SSH) → wait, showing
 the job's state as it changes → fetch → the trainer's final figures. Every stage is the one users

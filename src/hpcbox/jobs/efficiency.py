@@ -31,7 +31,9 @@ SACCT_FIELDS: tuple[str, ...] = (
 
 # Memory and time requests are hard limits (the job is killed at them): ask for the peak plus this.
 HEADROOM = 1.25
-# The README's data-bound line: above this share of training time spent waiting for batches,
+# Where a program of one's own learns to write metrics.jsonl.
+_ADD_METRICS = "docs/own-project.md, 'Your program's metrics', adds one"
+# The data-bound line (docs/trainer.md): above this share of training time spent waiting for batches,
 # the loader, not the model, sets the pace.
 DATA_BOUND = 0.25
 # Mean GPU utilisation below this is worth a verdict of its own.
@@ -511,7 +513,7 @@ def build_report(
     training = None
     why_missing = "no metrics.jsonl (the trainer did not start, or the results were not fetched)"
     if program is not None:
-        why_missing = f"{program} writes no metrics.jsonl (the README's 'Your program's metrics' adds one)"
+        why_missing = f"{program} writes no metrics.jsonl ({_ADD_METRICS})"
     if metrics_jsonl is not None and metrics_jsonl.is_file():
         records = read_metrics(metrics_jsonl)
         if records:

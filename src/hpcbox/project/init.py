@@ -185,7 +185,7 @@ def hpcbox_table(
         )
     lines = [
         "[tool.hpcbox]",
-        "# Written by `hpcbox init`: what hpcbox builds, ships and runs (see hpcbox's README).",
+        "# Written by `hpcbox init`: what hpcbox builds, ships and runs (see hpcbox's docs/own-project.md).",
         f"project = {_toml(project)}",
         f"code = {_toml(paths)}",
         f"dependencies = {_toml(dependencies)}",
