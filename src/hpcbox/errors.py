@@ -1,4 +1,4 @@
-"""The one exception type users see."""
+"""The exceptions users see: one line saying what is wrong and how to fix it."""
 
 from __future__ import annotations
 
@@ -18,3 +18,11 @@ class HpcboxError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class FieldError(HpcboxError):
+    """Invalid input; `field` names the setting (a flag, a config key or a profile key) at fault."""
+
+    def __init__(self, field_name: str, problem: str, hint: str = "") -> None:
+        super().__init__(f"{field_name}: {problem}", hint)
+        self.field = field_name

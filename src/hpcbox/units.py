@@ -1,25 +1,21 @@
-"""Parsing shared by profiles and resources: Slurm times and memory sizes, and the error naming a field.
+"""Slurm's times and sizes, as users type them and as Slurm prints them.
 
-It sits below both (profiles are data, resources are checked against them), so neither imports the
-other to read a time.
+One place for every stage: profiles and resources read a user's times and sizes, the LSF header turns
+a size into LSF's, the efficiency report reads sacct's and suggests requests in Slurm's own form.
 """
 
 from __future__ import annotations
 
 import re
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
-
-
-class FieldError(HpcboxError):
-    """Invalid input; `field` names the setting (a flag, a config key or a profile key) at fault."""
-
-    def __init__(self, field_name: str, problem: str, hint: str = "") -> None:
-        super().__init__(f"{field_name}: {problem}", hint)
-        self.field = field_name
+# Slurm's sizes are binary: 1K is 1024 bytes.
+SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
+_CPU_TIME = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
 
 
 def parse_time(text: str, field_name: str = "time") -> int:
@@ -66,3 +62,38 @@ def parse_mem(text: str) -> str:
             "(allowed: a whole number with a K, M, G or T suffix, e.g. 16G)",
         )
     return f"{int(match.group(1))}{(match.group(2) or 'M').upper()}"
+
+
+def parse_size(text: str, default_unit: str = "") -> int:
+    """Bytes in a Slurm size such as 316008K, 1000M, 3.1G or 2T (binary units, as Slurm uses)."""
+    match = _SIZE.match(text.strip().upper())
+    if not match:
+        raise ValueError(f"{text!r} is not a Slurm size (a number with K, M, G, T or P)")
+    number, unit = match.groups()
+    return round(float(number) * SIZE_UNITS[unit or default_unit])
+
+
+def format_size(size: float) -> str:
+    """Bytes in Slurm's style: the largest binary unit that keeps the number at 1 or more (3.1G, 1000M)."""
+    for unit in ("P", "T", "G", "M", "K"):
+        scaled = size / SIZE_UNITS[unit]
+        if scaled >= 1:
+            return f"{scaled:.1f}".removesuffix(".0") + unit
+    return f"{size:.0f}"
+
+
+def format_request(size: int) -> str:
+    """A request exactly, as Slurm prints one: the largest unit that divides it (1G, 1000M, 640M)."""
+    for unit in ("T", "G", "M", "K"):
+        if size >= SIZE_UNITS[unit] and size % SIZE_UNITS[unit] == 0:
+            return f"{size // SIZE_UNITS[unit]}{unit}"
+    return str(size)
+
+
+def parse_cpu_time(text: str) -> float:
+    """Seconds in sacct's TotalCPU: [D-][HH:]MM:SS[.mmm]."""
+    match = _CPU_TIME.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a sacct CPU time")
+    days, hours, minutes, seconds = match.groups()
+    return ((int(days or 0) * 24 + int(hours or 0)) * 60 + int(minutes)) * 60 + float(seconds)

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hpcbox.errors import FieldError
 from hpcbox.project.command import EXAMPLE_TRAINER
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
-from hpcbox.units import FieldError
 
 REPO = Path(__file__).resolve().parents[2]
 

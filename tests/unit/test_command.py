@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
 from hpcbox.project.config import load_project
-from hpcbox.units import FieldError
 
 
 def project_with(tmp_path: Path, run: str, code: str = '["src/mypkg", "train.py"]') -> Path:

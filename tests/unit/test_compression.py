@@ -6,9 +6,9 @@ import tomllib
 
 import pytest
 
+from hpcbox.errors import FieldError
 from hpcbox.render.profiles import SHIPPED_DIR, parse_profile
 from hpcbox.sif.compression import DEFAULT, SifCompression, parse_compression
-from hpcbox.units import FieldError
 
 
 @pytest.mark.parametrize(

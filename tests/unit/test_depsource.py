@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project import depsource
 from hpcbox.project.config import load_project
 from hpcbox.project.depsource import DependencySource
-from hpcbox.units import FieldError
 
 ENVIRONMENT = """\
 name: research

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox import units
 from hpcbox.jobs import efficiency
 from hpcbox.jobs.efficiency import Figure
+from hpcbox.tools import slurm
 
 DATA = Path(__file__).parent / "data" / "report"
 
 
 def sacct(name: str) -> list[dict[str, str]]:
-    return efficiency.parse_sacct((DATA / f"{name}.sacct").read_text())
+    return slurm.parse_sacct((DATA / f"{name}.sacct").read_text(), efficiency.SACCT_FIELDS)
 
 
 def figures(name: str, metrics: Path | None = None, gpu_csv: Path | None = None) -> dict[str, Figure]:
@@ -40,7 +42,7 @@ def test_parse_sacct_reads_the_job_line_and_each_step():
 
 def test_parse_sacct_rejects_output_in_another_format():
     with pytest.raises(ValueError, match="expected 23"):
-        efficiency.parse_sacct("1|job|COMPLETED\n")
+        slurm.parse_sacct("1|job|COMPLETED\n", efficiency.SACCT_FIELDS)
 
 
 @pytest.mark.parametrize(
@@ -54,7 +56,7 @@ def test_parse_sacct_rejects_output_in_another_format():
     ],
 )
 def test_parse_size_knows_slurms_binary_units(text, size):
-    assert efficiency.parse_size(text) == size
+    assert units.parse_size(text) == size
 
 
 @pytest.mark.parametrize(
@@ -91,20 +93,20 @@ def test_parse_req_mem_rejects_what_slurm_never_prints(text):
     ],
 )
 def test_parse_cpu_time_reads_each_of_saccts_forms(text, seconds):
-    assert efficiency.parse_cpu_time(text) == pytest.approx(seconds)
+    assert units.parse_cpu_time(text) == pytest.approx(seconds)
 
 
 def test_sizes_print_as_slurm_prints_them():
-    assert efficiency.format_size(316008 * 1024) == "308.6M"
-    assert efficiency.format_size(3.1 * 1024**3) == "3.1G"
-    assert efficiency.format_request(1000 * 1024**2) == "1000M"
-    assert efficiency.format_request(2 * 1024**3) == "2G"
+    assert units.format_size(316008 * 1024) == "308.6M"
+    assert units.format_size(3.1 * 1024**3) == "3.1G"
+    assert units.format_request(1000 * 1024**2) == "1000M"
+    assert units.format_request(2 * 1024**3) == "2G"
 
 
 def test_requests_round_up_with_headroom_to_sizes_people_ask_for():
-    assert efficiency.format_request(efficiency.suggest_mem(3.1 * 1024**3)) == "4G"  # 3.9G
-    assert efficiency.format_request(efficiency.suggest_mem(300 * 1024**2)) == "384M"
-    assert efficiency.format_request(efficiency.suggest_mem(40 * 1024**3)) == "52G"
+    assert units.format_request(efficiency.suggest_mem(3.1 * 1024**3)) == "4G"  # 3.9G
+    assert units.format_request(efficiency.suggest_mem(300 * 1024**2)) == "384M"
+    assert units.format_request(efficiency.suggest_mem(40 * 1024**3)) == "52G"
     # The limit leaves headroom after the checkpoint signal too (60 s before the end for short limits).
     assert efficiency.suggest_time(28) == 120
     assert (

@@ -152,9 +152,9 @@ def test_squeue_and_sacct_lines_are_read_field_by_field():
         "42|NODE_FAIL|None|00:00:31|00:10:00|1:0|node1\n"
         "42|CANCELLED by 1500|None|00:00:09|00:10:00|0:15|node2\n"
     )
-    ended = slurm.parse_sacct(text, "42")
+    ended = slurm.accounted_state(text, "42")
     assert (ended.state, ended.exit_code, ended.nodes, ended.finished) == ("CANCELLED", "0:15", "node2", True)
-    assert slurm.parse_sacct(text, "4") is None
+    assert slurm.accounted_state(text, "4") is None
     assert slurm.parse_squeue("", "41") is None
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.errors import FieldError
 from hpcbox.jobs import array_state
 from hpcbox.render.sweep import MAX_POINTS, Sweep, load_sweep
 from hpcbox.tools.slurm import parse_tasks
-from hpcbox.units import FieldError
 
 REPO = Path(__file__).resolve().parents[2]
 

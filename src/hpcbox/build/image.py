@@ -23,6 +23,7 @@ from pathlib import Path
 from hpcbox.build import baseimage, offlock
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import docker
 
@@ -470,12 +471,8 @@ def record_path(project: ProjectConfig, flavour: str) -> Path:
 def record_image(project: ProjectConfig, image: Image) -> None:
     """Remember the image just built (or found up to date) as the project's image of its flavour."""
     path = record_path(project, image.flavour)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(image.to_json() + "\n")
-    partial.replace(path)
-    latest = path.with_name("latest")
-    latest.write_text(image.flavour + "\n")
+    write_atomically(path, image.to_json() + "\n")
+    write_atomically(path.with_name("latest"), image.flavour + "\n")
 
 
 def last_image(project: ProjectConfig, flavour: str | None = None) -> Image:

@@ -21,6 +21,7 @@ from packaging.utils import canonicalize_name
 from hpcbox.build import baseimage, offlock
 from hpcbox.build.image import DEFAULT_FLAVOUR, FLAVOURS, REGISTRY_BASE_LOCK, RegistryBase, registry_base_lock
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.project import depsource
 from hpcbox.project.config import ProjectConfig
 from hpcbox.project.depsource import DebianStandIn, DependencySource
@@ -117,11 +118,11 @@ def refresh_base_lock(
         written = None
         if current.snapshot is None and pinned.snapshot is not None:
             current = dataclasses.replace(current, snapshot=pinned.snapshot)
-            path.write_text(current.to_toml())
+            write_atomically(path, current.to_toml())
             say(f"hpcbox: {relative}: recorded the snapshot time {current.snapshot}")
             written = path
         return written, baseimage.ensure_base(lock=current, say=say).ref
-    path.write_text(pinned.to_toml())
+    write_atomically(path, pinned.to_toml())
     snapshot = f", from the snapshot archive at {pinned.snapshot}" if pinned.snapshot else ""
     say(f"hpcbox: {relative}: Debian {pinned.suite} base, {len(pinned.packages)} packages pinned{snapshot}")
     return path, made.ref
@@ -144,7 +145,7 @@ def refresh_locks(project: ProjectConfig, base_ref: str, *, say: Callable[[str],
     for lock in apt_locks:
         updated = relock_apt(lock, versions)
         if updated != lock.path.read_text():
-            lock.path.write_text(updated)
+            write_atomically(lock.path, updated)
             changed.append(lock.path)
         say(f"hpcbox: {lock.path.relative_to(project.root)}: {len(lock.packages)} Debian packages pinned")
     return changed + refresh_pip_locks(project, say=say)
@@ -307,7 +308,7 @@ def refresh_registry_base(project: ProjectConfig, *, say: Callable[[str], None] 
     say(f"hpcbox: {relative}: {tag} pinned at {pinned.digest[:19]}")
     if current == pinned:
         return None
-    path.write_text(pinned.to_toml())
+    write_atomically(path, pinned.to_toml())
     return path
 
 

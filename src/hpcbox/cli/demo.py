@@ -14,6 +14,7 @@ from pathlib import Path
 from hpcbox import jobs, minicluster
 from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT, state_root
 from hpcbox.project.config import ProjectConfig, load_project
 from hpcbox.render import profiles, resources
@@ -35,10 +36,7 @@ def make_dataset(project: ProjectConfig, image_ref: str, say: Callable[[str], No
         "/tmp/digits.tar",
         what="make the demo dataset",
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(".digits.tar.partial")
-    partial.write_bytes(archive)
-    partial.replace(path)
+    write_atomically(path, archive)
     return path
 
 

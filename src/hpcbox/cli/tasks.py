@@ -363,9 +363,9 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
 def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None):
     """The profile and the checked resources for ``cluster``: the task's resource flags (its
     ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs."""
+    from hpcbox.errors import FieldError
     from hpcbox.project.config import load_project
     from hpcbox.render import profiles, resources
-    from hpcbox.units import FieldError
 
     project = load_project()
     profile = profiles.load_profile(cluster)
@@ -386,9 +386,9 @@ def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None
 
 def _sweep(cluster: str, path: str | None):
     """The sweep in file ``path``, if given; only a Slurm site runs one (an array task per point)."""
+    from hpcbox.errors import FieldError
     from hpcbox.render import profiles
     from hpcbox.render.sweep import load_sweep
-    from hpcbox.units import FieldError
 
     if path is None:
         return None

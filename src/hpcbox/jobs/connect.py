@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.tools import ssh
-from hpcbox.units import FieldError
 
 
 def require_slurm(profile: ClusterProfile) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256
+from hpcbox.files import file_sha256, partial_path, write_atomically
 
 _FIX = "a dataset directory holds files, folders and links that stay inside it"
 
@@ -69,7 +69,7 @@ def archive(directory: Path, cache: Path, say: Callable[[str], None] = print) ->
     say(f"hpcbox: archiving the dataset directory {directory} ({files:,} files, {size / 1e6:,.1f} MB)")
     store = cache / "sha256"
     store.mkdir(parents=True, exist_ok=True)
-    partial = store / f".{record_path.stem}.{os.getpid()}.partial"
+    partial = partial_path(store / f"{record_path.stem}.tar")
     try:
         try:
             _write_tar(directory, entries, partial)
@@ -183,7 +183,4 @@ def _write_tar(directory: Path, entries: tuple[_Entry, ...], target: Path) -> No
 
 
 def _write_record(path: Path, record: dict[str, object]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(record, sort_keys=True) + "\n")
-    partial.replace(path)
+    write_atomically(path, json.dumps(record, sort_keys=True) + "\n")

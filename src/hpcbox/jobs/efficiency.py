@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpcbox.render.resources import signal_margin
-from hpcbox.units import format_time
+from hpcbox.units import SIZE_UNITS, format_request, format_size, format_time, parse_cpu_time, parse_size
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as PlotFigure
@@ -39,12 +39,9 @@ DATA_BOUND = 0.25
 # Mean GPU utilisation below this is worth a verdict of its own.
 GPU_BUSY = 50.0
 
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)$")
 # ReqMem: Slurm before 21.08 appends c (per CPU) or n (per node); later versions print the job's
 # memory TRES, the total over its nodes, with no suffix.
 _REQ_MEM = re.compile(r"^(\d+(?:\.\d+)?)([KMGTP]?)([cn]?)$")
-_CPU_TIME = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+(?:\.\d+)?)$")
 _GPU_TIMESTAMP = "%Y/%m/%d %H:%M:%S.%f"
 
 
@@ -100,31 +97,6 @@ class GpuStats:
 # -- parsing -----------------------------------------------------------------------------------------
 
 
-def parse_sacct(text: str) -> list[dict[str, str]]:
-    """Rows of `sacct --noheader --parsable2 --format=<SACCT_FIELDS>`, one dict per job or step line."""
-    rows = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        values = line.split("|")
-        if len(values) != len(SACCT_FIELDS):
-            raise ValueError(
-                f"sacct line has {len(values)} fields, expected {len(SACCT_FIELDS)} "
-                f"(run sacct with --parsable2 --format={','.join(SACCT_FIELDS)}): {line!r}"
-            )
-        rows.append(dict(zip(SACCT_FIELDS, values, strict=True)))
-    return rows
-
-
-def parse_size(text: str, default_unit: str = "") -> int:
-    """Bytes in a Slurm size such as 316008K, 1000M, 3.1G or 2T (binary units, as Slurm uses)."""
-    match = _SIZE.match(text.strip().upper())
-    if not match:
-        raise ValueError(f"{text!r} is not a Slurm size (a number with K, M, G, T or P)")
-    number, unit = match.groups()
-    return round(float(number) * _UNITS[unit or default_unit])
-
-
 def parse_req_mem(text: str, ncpus: int, nnodes: int) -> MemoryRequest:
     """ReqMem in any of its forms: 500Mc (per CPU), 1Gn (per node), 1G (job total, Slurm 21.08+)."""
     match = _REQ_MEM.match(text.strip())
@@ -137,32 +109,6 @@ def parse_req_mem(text: str, ncpus: int, nnodes: int) -> MemoryRequest:
     if suffix == "n":
         return MemoryRequest(amount, "node")
     return MemoryRequest(amount // max(nnodes, 1), "job")
-
-
-def parse_cpu_time(text: str) -> float:
-    """Seconds in sacct's TotalCPU: [D-][HH:]MM:SS[.mmm]."""
-    match = _CPU_TIME.match(text.strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a sacct CPU time")
-    days, hours, minutes, seconds = match.groups()
-    return ((int(days or 0) * 24 + int(hours or 0)) * 60 + int(minutes)) * 60 + float(seconds)
-
-
-def format_size(size: float) -> str:
-    """Bytes in Slurm's style: the largest binary unit that keeps the number at 1 or more (3.1G, 1000M)."""
-    for unit in ("P", "T", "G", "M", "K"):
-        scaled = size / _UNITS[unit]
-        if scaled >= 1:
-            return f"{scaled:.1f}".removesuffix(".0") + unit
-    return f"{size:.0f}"
-
-
-def format_request(size: int) -> str:
-    """A request exactly, as Slurm prints one: the largest unit that divides it (1G, 1000M, 640M)."""
-    for unit in ("T", "G", "M", "K"):
-        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
-            return f"{size // _UNITS[unit]}{unit}"
-    return str(size)
 
 
 def _times(count: int) -> str:
@@ -184,12 +130,12 @@ def gpus_asked(tres: str) -> int:
 def suggest_mem(peak: float) -> int:
     """The peak plus headroom, rounded up to a size people ask for: 128M steps, whole G, then 4G steps."""
     need = peak * HEADROOM
-    if need < _UNITS["G"]:
-        step = 128 * _UNITS["M"]
-    elif need < 16 * _UNITS["G"]:
-        step = _UNITS["G"]
+    if need < SIZE_UNITS["G"]:
+        step = 128 * SIZE_UNITS["M"]
+    elif need < 16 * SIZE_UNITS["G"]:
+        step = SIZE_UNITS["G"]
     else:
-        step = 4 * _UNITS["G"]
+        step = 4 * SIZE_UNITS["G"]
     return math.ceil(need / step) * step
 
 
@@ -481,7 +427,7 @@ def gpu_stats(rows: list[dict[str, str]]) -> list[GpuStats]:
         used = [m for m in (_number(s["memory.used"]) for s in samples) if m is not None]
         total = [m for m in (_number(s["memory.total"]) for s in samples) if m is not None]
         if busy and used and total:
-            mib = _UNITS["M"]
+            mib = SIZE_UNITS["M"]
             stats.append(
                 GpuStats(index, sum(busy) / len(busy), round(max(used) * mib), round(max(total) * mib))
             )

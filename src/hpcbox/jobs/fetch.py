@@ -49,7 +49,7 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     if found.state == "PENDING":
         raise HpcboxError(f"job {record.job_id} has not started yet", "`hpcbox status` says why it waits")
     local, _ = fetch(connection, project, record)
-    rows = efficiency.parse_sacct(slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS))
+    rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
     metrics = local / "metrics.jsonl"
     metrics_path = metrics if metrics.is_file() else None
     gpu_csv = local / "gpu-utilization.csv"

@@ -4,13 +4,13 @@ the commands after submit find their job there."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.project.config import ProjectConfig
 
 _JOB_ID = re.compile(r"^\d+$")
@@ -76,12 +76,9 @@ class Ledger:
 
     def add(self, record: JobRecord, script_text: str) -> Path:
         """Record the job (and a copy of its script beside it); a reader never sees half a file."""
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.path(record.where, record.job_id)
-        for target, text in ((path.with_suffix(".sh"), script_text), (path, record.to_json())):
-            partial = target.with_name(f".{target.name}.{os.getpid()}.partial")
-            partial.write_text(text)
-            partial.replace(target)
+        write_atomically(path.with_suffix(".sh"), script_text)
+        write_atomically(path, record.to_json())
         return path
 
     def all(self) -> list[JobRecord]:

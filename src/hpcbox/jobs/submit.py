@@ -5,7 +5,6 @@ the job recorded in the ledger."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -15,6 +14,7 @@ from pathlib import Path
 from hpcbox.build.image import ENVIRONMENT, Image, build_image, last_image
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
+from hpcbox.files import slug
 from hpcbox.jobs import ship
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.jobs.ledger import JobRecord, Ledger
@@ -106,7 +106,7 @@ def submit(
         )
         script = render_sbatch(profile, resources, inputs, trainer_args, project.run, sweep=sweep)
         stamp = datetime.now(UTC)
-        script_name = f"{_slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
+        script_name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
         if dry_run:
             say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
             say(script.text)
@@ -133,10 +133,6 @@ def submit(
     record = replace(record, via=via, sweep=sweep.points if sweep else (), resubmits=resubmits)
     Ledger(project).add(record, script.text)
     return record
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "job"
 
 
 def _record(

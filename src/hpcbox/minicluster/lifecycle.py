@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.minicluster import nodes
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.node_image import ensure_image
@@ -55,7 +56,7 @@ def up(
     directory = state_dir(state_root, spec.name)
     cluster = Cluster(spec, image.ref, generate(spec, directory), shape)
     saved = {"spec": asdict(spec), "image": image.ref, "shape": asdict(shape)}
-    (directory / "cluster.json").write_text(json.dumps(saved))
+    write_atomically(directory / "cluster.json", json.dumps(saved))
     try:
         _start(cluster, timeout_s, say)
     except BaseException:

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hpcbox.errors import FieldError
 from hpcbox.render.profiles import ClusterProfile, load_profile
-from hpcbox.units import FieldError
 
 # Where node scratch lives when the site names it only by a variable set per job (the Alliance's and
 # Mila's $SLURM_TMPDIR): the Alliance's own layout, <dir>/<user>.<job id>.0, made by the prolog.

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from hpcbox.units import FieldError
+from hpcbox.errors import FieldError
 
 # Inside the container: the job's node scratch and the code snapshot.
 SCRATCH_MOUNT = "/scratch"

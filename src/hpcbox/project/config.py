@@ -8,11 +8,10 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import project_root
 from hpcbox.project import depsource
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Steps, command_from_table
-from hpcbox.units import FieldError
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 

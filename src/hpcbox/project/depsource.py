@@ -24,8 +24,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from hpcbox.errors import HpcboxError
-from hpcbox.units import FieldError
+from hpcbox.errors import FieldError, HpcboxError
 
 Kind = Literal["requirements", "pyproject", "conda"]
 SETTING = "tool.hpcbox.dependencies"

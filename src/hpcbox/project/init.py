@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.project.depsource import detect
 
 # What init copies from hpcbox's own docker/: the stages and the system locks, pinned together with
@@ -144,10 +145,7 @@ def apply(root: Path, plan: InitPlan) -> list[str]:
                 handle.write(addition.text)
             lines.append(f"appended to {addition.path}")
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(addition.text)
-            if addition.path.endswith(".sh"):
-                path.chmod(0o755)
+            write_atomically(path, addition.text, mode=0o755 if addition.path.endswith(".sh") else None)
             lines.append(f"added {addition.path}")
     return lines
 

@@ -21,6 +21,8 @@ import math
 import re
 from collections.abc import Callable
 
+from hpcbox.errors import FieldError
+from hpcbox.files import slug
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand
 from hpcbox.render.options import RESOURCE_OPTIONS
 from hpcbox.render.profiles import ClusterProfile
@@ -34,7 +36,7 @@ from hpcbox.render.sbatch import (
     log_patterns,
     render_sbatch,
 )
-from hpcbox.units import FieldError
+from hpcbox.units import SIZE_UNITS, parse_size
 
 
 def dialect(array: bool) -> Dialect:
@@ -72,14 +74,12 @@ rendezvous_port=$((20000 + (LSB_JOBID + LSB_JOBINDEX) % 20000))""",
 # What a #BSUB value may hold: how bsub would read quotes, backslashes or $ there is not assumed.
 _BSUB_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+\[\]-]+$")
 _BSUB_UNSAFE = re.compile(r"[\"\\$`]")
-_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 # Slurm's log patterns (as resources checked them) in LSF's: %J the job id, %I the array index.
 _LOG_TOKEN = re.compile(r"%[jAax]")
 # The user's setting behind each option that carries one, to name in errors.
 _FIELDS = {"-J": "job_name", "-P": "account", "-u": "mail_user", "-o": "log", "-e": "error_log"}
 # Resource strings, quoted as LSF's documentation and DTU's templates write them.
 _QUOTED = ("-R", "-gpu")
-_MEGABYTES = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
 def render_bsub(
@@ -104,7 +104,7 @@ def renderer(profile: ClusterProfile) -> Callable[..., JobScript]:
 
 
 def bsub_header(resources: Resources, inputs: JobInputs) -> str:
-    name = _SLUG_UNSAFE.sub("_", resources.job_name).strip("_") or "job"
+    name = slug(resources.job_name)
     log, error_log = (
         _lsf_log(field, pattern, name) if pattern else None
         for field, pattern in zip(("log", "error_log"), log_patterns(resources, inputs.log_dir), strict=True)
@@ -162,7 +162,7 @@ def run_limit(seconds: int) -> str:
 def memory_per_slot(resources: Resources) -> str:
     """Slurm's memory per node (`resources.mem`, e.g. 32G) as LSF's memory per slot, rounded up."""
     assert resources.mem is not None
-    total_mb = int(resources.mem[:-1]) * _MEGABYTES[resources.mem[-1]]
+    total_mb = parse_size(resources.mem) / SIZE_UNITS["M"]
     per_slot = math.ceil(total_mb / slots(resources))
     return f"{per_slot // 1024}GB" if per_slot % 1024 == 0 else f"{per_slot}MB"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from hpcbox.units import FieldError
+from hpcbox.errors import FieldError
 
 PATTERNS = "%j %x %u %A %a %%"
 IN_FOLDERS = "%x %%"

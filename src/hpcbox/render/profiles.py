@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import project_root
 from hpcbox.sif.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.sif.compression import SifCompression, parse_compression
-from hpcbox.units import FieldError, parse_time
+from hpcbox.units import parse_time
 
 # The shipped profiles, one per site, beside this file.
 SHIPPED_DIR = Path(__file__).resolve().parent / "clusters"

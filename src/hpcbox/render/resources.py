@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.render import logpaths
 from hpcbox.render.options import RESOURCE_OPTIONS, named
 from hpcbox.render.profiles import APPTAINER_COMMANDS, ClusterProfile, Partition, bind_target, check_bind
-from hpcbox.units import FieldError, format_time, parse_mem, parse_time
+from hpcbox.units import format_time, parse_mem, parse_time
 
 __all__ = ["FieldError", "ResourceRequest", "Resources", "format_time", "parse_mem", "parse_time", "resolve"]
 

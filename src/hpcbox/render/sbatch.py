@@ -18,13 +18,15 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox.errors import FieldError
+from hpcbox.files import slug, write_atomically
 from hpcbox.project.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
 from hpcbox.render import logpaths
 from hpcbox.render.options import RESOURCE_OPTIONS
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.render.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
 from hpcbox.render.sweep import Sweep
-from hpcbox.units import FieldError, format_time
+from hpcbox.units import format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
 CHECKPOINTED_EXIT = 75
@@ -33,7 +35,6 @@ GPU_SAMPLE_INTERVAL_S = 30
 SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")
 
 _SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
-_SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -124,14 +125,7 @@ class JobScript:
 
     def write(self, path: Path) -> None:
         """Write the script atomically: a reader never sees half of it, a failure leaves nothing behind."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.partial")
-        try:
-            partial.write_text(self.text)
-            partial.chmod(0o755)
-            partial.replace(path)
-        finally:
-            partial.unlink(missing_ok=True)
+        write_atomically(path, self.text, mode=0o755)
 
     @property
     def log_patterns(self) -> tuple[str, str | None]:
@@ -277,8 +271,7 @@ def log_patterns(resources: Resources, log_dir: str) -> tuple[str, str | None]:
     output = resources.log
     if output is None:
         job_key = "%A_%a" if resources.array else "%j"
-        slug = _SLUG_UNSAFE.sub("_", resources.job_name).strip("_") or "job"
-        output = f"{logpaths.escape(log_dir.rstrip('/'))}/{slug}-{job_key}.out"
+        output = f"{logpaths.escape(log_dir.rstrip('/'))}/{slug(resources.job_name)}-{job_key}.out"
     return output, None if resources.error_log in (None, output) else resources.error_log
 
 

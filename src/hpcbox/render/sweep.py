@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox.units import FieldError
+from hpcbox.errors import FieldError
 
 # Slurm's default MaxArraySize is 1001: task ids 0-1000.
 MAX_POINTS = 1001

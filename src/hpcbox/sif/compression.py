@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcbox.units import FieldError
+from hpcbox.errors import FieldError
 
 # algorithm → (lowest level, highest level, mksquashfs's default); None: mksquashfs takes no level.
 _LEVELS: dict[str, tuple[int, int, int] | None] = {

@@ -16,6 +16,7 @@ from pathlib import Path
 from hpcbox.build import baseimage, offlock
 from hpcbox.build.lock import simulated_installs
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.project.init import docker_template
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import ENGINE_HINT, ENGINES, Apptainer, host_program
@@ -251,7 +252,7 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
     if same and (all(HELPER_SNAPSHOT_LINE.search(text) for text in before.values()) or not snapshot):
         return []  # the same pins: the locks, and the time they were first seen at, stay
     for path, text in texts.items():
-        path.write_text(text)
+        write_atomically(path, text)
     return list(texts)
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 import shlex
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import proc, ssh
@@ -109,7 +110,7 @@ def parse_job_id(parsable: str) -> str:
 
 
 _SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
-_SACCT_FIELDS = "JobID,State,Reason,Elapsed,Timelimit,ExitCode,NodeList"
+_STATE_FIELDS = ("JobID", "State", "Reason", "Elapsed", "Timelimit", "ExitCode", "NodeList")
 
 
 def parse_squeue(text: str, job_id: str) -> JobState | None:
@@ -121,16 +122,40 @@ def parse_squeue(text: str, job_id: str) -> JobState | None:
     return None
 
 
-def parse_sacct(text: str, job_id: str) -> JobState | None:
-    """The allocation's line (JobID exactly ``job_id``); the last one when the job was requeued."""
-    found = None
+def parse_sacct(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """Rows of `sacct --noheader --parsable2 --format=<fields>`, one per job, step or task line, by field;
+    ValueError on a line in another format."""
+    rows = []
     for line in text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 7 and fields[0] == job_id:
-            state, reason, elapsed, limit, exit_code, nodes = fields[1:]
-            state = state.split()[0] if state else state
-            found = JobState(job_id, state, reason, elapsed, limit, exit_code, nodes, "sacct")
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) != len(fields):
+            raise ValueError(
+                f"sacct line has {len(values)} fields, expected {len(fields)} "
+                f"(run sacct with --parsable2 --format={','.join(fields)}): {line!r}"
+            )
+        rows.append(dict(zip(fields, values, strict=True)))
+    return rows
+
+
+def accounted_state(text: str, job_id: str) -> JobState | None:
+    """The allocation's state from sacct's lines (JobID exactly ``job_id``); the last one when the job
+    was requeued."""
+    found = None
+    for row in parse_sacct(text, _STATE_FIELDS):
+        if row["JobID"] == job_id:
+            found = _state_of(row)
     return found
+
+
+def _state_of(row: dict[str, str]) -> JobState:
+    # sacct's State can carry a cause: "CANCELLED by 1000".
+    state = row["State"].split()[0] if row["State"] else ""
+    return JobState(
+        row["JobID"], state, row["Reason"], row["Elapsed"], row["Timelimit"], row["ExitCode"],
+        row["NodeList"], "sacct",
+    )  # fmt: skip
 
 
 def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, JobState]:
@@ -138,14 +163,9 @@ def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, Job
     while Slurm still holds the task (`squeue --array` lists pending tasks one by one)."""
     task = re.compile(rf"^{re.escape(job_id)}_(\d+)$")
     tasks: dict[int, JobState] = {}
-    for line in sacct_text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 7 and (found := task.match(fields[0])):
-            state, reason, elapsed, limit, exit_code, nodes = fields[1:]
-            state = state.split()[0] if state else state
-            tasks[int(found.group(1))] = JobState(
-                fields[0], state, reason, elapsed, limit, exit_code, nodes, "sacct"
-            )
+    for row in parse_sacct(sacct_text, _STATE_FIELDS):
+        if found := task.match(row["JobID"]):
+            tasks[int(found.group(1))] = _state_of(row)
     for line in squeue_text.splitlines():
         fields = line.strip().split("|")
         if len(fields) == 6 and (found := task.match(fields[0])) and fields[1] not in FINISHED_STATES:
@@ -159,7 +179,14 @@ def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, Job
 def task_states(connection: ssh.Connection, job_id: str) -> dict[int, JobState]:
     """The state of each task of array job ``job_id``, by task id."""
     accounted = connection.run(
-        ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={job_id}", f"--format={_SACCT_FIELDS}"],
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "-X",
+            f"--jobs={job_id}",
+            f"--format={','.join(_STATE_FIELDS)}",
+        ],
         what=f"ask sacct about the tasks of job {job_id}",
         check=False,
     )
@@ -168,7 +195,8 @@ def task_states(connection: ssh.Connection, job_id: str) -> dict[int, JobState]:
         what=f"ask squeue about the tasks of job {job_id}",
         check=False,
     )
-    return parse_tasks(
+    return _read(
+        parse_tasks,
         accounted.stdout if accounted.returncode == 0 else "",
         queued.stdout if queued.returncode == 0 else "",
         job_id,
@@ -187,23 +215,38 @@ def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
         return state
     # Finished, or already gone from squeue: sacct also knows the exit code.
     accounted = connection.run(
-        ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={job_id}", f"--format={_SACCT_FIELDS}"],
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "-X",
+            f"--jobs={job_id}",
+            f"--format={','.join(_STATE_FIELDS)}",
+        ],
         what=f"ask sacct about job {job_id}",
         check=False,
     )
     if accounted.returncode == 0:
-        return parse_sacct(accounted.stdout, job_id) or state
+        return _read(accounted_state, accounted.stdout, job_id) or state
     return state
 
 
-def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> str:
-    """`sacct --parsable2` of the job and its steps, ``fields`` in order (no header)."""
+def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """The accounting of the job and its steps: a row per line, ``fields`` by name."""
     done = connection.run(
         ["sacct", "--noheader", "--parsable2", f"--jobs={job_id}", f"--format={','.join(fields)}"],
         what=f"read job {job_id}'s accounting with sacct",
         hint="the report needs Slurm accounting (slurmdbd) on the cluster",
     )
-    return done.stdout
+    return _read(parse_sacct, done.stdout, fields)
+
+
+def _read(parse: Callable[..., Any], text: str, *args: Any) -> Any:
+    """``parse(text, *args)``, with output other than what hpcbox asked for as one line, not a traceback."""
+    try:
+        return parse(text, *args)
+    except ValueError as exc:
+        raise HpcboxError(f"sacct answered in a form hpcbox did not ask for: {exc}") from exc
 
 
 def submit(
