@@ -72,7 +72,7 @@ def test_placeholders_become_the_paths_inside_the_container():
         ('args = ["--x"]', "tool.hpcbox.run", "one of module, script, program, entry_point (found 0)"),
         ('modul = "mypkg.fit"', "tool.hpcbox.run.modul", "unknown key"),
         ('module = "mypkg-fit"', "tool.hpcbox.run.module", "is not a Python module name"),
-        ('module = ""', "tool.hpcbox.run.module", "must be a non-empty string"),
+        ('module = ""', "tool.hpcbox.run.module", "is empty"),
         ('program = "my train"', "tool.hpcbox.run.program", "is not a program name"),
         ('program = "$(reboot)"', "tool.hpcbox.run.program", "is not a program name"),
         ('script = "missing.py"', "tool.hpcbox.run.script", "missing.py does not exist"),
@@ -109,7 +109,7 @@ def test_bad_run_table_names_the_field(tmp_path: Path, run: str, field: str, say
 
 
 def test_run_that_is_not_a_table_is_refused(tmp_path: Path):
-    with pytest.raises(HpcboxError, match=r"^tool.hpcbox.run: must be a table"):
+    with pytest.raises(HpcboxError, match=r"^tool.hpcbox.run: .* must be a table"):
         load_project(project_with(tmp_path, 'run = "python train.py"\n'))
 
 
@@ -170,3 +170,22 @@ def test_the_steps_pattern_finds_the_processes_of_every_step_and_no_other():
         ["grep", "-E", steps.process_pattern()], input=lines, capture_output=True, text=True
     )
     assert found.stdout.splitlines() == ["python -m my.fit --x", "/opt/bin/ev --y"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "field", "says"),
+    [
+        ('projct = "mine"\n', "tool.hpcbox.projct", "is not a [tool.hpcbox] setting (a typo? allowed: code,"),
+        ('dockerfile = 3\n', "tool.hpcbox.dockerfile", "3 must be a string"),
+        ('data = ["a", "b"]\n', "tool.hpcbox.data", "must be a string"),
+        ('extras = "train"\n', "tool.hpcbox.extras", "must be a list of non-empty strings"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_or_mistyped_hpcbox_setting_is_one_line_naming_it(
+    tmp_path: Path, setting: str, field: str, says: str
+):
+    """[tool.hpcbox] goes through the one typed reader: a typo is said, not ignored."""
+    with pytest.raises(FieldError) as refused:
+        load_project(project_with(tmp_path, setting))
+    assert refused.value.field == field
+    assert says in str(refused.value) and "\n" not in str(refused.value)

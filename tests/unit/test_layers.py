@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpcbox"
 # Top first. A module may import its own stage, any stage below it, and tools/.
 LAYERS = ("cli", "jobs", "minicluster", "render", "sif", "build", "project", "base")
 # The shared helpers at the bottom; the faces at the top (the program, users' `hpcbox.tasks`).
-BASE = {"errors", "files", "units"}
+BASE = {"errors", "files", "tables", "units"}
 FACES = {"__init__", "__main__", "tasks"}
 MAX_TOP_LEVEL_MODULES = 12
 

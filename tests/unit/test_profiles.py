@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.errors import HpcboxError
 from hpcbox.render import profiles
 from hpcbox.render.resources import FieldError
 
@@ -205,7 +206,7 @@ def test_bind_over_the_job_scratch_mount_is_rejected(user_dir: Path):
 
 def test_invalid_toml_says_so(user_dir: Path):
     (user_dir / "broken.toml").write_text("[login\n")
-    with pytest.raises(profiles.HpcboxError, match="not valid TOML"):
+    with pytest.raises(HpcboxError, match="not valid TOML"):
         profiles.load_profile("broken")
 
 

@@ -52,7 +52,7 @@ def test_a_resubmission_names_only_its_tasks():
     [
         ("", "sweep", "has no points"),
         ("[grid]\n", "sweep", "has no points"),
-        ("rate = 1\n", "sweep.rate", "unknown key"),
+        ("rate = 1\n[grid]\na = [1]\n", "sweep.rate", "is not a sweep setting"),
         ("[grid]\nlr = 0.1\n", "sweep.grid.lr", "must be a non-empty list of values"),
         ("[grid]\nlr = []\n", "sweep.grid.lr", "must be a non-empty list"),
         ('[grid]\n"--l r" = [1]\n', "sweep.grid.--l r", "is not an option name"),

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from hpcbox.errors import FieldError
+from hpcbox.tables import Table
 
 # Inside the container: the job's node scratch and the code snapshot.
 SCRATCH_MOUNT = "/scratch"
@@ -151,100 +152,85 @@ def command_from_table(
 ) -> ContainerCommand | Steps:
     """Validate `[tool.hpcbox.run]`. `exists(path)` says whether a project-relative file exists;
     ``scripts`` are the project's `[project.scripts]`, which `entry_point` names."""
-    field = "tool.hpcbox.run"
-    if "steps" in table:
-        return _steps(table, code_paths, exists, scripts or {})
+    run = Table(dict(table), "tool.hpcbox.run")
+    if "steps" in run:
+        return _steps(run, code_paths, exists, scripts or {})
     unknown = sorted(set(table) - {*KINDS, "args", "launcher"})
     if unknown:
         raise FieldError(
-            f"{field}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args, launcher and steps"
+            run.key(unknown[0]), f"unknown key; use one of {', '.join(KINDS)}, args, launcher and steps"
         )
-    return _command(table, field, code_paths, exists, _launcher(table), scripts or {})
+    return _command(run, code_paths, exists, _launcher(run), scripts or {})
 
 
-def _launcher(table: Mapping[str, object]) -> str:
-    launcher = table.get("launcher", "torchrun")
-    if launcher not in LAUNCHERS:
-        raise FieldError("tool.hpcbox.run.launcher", f"{launcher!r} (allowed: {', '.join(LAUNCHERS)})")
-    return str(launcher)
+def _launcher(run: Table) -> str:
+    return run.choice("launcher", LAUNCHERS, default="torchrun")
 
 
-def _steps(
-    table: Mapping[str, object], code_paths: Sequence[str], exists, scripts: Mapping[str, str]
-) -> Steps:
-    field = "tool.hpcbox.run"
-    beside = sorted(set(table) - {"steps", "launcher"})
+def _steps(run: Table, code_paths: Sequence[str], exists, scripts: Mapping[str, str]) -> Steps:
+    beside = sorted(set(run.data) - {"steps", "launcher"})
     if beside:
         raise FieldError(
-            f"{field}.{beside[0]}",
+            run.key(beside[0]),
             "is given beside steps: each step names its own program and arguments in its "
             "[[tool.hpcbox.run.steps]] table",
         )
-    tables = table["steps"]
+    tables = run.data["steps"]
     if not isinstance(tables, list) or not tables or not all(isinstance(step, dict) for step in tables):
         raise FieldError(
-            f"{field}.steps",
+            run.key("steps"),
             "must be one or more [[tool.hpcbox.run.steps]] tables, each with a module, script or program",
         )
-    launcher = _launcher(table)
+    launcher = _launcher(run)
     steps = []
-    for index, step in enumerate(tables):
-        where = f"{field}.steps[{index}]"
-        unknown = sorted(set(step) - {*KINDS, "args", "name"})
+    for index, data in enumerate(tables):
+        step = Table(data, f"{run.key('steps')}[{index}]")
+        unknown = sorted(set(data) - {*KINDS, "args", "name"})
         if unknown == ["launcher"]:
             raise FieldError(
-                f"{where}.launcher", "the launcher is the whole job's: set it in [tool.hpcbox.run]"
+                step.key("launcher"), "the launcher is the whole job's: set it in [tool.hpcbox.run]"
             )
         if unknown:
             raise FieldError(
-                f"{where}.{unknown[0]}", f"unknown key; use one of {', '.join(KINDS)}, args and name"
+                step.key(unknown[0]), f"unknown key; use one of {', '.join(KINDS)}, args and name"
             )
-        command = _command(step, where, code_paths, exists, launcher, scripts)
-        name = step.get("name")
+        command = _command(step, code_paths, exists, launcher, scripts)
+        name = step.get("name", str, hint='e.g. name = "evaluate"')
         if name is None:
             name = PurePosixPath(command.target).name
-        elif not isinstance(name, str) or not _STEP_NAME.match(name):
+        elif not _STEP_NAME.match(name):
             raise FieldError(
-                f"{where}.name", f"{name!r}: use letters, digits, '.', '_' or '-', e.g. name = \"evaluate\""
+                step.key("name"), f"{name!r}: use letters, digits, '.', '_' or '-', e.g. name = \"evaluate\""
             )
         steps.append(Step(name, command))
     return Steps(tuple(steps))
 
 
 def _command(
-    table: Mapping[str, object],
-    field: str,
-    code_paths: Sequence[str],
-    exists,
-    launcher: str,
-    scripts: Mapping[str, str],
+    table: Table, code_paths: Sequence[str], exists, launcher: str, scripts: Mapping[str, str]
 ) -> ContainerCommand:
-    """One program with its arguments: `[tool.hpcbox.run]`, or one of its steps, at ``field``."""
+    """One program with its arguments: `[tool.hpcbox.run]`, or one of its steps."""
     given = [kind for kind in KINDS if kind in table]
     if len(given) != 1:
-        raise FieldError(field, f"give exactly one of {', '.join(KINDS)} (found {len(given)})")
+        raise FieldError(table.where, f"give exactly one of {', '.join(KINDS)} (found {len(given)})")
     kind = given[0]
-    value = table[kind]
-    if not isinstance(value, str) or not value:
-        raise FieldError(f"{field}.{kind}", f"must be a non-empty string, not {value!r}")
-    args = table.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(arg, str) for arg in args):
-        raise FieldError(f"{field}.args", 'must be a list of strings, e.g. args = ["--epochs", "10"]')
+    value = table.string(kind)
+    args = table.str_list("args", default=[], empty_items=True, hint='e.g. args = ["--epochs", "10"]')
     if any("\0" in arg for arg in args):
         raise FieldError(
-            f"{field}.args", "an argument contains a NUL byte, which no program argument can hold"
+            table.key("args"), "an argument contains a NUL byte, which no program argument can hold"
         )
     if kind == "module" and not _MODULE.match(value):
-        raise FieldError(f"{field}.module", f"{value!r} is not a Python module name, e.g. mypackage.train")
+        raise FieldError(table.key("module"), f"{value!r} is not a Python module name, e.g. mypackage.train")
     if kind == "program" and not _PROGRAM.match(value):
         raise FieldError(
-            f"{field}.program", f"{value!r} is not a program name or an absolute path in the image"
+            table.key("program"), f"{value!r} is not a program name or an absolute path in the image"
         )
     target = value
     if kind == "script":
-        target = _script_in_container(f"{field}.script", value, code_paths, exists)
+        target = _script_in_container(table.key("script"), value, code_paths, exists)
     elif kind == "entry_point":
-        target = _entry_point(f"{field}.entry_point", value, scripts)
+        target = _entry_point(table.key("entry_point"), value, scripts)
     return ContainerCommand(kind, target, tuple(args), launcher)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import project_root
 from hpcbox.project import depsource
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Steps, command_from_table
+from hpcbox.tables import Table, load_toml
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
@@ -54,33 +54,24 @@ def find_root(start: Path | None = None) -> Path:
 
 
 def load_project(root: Path | None = None) -> ProjectConfig:
-    """Read `[tool.hpcbox]`; HPCBOX_IMAGE_REPOSITORY overrides where images are tagged."""
+    """Read `[tool.hpcbox]`; HPCBOX_IMAGE_REPOSITORY overrides where images are tagged. A key it does not
+    know is a typo, said at once rather than ignored."""
     root = find_root(root)
-    pyproject = root / "pyproject.toml"
-    try:
-        data = tomllib.loads(pyproject.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcboxError(f"{pyproject} is not valid TOML: {exc}", "fix the syntax error it names") from exc
-    table = data.get("tool", {}).get("hpcbox", {})
-    name = table.get("project") or data.get("project", {}).get("name")
+    data = load_toml(root / "pyproject.toml")
+    table = Table(data, "").table("tool", required=False).table("hpcbox", required=False)
+    name = table.get("project", str) or data.get("project", {}).get("name")
     if not isinstance(name, str) or not _NAME.match(name):
         raise HpcboxError(
             f"tool.hpcbox.project: {name!r} is not a valid image name",
             "use lower-case letters, digits, '.', '_' or '-', e.g. project = \"trainer\"",
         )
-    code = table.get("code", [])
-    if not isinstance(code, list) or not all(isinstance(item, str) for item in code):
-        raise HpcboxError("tool.hpcbox.code: must be a list of paths", 'e.g. code = ["src/mypackage"]')
+    code = table.str_list("code", default=[], hint='e.g. code = ["src/mypackage"]')
     for item in code:
         if not (root / item).exists():
             raise HpcboxError(
                 f"tool.hpcbox.code: {item} does not exist in {root}", "list your package's folder"
             )
-    run = table.get("run")
-    if run is not None and not isinstance(run, dict):
-        raise HpcboxError(
-            "tool.hpcbox.run: must be a table", 'e.g. [tool.hpcbox.run] module = "mypackage.train"'
-        )
+    run = table.get("run", dict, hint='e.g. [tool.hpcbox.run] module = "mypackage.train"')
     command: ContainerCommand | Steps = EXAMPLE_TRAINER
     if run is not None:
         command = command_from_table(
@@ -90,28 +81,28 @@ def load_project(root: Path | None = None) -> ProjectConfig:
             data.get("project", {}).get("scripts", {}),
         )
     dependencies, extras = _dependencies(table, root)
-    return ProjectConfig(
+    config = ProjectConfig(
         root=root,
         name=name,
         code=tuple(code),
-        dockerfile=table.get("dockerfile", "docker/Dockerfile"),
-        docker_dir=table.get("docker_dir", "docker"),
-        image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY") or table.get("image_repository", ""),
-        data=str(table.get("data", "")),
+        dockerfile=table.string("dockerfile", default="docker/Dockerfile"),
+        docker_dir=table.string("docker_dir", default="docker"),
+        image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY")
+        or table.get("image_repository", str, default=""),
+        data=table.get("data", str, default=""),
         run=command,
         dependencies=dependencies,
         extras=extras,
     )
+    # [tool.hpcbox.resources] is the job's: the resource options read it, per cluster.
+    table.reject_extra({"resources"}, what="[tool.hpcbox] setting")
+    return config
 
 
-def _dependencies(table: dict, root: Path) -> tuple[str, tuple[str, ...]]:
+def _dependencies(table: Table, root: Path) -> tuple[str, tuple[str, ...]]:
     """`dependencies` and `extras`, checked now so that a wrong path fails every command, not only lock."""
-    dependencies = table.get("dependencies", "")
-    extras = table.get("extras", [])
-    if not isinstance(dependencies, str):
-        raise FieldError(depsource.SETTING, "must be a path", 'e.g. dependencies = "requirements.txt"')
-    if not isinstance(extras, list) or not all(isinstance(extra, str) for extra in extras):
-        raise FieldError(depsource.EXTRAS_SETTING, "must be a list of names", 'e.g. extras = ["train"]')
+    dependencies = table.get("dependencies", str, default="", hint='e.g. dependencies = "requirements.txt"')
+    extras = table.str_list("extras", default=[], hint='e.g. extras = ["train"]')
     if extras and not dependencies:
         raise FieldError(depsource.EXTRAS_SETTING, f"needs {depsource.SETTING} to name a pyproject.toml")
     if dependencies:

@@ -12,7 +12,6 @@ packages at PEP 440 versions, so that the cpu lock holds only what pip must add 
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.tables import load_toml
 
 Kind = Literal["requirements", "pyproject", "conda"]
 SETTING = "tool.hpcbox.dependencies"
@@ -361,10 +361,7 @@ def _own_extras(text: str, project_name: str) -> list[str] | None:
 
 
 def _project_table(pyproject: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads(pyproject.read_text()).get("project", {})
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcboxError(f"{pyproject} is not valid TOML: {exc}", "fix the syntax error it names") from exc
+    return load_toml(pyproject).get("project", {})
 
 
 def _conda_lines(path: Path) -> tuple[list[_Line], list[_Line]]:

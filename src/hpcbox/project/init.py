@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.project.depsource import detect
+from hpcbox.tables import load_toml
 
 # What init copies from hpcbox's own docker/: the stages and the system locks, pinned together with
 # the Debian base. The pip locks are the project's own: `hpcbox lock --pip-only` writes them.
@@ -78,7 +78,7 @@ def plan_init(
 ) -> InitPlan:
     """What `init` would add to the project at ``root``; refuses (HpcboxError) before anything is written."""
     pyproject = root / "pyproject.toml"
-    data = _read_toml(pyproject) if pyproject.is_file() else {}
+    data = load_toml(pyproject) if pyproject.is_file() else {}
     configured = "hpcbox" in data.get("tool", {})
     additions: list[Addition] = []
     notes: list[str] = []
@@ -273,13 +273,6 @@ def program_from_flags(module: str | None, script: str | None, entry_point: str 
     if len(given) > 1:
         raise HpcboxError("give one of --module, --script and --entry-point", "a job runs one program")
     return Program(*given[0]) if given else None
-
-
-def _read_toml(path: Path) -> dict:
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcboxError(f"{path} is not valid TOML: {exc}", "fix the syntax error it names") from exc
 
 
 def _toml(value: str | list[str]) -> str:

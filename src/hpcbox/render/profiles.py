@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.errors import FieldError
 from hpcbox.files import project_root
 from hpcbox.sif.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.sif.compression import SifCompression, parse_compression
+from hpcbox.tables import Table, load_toml
 from hpcbox.units import parse_time
 
 # The shipped profiles, one per site, beside this file.
@@ -177,10 +177,7 @@ def load_profile(name: str | None) -> ClusterProfile:
 
 
 def parse_profile_file(path: Path) -> ClusterProfile:
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcboxError(f"{path} is not valid TOML: {exc}", "fix the syntax error it names") from exc
+    data = load_toml(path)
     try:
         return parse_profile(data, name=path.stem, source=path)
     except FieldError as exc:
@@ -188,7 +185,7 @@ def parse_profile_file(path: Path) -> ClusterProfile:
 
 
 def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None) -> ClusterProfile:
-    reader = _Reader(data, "")
+    reader = Table(data, "")
     unknown = set(reader.str_list("unknown", default=[]))
     scheduler = reader.choice("scheduler", SCHEDULERS, default="slurm")
     login_table = reader.table("login")
@@ -197,7 +194,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         port=login_table.integer("port", default=22, minimum=1),
         user=login_table.optional_string("user"),
     )
-    login_table.reject_extra(set())
+    login_table.reject_extra(what="profile setting")
     gpus = reader.table("gpus")
     accounting = reader.table("accounting", required=False)
     storage = reader.table("storage")
@@ -218,19 +215,16 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
             check_bind(f"{apptainer_table.where}.binds", item)
             for item in apptainer_table.str_list("binds", default=[])
         ),
-        compression=apptainer_table.compression("compression"),
+        compression=_compression(apptainer_table),
     )
-    apptainer_table.reject_extra(set())
+    apptainer_table.reject_extra(what="profile setting")
     places = PLACE_TABLES[scheduler]
     for other in set(PLACE_TABLES.values()) - {places}:
         if other in reader.data:
             raise FieldError(
                 other, f"a profile with scheduler = {scheduler!r} lists [[{places}]], not [[{other}]]"
             )
-    partitions = tuple(
-        _partition(_Reader(table, f"{places}[{index}]"))
-        for index, table in enumerate(reader.table_list(places))
-    )
+    partitions = tuple(_partition(table) for table in reader.tables(places))
     if not partitions:
         raise FieldError(places, f"a profile needs at least one [[{places}]] table")
     names = [p.name for p in partitions]
@@ -238,7 +232,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         raise FieldError(places, f"names repeat: {names}")
     if sum(p.default for p in partitions) > 1:
         raise FieldError(places, "more than one is marked default = true")
-    storage.reject_extra(set())
+    storage.reject_extra(what="profile setting")
     compute_internet = None if "compute_internet" in unknown else reader.boolean("compute_internet")
     profile = ClusterProfile(
         name=name,
@@ -260,7 +254,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         scheduler=scheduler,
     )
     for table in (reader, gpus, accounting):
-        table.reject_extra(set())
+        table.reject_extra(what="profile setting")
     for index, partition in enumerate(partitions):
         if partition.default_gpu_type and not profile.gpu_type_required:
             # A site that takes untyped requests gets them: a default type would narrow every job.
@@ -288,7 +282,7 @@ def _check_lsf(profile: ClusterProfile) -> None:
             raise FieldError(field_name, f"is a Slurm setting: {why} (leave it out of an LSF profile)")
 
 
-def _partition(table: _Reader) -> Partition:
+def _partition(table: Table) -> Partition:
     unknown = set(table.str_list("unknown", default=[]))
     for fact in _PARTITION_FACTS:
         given = fact in table.data
@@ -314,7 +308,7 @@ def _partition(table: _Reader) -> Partition:
     types = partition.gpu_types
     if partition.default_gpu_type and types is not None and partition.default_gpu_type not in types:
         raise FieldError(f"{table.where}.default_gpu_type", "is not one of the partition's gpu_types")
-    table.reject_extra({"unknown", "notes"})
+    table.reject_extra({"unknown", "notes"}, what="profile setting")
     return partition
 
 
@@ -347,78 +341,6 @@ def bind_target(spec: str) -> str:
     return (rest.partition(":")[0] or source).rstrip("/") or "/"
 
 
-class _Reader:
-    """Typed access to one TOML table; every error names the key's full path."""
-
-    def __init__(self, data: dict[str, Any], where: str) -> None:
-        self.data = data
-        self.where = where
-        self.seen: set[str] = set()
-
-    def _key(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def _get(self, key: str, kind: type | tuple[type, ...], required: bool, default: Any) -> Any:
-        self.seen.add(key)
-        if key not in self.data:
-            if required:
-                raise FieldError(self._key(key), "is missing")
-            return default
-        value = self.data[key]
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise FieldError(self._key(key), f"{value!r} has the wrong type")
-        return value
-
-    def string(self, key: str) -> str:
-        value = self._get(key, str, True, None)
-        if not value:
-            raise FieldError(self._key(key), "is empty")
-        return value
-
-    def optional_string(self, key: str) -> str | None:
-        return self._get(key, str, False, None) or None
-
-    def name(self, key: str) -> str:
-        value = self.string(key)
-        if not _NAME.match(value):
-            raise FieldError(self._key(key), f"{value!r}: use letters, digits, '.', '_' or '-'")
-        return value
-
-    def integer(self, key: str, *, default: int | None = None, minimum: int = 0) -> int:
-        value = self._get(key, int, default is None, default)
-        if value < minimum:
-            raise FieldError(self._key(key), f"{value} is below {minimum}")
-        return value
-
-    def boolean(self, key: str, *, default: bool | None = None) -> bool:
-        return self._get(key, bool, default is None, default)
-
-    def choice(self, key: str, allowed: tuple[str, ...], *, default: str | None = None) -> str:
-        value = self._get(key, str, default is None, default)
-        if value not in allowed:
-            raise FieldError(self._key(key), f"{value!r} (allowed: {', '.join(allowed)})")
-        return value
-
-    def compression(self, key: str) -> SifCompression:
-        value = self._get(key, str, False, None)
-        return DEFAULT_COMPRESSION if value is None else parse_compression(value, self._key(key))
-
-    def str_list(self, key: str, *, default: list[str] | None = None) -> list[str]:
-        value = self._get(key, list, default is None, default)
-        if not all(isinstance(item, str) and item for item in value):
-            raise FieldError(self._key(key), "must be a list of non-empty strings")
-        return value
-
-    def table(self, key: str, *, required: bool = True) -> _Reader:
-        return _Reader(self._get(key, dict, required, {}), self._key(key))
-
-    def table_list(self, key: str) -> list[dict[str, Any]]:
-        value = self._get(key, list, True, None)
-        if not all(isinstance(item, dict) for item in value):
-            raise FieldError(self._key(key), "must be [[tables]]")
-        return value
-
-    def reject_extra(self, also_allowed: set[str]) -> None:
-        extra = set(self.data) - self.seen - also_allowed
-        if extra:
-            raise FieldError(self._key(sorted(extra)[0]), "is not a profile setting (a typo?)")
+def _compression(apptainer: Table) -> SifCompression:
+    value = apptainer.optional_string("compression")
+    return DEFAULT_COMPRESSION if value is None else parse_compression(value, apptainer.key("compression"))

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.errors import FieldError
 from hpcbox.render import logpaths
 from hpcbox.render.options import RESOURCE_OPTIONS, named
 from hpcbox.render.profiles import APPTAINER_COMMANDS, ClusterProfile, Partition, bind_target, check_bind
+from hpcbox.tables import Table, load_toml
 from hpcbox.units import format_time, parse_mem, parse_time
 
 __all__ = ["FieldError", "ResourceRequest", "Resources", "format_time", "parse_mem", "parse_time", "resolve"]
@@ -287,15 +287,12 @@ def project_defaults(pyproject: Path, cluster: str) -> ResourceRequest:
     """`[tool.hpcbox.resources]`, with its `[tool.hpcbox.resources.<cluster>]` table on top."""
     if not pyproject.is_file():
         return ResourceRequest()
-    try:
-        tool = tomllib.loads(pyproject.read_text()).get("tool", {}).get("hpcbox", {})
-    except tomllib.TOMLDecodeError as exc:
-        raise HpcboxError(f"{pyproject} is not valid TOML: {exc}", "fix the syntax error it names") from exc
-    table = tool.get("resources", {})
-    general = {key: value for key, value in table.items() if not isinstance(value, dict)}
-    per_cluster = table.get(cluster, {})
-    base = _request_from_table(general, "tool.hpcbox.resources")
-    return _request_from_table(per_cluster, f"tool.hpcbox.resources.{cluster}").over(base)
+    tool = Table(load_toml(pyproject), "").table("tool", required=False).table("hpcbox", required=False)
+    table = tool.table("resources", required=False)
+    # A table in it is a cluster's own; only this cluster's is read.
+    clusters = [key for key, value in table.data.items() if isinstance(value, dict)]
+    base = _request_from_table(table, also_allowed=clusters)
+    return _request_from_table(table.table(cluster, required=False)).over(base)
 
 
 def request_for(
@@ -335,29 +332,24 @@ def _whole_number(field_name: str, value: Any) -> int:
         raise FieldError(field_name, f"{value!r} is not a whole number") from None
 
 
-def _request_from_table(table: dict[str, Any], where: str) -> ResourceRequest:
-    fields = {f.name: f for f in dataclasses.fields(ResourceRequest)}
+def _request_from_table(table: Table, also_allowed: list[str] | None = None) -> ResourceRequest:
+    """A `[tool.hpcbox.resources]` table; a key is spelled as the flag (gpu-type) or as the option
+    (gpu_type)."""
     values: dict[str, Any] = {}
-    for key, value in table.items():
-        name = key.replace("-", "_")
-        if isinstance(value, dict):
-            continue
-        if name not in fields:
-            raise FieldError(f"{where}.{key}", f"is not a resource (allowed: {', '.join(fields)})")
-        if name in LISTS:
-            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-                raise FieldError(f"{where}.{key}", 'must be a list of strings, e.g. ["--exclusive"]')
-            value = tuple(value)
-        elif name in SWITCHES:
-            if not isinstance(value, bool):
-                raise FieldError(f"{where}.{key}", f"{value!r} must be true or false")
-        elif name in WHOLE_NUMBERS:
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise FieldError(f"{where}.{key}", f"{value!r} must be a whole number")
-        elif not isinstance(value, str):
-            raise FieldError(f"{where}.{key}", f"{value!r} must be a string")
-        values[name] = value
+    for option in RESOURCE_OPTIONS:
+        for key in dict.fromkeys((option.flag, option.name)):
+            if key == option.flag or key in table:
+                value = _typed(table, key, option.kind)
+                if value is not None:
+                    values[option.name] = value
+    table.reject_extra(also_allowed or (), what="resource")
     return ResourceRequest(**values)
+
+
+def _typed(table: Table, key: str, kind: type) -> Any:
+    if kind is tuple:
+        return tuple(table.str_list(key, default=[], hint='e.g. ["--exclusive"]')) or None
+    return table.get(key, kind)
 
 
 def _job_name(name: str | None) -> str:

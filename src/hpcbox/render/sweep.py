@@ -21,17 +21,16 @@ from __future__ import annotations
 
 import itertools
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.errors import FieldError
+from hpcbox.tables import Table, load_toml
 
 # Slurm's default MaxArraySize is 1001: task ids 0-1000.
 MAX_POINTS = 1001
 _OPTION = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_KEYS = {"throttle", "grid", "points"}
 
 
 @dataclass(frozen=True)
@@ -52,14 +51,13 @@ def load_sweep(path: Path) -> Sweep:
     """Read and check a sweep file; the first problem raises FieldError naming the key."""
     if not path.is_file():
         raise FieldError("sweep", f"{path} does not exist", "give the path of a sweep file (TOML)")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise FieldError("sweep", f"{path.name} is not valid TOML: {exc}") from exc
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise FieldError(f"sweep.{unknown[0]}", "unknown key (allowed: throttle, grid, points)")
-    points = [*_grid_points(data.get("grid", {})), *_listed_points(data.get("points", []))]
+    sweep = Table(load_toml(path, "sweep"), "sweep")
+    grid = sweep.table("grid", required=False, hint="a table of option = [values]")
+    points = [*_grid_points(grid), *_listed_points(sweep.tables("points", required=False))]
+    throttle = sweep.get("throttle", int, must="a whole number of tasks, 1 or more")
+    if throttle is not None and throttle < 1:
+        raise FieldError(sweep.key("throttle"), f"{throttle!r} must be a whole number of tasks, 1 or more")
+    sweep.reject_extra(what="sweep setting")
     if not points:
         raise FieldError("sweep", f"{path.name} has no points", "add a [grid] table or [[points]] tables")
     if len(points) > MAX_POINTS:
@@ -69,7 +67,7 @@ def load_sweep(path: Path) -> Sweep:
             "MaxArraySize",
             "split it into several sweeps",
         )
-    return Sweep(path.name, tuple(points), _throttle(data.get("throttle")))
+    return Sweep(path.name, tuple(points), throttle)
 
 
 def point_args(point: Mapping[str, object], where: str) -> tuple[str, ...]:
@@ -90,23 +88,20 @@ def point_args(point: Mapping[str, object], where: str) -> tuple[str, ...]:
     return tuple(args)
 
 
-def _grid_points(grid: object) -> list[tuple[str, ...]]:
-    if not isinstance(grid, dict):
-        raise FieldError("sweep.grid", "must be a table of option = [values]")
+def _grid_points(grid: Table) -> list[tuple[str, ...]]:
     choices = []
-    for key, values in grid.items():
-        if not isinstance(values, list) or not values:
-            raise FieldError(f"sweep.grid.{key}", f"must be a non-empty list of values, e.g. {key} = [1, 2]")
+    for key in grid.data:
+        values = grid.get(key, list, hint=f"e.g. {key} = [1, 2]", must="a non-empty list of values")
+        if not values:
+            raise FieldError(grid.key(key), f"must be a non-empty list of values, e.g. {key} = [1, 2]")
         choices.append([(key, value) for value in values])
     if not choices:
         return []
-    return [point_args(dict(combination), "sweep.grid") for combination in itertools.product(*choices)]
+    return [point_args(dict(combination), grid.where) for combination in itertools.product(*choices)]
 
 
-def _listed_points(points: object) -> list[tuple[str, ...]]:
-    if not isinstance(points, list) or not all(isinstance(point, dict) for point in points):
-        raise FieldError("sweep.points", "must be [[points]] tables of option = value")
-    return [point_args(point, f"sweep.points[{index}]") for index, point in enumerate(points)]
+def _listed_points(points: list[Table]) -> list[tuple[str, ...]]:
+    return [point_args(point.data, point.where) for point in points]
 
 
 def _word(value: object, where: str) -> str:
@@ -118,14 +113,6 @@ def _word(value: object, where: str) -> str:
             raise FieldError(where, f"{text!r} contains a NUL byte, which no program argument can hold")
         return text
     raise FieldError(where, f"{value!r} is not a string, number or true/false")
-
-
-def _throttle(value: object) -> int | None:
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise FieldError("sweep.throttle", f"{value!r} must be a whole number of tasks, 1 or more")
-    return value
 
 
 def _ranges(tasks: tuple[int, ...]) -> str:
