@@ -56,7 +56,9 @@ def run(
             list(argv),
             env=env,
             cwd=cwd,
-            stdin=stdin if input_bytes is None else None,
+            # Never the caller's own: `while read job; do hpcbox status -j $job; done < jobs.txt`
+            # would lose the rest of jobs.txt to the first ssh.
+            stdin=(stdin or subprocess.DEVNULL) if input_bytes is None else None,
             input=input_bytes,
             capture_output=True,
             check=False,
@@ -112,7 +114,7 @@ def stream(
             list(argv),
             env=env,
             cwd=cwd,
-            stdin=subprocess.PIPE if input_bytes is not None else stdin,
+            stdin=subprocess.PIPE if input_bytes is not None else (stdin or subprocess.DEVNULL),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
