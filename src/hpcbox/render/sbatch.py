@@ -11,8 +11,10 @@ headers through `job_script` and a `Dialect`: the variables it reads and the com
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
+import string
 import textwrap
 import unicodedata
 from dataclasses import dataclass
@@ -35,6 +37,33 @@ GPU_SAMPLE_INTERVAL_S = 30
 SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")
 
 _SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
+# The script's static bash, beside this file.
+_TEMPLATE = Path(__file__).resolve().with_name("job.sh.in")
+
+
+class _Bash(string.Template):
+    """A section of job.sh.in: `@{name}` is filled in, and nothing else: `$@`, `${a[@]}` are bash's."""
+
+    pattern = r"@(?:\{(?P<braced>[a-z_]+)\}|(?P<escaped>(?!))|(?P<named>(?!))|(?P<invalid>(?!)))"
+
+
+@functools.cache
+def _sections() -> dict[str, _Bash]:
+    """job.sh.in's sections by name: from a `#@section NAME` line to the next `#@` line, less its newline."""
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in _TEMPLATE.read_text().splitlines(keepends=True):
+        if line.startswith("#@"):
+            name = line.removeprefix("#@section ").strip() if line.startswith("#@section ") else None
+            current = sections.setdefault(name, []) if name else None
+        elif current is not None:
+            current.append(line)
+    return {name: _Bash("".join(lines).removesuffix("\n")) for name, lines in sections.items()}
+
+
+def _bash(section: str, **values: str) -> str:
+    """job.sh.in's ``section`` with its ``@{name}``s filled in (every one of them: a missing one raises)."""
+    return _sections()[section].substitute(values)
 
 
 @dataclass(frozen=True)
@@ -391,29 +420,11 @@ def _functions(
     if resources.nodes > 1:
         nodes = '"$SLURM_JOB_NUM_NODES"'
         each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap --mem=0 "$@"'
-        other_nodes_cleanup = """
-    # This node's own first, then the janitor's tasks remove the others': after scancel or the time
-    # limit Slurm starts no new step, so the loop below is left for a janitor that did not start.
-    rm -rf -- "$job_scratch" || true
-    if [[ -n $janitor_pid ]]; then
-        kill "$janitor_pid" 2>/dev/null || true
-        if wait "$janitor_pid"; then
-            janitor_pid=""
-            cleaned=1
-            return 0
-        fi
-        janitor_pid=""
-    fi"""
+        other_nodes_cleanup = _bash("other_nodes_cleanup")
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
     signal_job = ""
     if resources.tasks > 1 and dialect.steps:
-        signal_job = f"""
-# Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
-# pattern alone would also reach this shell (a program run by bash matches it) and the processes of
-# the user's other jobs; the job's processes carry HPCBOX_JOB in their environment.
-# shellcheck disable=SC2016  # expanded by the shell on each node
-signal_job={shlex.quote(SIGNAL_JOB)}
-"""
+        signal_job = _bash("signal_job_definition", signal_job=shlex.quote(_bash("signal_job")))
         to_whom, pattern = (
             ("each node's torchrun, which tells its ranks", "^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ")
             if command.ddp
@@ -434,106 +445,18 @@ signal_job={shlex.quote(SIGNAL_JOB)}
         else "# A removal can fail while a process of the job still holds a file open."
     )
     time_up = "\n    else\n        time_up=1" if isinstance(command, Steps) else ""
-    return f"""\
-# Runs a command once on every node of the job (node scratch is per node).
-on_each_node() {{
-    {each_node}
-}}
-{signal_job}
-# Copies the results to shared storage through a folder beside them, renaming each file into place
-# whole: a script killed mid-copy ({dialect.killed_by}) leaves the earlier copy of a file or
-# the new one, never half of it.
-copy_back() {{
-    local incoming="$run_dir.incoming"
-    rm -rf -- "$incoming"
-    mkdir -p "$run_dir" "$incoming"
-    cp -a "$job_scratch/out/." "$incoming/" &&
-        (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{{}}" ';' &&
-            find . ! -type d -exec mv -f '{{}}' "$run_dir/{{}}" ';') &&
-        rm -rf -- "$incoming"
-}}
-
-# Copies results and checkpoints to shared storage, then removes the job's node scratch.
-# Runs on every way out: success, failure, {dialect.cancel_command} and the time limit.
-clean_up() {{
-    if [[ -n $cleaned ]]; then
-        return 0
-    fi
-    if [[ -n $sampler_pid ]]; then
-        kill "$sampler_pid" 2>/dev/null || true
-        sampler_pid=""
-    fi
-    if [[ -n $syncer_pid ]]; then
-        # It finishes the copy it is making, if any, before this one starts.
-        kill "$syncer_pid" 2>/dev/null || true
-        wait "$syncer_pid" 2>/dev/null || true
-        syncer_pid=""
-    fi
-    if [[ -d $job_scratch/out ]]; then
-        copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
-    fi{other_nodes_cleanup}
-    local attempt
-    for attempt in 1 2 3; do
-        if on_each_node rm -rf -- "$job_scratch"; then
-            cleaned=1
-            return 0
-        fi
-        {retry}
-        sleep $((attempt * 5))
-    done
-    echo "hpcbox: could not remove $job_scratch" >&2
-}}
-
-# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
-on_exit() {{
-    local status=$?
-    trap - EXIT
-    clean_up
-    exit "$status"
-}}
-
-{dialect.signals}
-# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
-forward() {{
-    if [[ $1 != USR1 ]]; then
-        terminated=$1{time_up}
-    fi
-    if [[ -n $trainer_pid ]]; then
-        {signal_trainer}
-    fi
-}}
-
-trap on_exit EXIT
-trap 'forward USR1' USR1
-trap 'forward TERM' TERM
-trap 'forward INT' INT"""
-
-
-SIGNAL_JOB = """\
-for pid in $(pgrep --uid "$(id -u)" --full "$3"); do
-    if grep -qzxF "HPCBOX_JOB=$2" "/proc/$pid/environ" 2>/dev/null; then
-        kill -s "$1" "$pid" 2>/dev/null || true
-    fi
-done"""
-
-# One task per node for the whole job, asleep; on TERM it removes its node's scratch. Slurm sends TERM to
-# every running step when a job is cancelled or reaches its time limit, and clean_up sends it through
-# srun otherwise. The batch node's task leaves at once: its scratch holds the results still to copy.
-JANITOR = """\
-[[ $SLURMD_NODENAME != "$1" ]] || exit 0
-scratch=$2
-sleeper=""
-on_term() {
-    kill "$sleeper" 2>/dev/null
-    rm -rf -- "$scratch"
-    exit 0
-}
-trap on_term TERM
-while :; do
-    sleep 3600 &
-    sleeper=$!
-    wait "$sleeper" || true
-done"""
+    return _bash(
+        "functions",
+        each_node=each_node,
+        signal_job=signal_job,
+        killed_by=dialect.killed_by,
+        cancel_command=dialect.cancel_command,
+        other_nodes_cleanup=other_nodes_cleanup,
+        retry=retry,
+        signals=dialect.signals,
+        time_up=time_up,
+        signal_trainer=signal_trainer,
+    )
 
 
 def _stage_in(resources: Resources, dialect: Dialect) -> str:
@@ -544,7 +467,7 @@ def _stage_in(resources: Resources, dialect: Dialect) -> str:
             for line in [
                 "# The other nodes' scratch goes however the job ends, even where no new step can start.",
                 "# shellcheck disable=SC2016  # expanded by the shell on each node",
-                f"janitor={shlex.quote(JANITOR)}",
+                f"janitor={shlex.quote(_bash('janitor'))}",
                 'on_each_node bash -c "$janitor" janitor "$SLURMD_NODENAME" "$job_scratch" </dev/null &',
                 "janitor_pid=$!",
             ]
@@ -560,63 +483,19 @@ def _stage_in(resources: Resources, dialect: Dialect) -> str:
                 'echo "hpcbox: each node runs its copy of the SIF, $sif" >&2',
             ]
         )
-    return f"""\
-for input in "$sif" "$dataset"; do
-    if [[ ! -f $input ]]; then
-        echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
-        exit 66
-    fi
-done
-if [[ ! -d $code_dir ]]; then
-    echo "hpcbox: code snapshot $code_dir does not exist; ship the job's inputs first" >&2
-    exit 66
-fi
-
-echo "hpcbox: job ${{{dialect.job_id}}} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
-{janitor}on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"{sif_dir}
-# One archive in, extracted on node-local disk: shared file systems are slow at many small files.
-on_each_node tar -xf "$dataset" -C "$job_scratch/data"{copy_sif}
-# A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
-if [[ -d $run_dir ]]; then
-    on_each_node cp -a "$run_dir/." "$job_scratch/out/"
-fi"""
+    return _bash("stage_in", job_id=dialect.job_id, janitor=janitor, sif_dir=sif_dir, copy_sif=copy_sif)
 
 
 def _sampler(resources: Resources) -> str:
     if not resources.gpus:
         return ""
-    return f"""\
-if command -v nvidia-smi >/dev/null 2>&1; then
-    mkdir -p "$run_dir"
-    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \\
-        --format=csv -l {GPU_SAMPLE_INTERVAL_S} >"$run_dir/gpu-utilization.csv" 2>&1 &
-    sampler_pid=$!
-fi"""
+    return _bash("sampler", interval=str(GPU_SAMPLE_INTERVAL_S))
 
 
 def _syncer(every_s: int) -> str:
     if not every_s:
         return ""
-    return f"""\
-# Checkpoints and results reach shared storage every {every_s} s while the job runs, not only
-# when it ends: a node that dies takes its scratch and this shell's exit trap with it, and the requeued
-# job resumes from the last copy. A copy under way when the job ends is finished first (clean_up).
-(
-    stop=""
-    sleeper=""
-    trap 'stop=1; [[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null' TERM
-    trap '' USR1
-    while [[ -z $stop ]]; do
-        sleep {every_s} &
-        sleeper=$!
-        wait "$sleeper" || true
-        sleeper=""
-        if [[ -z $stop ]]; then
-            copy_back || echo "hpcbox: copying results to $run_dir failed; again in {every_s} s" >&2
-        fi
-    done
-) &
-syncer_pid=$!"""
+    return _bash("syncer", every_s=str(every_s))
 
 
 def _check_sweep(sweep: Sweep, resources: Resources, command: ContainerCommand | Steps) -> None:
@@ -645,16 +524,7 @@ def _sweep_point(sweep: Sweep) -> str:
     count = len(sweep.points)
     literal = any("$" in arg or "`" in arg for point in sweep.points for arg in point)
     disable = "# shellcheck disable=SC2016  # the sweep's arguments are meant literally\n" if literal else ""
-    return f"""\
-# The sweep's points ({_comment(sweep.source)}), one per array task: a task's arguments follow the job's own.
-{disable}case ${{SLURM_ARRAY_TASK_ID:?a sweep runs as an array job}} in
-{cases}
-    *)
-        echo "hpcbox: array task $SLURM_ARRAY_TASK_ID is not one of the sweep's {count} points" >&2
-        exit 64
-        ;;
-esac
-echo "hpcbox: sweep point $SLURM_ARRAY_TASK_ID of {count}:${{point_args[*]+ ${{point_args[*]}}}}" >&2"""
+    return _bash("sweep_point", source=_comment(sweep.source), disable=disable, cases=cases, count=str(count))
 
 
 def _run_trainer(
@@ -671,13 +541,9 @@ def _run_trainer(
     text = _before_launch(resources, command, dialect) + _launch(
         profile, resources, command, trainer_args, dialect, swept=swept
     )
-    why = f"so that this shell can take {dialect.scheduler}'s signals and pass them on"
-    return f"""\
-# The trainer runs in the background {why}.
-{text} &
-trainer_pid=$!
-status=0
-{_await_trainer("trainer")}"""
+    return _bash(
+        "run_trainer", scheduler=dialect.scheduler, launch=text, await_trainer=_await_trainer("trainer")
+    )
 
 
 def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialect: Dialect) -> str:
@@ -687,64 +553,20 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
         launch = _launch(profile, resources, step.command, (), dialect)
         body = textwrap.indent(f"{launch} &\ntrainer_pid=$!\nawait_step {number}", "    ")
         blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
-    before = _before_launch(resources, run, dialect)
-    return f"""\
-{before}# {total} steps in turn, each in the background so that this shell can take {dialect.scheduler}'s
-# signals and pass them on. A step that exits 0 leaves a marker in the output folder, which is copied
-# back with the results: a requeued job skips the steps that finished. A step that fails, checkpoints
-# or is stopped ends the job with its status, and the steps after it do not run.
-steps_done="$job_scratch/out/.hpcbox-steps"
-mkdir -p "$steps_done"
-
-# Whether step $1 ($2) runs now: not after an earlier step failed, checkpointed or was stopped; not
-# when an earlier run of this job finished it; and not once the time limit is near (USR1 came), when
-# the requeued job runs it.
-start_step() {{
-    if [[ $status -ne 0 || -n $terminated ]]; then
-        return 1
-    fi
-    if [[ -e $steps_done/step-$1 ]]; then
-        echo "hpcbox: step $1 of {total} ($2) finished in an earlier run of this job; skipping it" >&2
-        return 1
-    fi
-    if [[ -n $time_up ]]; then
-        echo "hpcbox: the time limit is near; step $1 of {total} ($2) runs when the job is requeued" >&2
-        status={CHECKPOINTED_EXIT}
-        return 1
-    fi
-    echo "hpcbox: step $1 of {total} ($2) starts" >&2
-}}
-
-# Waits for step $1 and marks it finished when it exits 0.
-await_step() {{
-{textwrap.indent(_await_trainer("step"), "    ")}
-    echo "hpcbox: step $1 of {total} exited with status $status" >&2
-    if [[ $status -eq 0 ]]; then
-        date -u +%Y-%m-%dT%H:%M:%SZ >"$steps_done/step-$1" ||
-            echo "hpcbox: could not mark step $1 finished; a requeued job would run it again" >&2
-    fi
-}}
-
-status=0
-{chr(10).join(blocks)}"""
+    return _bash(
+        "run_steps",
+        before=_before_launch(resources, run, dialect),
+        total=str(total),
+        scheduler=dialect.scheduler,
+        checkpointed=str(CHECKPOINTED_EXIT),
+        await_step=textwrap.indent(_await_trainer("step"), "    "),
+        blocks="\n".join(blocks),
+    )
 
 
 def _await_trainer(what: str) -> str:
     """Waits for $trainer_pid, leaving its exit status in $status."""
-    return f"""\
-wait "$trainer_pid" || status=$?
-# `wait` also returns (128 + the signal) when a trap ran; wait again until the {what} itself has exited.
-while kill -0 "$trainer_pid" 2>/dev/null; do
-    status=0
-    wait "$trainer_pid" || status=$?
-done
-# A trap may have cut the last wait short just as the {what} exited: its own status (75 after a
-# checkpoint) is still to be had, as bash keeps an exited child's status for `wait`.
-if (( status > 128 )); then
-    status=0
-    wait "$trainer_pid" || status=$?
-fi
-trainer_pid=\"\""""
+    return _bash("await", what=what)
 
 
 def _before_launch(resources: Resources, command: ContainerCommand | Steps, dialect: Dialect) -> str:
@@ -894,39 +716,18 @@ def _command_units(head: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
 
 
 def _finish(max_restarts: int, dialect: Dialect) -> str:
-    job = f"${{{dialect.job_id}}}"
-    requeue = textwrap.indent(dialect.requeue, " " * 8)
-    if dialect.cancel:
-        stopped = f"""\
-    # Stopped on request: once the results are safe on shared storage, end the job as cancelled.
-    clean_up
-    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2
-    {dialect.cancel}"""
-    else:
-        stopped = """\
-    # Stopped on request: the results go to shared storage before the scheduler ends the job.
-    clean_up
-    echo "hpcbox: stopped by SIG$terminated; results are in $run_dir" >&2"""
-    return f"""\
-if [[ $status -eq {CHECKPOINTED_EXIT} && -z $terminated ]]; then
-    restarts={dialect.restarts}
-    if (( restarts < {max_restarts} )); then
-        echo "hpcbox: the trainer checkpointed before the time limit; requeueing job {job}" \\
-            "(restart $((restarts + 1)) of at most {max_restarts})" >&2
-        clean_up
-{requeue}
-        exit 0
-    fi
-    echo "hpcbox: the trainer checkpointed before the time limit, but job {job} has been" \\
-        "requeued {max_restarts} times (--max-restarts); its checkpoints are in $run_dir:" \\
-        "\\`{dialect.requeue_by_hand}\\` carries on from them" >&2
-fi
-echo "hpcbox: the trainer exited with status $status" >&2
-if [[ -n $terminated ]]; then
-{stopped}
-fi
-exit "$status"
-"""[:-1]
+    # A scheduler whose jobs end by themselves once stopped needs no cancel of its own.
+    stopped = _bash("stopped_then_cancelled", cancel=dialect.cancel) if dialect.cancel else _bash("stopped")
+    return _bash(
+        "finish",
+        checkpointed=str(CHECKPOINTED_EXIT),
+        restarts=dialect.restarts,
+        max_restarts=str(max_restarts),
+        job=f"${{{dialect.job_id}}}",
+        requeue=textwrap.indent(dialect.requeue, " " * 8),
+        requeue_by_hand=dialect.requeue_by_hand,
+        stopped=stopped,
+    )
 
 
 def _wrap(words: list[str], width: int = 100) -> list[str]:
