@@ -188,11 +188,13 @@ def ensure_base(
         return BaseImage(target, existing.id, suite, created=False, moved=moved)
     epoch = lock.source_date_epoch if lock else int(time.time())
     moved: tuple[offlock.MovedPin, ...] = ()
+    say(f"hpcbox: bootstrapping the Debian {suite} base image {target} with mmdebstrap (once)")
+    lines = on_line or BootstrapPhases(say)
     with _workdir() as work:
         if lock is None:
-            layer = _bootstrap(suite, epoch, work, mirror, on_line)
+            layer = _bootstrap(suite, epoch, work, mirror, lines)
         else:
-            layer, moved = _bootstrap_locked(lock, lock_name, work, mirror, on_line, say)
+            layer, moved = _bootstrap_locked(lock, lock_name, work, mirror, lines, say)
             offlock.refuse_if(moved, strict, "base image")
         image_id = _load(layer, target, suite, epoch, lock, work, moved)
     return BaseImage(target, image_id, suite, created=True, moved=moved)
@@ -482,6 +484,19 @@ class _workdir:
 
     def __exit__(self, *_exc: object) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+class BootstrapPhases:
+    """mmdebstrap's progress for a person: the phases it announces ("I: downloading packages with
+    apt..."), each with the time since the bootstrap began; apt's own lines only in a failure's error."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.started = time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        if line.startswith("I: ") and line.endswith("..."):
+            self.say(f"  {line[3:]} (at {time.monotonic() - self.started:.0f} s)")
 
 
 def _bootstrap(suite: str, epoch: int, work: Path, mirror: str | None, on_line) -> Path:

@@ -273,9 +273,12 @@ def plan_build(
             say(f"hpcbox: {base_ref} is followed by its tag: `hpcbox lock` pins it by digest")
     base_image = docker.image(base_ref)
     if base_image is None and offline and base is None:
-        say(f"hpcbox: bootstrapping the Debian base image {base_ref} (once; `hpcbox base`)")
         made = baseimage.ensure_base(
-            lock=base_lock, ref=base_ref, strict=strict, lock_name=baseimage.lock_file(project.docker_dir)
+            lock=base_lock,
+            ref=base_ref,
+            strict=strict,
+            lock_name=baseimage.lock_file(project.docker_dir),
+            say=say,
         )
         base_image = docker.image(made.ref)
     if base_image is None:

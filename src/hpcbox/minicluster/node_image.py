@@ -45,11 +45,13 @@ def ensure_image(
         raise HpcboxError(
             f"no Dockerfile in {context}", "this hpcbox lacks its node image files: reinstall it"
         )
-    base = baseimage.ensure_base(SUITE, on_line=on_line)
+    say = on_line or (lambda _line: None)
+    base = baseimage.ensure_base(SUITE, say=say)
     ref = f"{REPOSITORY}:{content_hash(context, base.id)}"
     existing = docker.image(ref)
     if existing is not None:
         return NodeImage(ref, existing.id, built=False)
+    say(f"hpcbox: building the mini cluster's node image {ref} (once per change of its files)")
     docker.build(
         docker.context_tar({p.relative_to(context).as_posix(): p for p in context.rglob("*") if p.is_file()}),
         dockerfile="Dockerfile",
@@ -58,7 +60,7 @@ def ensure_image(
         labels={"org.opencontainers.image.title": "hpcbox mini cluster node"},
         secrets={},
         no_cache=no_cache,
-        on_line=on_line,
+        on_line=docker.BuildProgress(say),
     )
     built = docker.image(ref)
     if built is None:

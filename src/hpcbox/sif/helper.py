@@ -141,10 +141,11 @@ def ensure_helper(
     if existing is not None:
         offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
         return ref
-    base = baseimage.ensure_base(lock=helper_base_lock(), strict=strict, on_line=on_line)
+    base = baseimage.ensure_base(lock=helper_base_lock(), strict=strict, on_line=on_line, say=say)
     files: dict[str, Path | bytes] = dict(_helper_files())
 
     def build(tag: str, labels: Mapping[str, str], secrets: Mapping[str, Path]) -> None:
+        say(f"hpcbox: building the Apptainer helper image {tag} (once: Apptainer and mksquashfs from Debian)")
         docker.build(
             docker.context_tar(files),
             dockerfile="Dockerfile",
@@ -152,7 +153,7 @@ def ensure_helper(
             build_args={"BASE": base.ref},
             labels=labels,
             secrets=secrets,
-            on_line=on_line,
+            on_line=docker.BuildProgress(on_line or say),
         )
 
     try:
