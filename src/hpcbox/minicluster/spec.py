@@ -15,7 +15,6 @@ DEFAULT_PORT = 2222
 DEFAULT_NODES = 2
 MAX_NODES = 16
 USER = "researcher"
-USER_UID = 1500
 LABEL = "io.hpcbox.minicluster"
 # Node sizes of a cluster shaped like a site (no profile knows them): large enough that sbatch checks
 # only what the profile knows. Nothing enforces them on the containers (TaskPlugin none).
