@@ -54,6 +54,8 @@ RUNTIME = "runtime"
 ENVIRONMENT = "environment"
 TARGETS = (RUNTIME, ENVIRONMENT)
 DEFAULT_FLAVOUR = "cuda"
+# The flavours whose PyTorch uses GPUs: the only ones a job asking for GPUs may run in.
+CUDA_FLAVOURS = ("cuda",)
 OFFLINE_FLAVOUR = "cpu"
 CA_ENV_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 _SKIPPED = {"__pycache__", ".pytest_cache", ".mypy_cache", ".DS_Store"}

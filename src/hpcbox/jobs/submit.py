@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from hpcbox.build.image import ENVIRONMENT, Image, build_image, last_image
+from hpcbox.build.image import CUDA_FLAVOURS, ENVIRONMENT, Image, build_image, last_image, resolve_flavour
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug
@@ -37,6 +37,7 @@ def prepare_payload(
     offline: bool = False,
     cache: Path | None = None,
     data_cache: Path | None = None,
+    gpus: int = 0,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> tuple[ship.Payload, Image]:
@@ -44,7 +45,8 @@ def prepare_payload(
     image without its code), its SIF at ``compression`` (what the target cluster reads), the code
     snapshot and the dataset's digest (a dataset directory's archive first, made once).
 
-    The flavour and base are those `hpcbox build` last used, unless given. ``cache``: the SIF cache
+    The flavour and base are those `hpcbox build` last used, unless given; a job asking for ``gpus``
+    refuses a flavour without CUDA, before building where it can tell. ``cache``: the SIF cache
     (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
     directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data).
     """
@@ -52,8 +54,6 @@ def prepare_payload(
     from hpcbox.sif.convert import build_sif
 
     # Bad input first, before anything is built.
-    dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
-    code = ship.code_snapshot(project)
     base = None
     if flavour is None and not offline:
         try:
@@ -62,12 +62,28 @@ def prepare_payload(
             recorded = None
         if recorded is not None:
             flavour, base = recorded.flavour, recorded.base
+            _require_cuda(flavour, gpus, "the flavour `hpcbox build` last made")
+    which = "as asked" if flavour else "the flavour --offline builds unless told"
+    _require_cuda(resolve_flavour(flavour, offline).name, gpus, which)
+    dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
+    code = ship.code_snapshot(project)
     environment = build_image(
         project, flavour=flavour, offline=offline, base=base, target=ENVIRONMENT, say=say, on_line=on_line
     )
+    _require_cuda(environment.flavour, gpus, "the flavour this machine could build")
     sif = build_sif(environment, compression=compression, cache=cache, say=say, on_line=on_line)
     payload = ship.Payload(sif.path, sif.sha256, sif.size, code, dataset)
     return payload, environment
+
+
+def _require_cuda(flavour: str, gpus: int, which: str) -> None:
+    """A GPU job in an environment without CUDA would hold its GPUs and train on the CPU."""
+    if gpus and flavour not in CUDA_FLAVOURS:
+        raise HpcboxError(
+            f"the job asks for {gpus} GPU{'s' if gpus > 1 else ''}, but its environment is the {flavour} "
+            f"flavour ({which}), which has no CUDA: it would train on the CPU",
+            "pass --flavour cuda (it builds offline too), or leave out --gpus for a CPU job",
+        )
 
 
 def submit(
