@@ -519,7 +519,11 @@ def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_w
     assert re.fullmatch(
         f"Debian moved on: {moved}; --strict-lock refuses an off-lock SIF helper", refused.value.message
     )
-    assert len(said) == 1 and said[0].startswith(
+    assert len(said) == 2 and said[0] == (
+        f"hpcbox: building the Apptainer helper image {sif_helper.helper_ref()} "
+        "(once: Apptainer and mksquashfs from Debian)"
+    )
+    assert said[1].startswith(
         "hpcbox: Debian no longer serves apptainer 1.4.5-0+hpcbox.gone, pinned in "
         "src/hpcbox/sif/helper-image/lock/apt-helper.txt, and the snapshot archive cannot be reached "
         "(http://127.0.0.1:9/archive/debian/20261123T100000Z/dists/sid/Release: "

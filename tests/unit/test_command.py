@@ -189,3 +189,11 @@ def test_a_misspelt_or_mistyped_hpcbox_setting_is_one_line_naming_it(
         load_project(project_with(tmp_path, setting))
     assert refused.value.field == field
     assert says in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_an_image_repository_in_the_environment_does_not_make_the_setting_unknown(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setenv("HPCBOX_IMAGE_REPOSITORY", "elsewhere/trainer")
+    project = load_project(project_with(tmp_path, 'image_repository = "mine/trainer"\n'))
+    assert project.repository == "elsewhere/trainer"

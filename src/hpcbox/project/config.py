@@ -81,14 +81,15 @@ def load_project(root: Path | None = None) -> ProjectConfig:
             data.get("project", {}).get("scripts", {}),
         )
     dependencies, extras = _dependencies(table, root)
+    # Read whatever the environment says: the setting is checked, and known, either way.
+    image_repository = table.get("image_repository", str, default="")
     config = ProjectConfig(
         root=root,
         name=name,
         code=tuple(code),
         dockerfile=table.string("dockerfile", default="docker/Dockerfile"),
         docker_dir=table.string("docker_dir", default="docker"),
-        image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY")
-        or table.get("image_repository", str, default=""),
+        image_repository=os.environ.get("HPCBOX_IMAGE_REPOSITORY") or image_repository,
         data=table.get("data", str, default=""),
         run=command,
         dependencies=dependencies,
