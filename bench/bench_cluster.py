@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from hpcbox import minicluster
-from hpcbox.minicluster import image
+from hpcbox.minicluster import node_image
 
 REPEATS = 3
 
@@ -38,7 +38,7 @@ def run() -> list[dict]:
     rows: list[dict] = []
     if os.environ.get("HPCBOX_BENCH_COLD_BUILD"):
         rows.append(_cold_build())
-    image_check = _timed(image.ensure_image)
+    image_check = _timed(node_image.ensure_image)
     fresh, again, down = [], [], []
     with tempfile.TemporaryDirectory(prefix="hpcbox-bench-cluster-") as state:
         for _ in range(REPEATS):
@@ -61,9 +61,9 @@ def run() -> list[dict]:
 def _cold_build() -> dict:
     from hpcbox.tools import docker
 
-    ref = image.ensure_image().ref
+    ref = node_image.ensure_image().ref
     docker.remove_image(ref)
-    seconds = _timed(lambda: image.ensure_image(no_cache=True))
+    seconds = _timed(lambda: node_image.ensure_image(no_cache=True))
     return _row("image_build_cold", seconds, None, "no build cache; apt installs from the Debian mirror")
 
 
