@@ -473,6 +473,46 @@ def test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly(first_job, setu
     assert remote_sha == first_job.sif_sha256  # the real store, untouched underneath
 
 
+def test_two_uploads_of_one_new_sif_at_once_both_succeed_and_a_wrong_file_is_still_refused(
+    minicluster, tmp_path: Path
+):
+    """Two submits that both need the same new SIF share its partial name (an interrupted upload
+    resumes): whichever checks it second found it already moved into place and said "different
+    sha256". Uploaded for real, at once, over one SSH connection each, three times."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hpcbox.files import file_sha256
+    from hpcbox.jobs import ship
+
+    local = tmp_path / "environment.sif"
+    local.write_bytes(os.urandom(8 << 20))
+    sha256, size = file_sha256(local), local.stat().st_size
+    folder = f"hpcbox-race-{uuid.uuid4().hex[:8]}"
+
+    def upload(name: str) -> int:
+        with ssh.Connection(minicluster.ssh_target()) as connection:
+            return ship._upload_checked(connection, local, f"{folder}/{name}", sha256, size)
+
+    try:
+        for round_number in range(3):
+            with ThreadPoolExecutor(2) as pool:
+                sent = list(pool.map(upload, [f"{round_number}.sif"] * 2))
+            assert all(count >= 0 for count in sent)
+            remote = minicluster.ssh(["sha256sum", f"{folder}/{round_number}.sif"], check=True).stdout
+            assert remote.split()[0] == sha256
+        # The state the second of two uploads meets: no partial, the right file in place: settled.
+        with ssh.Connection(minicluster.ssh_target()) as connection:
+            ship.settle(connection, folder, "0.sif", sha256, "environment.sif")
+            # A wrong file in place, with no upload of ours, is never taken for the right one.
+            connection.run(["sh", "-c", f"echo other > {folder}/0.sif"], what="replace the file")
+            with pytest.raises(HpcboxError, match="arrived with a different sha256"):
+                ship.settle(connection, folder, "0.sif", sha256, "environment.sif")
+        left = minicluster.ssh(["ls", "-A", folder], check=True).stdout.split()
+        assert left == ["0.sif", "1.sif", "2.sif"]  # no partial left behind
+    finally:
+        minicluster.ssh(["rm", "-rf", folder])
+
+
 def invoke(
     setup: Setup, *args: str, timeout: float = 600, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:

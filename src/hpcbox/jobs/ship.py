@@ -229,25 +229,38 @@ def _upload_checked(connection: ssh.Connection, local: Path, remote: str, sha256
             "free space there (SIFs of environments no job uses any more can go) or ask for more quota; "
             "nothing was submitted",
         ) from failed
-    temporary = shlex.quote(f".{name}.partial")
+    settle(connection, folder, name, sha256, local.name)
+    return transfer.sent
+
+
+def settle(connection: ssh.Connection, folder: str, name: str, sha256: str, what: str) -> None:
+    """Move the upload of ``name`` into place in ``folder`` once its sha256 is right; never a wrong file.
+
+    Two submits of one new SIF upload it to the same partial name (so that an interrupted upload
+    resumes): the first to check it moves it into place, and the second then finds the right file in
+    place, which is its success too, not a "different sha256".
+    """
+    temporary, final = shlex.quote(f".{name}.partial"), shlex.quote(name)
+    right = f"printf '%s  %s\\n' {sha256} {{}} | sha256sum --check --status"
+    # A concurrent upload of the same bytes may move the partial into place between the lines below:
+    # what decides is the file in place at the end.
     check = (
         f"cd {shlex.quote(folder)} && "
-        f"if printf '%s  %s\\n' {sha256} {temporary} | sha256sum --check --status; "
-        f"then chmod 0644 {temporary} && mv -f {temporary} {shlex.quote(name)}; "
-        f"else rm -f {temporary}; exit 3; fi"
+        f"if {right.format(temporary)}; then chmod 0644 {temporary} 2>/dev/null; "
+        f"mv -f {temporary} {final} 2>/dev/null; fi; "
+        f"if {right.format(final)}; then :; else rm -f {temporary}; exit 3; fi"
     )
-    done = connection.run(check, what=f"check the upload of {local.name}", check=False)
+    done = connection.run(check, what=f"check the upload of {what}", check=False)
     if done.returncode == 3:
         raise HpcboxError(
-            f"the upload of {local.name} arrived with a different sha256; it was removed, nothing uses it",
+            f"the upload of {what} arrived with a different sha256; it was removed, nothing uses it",
             "run the command again; if it repeats, the remote disk may be failing or full",
         )
     if done.returncode != 0:
         raise HpcboxError(
-            f"failed to check the upload of {local.name}: {(done.stderr or done.stdout).strip()}",
+            f"failed to check the upload of {what}: {(done.stderr or done.stdout).strip()}",
             "the cluster needs `sha256sum` (GNU coreutils)",
         )
-    return transfer.sent
 
 
 def _upload_code(connection: ssh.Connection, code: CodeSnapshot, code_dir: str) -> int:
