@@ -524,11 +524,11 @@ def submit(
     target = jobs.connection_target(
         profile, project, via=via, host=host, user=user, port=int(port) if port else None
     )
-    # The mini cluster's GPUs are placeholders: a rehearsal runs the cpu environment on them.
-    rehearsal = via == "local" or (profile.name == "local" and host is None)
+    # The mini cluster's GPUs are placeholders: a job there runs the cpu environment on them.
+    gpus = 0 if jobs.on_mini_cluster(profile, via, host) else checked.gpus
     payload, environment = jobs.prepare_payload(
         project, jobs.data_path(project, data), profile.apptainer.compression,
-        flavour=flavour, offline=offline, gpus=0 if rehearsal else checked.gpus, say=say,
+        flavour=flavour, offline=offline, gpus=gpus, say=say,
     )  # fmt: skip
     record = jobs.submit(
         project, profile, target, checked, trainer_args, payload,

@@ -2,7 +2,7 @@
 fetch, the efficiency report, cancel, and a shell beside it. The commands (hpcbox.cli) use the names
 below; each module holds one part of the job's life."""
 
-from hpcbox.jobs.connect import connection_target, require_slurm
+from hpcbox.jobs.connect import connection_target, on_mini_cluster, require_slurm
 from hpcbox.jobs.fetch import fetch, local_run_dir, report
 from hpcbox.jobs.follow import (
     CANCEL_GRACE_S,
@@ -39,6 +39,7 @@ __all__ = [
     "local_run_dir",
     "log_paths",
     "logs",
+    "on_mini_cluster",
     "overview",
     "prepare_payload",
     "report",

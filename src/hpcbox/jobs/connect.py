@@ -19,6 +19,12 @@ def require_slurm(profile: ClusterProfile) -> None:
         )
 
 
+def on_mini_cluster(profile: ClusterProfile, via: str | None, host: str | None) -> bool:
+    """Whether the job runs on the mini cluster: `local` itself (unless --host points elsewhere), or a
+    site's job rehearsed ``via`` "local"."""
+    return via == "local" or (profile.name == "local" and host is None)
+
+
 def connection_target(
     profile: ClusterProfile,
     project: ProjectConfig,
@@ -38,7 +44,7 @@ def connection_target(
         raise FieldError(
             "via", f"{via!r} is not a place to rehearse a job", "use --via local (the mini cluster)"
         )
-    if via == "local" or (profile.name == "local" and host is None):
+    if on_mini_cluster(profile, via, host):
         return _mini_cluster(profile, project).ssh_target()
     login = profile.login
     # Port 22 is ssh's own default: leave it out so that a Port in ~/.ssh/config still applies.
