@@ -173,6 +173,30 @@ def test_rsync_stats_are_parsed_with_thousands_separators():
     assert ssh.parse_rsync_stats(lines) == ssh.Transfer(501_234_567, 1_035)
 
 
+def test_rsync_stats_of_a_delta_say_what_was_literal_and_what_the_basis_had():
+    # rsync 3.2's --stats of a delta against a basis (thousands separators as it prints them)
+    lines = [
+        "Total file size: 542,937,088 bytes",
+        "Literal data: 2,376,704 bytes",
+        "Matched data: 540,560,384 bytes",
+        "Total bytes sent: 2,470,267",
+        "Total bytes received: 394,514",
+    ]
+    assert ssh.parse_rsync_stats(lines) == ssh.Transfer(2_470_267, 394_514, 2_376_704, 540_560_384)
+
+
+def test_progress_of_a_delta_counts_bytes_in_place_not_a_rate_and_the_end_once():
+    shown: list[str] = []
+    show = ssh.progress_printer(1000, shown.append, against_basis=True)
+    show("500 50% 1.2GB/s 0:00:01")
+    show("1000 100% 2.4GB/s 0:00:00")
+    show("1000 100% 2.4GB/s 0:00:00 (xfr#1, to-chk=0/1)")
+    assert shown == [
+        "  500 of 1,000 bytes in place (50%), ETA 0:00:01",
+        "  1000 of 1,000 bytes in place (100%), ETA 0:00:00",
+    ]
+
+
 def test_log_follow_command_is_valid_bash_and_quotes_the_path():
     nasty = dataclasses.replace(record("3"), log="/home/r/logs/it's $(date) x-3.out")
     for follow in (True, False):

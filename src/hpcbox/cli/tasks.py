@@ -643,6 +643,45 @@ def cancel(c, job=None, cluster=None):
         print(jobs.describe(jobs.cancel(connection, record, say=say)))
 
 
+@task(
+    help={
+        "cluster": "the cluster whose store to tidy (e.g. edi)",
+        "keep": "keep the files of the last N jobs (and of any still queued or running); default: of "
+        "every job queued, running or ended in the last 30 days",
+        "yes": "delete them (without it, only list them)",
+        "via": VIA_HELP,
+        "remote_root": "where hpcbox keeps SIFs, data and jobs on the cluster (default ~/hpcbox)",
+    },
+)
+@friendly
+def prune(c, cluster, keep=None, yes=False, via=None, remote_root="hpcbox"):
+    """The SIFs, datasets and code snapshots on the cluster no recent job uses; deleted with --yes."""
+    from hpcbox import jobs
+    from hpcbox.errors import FieldError
+    from hpcbox.jobs import prune as pruning
+    from hpcbox.project.config import load_project
+    from hpcbox.render import profiles
+    from hpcbox.tools import ssh
+
+    if keep is not None and not str(keep).isdigit():
+        raise FieldError("keep", f"{keep!r} is not a number of jobs", "give how many to keep, e.g. --keep 3")
+    project = load_project()
+    profile = profiles.load_profile(cluster)
+    jobs.require_slurm(profile)
+    target = jobs.connection_target(profile, project, via=via)
+    records = [record for record in jobs.Ledger(project).all() if record.host == target.address]
+    with ssh.Connection(target) as connection:
+        plan = pruning.plan(
+            connection, project.name, records, root=remote_root, keep=int(keep) if keep is not None else None
+        )
+        print("\n".join(pruning.describe(plan, keep=keep)))
+        if yes:
+            pruning.apply(connection, plan)
+    if plan.removable:
+        what = f"{len(plan.removable)} files, {plan.size / 1e6:,.1f} MB"
+        say(f"hpcbox: deleted {what}" if yes else f"hpcbox: run again with --yes to delete these {what}")
+
+
 @job_task(
     after="command",
     help={"command": "run this command there instead of an interactive `apptainer shell`"},

@@ -12,6 +12,13 @@ project of the user there, small things per project:
 A content-addressed file is uploaded under a hidden temporary name (rsync --partial: an interrupted
 upload resumes), its sha256 checked on the cluster, and only then renamed into place: a half or
 corrupted upload is never used. Files hpcbox creates there are written with umask 022.
+
+A new SIF or dataset goes up as a delta: the stored file it most likely shares blocks with (store.py
+picks it: this project's last job's, else the index's newest of the same flavour and compression) is
+linked (or copied) to the temporary name, and rsync sends only the blocks the cluster lacks. A SIF's
+squashfs is laid out deterministically, so one added package changes a fraction of a percent of it.
+One upload of a file at a time holds a lock beside it: a second submit that needs the same new file
+waits and then finds it in place, so it goes up once.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import gzip
 import hashlib
 import os
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +35,8 @@ from pathlib import Path
 from hpcbox.build.image import code_files
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.jobs import datasets
+from hpcbox.jobs import datasets, store
+from hpcbox.jobs.ledger import JobRecord
 from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import docker, ssh
 
@@ -71,6 +80,8 @@ class Payload:
     sif_size: int
     code: CodeSnapshot
     dataset: Dataset
+    flavour: str = ""
+    compression: str = ""
 
 
 @dataclass(frozen=True)
@@ -119,11 +130,11 @@ class _Layout:
 
     @property
     def sif(self) -> str:
-        return f"{self.root}/images/sha256/{self.payload.sif_sha256}.sif"
+        return f"{store.folder(self.root, 'sif')}/{self.payload.sif_sha256}.sif"
 
     @property
     def dataset(self) -> str:
-        return f"{self.root}/data/sha256/{self.payload.dataset.remote_name}"
+        return f"{store.folder(self.root, 'dataset')}/{self.payload.dataset.remote_name}"
 
     @property
     def submit_dir(self) -> str:
@@ -134,19 +145,42 @@ class _Layout:
         return f"{self.submit_dir}/code/{self.payload.code.name}"
 
 
-def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> tuple[str, dict[str, bool]]:
-    """The remote home, and which of the inputs are there already (one round trip)."""
+@dataclass(frozen=True)
+class _Probe:
+    home: str
+    present: dict[str, bool]
+    free_bytes: dict[str, int]  # kind -> bytes free where its store is (or would be)
+    store: store.Store
+
+
+def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
+    """The remote home, which of the inputs are there already, the free space where the store's files
+    go, and the store's listing (one round trip)."""
     checks = {"sif": ("-f", layout.sif), "dataset": ("-f", layout.dataset), "code": ("-d", layout.code_dir)}
-    lines = ['printf "%s\\n" "$HOME"']
+    lines = ['printf "home\\t%s\\n" "$HOME"']
     lines += [
-        f"if test {flag} {shlex.quote(path)}; then echo yes; else echo no; fi"
-        for flag, path in checks.values()
+        f"if test {flag} {shlex.quote(path)}; then echo 'present\t{name}'; fi"
+        for name, (flag, path) in checks.items()
     ]
+    for kind in store.FOLDERS:
+        # The nearest folder that exists: the store's own once there is one.
+        lines.append(
+            f"d={shlex.quote(store.folder(root, kind))}; "
+            'while test ! -d "$d"; do d=$(dirname "$d"); done; '
+            f"printf 'free\\t{kind}\\t%s\\n' \"$(df -Pk \"$d\" | awk 'NR==2 {{print $4}}')\""
+        )
+    lines.append(store.listing_script(root))
     done = connection.run("; ".join(lines), what=f"look at {root} on {connection.target.address}")
     answers = done.stdout.splitlines()
-    if len(answers) != 1 + len(checks):
-        raise HpcboxError(f"unexpected answer from {connection.target.address}: {done.stdout.strip()!r}")
-    return answers[0], {name: answer == "yes" for name, answer in zip(checks, answers[1:], strict=True)}
+    home = [line.split("\t", 1)[1] for line in answers if line.startswith("home\t")]
+    free = dict(line.split("\t")[1:3] for line in answers if line.startswith("free\t"))
+    if len(home) != 1 or set(free) != set(store.FOLDERS) or not all(v.isdigit() for v in free.values()):
+        raise HpcboxError(
+            f"unexpected answer from {connection.target.address}: {done.stdout.strip()[:200]!r}"
+        )
+    present = {name: f"present\t{name}" in answers for name in checks}
+    free_bytes = {kind: int(kilobytes) * 1024 for kind, kilobytes in free.items()}
+    return _Probe(home[0], present, free_bytes, store.parse_listing(answers))
 
 
 def remote_root(home: str, root: str) -> str:
@@ -159,35 +193,60 @@ def ship(
     project: str,
     *,
     root: str = DEFAULT_REMOTE_ROOT,
+    previous: JobRecord | None = None,
     dry_run: bool = False,
     say: Callable[[str], None] = print,
 ) -> Remote:
-    """Send what the cluster lacks of ``payload``; with ``dry_run``, only say what would be sent."""
+    """Send what the cluster lacks of ``payload``; with ``dry_run``, only say what would be sent.
+
+    ``previous``: this project's last job on the cluster, whose SIF and dataset are the first choice of
+    basis for a delta upload."""
     relative = _Layout(root, project, payload)
-    home, present = _probe(connection, relative, root)
-    layout = _Layout(remote_root(home, root), project, payload)
+    probe = _probe(connection, relative, root)
+    layout = _Layout(remote_root(probe.home, root), project, payload)
     sent: list[str] = []
     total = 0
+    now = time.time()
     uploads = {
-        "sif": (payload.sif_path, layout.sif, payload.sif_sha256, payload.sif_size),
-        "dataset": (
+        "sif": _Upload(
+            "sif",
+            payload.sif_path,
+            layout.sif,
+            payload.sif_sha256,
+            payload.sif_size,
+            store.StoredUse(
+                "sif", layout.sif.rsplit("/", 1)[1], project, payload.flavour, payload.compression, now
+            ),
+        ),
+        "dataset": _Upload(
+            "dataset",
             payload.dataset.path,
             layout.dataset,
             payload.dataset.sha256,
             payload.dataset.path.stat().st_size,
+            store.StoredUse("dataset", payload.dataset.remote_name, project, used_at=now),
         ),
     }
-    for name, (local, remote, sha256, size) in uploads.items():
-        if present[name]:
-            say(f"hpcbox: the cluster has the {name} already ({sha256[:12]})")
+    for name, upload in uploads.items():
+        if probe.present[name]:
+            say(f"hpcbox: the cluster has the {name} already ({upload.sha256[:12]})")
             continue
+        basis = store.choose_basis(probe.store, upload.use, _last_used(previous, name, layout, probe.store))
         if dry_run:
-            say(f"hpcbox: would upload the {name} {local} ({size:,} bytes) to {remote}")
+            how = f", only what {basis[:12]} lacks," if basis else ""
+            size = f"{upload.size:,} bytes"
+            say(f"hpcbox: would upload the {name} {upload.local} ({size}){how} to {upload.remote}")
             continue
-        say(f"hpcbox: uploading the {name} ({size / 1e6:,.1f} MB) to {remote}")
-        total += _upload_checked(connection, local, remote, sha256, size)
+        total += _upload_stored(connection, upload, basis, probe.free_bytes[name], say)
         sent.append(name)
-    if present["code"]:
+    if not dry_run:
+        # Every use, not only uploads: the index says which project still needs a file, and which
+        # of this project's files is the newest, the next delta's basis.
+        connection.run(
+            store.record_script(layout.root, [upload.use for upload in uploads.values()]),
+            what=f"record the files this job uses in the index on {connection.target.address}",
+        )
+    if probe.present["code"]:
         say(f"hpcbox: the cluster has this code snapshot already ({payload.code.name})")
     elif dry_run:
         say(f"hpcbox: would upload the code snapshot ({payload.code.files} files) to {layout.code_dir}")
@@ -205,32 +264,127 @@ def ship(
     )
 
 
+def _last_used(previous: JobRecord | None, kind: str, layout: _Layout, stored: store.Store) -> str | None:
+    """The name in the store of the ``kind`` file ``previous`` used, when it used this store."""
+    if previous is None:
+        return None
+    if kind == "sif":
+        folder, _, name = previous.sif.rpartition("/")
+        return name if folder == store.folder(layout.root, "sif") else None
+    names = stored.files.get("dataset", {})
+    return next((name for name in sorted(names) if name.startswith(previous.dataset_sha256)), None)
+
+
+@dataclass(frozen=True)
+class _Upload:
+    kind: str
+    local: Path
+    remote: str
+    sha256: str
+    size: int
+    use: store.StoredUse
+
+
 # What rsync's receiver reports when the disk or the user's quota is full (errno 28 and 122).
 _NO_ROOM = ("No space left on device", "Disk quota exceeded")
 
 
-def _upload_checked(connection: ssh.Connection, local: Path, remote: str, sha256: str, size: int) -> int:
-    folder, name = remote.rsplit("/", 1)
+def _upload_stored(
+    connection: ssh.Connection,
+    upload: _Upload,
+    basis: str | None,
+    free_bytes: int,
+    say: Callable[[str], None],
+) -> int:
+    """Upload one content-addressed file, as a delta against ``basis`` (a name in the same folder)
+    where there is one; the bytes that went over the wire."""
+    folder, name = upload.remote.rsplit("/", 1)
+    if free_bytes < upload.size:
+        raise _no_room(upload, folder, f"{free_bytes / 1e6:,.0f} MB free")
+
+    def waiting() -> None:
+        say(f"hpcbox: another submit is uploading this {upload.kind}; waiting for it")
+
+    with connection.lock(f"{folder}/.{name}.lock", on_wait=waiting):
+        start = _start_upload(connection, folder, name, basis)
+        if start == "present":
+            say(f"hpcbox: the cluster has the {upload.kind} now (another submit uploaded it)")
+            return 0
+        if start == "nobasis":
+            say(f"hpcbox: {basis} cannot be read on the cluster; sending the whole {upload.kind}")
+        if start in ("linked", "copied"):
+            say(
+                f"hpcbox: uploading the {upload.kind} ({upload.size / 1e6:,.1f} MB) to {upload.remote}, "
+                f"only what {basis[:12] if basis else ''} lacks"
+            )
+        else:
+            say(f"hpcbox: uploading the {upload.kind} ({upload.size / 1e6:,.1f} MB) to {upload.remote}")
+        against_basis = start in ("linked", "copied", "resume")
+        transfer = _send(connection, upload, folder, name, against_basis=against_basis)
+        try:
+            settle(connection, folder, name, upload.sha256, upload.local.name)
+        except HpcboxError as wrong:
+            if not against_basis or "different sha256" not in wrong.message:
+                raise
+            say(f"hpcbox: the {upload.kind} built on the cluster's copy did not check out; sending it whole")
+            retry = _send(connection, upload, folder, name, against_basis=False)
+            settle(connection, folder, name, upload.sha256, upload.local.name)
+            transfer = ssh.Transfer(transfer.sent + retry.sent, transfer.received + retry.received)
+    if against_basis:
+        share = transfer.sent / upload.size if upload.size else 0.0
+        say(f"hpcbox: sent {transfer.sent / 1e6:,.1f} MB of {upload.size / 1e6:,.1f} MB ({share:.2%})")
+    return transfer.sent
+
+
+def _start_upload(connection: ssh.Connection, folder: str, name: str, basis: str | None) -> str:
+    """Under the upload's lock: "present" (another upload finished it), "resume" (an interrupted
+    upload's part is the basis), "linked"/"copied" (``basis`` is at the temporary name), "nobasis"
+    (it could not be), or "fresh" (no basis)."""
+    temporary, final = shlex.quote(f".{name}.partial"), shlex.quote(name)
+    lines = [
+        f"cd {shlex.quote(folder)} || exit 1",
+        f"if test -f {final}; then echo present; exit 0; fi",
+        f"if test -e {temporary}; then echo resume; exit 0; fi",
+    ]
+    if basis is None:
+        lines.append("echo fresh")
+    else:
+        # A hard link costs no space, and rsync never writes into its basis (it renames a new file
+        # over the temporary name); a copy where the store's file is not ours to link.
+        copy = shlex.quote(f".{name}.copy") + ".$$"
+        lines += [
+            f"if ln {shlex.quote(basis)} {temporary} 2>/dev/null; then echo linked; exit 0; fi",
+            f"if cp --reflink=auto {shlex.quote(basis)} {copy} 2>/dev/null && mv -f {copy} {temporary}; "
+            "then echo copied; exit 0; fi",
+            f"rm -f {copy}; echo nobasis",
+        ]
+    done = connection.run("\n".join(lines), what=f"prepare the upload of {name}")
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "fresh"
+
+
+def _send(
+    connection: ssh.Connection, upload: _Upload, folder: str, name: str, *, against_basis: bool
+) -> ssh.Transfer:
     partial = f"{folder}/.{name}.partial"
-    connection.run(
-        f"umask 022 && mkdir -p {shlex.quote(folder)}", what=f"create {folder} on {connection.target.address}"
-    )
-    progress = ssh.progress_printer(size) if size > 50_000_000 else None
+    big = upload.size > 50_000_000
+    progress = ssh.progress_printer(upload.size, against_basis=against_basis) if big else None
     try:
-        transfer = connection.upload(local, partial, on_progress=progress)
+        return connection.upload(upload.local, partial, on_progress=progress, against_basis=against_basis)
     except HpcboxError as failed:
         full = next((sign for sign in _NO_ROOM if sign in failed.details), None)
         if full is None:
             raise
         # Kept for a resumed upload, the part that arrived would only hold on to the space that ran out.
         connection.run(["rm", "-f", "--", partial], what=f"remove {partial}", check=False)
-        raise HpcboxError(
-            f"the cluster has no room for {local.name} ({size / 1e6:,.0f} MB) in {folder}: {full}",
-            "free space there (SIFs of environments no job uses any more can go) or ask for more quota; "
-            "nothing was submitted",
-        ) from failed
-    settle(connection, folder, name, sha256, local.name)
-    return transfer.sent
+        raise _no_room(upload, folder, full) from failed
+
+
+def _no_room(upload: _Upload, folder: str, why: str) -> HpcboxError:
+    return HpcboxError(
+        f"the cluster has no room for {upload.local.name} ({upload.size / 1e6:,.0f} MB) in {folder}: {why}",
+        "free space there (`hpcbox prune --cluster=NAME` lists the files no recent job uses) or ask for "
+        "more quota; nothing was submitted",
+    )
 
 
 def settle(connection: ssh.Connection, folder: str, name: str, sha256: str, what: str) -> None:

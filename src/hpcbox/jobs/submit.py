@@ -72,7 +72,9 @@ def prepare_payload(
     )
     _require_cuda(environment.flavour, gpus, "the flavour this machine could build")
     sif = build_sif(environment, compression=compression, cache=cache, say=say, on_line=on_line)
-    payload = ship.Payload(sif.path, sif.sha256, sif.size, code, dataset)
+    payload = ship.Payload(
+        sif.path, sif.sha256, sif.size, code, dataset, environment.flavour, sif.compression
+    )
     return payload, environment
 
 
@@ -109,7 +111,15 @@ def submit(
     started = time.monotonic()
     with ssh.Connection(target) as connection:
         connected = time.monotonic()
-        remote = ship.ship(connection, payload, project.name, root=remote_root, dry_run=dry_run, say=say)
+        remote = ship.ship(
+            connection,
+            payload,
+            project.name,
+            root=remote_root,
+            previous=_last_job_on(project, target),
+            dry_run=dry_run,
+            say=say,
+        )
         shipped = time.monotonic()
         inputs = JobInputs(
             sif=remote.sif,
@@ -149,6 +159,11 @@ def submit(
     record = replace(record, via=via, sweep=sweep.points if sweep else (), resubmits=resubmits)
     Ledger(project).add(record, script.text)
     return record
+
+
+def _last_job_on(project: ProjectConfig, target: ssh.Target) -> JobRecord | None:
+    """This project's last job submitted through ``target`` (its SIF is the next delta's basis)."""
+    return next((r for r in reversed(Ledger(project).all()) if r.host == target.address), None)
 
 
 def _record(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import shlex
 import shutil
@@ -134,6 +135,45 @@ def stream(
     if returncode != 0:
         raise failure(what, returncode, "\n".join(tail), hint, argv)
     return list(tail)
+
+
+@contextlib.contextmanager
+def held(
+    argv: Sequence[str],
+    *,
+    what: str,
+    hint: str = "",
+    ready: str,
+    on_line: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """Run ``argv``, which holds something (a lock) while its stdin stays open: the block runs once
+    it prints the line ``ready``; leaving the block closes its stdin, and it ends. Lines before
+    ``ready`` go to ``on_line``; if it ends without printing ``ready``, that is the failure raised.
+    """
+    try:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+    except FileNotFoundError as exc:
+        raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
+    assert proc.stdin is not None and proc.stdout is not None
+    said: list[str] = []
+    try:
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if line == ready:
+                break
+            said.append(line)
+            if on_line is not None:
+                on_line(line)
+        else:
+            returncode = proc.wait()
+            raise failure(what, returncode, "\n".join(said), hint, argv)
+        yield
+    finally:
+        proc.stdin.close()
+        proc.stdout.close()
+        proc.wait()
 
 
 def _lines(pipe: IO[bytes], carriage_returns: bool) -> Iterator[bytes]:

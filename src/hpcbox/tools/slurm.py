@@ -231,6 +231,32 @@ def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
     return state
 
 
+def unfinished_jobs(connection: ssh.Connection) -> set[str]:
+    """The ids of the login user's jobs Slurm still holds (pending, running, completing, ...): an
+    array's by its own id. A failure raises: a caller deciding what a job still needs cannot guess."""
+    done = connection.run(
+        'squeue --noheader --user="$(id -un)" --format=%F',
+        what="ask squeue which of your jobs are still queued or running",
+    )
+    return {line.strip() for line in done.stdout.splitlines() if line.strip()}
+
+
+def end_times(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, str]:
+    """When each of ``job_ids`` ended, as sacct says it (`2026-11-25T10:09:00`), for those it knows;
+    empty where accounting does not answer."""
+    if not job_ids:
+        return {}
+    done = connection.run(
+        ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={','.join(job_ids)}", "--format=JobID,End"],
+        what="ask sacct when your jobs ended",
+        check=False,
+    )
+    if done.returncode != 0:
+        return {}
+    rows = _read(parse_sacct, done.stdout, ("JobID", "End"))
+    return {row["JobID"]: row["End"] for row in rows if row["End"][:1].isdigit()}
+
+
 def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> list[dict[str, str]]:
     """The accounting of the job and its steps: a row per line, ``fields`` by name."""
     done = connection.run(

@@ -11,6 +11,7 @@ command through it: a site with two-factor login asks once per hpcbox command.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import shlex
@@ -18,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,18 +148,31 @@ def known_hosts_line(host: str, port: int, public_key: str) -> str:
 
 @dataclass(frozen=True)
 class Transfer:
-    """What one rsync moved: bytes sent and received over the wire (its --stats)."""
+    """What one rsync moved: bytes sent and received over the wire, and of the files' bytes, how many
+    went as literal data and how many the receiver already had (its --stats)."""
 
     sent: int
     received: int
+    literal: int = 0
+    matched: int = 0
 
 
-_STAT = re.compile(r"^Total bytes (sent|received): ([\d,]+)", re.MULTILINE)
+_STAT = re.compile(
+    r"^(Total bytes sent|Total bytes received|Literal data|Matched data): ([\d,]+)", re.MULTILINE
+)
+_STAT_FIELDS = {
+    "Total bytes sent": "sent",
+    "Total bytes received": "received",
+    "Literal data": "literal",
+    "Matched data": "matched",
+}
 
 
 def parse_rsync_stats(lines: Sequence[str]) -> Transfer:
-    found = {kind: int(number.replace(",", "")) for kind, number in _STAT.findall("\n".join(lines))}
-    return Transfer(found.get("sent", 0), found.get("received", 0))
+    found = {
+        _STAT_FIELDS[name]: int(number.replace(",", "")) for name, number in _STAT.findall("\n".join(lines))
+    }
+    return Transfer(**{field: found.get(field, 0) for field in _STAT_FIELDS.values()})
 
 
 # sshd drops connections beyond its MaxStartups (by default, at random once 10 are unauthenticated at
@@ -271,11 +285,12 @@ class Connection:
         *,
         what: str,
         on_progress: Callable[[str], None] | None,
+        extra: Sequence[str] = (),
     ) -> Transfer:
         rsync = proc.require("rsync", RSYNC_HINT)
         shell = shlex.join([proc.require("ssh", INSTALL_HINT), *options(self.target)])
         shell += f" -o ControlPath={shlex.quote(str(self.control_path))} -o ControlMaster=no"
-        argv = [rsync, "--archive", "--partial", "--stats", "--rsh", shell]
+        argv = [rsync, "--archive", "--partial", "--stats", "--rsh", shell, *extra]
         if on_progress is not None:
             argv.append("--info=progress2")
         lines = proc.stream(
@@ -289,11 +304,22 @@ class Connection:
         return parse_rsync_stats(lines)
 
     def upload(
-        self, source: Path, remote_path: str, *, on_progress: Callable[[str], None] | None = None
+        self,
+        source: Path,
+        remote_path: str,
+        *,
+        on_progress: Callable[[str], None] | None = None,
+        against_basis: bool = False,
     ) -> Transfer:
         """rsync ``source`` (a file, or a folder's contents with a trailing /) to ``remote_path``.
 
         --partial keeps what arrived of an interrupted upload, so the next try sends only the rest.
+        Whatever is at ``remote_path`` already is rsync's basis: only the blocks it lacks are sent.
+        rsync writes the result to a new file and renames it over ``remote_path``, never into the
+        basis itself, so a basis linked there from elsewhere is left as it was (and --inplace would
+        lose every block that moved to a later offset: measured, 0.1 % of a SIF matched instead of
+        99.6 %). ``against_basis``: the file there is another file, which may have the same size and
+        time as ``source``: compare the contents always.
         """
         name = str(source) + ("/" if source.is_dir() else "")
         return self._rsync(
@@ -301,7 +327,31 @@ class Connection:
             f"{self.target.host}:{remote_path}",
             what=f"upload {source.name} to {self.target.address}",
             on_progress=on_progress,
+            extra=("--ignore-times",) if against_basis else (),
         )
+
+    @contextlib.contextmanager
+    def lock(self, path: str, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        """Hold an exclusive flock(1) on the remote file ``path`` (created if missing) for the block.
+
+        The lock lives in a remote shell that ends when its stdin closes: leaving the block, or this
+        process or its connection dying, releases it. ``on_wait`` is called once if another holder
+        makes this one wait. A cluster without flock(1) runs the block unlocked.
+        """
+        folder = path.rsplit("/", 1)[0] if "/" in path else "."
+        script = (
+            f"umask 022 && mkdir -p {shlex.quote(folder)} && exec 9>>{shlex.quote(path)} || exit 1; "
+            "if command -v flock >/dev/null 2>&1; then flock -n 9 || { echo waiting; flock 9; }; fi; "
+            "echo locked; exec cat >/dev/null"
+        )
+        with proc.held(
+            self.argv(script),
+            what=f"lock {path} on {self.target.address}",
+            hint=self._hint(),
+            ready="locked",
+            on_line=lambda line: on_wait() if on_wait is not None and line == "waiting" else None,
+        ):
+            yield
 
     def download(self, remote_path: str, local: Path) -> Transfer:
         """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable."""
@@ -314,18 +364,29 @@ class Connection:
         )
 
 
-def progress_printer(total: int, write: Callable[[str], None] | None = None) -> Callable[[str], None]:
-    """An rsync --info=progress2 line handler that prints bytes, rate and ETA at most every 2 s."""
+def progress_printer(
+    total: int, write: Callable[[str], None] | None = None, *, against_basis: bool = False
+) -> Callable[[str], None]:
+    """An rsync --info=progress2 line handler that prints bytes, rate and ETA at most every 2 s.
+
+    ``against_basis``: rsync's count is of the file's bytes in place on the cluster, most of them
+    taken from the basis there, not sent: said so, and no rate, which would be no network's."""
     out = write or (lambda text: print(text, file=sys.stderr, flush=True))
     last = [0.0]
+    finished = [False]
 
     def show(line: str) -> None:
         now = time.monotonic()
-        if now - last[0] < 2 and "100%" not in line:
+        done = "100%" in line
+        if finished[0] or (now - last[0] < 2 and not done):
             return
-        last[0] = now
+        last[0], finished[0] = now, done
         fields = line.split()
-        if len(fields) >= 4:
+        if len(fields) < 4:
+            return
+        if against_basis:
+            out(f"  {fields[0]} of {total:,} bytes in place ({fields[1]}), ETA {fields[3]}")
+        else:
             out(f"  {fields[0]} of {total:,} bytes ({fields[1]}), {fields[2]}, ETA {fields[3]}")
 
     return show

@@ -1,0 +1,256 @@
+"""The cluster's store over SSH to the mini cluster's login node: a changed environment goes up as a
+delta (real rsync against a basis on the cluster), uploads of one file at once go up once (a real
+flock there), a basis that cannot be trusted or read still gives the right file (sha256sum there),
+and `hpcbox prune` lists and removes what no kept job needs.
+
+Runs after test_submit.py (file order): the session's project has jobs and its SIF on the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from hpcbox import jobs
+from hpcbox.errors import HpcboxError
+from hpcbox.files import file_sha256
+from hpcbox.jobs import ship, store
+from hpcbox.tools import ssh
+from tests.integration.test_submit import Setup, finished, invoke, log_of, make_setup, submit
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+# One Debian package more in the cpu environment: what a user's "add one dependency" looks like. Its
+# pin is held like any other (the snapshot archive serves it once Debian's mirror moves on).
+ADDED_PACKAGE = "python3-tqdm=4.67.1-5"
+LONG = ("--epochs", "200", "--steps-per-epoch", "500", "--workers", "0")
+SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeltaJobs:
+    running: jobs.JobRecord  # the environment as it was, still running
+    added: jobs.JobRecord  # the environment with one package more, sent as a delta
+
+
+@pytest.fixture(scope="module")
+def setup(
+    minicluster, minicluster_state, session_project, trainer_image, trainer_sif, sif_cache, tmp_path_factory
+) -> Setup:
+    """As test_submit.py's: the session's project, its dataset, and the CLI's environment."""
+    return make_setup(
+        minicluster, minicluster_state, session_project, trainer_image, sif_cache, tmp_path_factory
+    )
+
+
+@pytest.fixture(scope="module")
+def delta_jobs(setup: Setup, minicluster):
+    """A long job in the session's environment, then a short one after one package was added to it and
+    the trainer made to import that package; the long one is cancelled at the end."""
+    running = submit(setup, minicluster, LONG)
+    lock = setup.project_dir / "docker" / "lock" / "apt-cpu.txt"
+    main = setup.project_dir / "src" / "hpctrain" / "__main__.py"
+    lock_text, main_text = lock.read_text(), main.read_text()
+    lock.write_text(lock_text + ADDED_PACKAGE + "\n")
+    main.write_text(
+        "import sys, tqdm\nprint('imported tqdm', tqdm.__version__, file=sys.stderr)\n" + main_text
+    )
+    try:
+        added = submit(setup, minicluster, SHORT)
+    finally:
+        lock.write_text(lock_text)
+        main.write_text(main_text)
+    assert running is not None and added is not None
+    yield DeltaJobs(running, added)
+    minicluster.ssh(["scancel", running.job_id])
+
+
+def remote_sha256(minicluster, path: str) -> str:
+    return minicluster.ssh(["sha256sum", path], check=True).stdout.split()[0]
+
+
+def test_one_added_package_sends_under_one_percent_of_the_sif_and_the_job_imports_it(
+    delta_jobs: DeltaJobs, minicluster
+):
+    before, after = delta_jobs.running, delta_jobs.added
+    assert after.sif_sha256 != before.sif_sha256
+    assert after.sent == ("sif", "code")
+    size = int(minicluster.ssh(["stat", "-c", "%s", after.sif], check=True).stdout)
+    # rsync's own count of what went over the wire, the code snapshot's bytes included
+    assert after.bytes_sent < size / 100, (after.bytes_sent, size)
+    assert remote_sha256(minicluster, after.sif) == after.sif_sha256
+    assert remote_sha256(minicluster, before.sif) == before.sif_sha256  # the basis, untouched
+    final = finished(minicluster, after)
+    log = log_of(minicluster, after)
+    assert final.state == "COMPLETED", log
+    assert "imported tqdm 4.67.1" in log
+    index = minicluster.ssh(f"cat {after.sif.rsplit('/', 2)[0]}/index/*", check=True).stdout
+    uses = [store.StoredUse.from_line(line) for line in index.splitlines()]
+    mine = [use for use in uses if use and use.name == after.sif.rsplit("/", 1)[1]]
+    assert [(use.project, use.flavour, use.compression) for use in mine] == [("trainer", "cpu", "zstd:3")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Files:
+    """Files of random bytes on this side, each a variant of the one before (as environments are)."""
+
+    directory: Path
+
+    def make(self, name: str, data: bytes) -> ship._Upload:
+        path = self.directory / name
+        path.write_bytes(data)
+        sha256 = file_sha256(path)
+        use = store.StoredUse("sif", f"{sha256}.sif", "delta-test", "cpu", "zstd:3")
+        return ship._Upload("sif", path, f"{self.folder}/{sha256}.sif", sha256, len(data), use)
+
+    @property
+    def folder(self) -> str:
+        return f"hpcbox-delta-{self.directory.name}"
+
+
+def upload(minicluster, item: ship._Upload, basis: str | None, said: list[str] | None = None) -> int:
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        return ship._upload_stored(
+            connection, item, basis, 1 << 40, (said if said is not None else []).append
+        )
+
+
+def variant(data: bytes, at: int) -> bytes:
+    """``data`` with 64 KiB of new bytes inserted at ``at``: every later block moves."""
+    return data[:at] + os.urandom(64 << 10) + data[at:]
+
+
+@pytest.fixture
+def files(minicluster, tmp_path: Path):
+    made = Files(tmp_path / uuid.uuid4().hex[:8])
+    made.directory.mkdir()
+    yield made
+    minicluster.ssh(["rm", "-rf", made.folder])
+
+
+def test_a_tampered_or_unreadable_basis_still_gives_the_right_file(files: Files, minicluster):
+    first = files.make("first", os.urandom(16 << 20))
+    assert upload(minicluster, first, None) > 16 << 20
+    second = files.make("second", variant(first.local.read_bytes(), 5 << 20))
+    basis = first.remote.rsplit("/", 1)[1]
+    assert upload(minicluster, second, basis) < 1 << 20  # 64 KiB new: well under 1 MB of 16
+    assert remote_sha256(minicluster, second.remote) == second.sha256
+    assert remote_sha256(minicluster, first.remote) == first.sha256  # linked, never written into
+
+    # 4 MiB of the basis overwritten after its upload: rsync's own check finds those blocks missing
+    # and sends them whole; the sha256 on the cluster is the new file's.
+    minicluster.ssh(f"head -c 4194304 /dev/zero | dd of={first.remote} bs=1M seek=8 conv=notrunc status=none")
+    third = files.make("third", variant(first.local.read_bytes(), 9 << 20))
+    sent = upload(minicluster, third, basis)
+    assert 4 << 20 < sent < 6 << 20
+    assert remote_sha256(minicluster, third.remote) == third.sha256
+
+    # A basis the user may neither link nor read (another user's, in a group's store): sent whole.
+    login = minicluster.node_container("login")
+    assert (
+        login.exec_run(
+            ["sh", "-c", f"chown root: ~researcher/{second.remote} && chmod 0600 ~researcher/{second.remote}"]
+        ).exit_code
+        == 0
+    )
+    fourth = files.make("fourth", variant(second.local.read_bytes(), 1 << 20))
+    said: list[str] = []
+    assert upload(minicluster, fourth, second.remote.rsplit("/", 1)[1], said) > 16 << 20
+    assert any("cannot be read on the cluster; sending the whole sif" in line for line in said), said
+    assert remote_sha256(minicluster, fourth.remote) == fourth.sha256
+
+    # The local file changed after its sha256 was taken: the delta's result does not check out, the
+    # whole file follows, and when that does not either, nothing is left in place.
+    fifth = files.make("fifth", variant(first.local.read_bytes(), 2 << 20))
+    fifth.local.write_bytes(os.urandom(1 << 20) + fifth.local.read_bytes()[1 << 20 :])
+    said = []
+    with pytest.raises(HpcboxError, match="arrived with a different sha256"):
+        upload(minicluster, fifth, basis, said)
+    assert any("did not check out; sending it whole" in line for line in said), said
+    left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
+    assert not [name for name in left if name.startswith((fifth.sha256, f".{fifth.sha256}.sif.partial"))]
+
+
+def test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once(files: Files, minicluster):
+    base = files.make("base", os.urandom(8 << 20))
+    upload(minicluster, base, None)
+    basis = base.remote.rsplit("/", 1)[1]
+    for round_number in range(3):
+        # Two new files from one basis at once, each under its own temporary name.
+        a = files.make(f"a{round_number}", variant(base.local.read_bytes(), 1 << 20))
+        b = files.make(f"b{round_number}", variant(base.local.read_bytes(), 6 << 20))
+        with ThreadPoolExecutor(2) as pool:
+            sent = list(pool.map(lambda item: upload(minicluster, item, basis), [a, b]))
+        assert all(0 < count < 1 << 20 for count in sent), sent
+        assert [remote_sha256(minicluster, item.remote) for item in (a, b)] == [a.sha256, b.sha256]
+        # One new file needed by two at once: one uploads it, the other finds it in place after.
+        c = files.make(f"c{round_number}", variant(base.local.read_bytes(), 3 << 20))
+        said: list[str] = []
+        with ThreadPoolExecutor(2) as pool:
+            sent = list(pool.map(lambda item: upload(minicluster, item, basis, said), [c, c]))  # noqa: B023
+        assert sorted(count == 0 for count in sent) == [False, True], sent
+        assert any("another submit uploaded it" in line for line in said), said
+        assert remote_sha256(minicluster, c.remote) == c.sha256
+    left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
+    assert not [name for name in left if name.endswith(".partial") or ".copy." in name]
+
+
+def _stored_file(minicluster, root: str, project: str, used_at: float) -> str:
+    """A file in the store with an index entry of ``project`` (none for ""): its path."""
+    name = f"{uuid.uuid4().hex}{uuid.uuid4().hex}.sif"
+    path = f"{store.folder(root, 'sif')}/{name}"
+    minicluster.ssh(f"head -c 100000 /dev/urandom > {path}", check=True)
+    if project:
+        use = store.StoredUse("sif", name, project, "cpu", "zstd:3", used_at)
+        minicluster.ssh(store.record_script(root, [use]), check=True)
+    return path
+
+
+def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
+    delta_jobs: DeltaJobs,
+    setup: Setup,
+    minicluster,
+):
+    root = delta_jobs.added.submit_dir.rsplit("/", 1)[0]
+    old_one = _stored_file(minicluster, root, "trainer", 1.0)  # this project's, used long ago by no job
+    others = _stored_file(minicluster, root, "another-project", 1.0)
+    nobodys = _stored_file(minicluster, root, "", 1.0)
+
+    def listing() -> list[str]:
+        found = minicluster.ssh(f"find {root} -mindepth 3 -maxdepth 3 ! -name '.*'", check=True)
+        return sorted(found.stdout.split())
+
+    before = listing()
+    dry = invoke(setup, "prune", "--cluster", "local", "--keep", "1")
+    assert dry.returncode == 0, dry.stderr
+    assert listing() == before  # the dry run changes nothing
+    listed = [line.split()[-1] for line in dry.stdout.splitlines() if line.startswith("  ")]
+    assert old_one in listed
+    assert others not in listed and nobodys not in listed
+    kept = {delta_jobs.running.sif, delta_jobs.added.sif}  # the running job's, and the last job's
+    assert not kept & set(listed)
+    assert "jobs kept (the last 1, and any still queued or running)" in dry.stdout
+    assert "run again with --yes" in dry.stderr
+
+    done = invoke(setup, "prune", "--cluster", "local", "--keep", "1", "--yes")
+    assert done.returncode == 0, done.stderr
+    after = listing()
+    gone = set(before) - set(after)
+    assert set(listed) <= gone
+    # and this project's index entries of the files removed, nothing else
+    entries = {path.rsplit("/", 1)[1] for path in gone - set(listed)}
+    assert entries == {f"{path.rsplit('/', 1)[1]}@trainer" for path in listed if "/code/" not in path} & (
+        entries
+    )
+    assert f"{old_one.rsplit('/', 1)[1]}@trainer" in entries
+    assert kept <= set(after) and {others, nobodys} <= set(after)
+    assert jobs.Ledger(setup.project()).find(delta_jobs.running.job_id)  # still in the ledger
+    state = minicluster.ssh(["squeue", "-h", "-j", delta_jobs.running.job_id, "-o", "%T"], check=True)
+    assert state.stdout.strip() == "RUNNING"
+    again = invoke(setup, "prune", "--cluster", "local", "--keep", "1")
+    assert "nothing to prune" in again.stdout
