@@ -9,23 +9,17 @@ The one-off cold image build is measured separately by `image_build_cold` only w
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from benchkit import free_port
 from hpcbox import minicluster
 from hpcbox.minicluster import node_image
 
 REPEATS = 3
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _timed(action) -> float:
@@ -42,7 +36,7 @@ def run() -> list[dict]:
     fresh, again, down = [], [], []
     with tempfile.TemporaryDirectory(prefix="hpcbox-bench-cluster-") as state:
         for _ in range(REPEATS):
-            spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=_free_port())
+            spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=free_port())
             try:
                 fresh.append(_timed(lambda spec=spec: minicluster.up(spec, Path(state))))
                 again.append(_timed(lambda spec=spec: minicluster.up(spec, Path(state))))

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,6 +27,7 @@ import time
 import uuid
 from pathlib import Path
 
+from benchkit import copy_project, free_port
 from hpcbox import jobs, minicluster
 from hpcbox.build.image import build_image
 from hpcbox.cli.demo import make_dataset
@@ -36,30 +35,12 @@ from hpcbox.project.config import load_project
 from hpcbox.tools import slurm, ssh
 
 REPO = Path(__file__).resolve().parents[1]
-PROJECT_FILES = ("pyproject.toml", "docker", "src/hpctrain")
 ROUNDS = 7
 # What the floor submits: a script already on the login node, which only waits to be cancelled.
 FLOOR_SCRIPT = "bench-floor.sh"
 FLOOR_TEXT = "#!/bin/sh\n#SBATCH --job-name=floor\n#SBATCH --time=10\nsleep 600\n"
 SUBMIT_ARGS = ("--cluster=local", "--offline", "--job-name=bench", "--time=10")
 TRAINER_ARGS = ("--", "--epochs", "1000")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _copy_project(into: Path) -> Path:
-    into.mkdir()
-    for name in PROJECT_FILES:
-        source = REPO / name
-        if source.is_dir():
-            shutil.copytree(source, into / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, into / name)
-    return into
 
 
 def _hpcbox(root: Path, env: dict[str, str], *argv: str) -> tuple[float, str]:
@@ -132,9 +113,9 @@ def _change_code(root: Path) -> None:
 def run() -> list[dict]:
     quiet = lambda _line: None  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="hpcbox-bench-submit-") as work:
-        root = _copy_project(Path(work) / "project")
+        root = copy_project(Path(work) / "project")
         project = load_project(root)
-        spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=_free_port())
+        spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=free_port())
         # The project's own SIF cache, and its mini cluster: nothing of this checkout's is used or left.
         env = {**os.environ, "HPCBOX_CACHE": str(Path(work) / "cache"), "HPCBOX_MINICLUSTER": spec.name}
         env.pop("HPCBOX_MINICLUSTER_STATE", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,6 +134,25 @@ def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
         assert cluster.exec(host, ["ls", "-A", "/localscratch"]).stdout.strip() == ""
 
 
+def test_sbatch_check_takes_the_users_own_account_the_profile_cannot_know(
+    rehearsals,
+    setup: Setup,  # noqa: F811
+):
+    """carc's profile cannot know the user's accounts: the rehearsal takes the one the user names, and
+    Slurm's own check then passes, as at the site for a member of it."""
+    cluster = rehearsals.like("carc")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    account = f"ttrojan_{uuid.uuid4().hex[:6]}"
+    args = ("sbatch", "--cluster=carc", "--via=local", "--check", f"--account={account}", "--gpus=1")
+    checked = invoke(setup, *args, "--time=1:00:00", env=env)
+    assert checked.returncode == 0, checked.stderr
+    assert "to start at" in checked.stderr
+    assert f"the rehearsal's accounting has account {account} now" in checked.stderr
+    again = invoke(setup, *args, "--time=1:00:00", env=env)  # known now: said once
+    assert again.returncode == 0 and "has account" not in again.stderr, again.stderr
+    assert cluster.ssh(["squeue", "--noheader"]).stdout.strip() == ""  # --test-only submits nothing
+
+
 def test_carc_refuses_a_job_without_an_account_by_slurms_own_answer(rehearsals):
     refuses_a_job_without_an_account(rehearsals, "carc")
 
@@ -164,8 +184,10 @@ def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(r
 @pytest.mark.parametrize(
     ("name", "flags"),
     [
-        ("edi", ("--gpus=1", "--cpus=1", "--mem=2G", "--time=10")),
-        ("m3", ("--gpus=1", "--gpu-type=V100", f"--account={ACCOUNT}", "--time=10")),
+        # The Edinburgh cluster-scripts' own log header: a folder of the user's, %u made by hpcbox.
+        ("edi", ("--gpus=1", "--cpus=1", "--mem=2G", "--time=10", "--log=/home/%u/slogs/sl_%A.out")),
+        # The user's own project account, which the rehearsal did not know (M3's profile lists none).
+        ("m3", ("--gpus=1", "--gpu-type=V100", f"--account=vf68-{uuid.uuid4().hex[:6]}", "--time=10")),
     ],
 )
 def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, name: str, flags):  # noqa: F811
@@ -184,6 +206,11 @@ def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, 
     )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().splitlines()[-1]
+    account = next((flag.split("=", 1)[1] for flag in flags if flag.startswith("--account=")), None)
+    if account:
+        assert f"the rehearsal's accounting has account {account} now" in submitted.stderr
+        accounted = cluster.ssh(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "account"], check=True)
+        assert accounted.stdout.split() == [account]
     followed = invoke(setup, "logs", "--follow", "-j", job_id, f"--cluster={name}-via-local", env=env)
     assert followed.returncode == 0, followed.stderr
     assert "the trainer exited with status 0" in followed.stdout, followed.stdout
@@ -201,6 +228,9 @@ def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, 
     script = cluster.ssh(["cat", record.script], check=True).stdout
     assert f"--partition={profiles.load_profile(name).default_partition.name}" in script
     assert ("gpu:V100:1" if name == "m3" else "--gres=gpu:1") in script
+    if name == "edi":
+        assert record.log == f"/home/researcher/slogs/sl_{job_id}.out"
+        assert "#SBATCH --output=/home/%u/slogs/sl_%A.out" in script
 
 
 def test_m3_refuses_a_job_without_an_account_by_slurms_own_answer(rehearsals):

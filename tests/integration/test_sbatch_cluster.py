@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.minicluster.spec import USER
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
@@ -46,7 +47,7 @@ class JobDir:
 
     def submit(self, script: JobScript, name: str) -> str:
         text = shlex.quote(script.text)
-        dirs = " ".join(shlex.quote(d) for d in script.directories_to_create)
+        dirs = " ".join(shlex.quote(d) for d in script.directories_to_create(USER))
         done = self.sh(f"mkdir -p {dirs} && printf %s {text} > {name} && sbatch --parsable {name}")
         job_id = done.stdout.strip().split(";")[0]
         assert job_id.isdigit(), done

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tarfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -200,6 +201,23 @@ def test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once(files: F
     assert not [name for name in left if name.endswith(".partial") or ".copy." in name]
 
 
+def test_a_grown_dataset_directory_goes_up_as_a_delta(setup: Setup, minicluster, tmp_path: Path):
+    directory = tmp_path / "grown"
+    with tarfile.open(setup.data) as archive:
+        archive.extractall(directory, filter="data")
+    (directory / "extra.bin").write_bytes(os.urandom(8 << 20))
+    first = submit(setup, minicluster, data=directory)
+    (directory / "more.txt").write_text("one file more, in the middle of the archive\n")
+    second = submit(setup, minicluster, data=directory)
+    assert first is not None and second is not None
+    minicluster.ssh(["scancel", first.job_id, second.job_id])
+    assert second.sent == ("dataset",) and second.dataset_sha256 != first.dataset_sha256
+    stored = f"{store.folder(second.submit_dir.rsplit('/', 1)[0], 'dataset')}/{second.dataset_sha256}.tar"
+    size = int(minicluster.ssh(["stat", "-c", "%s", stored], check=True).stdout)
+    assert size > 8 << 20 and second.bytes_sent < size / 20, (second.bytes_sent, size)
+    assert remote_sha256(minicluster, stored) == second.dataset_sha256
+
+
 def _stored_file(minicluster, root: str, project: str, used_at: float) -> str:
     """A file in the store with an index entry of ``project`` (none for ""): its path."""
     name = f"{uuid.uuid4().hex}{uuid.uuid4().hex}.sif"
@@ -232,7 +250,8 @@ def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
     listed = [line.split()[-1] for line in dry.stdout.splitlines() if line.startswith("  ")]
     assert old_one in listed
     assert others not in listed and nobodys not in listed
-    kept = {delta_jobs.running.sif, delta_jobs.added.sif}  # the running job's, and the last job's
+    last = jobs.Ledger(setup.project()).all()[-1]
+    kept = {delta_jobs.running.sif, last.sif}  # the running job's, and the last job's (the next basis)
     assert not kept & set(listed)
     assert "jobs kept (the last 1, and any still queued or running)" in dry.stdout
     assert "run again with --yes" in dry.stderr

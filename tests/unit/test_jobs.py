@@ -193,7 +193,7 @@ def test_progress_of_a_delta_counts_bytes_in_place_not_a_rate_and_the_end_once()
     show("1000 100% 2.4GB/s 0:00:00 (xfr#1, to-chk=0/1)")
     assert shown == [
         "  500 of 1,000 bytes in place (50%), ETA 0:00:01",
-        "  1000 of 1,000 bytes in place (100%), ETA 0:00:00",
+        "  1000 of 1,000 bytes in place (100%), in 0:00:00",
     ]
 
 
@@ -319,7 +319,7 @@ def test_submit_makes_the_log_folders_and_unsets_what_the_script_says(tmp_path: 
     script = render_sbatch(local, checked, JobInputs.defaults("trainer"))
     assert script.overriding_environment == ("SBATCH_ACCOUNT", "SBATCH_PARTITION")
     job_id = slurm.submit(
-        Here(), str(submit_dir), "fit.sh", script.text, script.directories_to_create,
+        Here(), str(submit_dir), "fit.sh", script.text, script.directories_to_create("me"),
         unset=script.overriding_environment,
     )  # fmt: skip
     assert job_id == "4711"

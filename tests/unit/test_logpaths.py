@@ -18,6 +18,8 @@ from hpcbox.render.sbatch import JobInputs, render_sbatch
         ("/scratch/me/%x/100%%/%x-%5j.out", False),
         ("logs/%x-%A_%4a.out", True),
         ("logs/%u-%j.log", False),
+        ("/home/%u/slogs/sl_%A.out", False),  # the Edinburgh cluster-scripts' own header
+        ("/scratch/%u/logs/slurm-%j-%x.out", False),  # the Calcul Quebec course script's
     ],
 )
 def test_patterns_sbatch_expands_and_hpcbox_can_prepare_are_accepted(pattern: str, array: bool):
@@ -28,9 +30,9 @@ def test_patterns_sbatch_expands_and_hpcbox_can_prepare_are_accepted(pattern: st
     ("pattern", "problem"),
     [
         ("logs/%j/out.txt", "'logs/%j/out.txt': %j in the folder is only known once the job runs, and Slurm "
-                            "writes no log into a missing folder (allowed in folders: %x %%; put %j in the "
-                            "file name)"),
-        ("%u/x.out", "'%u/x.out': %u in the folder is only known once the job runs"),
+                            "writes no log into a missing folder (allowed in folders: %x %u %%; put %j in "
+                            "the file name)"),
+        ("%j/x.out", "'%j/x.out': %j in the folder is only known once the job runs"),
         ("logs/%N.out", "'logs/%N.out': '%N' is not a pattern hpcbox knows (allowed: %j %x %u %A %a %%)"),
         ("logs/x%", "'logs/x%': '%' is not a pattern hpcbox knows"),
         ("logs/%a.out", "'logs/%a.out': %a is an array task's id, and this job is no array"),
@@ -55,8 +57,9 @@ def test_expansion_is_what_sbatch_writes_with_the_array_task_left_to_a_glob():
     assert expand("logs/%x-%j.out", job_id="42", job_name="fit", user="me") == "logs/fit-42.out"
     assert expand("/s/%u/%%x-%6j", job_id="42", job_name="fit", user="me") == "/s/me/%x-000042"
     assert expand("logs/%x-%A_%3a.out", job_id="42", job_name="fit", user="me") == "logs/fit-42_*.out"
-    assert logpaths.folder("out/%x/100%%/%j.log", "fit") == "out/fit/100%"
-    assert logpaths.folder("%j.log", "fit") is None
+    assert logpaths.folder("out/%x/100%%/%j.log", "fit", "me") == "out/fit/100%"
+    assert logpaths.folder("/home/%u/slogs/sl_%A.out", "fit", "s123") == "/home/s123/slogs"
+    assert logpaths.folder("%j.log", "fit", "me") is None
 
 
 def _script(**given):
@@ -68,7 +71,7 @@ def _script(**given):
 def test_separate_logs_are_rendered_and_their_folders_made_before_sbatch():
     script = _script(log="out/%x/%j.out", error_log="/scratch/err/%x-%j.err")
     assert "#SBATCH --output=out/%x/%j.out\n#SBATCH --error=/scratch/err/%x-%j.err\n" in script.text
-    assert script.directories_to_create == ("out/fit", "/scratch/err", "runs")
+    assert script.directories_to_create("me") == ("out/fit", "/scratch/err", "runs")
     assert "#   mkdir -p out/fit /scratch/err && sbatch <this file>" in script.text
 
 
@@ -76,20 +79,29 @@ def test_one_file_for_both_streams_writes_no_error_line():
     script = _script(log="logs/%x-%j.log", error_log="logs/%x-%j.log")
     assert "#SBATCH --output=logs/%x-%j.log\n" in script.text
     assert "--error" not in script.text
-    assert script.directories_to_create == ("logs", "runs")
+    assert script.directories_to_create("me") == ("logs", "runs")
 
 
 def test_a_log_in_the_submit_directory_needs_no_folder():
     script = _script(log="%x-%j.out")
-    assert script.directories_to_create == ("runs",)
+    assert script.directories_to_create("me") == ("runs",)
     assert "\n#   sbatch <this file>\n" in script.text
+
+
+def test_a_users_own_folder_is_made_for_the_login_user_and_the_script_says_how_by_hand():
+    script = _script(log="/home/%u/slogs/sl_%j.out")
+    assert "#SBATCH --output=/home/%u/slogs/sl_%j.out\n" in script.text
+    assert script.directories_to_create("s123") == ("/home/s123/slogs", "runs")
+    assert '#   mkdir -p /home/"$USER"/slogs && sbatch <this file>' in script.text
+    odd = _script(log="/scratch/my logs/%u/%x.out")
+    assert "#   mkdir -p '/scratch/my logs/'\"$USER\" && sbatch <this file>" in odd.text
 
 
 def test_the_default_log_is_under_the_log_folder():
     script = _script()
     assert "#SBATCH --output=logs/fit-%j.out\n" in script.text
     assert script.log_patterns == ("logs/fit-%j.out", None)
-    assert script.directories_to_create == ("logs", "runs")
+    assert script.directories_to_create("me") == ("logs", "runs")
 
 
 def test_a_bad_log_given_as_a_resource_names_its_field():

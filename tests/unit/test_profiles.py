@@ -278,3 +278,20 @@ def test_a_site_can_ask_for_the_sif_on_node_scratch(user_dir: Path):
     assert profiles.load_profile("edi").apptainer.sif_on_scratch is False  # left out: read where shipped
     error = _error_for(user_dir, MINIMAL + "[apptainer]\nsif_on_scratch = 'yes'\n")
     assert error.field == "apptainer.sif_on_scratch"
+
+
+def test_a_profile_that_lists_the_sites_accounts_refuses_others_and_one_that_does_not_takes_any():
+    from hpcbox.render.resources import ResourceRequest, resolve
+
+    listed = profiles.parse_profile(
+        tomllib.loads(MINIMAL + '[accounting]\naccounts = ["vf68", "ml-lab"]\n'), name="group"
+    )
+    assert resolve(listed, ResourceRequest(job_name="fit", account="vf68")).account == "vf68"
+    with pytest.raises(FieldError) as refused:
+        resolve(listed, ResourceRequest(job_name="fit", account="someone-else"))
+    assert refused.value.message == (
+        "account: 'someone-else' is not one of cluster 'group''s accounts (allowed: vf68, ml-lab)"
+    )
+    open_ended = profiles.parse_profile(tomllib.loads(MINIMAL), name="site")
+    assert open_ended.accounts is None
+    assert resolve(open_ended, ResourceRequest(job_name="fit", account="anything_1")).account == "anything_1"

@@ -428,7 +428,7 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         **({"sweep": points} if points else {}),
     )
     if check:
-        print(_test_only(project, profile, via, script.text), file=sys.stderr)
+        print(_test_only(project, profile, via, script.text, checked.account), file=sys.stderr)
     if save:
         script.write(Path(save))
         print(f"wrote {save}", file=sys.stderr)
@@ -436,7 +436,7 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         print(script.text, end="")
 
 
-def _test_only(project, profile, via: str | None, text: str) -> str:
+def _test_only(project, profile, via: str | None, text: str, account: str | None) -> str:
     """`sbatch --test-only` on the mini cluster, as `local` or shaped like the profile (`--via local`)."""
     from hpcbox import jobs
     from hpcbox.tools import slurm
@@ -453,7 +453,9 @@ def _test_only(project, profile, via: str | None, text: str) -> str:
             f"rehearse it: `hpcbox cluster.up --like {profile.name}`, then add `--via local`; on the site, "
             "run `sbatch --test-only FILE` on the login node",
         )
-    return slurm.test_only(jobs.connection_target(profile, project, via=via), text)
+    target = jobs.connection_target(profile, project, via=via)
+    jobs.rehearse_account(profile, project, account, via=via, say=say)
+    return slurm.test_only(target, text)
 
 
 # --- submit and the job's life after it ---------------------------------------------------------
@@ -524,6 +526,7 @@ def submit(
     target = jobs.connection_target(
         profile, project, via=via, host=host, user=user, port=int(port) if port else None
     )
+    jobs.rehearse_account(profile, project, checked.account, via=via, host=host, say=say)
     # The mini cluster's GPUs are placeholders: a job there runs the cpu environment on them.
     gpus = 0 if jobs.on_mini_cluster(profile, via, host) else checked.gpus
     payload, environment = jobs.prepare_payload(
@@ -698,7 +701,9 @@ def shell(c, cluster, command=None, **resources):
     jobs.require_slurm(profiles.load_profile(cluster))
     project, profile, checked = _resources(cluster, resources)
     record = jobs.Ledger(project).find(cluster=cluster)
-    with ssh.Connection(jobs.connection_target(profile, project, via=record.via)) as connection:
+    target = jobs.connection_target(profile, project, via=record.via)
+    jobs.rehearse_account(profile, project, checked.account, via=record.via, say=say)
+    with ssh.Connection(target) as connection:
         jobs.shell(connection, profile, checked, record, command, on_line=print)
 
 

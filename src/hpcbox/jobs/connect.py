@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project.config import ProjectConfig
@@ -50,6 +51,24 @@ def connection_target(
     # Port 22 is ssh's own default: leave it out so that a Port in ~/.ssh/config still applies.
     default_port = login.port if login.port != 22 else None
     return ssh.Target(host or login.host, port or default_port, user or login.user)
+
+
+def rehearse_account(
+    profile: ClusterProfile,
+    project: ProjectConfig,
+    account: str | None,
+    *,
+    via: str | None = None,
+    host: str | None = None,
+    say: Callable[[str], None] = print,
+) -> None:
+    """On the mini cluster, the account the job names is added to its accounting first, with the
+    cluster's user in it: the site would take it from a member (a profile that lists the site's
+    accounts has refused any other already), and the rehearsal cannot know the user's accounts."""
+    if account is None or not on_mini_cluster(profile, via, host):
+        return
+    if _mini_cluster(profile, project).add_account(account):
+        say(f"hpcbox: the rehearsal's accounting has account {account} now, with you in it (as at the site)")
 
 
 def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):

@@ -89,6 +89,7 @@ class Remote:
     """Where the job's inputs are on the cluster (absolute paths), and what this submit sent."""
 
     host: str
+    user: str  # the login user, as the cluster names them
     submit_dir: str
     sif: str
     code_dir: str
@@ -148,6 +149,7 @@ class _Layout:
 @dataclass(frozen=True)
 class _Probe:
     home: str
+    user: str
     present: dict[str, bool]
     free_bytes: dict[str, int]  # kind -> bytes free where its store is (or would be)
     store: store.Store
@@ -157,7 +159,7 @@ def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
     """The remote home, which of the inputs are there already, the free space where the store's files
     go, and the store's listing (one round trip)."""
     checks = {"sif": ("-f", layout.sif), "dataset": ("-f", layout.dataset), "code": ("-d", layout.code_dir)}
-    lines = ['printf "home\\t%s\\n" "$HOME"']
+    lines = ['printf "home\\t%s\\n" "$HOME"', 'printf "user\\t%s\\n" "$(id -un)"']
     lines += [
         f"if test {flag} {shlex.quote(path)}; then echo 'present\t{name}'; fi"
         for name, (flag, path) in checks.items()
@@ -173,14 +175,20 @@ def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
     done = connection.run("; ".join(lines), what=f"look at {root} on {connection.target.address}")
     answers = done.stdout.splitlines()
     home = [line.split("\t", 1)[1] for line in answers if line.startswith("home\t")]
+    user = [line.split("\t", 1)[1] for line in answers if line.startswith("user\t")]
     free = dict(line.split("\t")[1:3] for line in answers if line.startswith("free\t"))
-    if len(home) != 1 or set(free) != set(store.FOLDERS) or not all(v.isdigit() for v in free.values()):
+    if (
+        len(home) != 1
+        or len(user) != 1
+        or set(free) != set(store.FOLDERS)
+        or not all(v.isdigit() for v in free.values())
+    ):
         raise HpcboxError(
             f"unexpected answer from {connection.target.address}: {done.stdout.strip()[:200]!r}"
         )
     present = {name: f"present\t{name}" in answers for name in checks}
     free_bytes = {kind: int(kilobytes) * 1024 for kind, kilobytes in free.items()}
-    return _Probe(home[0], present, free_bytes, store.parse_listing(answers))
+    return _Probe(home[0], user[0], present, free_bytes, store.parse_listing(answers))
 
 
 def remote_root(home: str, root: str) -> str:
@@ -255,6 +263,7 @@ def ship(
         sent.append("code")
     return Remote(
         host=connection.target.address,
+        user=probe.user,
         submit_dir=layout.submit_dir,
         sif=layout.sif,
         code_dir=layout.code_dir,
@@ -321,15 +330,19 @@ def _upload_stored(
             say(f"hpcbox: uploading the {upload.kind} ({upload.size / 1e6:,.1f} MB) to {upload.remote}")
         against_basis = start in ("linked", "copied", "resume")
         transfer = _send(connection, upload, folder, name, against_basis=against_basis)
-        try:
-            settle(connection, folder, name, upload.sha256, upload.local.name)
-        except HpcboxError as wrong:
-            if not against_basis or "different sha256" not in wrong.message:
-                raise
+        right = _settle(connection, folder, name, upload.sha256, upload.local.name)
+        if not right and against_basis:
             say(f"hpcbox: the {upload.kind} built on the cluster's copy did not check out; sending it whole")
             retry = _send(connection, upload, folder, name, against_basis=False)
-            settle(connection, folder, name, upload.sha256, upload.local.name)
+            right = _settle(connection, folder, name, upload.sha256, upload.local.name)
             transfer = ssh.Transfer(transfer.sent + retry.sent, transfer.received + retry.received)
+        if not right:
+            raise HpcboxError(
+                f"the upload of {upload.local.name} arrived with a different sha256; it was removed, nothing "
+                "uses it",
+                "run the command again; if it repeats, the local file changed while it was sent, or the "
+                "remote disk is failing",
+            )
     if against_basis:
         share = transfer.sent / upload.size if upload.size else 0.0
         say(f"hpcbox: sent {transfer.sent / 1e6:,.1f} MB of {upload.size / 1e6:,.1f} MB ({share:.2%})")
@@ -387,17 +400,16 @@ def _no_room(upload: _Upload, folder: str, why: str) -> HpcboxError:
     )
 
 
-def settle(connection: ssh.Connection, folder: str, name: str, sha256: str, what: str) -> None:
-    """Move the upload of ``name`` into place in ``folder`` once its sha256 is right; never a wrong file.
+def _settle(connection: ssh.Connection, folder: str, name: str, sha256: str, what: str) -> bool:
+    """Move the upload of ``name`` into place in ``folder`` if its sha256 is right: whether the right
+    file is in place now. A wrong upload is removed; a wrong file is never moved into place.
 
-    Two submits of one new SIF upload it to the same partial name (so that an interrupted upload
-    resumes): the first to check it moves it into place, and the second then finds the right file in
-    place, which is its success too, not a "different sha256".
+    What decides is the file in place at the end: on a cluster without flock(1), two submits of one
+    new SIF upload it to the same partial name at once, and the one that checks second finds the
+    first's right file in place, which is its success too.
     """
     temporary, final = shlex.quote(f".{name}.partial"), shlex.quote(name)
     right = f"printf '%s  %s\\n' {sha256} {{}} | sha256sum --check --status"
-    # A concurrent upload of the same bytes may move the partial into place between the lines below:
-    # what decides is the file in place at the end.
     check = (
         f"cd {shlex.quote(folder)} && "
         f"if {right.format(temporary)}; then chmod 0644 {temporary} 2>/dev/null; "
@@ -405,16 +417,12 @@ def settle(connection: ssh.Connection, folder: str, name: str, sha256: str, what
         f"if {right.format(final)}; then :; else rm -f {temporary}; exit 3; fi"
     )
     done = connection.run(check, what=f"check the upload of {what}", check=False)
-    if done.returncode == 3:
-        raise HpcboxError(
-            f"the upload of {what} arrived with a different sha256; it was removed, nothing uses it",
-            "run the command again; if it repeats, the remote disk may be failing or full",
-        )
-    if done.returncode != 0:
+    if done.returncode not in (0, 3):
         raise HpcboxError(
             f"failed to check the upload of {what}: {(done.stderr or done.stdout).strip()}",
             "the cluster needs `sha256sum` (GNU coreutils)",
         )
+    return done.returncode == 0
 
 
 def _upload_code(connection: ssh.Connection, code: CodeSnapshot, code_dir: str) -> int:

@@ -142,19 +142,26 @@ def submit(
             remote.submit_dir,
             script_name,
             script.text,
-            script.directories_to_create,
+            script.directories_to_create(remote.user),
             unset=script.overriding_environment,
         )
-        user = ""
-        if any("%u" in pattern for pattern in script.log_patterns if pattern):
-            user = connection.run(["id", "-un"], what="ask the cluster for your user name").stdout.strip()
     timings = {
         "connect": round(connected - started, 3),
         "ship": round(shipped - connected, 3),
         "sbatch": round(time.monotonic() - shipped, 3),
     }
     record = _record(
-        profile, remote, script, script_name, job_id, user, stamp, payload, image, trainer_args, timings
+        profile,
+        remote,
+        script,
+        script_name,
+        job_id,
+        remote.user,
+        stamp,
+        payload,
+        image,
+        trainer_args,
+        timings,
     )
     record = replace(record, via=via, sweep=sweep.points if sweep else (), resubmits=resubmits)
     Ledger(project).add(record, script.text)

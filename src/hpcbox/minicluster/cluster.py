@@ -70,3 +70,27 @@ class Cluster:
         return proc.Completed(
             tuple(argv), code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
         )
+
+    def add_account(self, account: str) -> bool:
+        """Let the cluster's user submit under ``account``, as a member of it is allowed to at the
+        site: the account and the user's association with it, with the QOS the user has already, in
+        slurmdbd (which tells slurmctld). Whether it was new."""
+        script = (
+            'cluster=$(sed -n "s/^ClusterName=//p" /etc/slurm/slurm.conf); '
+            f'if sacctmgr --noheader --parsable2 show assoc user={USER} account="$1" format=account '
+            "| grep -q .; then echo known; exit 0; fi; "
+            f"qos=$(sacctmgr --noheader --parsable2 show assoc user={USER} account=research format=qos "
+            "| head -n 1); "
+            'sacctmgr --immediate add account "$1" Cluster="$cluster" Description=rehearsal '
+            "Organization=hpcbox >/dev/null && "
+            f'sacctmgr --immediate add user {USER} Account="$1" Cluster="$cluster" QOS="${{qos:-normal}}" '
+            "DefaultQOS=normal >/dev/null && echo added"
+        )
+        done = self.exec("accounting", ["sh", "-c", script, "sh", account])
+        if done.returncode != 0 or done.stdout.strip() not in ("known", "added"):
+            raise HpcboxError(
+                f"could not add account {account} to cluster {self.name}'s accounting: "
+                f"{(done.stderr or done.stdout).strip()}",
+                f"is the cluster up? `hpcbox cluster.status --name {self.name}`",
+            )
+        return done.stdout.strip() == "added"

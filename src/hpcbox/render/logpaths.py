@@ -3,7 +3,8 @@
 sbatch expands `%j` (job id), `%x` (job name), `%u` (user), `%A` (array job id), `%a` (array task id),
 with an optional zero-padding width (`%4a`), and `%%` (a literal %). It writes no log at all into a
 folder that does not exist, so the folder part must be known before the job runs: there hpcbox allows
-only `%x` and `%%`, and makes the folder before sbatch. Once sbatch has answered with the job id, the
+only `%x`, `%u` (the login user, whom hpcbox asks when it makes the folder) and `%%`, and makes the
+folder before sbatch. Once sbatch has answered with the job id, the
 path is expanded for the ledger; an array task's id stays a `*` glob there, each task having its own.
 """
 
@@ -15,7 +16,7 @@ import unicodedata
 from hpcbox.errors import FieldError
 
 PATTERNS = "%j %x %u %A %a %%"
-IN_FOLDERS = "%x %%"
+IN_FOLDERS = "%x %u %%"
 _TOKEN = re.compile(r"%(?:(%)|(\d*)([jxuAa])|(.?))", re.DOTALL)
 _GLOB = "*?["
 
@@ -43,7 +44,7 @@ def check(field_name: str, pattern: str, *, array: bool) -> str:
             )
         if letter == "a" and not array:
             raise FieldError(field_name, f"{pattern!r}: %a is an array task's id, and this job is no array")
-        if match.start() < len(folder) and not (literal or letter == "x"):
+        if match.start() < len(folder) and not (literal or letter in ("x", "u")):
             raise FieldError(
                 field_name,
                 f"{pattern!r}: {match.group()} in the folder is only known once the job runs, and Slurm "
@@ -53,10 +54,10 @@ def check(field_name: str, pattern: str, *, array: bool) -> str:
     return pattern
 
 
-def folder(pattern: str, job_name: str) -> str | None:
-    """The folder to make before sbatch (None: the submit directory itself)."""
+def folder(pattern: str, job_name: str, user: str) -> str | None:
+    """The folder to make before sbatch for ``user`` (None: the submit directory itself)."""
     directory, _, _ = pattern.rpartition("/")
-    return expand(directory, job_id="", job_name=job_name, user="") if directory else None
+    return expand(directory, job_id="", job_name=job_name, user=user) if directory else None
 
 
 def expand(pattern: str, *, job_id: str, job_name: str, user: str) -> str:

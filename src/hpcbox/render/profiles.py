@@ -94,6 +94,9 @@ class ClusterProfile:
     max_mig_slices: int | None = None  # MIG slices one job may ask for (None: no limit published)
     account_required: bool = False
     account_hint: str = ""
+    # The site's accounts where the profile lists them (a group's own copy); None: not known, and any
+    # account name is taken (the rehearsal adds it to its accounting).
+    accounts: tuple[str, ...] | None = None
     qos_required: bool = False
     node_scratch: str = "/tmp"  # an absolute path on each node, or "$VARIABLE" set per job
     shared: dict[str, str] = field(default_factory=dict)  # home / project / scratch areas, for people
@@ -244,6 +247,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         max_mig_slices=gpus.integer("max_mig_slices", minimum=1) if "max_mig_slices" in gpus.data else None,
         account_required=accounting.boolean("account_required", default=False),
         account_hint=accounting.optional_string("account_hint") or "",
+        accounts=tuple(accounting.str_list("accounts")) if "accounts" in accounting.data else None,
         qos_required=accounting.boolean("qos_required", default=False),
         node_scratch=node_scratch,
         shared=shared,

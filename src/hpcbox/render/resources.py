@@ -470,6 +470,13 @@ def _account(profile: ClusterProfile, account: str | None) -> str | None:
         return None
     if not _WORD.match(account):
         raise FieldError("account", f"{account!r} is not a Slurm account name")
+    if profile.accounts is not None and account not in profile.accounts:
+        raise FieldError(
+            "account",
+            f"{account!r} is not one of cluster {profile.name!r}'s accounts (allowed: "
+            f"{', '.join(profile.accounts) or 'none listed'})",
+            f"add it to [accounting] accounts in {profile.source or 'the profile'} if the site has it",
+        )
     return account
 
 

@@ -171,10 +171,9 @@ class JobScript:
         }
         return tuple(variable for name, variable in SBATCH_ENVIRONMENT.items() if written[name] is not None)
 
-    @property
-    def directories_to_create(self) -> tuple[str, ...]:
-        """Made by the submit step, before sbatch, relative to the submit directory."""
-        return (*log_folders(self.resources, self.inputs), self.inputs.runs_dir)
+    def directories_to_create(self, user: str) -> tuple[str, ...]:
+        """Made by the submit step as ``user``, before sbatch, relative to the submit directory."""
+        return (*log_folders(self.resources, self.inputs, user), self.inputs.runs_dir)
 
 
 def render_sbatch(
@@ -228,7 +227,7 @@ def job_script(
             )
     sections = [
         header,
-        _provenance(profile, inputs, log_folders(resources, inputs), dialect),
+        _provenance(profile, inputs, log_folders(resources, inputs, _SOME_USER), dialect),
         "set -euo pipefail",
         _prelude(profile),
         _variables(profile, resources, inputs, dialect, steps=isinstance(command, Steps)),
@@ -304,12 +303,22 @@ def log_patterns(resources: Resources, log_dir: str) -> tuple[str, str | None]:
     return output, None if resources.error_log in (None, output) else resources.error_log
 
 
-def log_folders(resources: Resources, inputs: JobInputs) -> tuple[str, ...]:
-    """The folders the logs go to, which must exist before sbatch: Slurm writes no log into a missing
-    one. Relative ones are under the submit directory."""
+def log_folders(resources: Resources, inputs: JobInputs, user: str) -> tuple[str, ...]:
+    """The folders the logs of ``user``'s job go to, which must exist before sbatch: Slurm writes no log
+    into a missing one. Relative ones are under the submit directory."""
     patterns = [pattern for pattern in log_patterns(resources, inputs.log_dir) if pattern]
-    folders = [logpaths.folder(pattern, resources.job_name) for pattern in patterns]
+    folders = [logpaths.folder(pattern, resources.job_name, user) for pattern in patterns]
     return tuple(dict.fromkeys(folder for folder in folders if folder))
+
+
+# Stands for the user in a folder of the script's own comment, where the shell says who it is; no
+# pattern holds it (control characters are refused).
+_SOME_USER = "\x00"
+
+
+def _as_shell_word(folder: str) -> str:
+    """``folder`` quoted for the shell, the user (``_SOME_USER``) as "$USER"."""
+    return '"$USER"'.join(shlex.quote(part) if part else "" for part in folder.split(_SOME_USER))
 
 
 def sbatch_values(resources: Resources, log: str | None, error_log: str | None) -> dict[str, str | None]:
@@ -359,7 +368,8 @@ def _headers(profile: ClusterProfile, resources: Resources, inputs: JobInputs) -
 def _provenance(
     profile: ClusterProfile, inputs: JobInputs, log_folders: tuple[str, ...], dialect: Dialect
 ) -> str:
-    make_folders = f"mkdir -p {_comment(shlex.join(log_folders))} && " if log_folders else ""
+    folders = " ".join(_as_shell_word(folder) for folder in log_folders)
+    make_folders = f"mkdir -p {_comment(folders)} && " if log_folders else ""
     return "\n".join(
         [
             f"# Rendered by hpcbox for cluster {_comment(profile.name)}: re-render it, rather than edit it.",

@@ -317,8 +317,8 @@ class Connection:
         Whatever is at ``remote_path`` already is rsync's basis: only the blocks it lacks are sent.
         rsync writes the result to a new file and renames it over ``remote_path``, never into the
         basis itself, so a basis linked there from elsewhere is left as it was (and --inplace would
-        lose every block that moved to a later offset: measured, 0.1 % of a SIF matched instead of
-        99.6 %). ``against_basis``: the file there is another file, which may have the same size and
+        lose every block that moved to a later offset: bench/results/delta.json measures both).
+        ``against_basis``: the file there is another file, which may have the same size and
         time as ``source``: compare the contents always.
         """
         name = str(source) + ("/" if source.is_dir() else "")
@@ -384,9 +384,11 @@ def progress_printer(
         fields = line.split()
         if len(fields) < 4:
             return
+        # At 100 % rsync's last field is the time the file took, not the time left.
+        when = f"in {fields[3]}" if done else f"ETA {fields[3]}"
         if against_basis:
-            out(f"  {fields[0]} of {total:,} bytes in place ({fields[1]}), ETA {fields[3]}")
+            out(f"  {fields[0]} of {total:,} bytes in place ({fields[1]}), {when}")
         else:
-            out(f"  {fields[0]} of {total:,} bytes ({fields[1]}), {fields[2]}, ETA {fields[3]}")
+            out(f"  {fields[0]} of {total:,} bytes ({fields[1]}), {fields[2]}, {when}")
 
     return show
