@@ -7,6 +7,7 @@ statistics, what each job did from its log, its sacct record and the files it le
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -14,6 +15,7 @@ import pty
 import re
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -430,24 +432,55 @@ def test_sbatch_refusal_shows_slurms_message_and_records_nothing(first_job, setu
     assert minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout == scripts
 
 
-@pytest.mark.parametrize("fault", ["nothing listens", "key refused"])
+@contextlib.contextmanager
+def dropping_port():
+    """A port on this machine that drops every connection attempt, as a host behind a firewall that
+    drops packets does: a listener whose backlog is full (Linux then drops further SYNs, no reset)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(3):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        time.sleep(0.5)  # the handshakes that fit in the backlog complete
+        yield port
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("fault", ["nothing listens", "key refused", "never answers"])
 def test_unreachable_or_refusing_host_fails_fast_and_records_nothing(
     fault: str, first_job, setup: Setup, minicluster, tmp_path: Path
 ):
     good = minicluster.ssh_target()
-    if fault == "nothing listens":
-        target = dataclasses.replace(good, port=free_port())
-    else:
-        stranger = tmp_path / "stranger"
-        ssh.keygen(stranger, "stranger@nowhere")
-        target = dataclasses.replace(good, key_path=stranger)
-    ledger = jobs.Ledger(setup.project())
-    before = sorted(ledger.directory.iterdir()) if ledger.directory.exists() else []
-    started = time.monotonic()
-    with pytest.raises(HpcboxError) as caught:
-        submit(setup, minicluster, target=target)
-    assert time.monotonic() - started < 15 + 5  # the earlier stages are cache hits: about a second
+    with contextlib.ExitStack() as stack:
+        if fault == "nothing listens":
+            target = dataclasses.replace(good, port=free_port())
+        elif fault == "never answers":
+            target = dataclasses.replace(good, port=stack.enter_context(dropping_port()))
+        else:
+            stranger = tmp_path / "stranger"
+            ssh.keygen(stranger, "stranger@nowhere")
+            target = dataclasses.replace(good, key_path=stranger)
+        ledger = jobs.Ledger(setup.project())
+        before = sorted(ledger.directory.iterdir()) if ledger.directory.exists() else []
+        started = time.monotonic()
+        with pytest.raises(HpcboxError) as caught:
+            submit(setup, minicluster, target=target)
+        took = time.monotonic() - started
+    # The earlier stages are cache hits (about a second); a silent host is given up on in 10 s.
+    assert took < 15, took
     assert caught.value.message.startswith(f"failed to connect to {target.address}")
+    if fault == "never answers":
+        assert caught.value.message.endswith("Connection timed out"), caught.value.message
     assert "\n" not in caught.value.message
     assert (sorted(ledger.directory.iterdir()) if ledger.directory.exists() else []) == before
 

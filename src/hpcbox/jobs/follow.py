@@ -101,6 +101,8 @@ def describe(found: slurm.JobState) -> str:
         parts.append(f"on {found.nodes}")
     if found.exit_code:
         parts.append(f"exit code {found.exit_code}")
+    if found.note:
+        parts.append(found.note)
     return ", ".join(parts)
 
 
@@ -117,7 +119,14 @@ def wait(
     deadline = time.monotonic() + timeout_s
     last = None
     while True:
-        found = state(connection, record)
+        try:
+            found = state(connection, record)
+        except slurm.AccountingSilent:
+            # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(poll_s)
+            continue
         if on_change is not None and (found.state, found.reason) != last:
             on_change(found)
         last = (found.state, found.reason)

@@ -5,6 +5,7 @@ Parsing of their output is kept in pure functions beside the calls, so it is tes
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import tempfile
@@ -76,6 +77,7 @@ class JobState:
     exit_code: str = ""
     nodes: str = ""
     source: str = ""  # squeue or sacct
+    note: str = ""  # what is not known, and why (e.g. the exit code while accounting does not answer)
 
     @property
     def finished(self) -> bool:
@@ -110,6 +112,24 @@ def parse_job_id(parsable: str) -> str:
 
 
 _SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
+# sacct gives up on a slurmdbd that takes the connection but never answers only after 40 s (measured on
+# Slurm 24.11); hpcbox waits this long, then says that accounting does not answer.
+SACCT_TIMEOUT_S = 10
+# What sacct says when it cannot reach slurmdbd at all.
+_NO_DATABASE = ("Problem talking to the database", "persist_conn")
+
+
+class AccountingSilent(HpcboxError):
+    """Slurm's accounting does not answer, and squeue no longer lists the job: its state is unknown."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"job {job_id}: Slurm's accounting (slurmdbd) does not answer and squeue no longer lists the "
+            "job: its state is unknown for now",
+            "ask again in a while (the job's own results are in its run folder: `hpcbox fetch`)",
+        )
+
+
 _STATE_FIELDS = ("JobID", "State", "Reason", "Elapsed", "Timelimit", "ExitCode", "NodeList")
 
 
@@ -178,18 +198,7 @@ def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, Job
 
 def task_states(connection: ssh.Connection, job_id: str) -> dict[int, JobState]:
     """The state of each task of array job ``job_id``, by task id."""
-    accounted = connection.run(
-        [
-            "sacct",
-            "--noheader",
-            "--parsable2",
-            "-X",
-            f"--jobs={job_id}",
-            f"--format={','.join(_STATE_FIELDS)}",
-        ],
-        what=f"ask sacct about the tasks of job {job_id}",
-        check=False,
-    )
+    accounted = _sacct_states(connection, job_id)
     queued = connection.run(
         ["squeue", "--noheader", "--array", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
         what=f"ask squeue about the tasks of job {job_id}",
@@ -214,21 +223,31 @@ def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
     if state is not None and not state.finished:
         return state
     # Finished, or already gone from squeue: sacct also knows the exit code.
-    accounted = connection.run(
-        [
-            "sacct",
-            "--noheader",
-            "--parsable2",
-            "-X",
-            f"--jobs={job_id}",
-            f"--format={','.join(_STATE_FIELDS)}",
-        ],
-        what=f"ask sacct about job {job_id}",
-        check=False,
-    )
+    accounted = _sacct_states(connection, job_id)
     if accounted.returncode == 0:
         return _read(accounted_state, accounted.stdout, job_id) or state
+    if accounting_silent(accounted):
+        if state is None:
+            raise AccountingSilent(job_id)
+        return dataclasses.replace(state, note="exit code unknown: Slurm's accounting does not answer")
     return state
+
+
+def _sacct(connection: ssh.Connection, arguments: Sequence[str], *, what: str) -> proc.Completed:
+    """`sacct --noheader --parsable2 ARGUMENTS`, given at most SACCT_TIMEOUT_S; never raises."""
+    argv = ["timeout", str(SACCT_TIMEOUT_S), "sacct", "--noheader", "--parsable2", *arguments]
+    return connection.run(argv, what=what, check=False)
+
+
+def _sacct_states(connection: ssh.Connection, job_id: str) -> proc.Completed:
+    """sacct's lines of the job (its array tasks too)."""
+    arguments = ["-X", f"--jobs={job_id}", f"--format={','.join(_STATE_FIELDS)}"]
+    return _sacct(connection, arguments, what=f"ask sacct about job {job_id}")
+
+
+def accounting_silent(done: proc.Completed) -> bool:
+    """Whether sacct failed because slurmdbd does not answer (timed out, or unreachable)."""
+    return done.returncode == 124 or any(sign in done.stderr for sign in _NO_DATABASE)
 
 
 def unfinished_jobs(connection: ssh.Connection) -> set[str]:
@@ -246,11 +265,8 @@ def end_times(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, s
     empty where accounting does not answer."""
     if not job_ids:
         return {}
-    done = connection.run(
-        ["sacct", "--noheader", "--parsable2", "-X", f"--jobs={','.join(job_ids)}", "--format=JobID,End"],
-        what="ask sacct when your jobs ended",
-        check=False,
-    )
+    arguments = ["-X", f"--jobs={','.join(job_ids)}", "--format=JobID,End"]
+    done = _sacct(connection, arguments, what="ask sacct when your jobs ended")
     if done.returncode != 0:
         return {}
     rows = _read(parse_sacct, done.stdout, ("JobID", "End"))
@@ -259,11 +275,16 @@ def end_times(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, s
 
 def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> list[dict[str, str]]:
     """The accounting of the job and its steps: a row per line, ``fields`` by name."""
-    done = connection.run(
-        ["sacct", "--noheader", "--parsable2", f"--jobs={job_id}", f"--format={','.join(fields)}"],
-        what=f"read job {job_id}'s accounting with sacct",
-        hint="the report needs Slurm accounting (slurmdbd) on the cluster",
-    )
+    what = f"read job {job_id}'s accounting with sacct"
+    done = _sacct(connection, [f"--jobs={job_id}", f"--format={','.join(fields)}"], what=what)
+    if accounting_silent(done):
+        raise HpcboxError(
+            f"cannot {what}: Slurm's accounting (slurmdbd) does not answer",
+            "ask again in a while: slurmctld sends it what it missed once it is back",
+        )
+    if done.returncode != 0:
+        hint = "the report needs Slurm accounting (slurmdbd) on the cluster"
+        raise proc.failure(what, done.returncode, done.stderr or done.stdout, hint, done.argv)
     return _read(parse_sacct, done.stdout, fields)
 
 
