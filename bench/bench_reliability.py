@@ -21,9 +21,10 @@ SBATCH = "tests/integration/test_sbatch_cluster.py"
 SUBMIT = "tests/integration/test_submit.py"
 
 SCENARIOS = {
-    "time limit: USR1 → checkpoint → requeue → resume → complete (1 and 2 nodes)": [
+    "time limit: USR1 → checkpoint → requeue → resume (1 and 2 nodes); --max-restarts ends it there": [
         f"{SBATCH}::test_time_limit_checkpoints_requeues_and_resumes",
         f"{SBATCH}::test_two_node_time_limit_checkpoints_requeues_and_resumes",
+        f"{SBATCH}::test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints",
     ],
     "node killed mid-run: requeued, resumed on the other node from the periodic copy, completed": [
         "tests/integration/test_node_loss.py::test_a_dead_node_costs_the_job_only_what_it_did_since_its_last_copy",

@@ -244,17 +244,16 @@ def test_with_sif_on_scratch_each_node_runs_its_own_copy_of_the_sif(job_dir: Job
 @pytest.fixture(scope="module")
 def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
     """The jobs that wait for their time limit, submitted together so that their minutes overlap (the
-    test cluster's third CPU per node makes room for all three): job name → job id."""
+    test cluster's third CPU per node makes room for all four): job name → job id."""
     training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
     limited = render_local(ResourceRequest(job_name="limited", time="2"), training)
     ddp_limited = render_local(ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES), training)
     each_task = 'trap "" USR1; echo "task $SLURM_PROCID" >{output_dir}/task-$SLURM_PROCID; exec sleep 600'
     command = ContainerCommand("program", "bash", ("-c", each_task), launcher="srun")
     overtime = render_local(ResourceRequest(job_name="overtime", time="1", **TWO_NODES), command=command)
-    return {
-        name: job_dir.submit(script, f"{name}.sh")
-        for name, script in (("limited", limited), ("ddp-limited", ddp_limited), ("overtime", overtime))
-    }
+    bounded = render_local(ResourceRequest(job_name="bounded", time="2", max_restarts=1), training)
+    jobs = (("limited", limited), ("ddp-limited", ddp_limited), ("overtime", overtime), ("bounded", bounded))
+    return {name: job_dir.submit(script, f"{name}.sh") for name, script in jobs}
 
 
 def resumed_then_cancelled(job_dir: JobDir, name: str, job_id: str) -> str:
@@ -300,6 +299,25 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, t
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
     # Cancelled while both nodes train: Slurm starts no new step then, and the janitor step each node
     # ran since the start removes the other node's scratch.
+    wait_scratch_gone(job_dir.cluster, job_id)
+
+
+def test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints(
+    job_dir: JobDir, time_driven_jobs
+):
+    """--max-restarts 1 on real Slurm: requeued at its first time limit, and at its second it ends with
+    its checkpoints on shared storage and the command that carries on, instead of requeueing for ever."""
+    job_id = time_driven_jobs["bounded"]
+    state, exit_code = wait_finished(job_dir.cluster, job_id, timeout_s=600)
+    log = job_dir.sh(f"cat logs/bounded-{job_id}.out", check=False).stdout
+    assert f"requeueing job {job_id} (restart 1 of at most 1)" in log
+    assert f"job {job_id} has been requeued 1 times (--max-restarts)" in log, log
+    assert (state, exit_code) == ("FAILED", "75:0"), log  # the trainer's "checkpointed" status
+    assert sacct(job_dir.cluster, job_id, "Restarts") == ["1"]
+    starts = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": "start"')]
+    assert [bool(start["resumed"]) for start in starts] == [False, True], log  # two runs, the second resumed
+    assert metric_events(job_dir, job_id, "preempted"), log
+    assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
     wait_scratch_gone(job_dir.cluster, job_id)
 
 
