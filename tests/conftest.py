@@ -10,6 +10,7 @@ pytest_plugins = [
     "tests.fixtures.images",
     "tests.fixtures.sif",
     "tests.fixtures.cluster",
+    "tests.fixtures.submitting",
 ]
 
 INTEGRATION = Path(__file__).parent / "integration"

@@ -24,8 +24,9 @@ from hpcbox.render.resources import resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
+from tests.fixtures.submitting import Setup
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
-from tests.integration.test_submit import SHORT, Setup, invoke, setup  # noqa: F401 (setup: a fixture)
+from tests.integration.test_submit import SHORT, invoke
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -136,7 +137,7 @@ def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
 
 def test_sbatch_check_takes_the_users_own_account_the_profile_cannot_know(
     rehearsals,
-    setup: Setup,  # noqa: F811
+    setup: Setup,
 ):
     """carc's profile cannot know the user's accounts: the rehearsal takes the one the user names, and
     Slurm's own check then passes, as at the site for a member of it."""
@@ -166,7 +167,7 @@ def test_edi_refuses_a_time_above_its_partitions_limit_and_partitions_it_does_no
     assert "invalid partition" in refused(cluster, elsewhere).lower()
 
 
-def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(rehearsals, setup: Setup):  # noqa: F811
+def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(rehearsals, setup: Setup):
     cluster = rehearsals.like("edi")
     env = {"HPCBOX_MINICLUSTER": cluster.name}
     for args, message in [
@@ -190,7 +191,7 @@ def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(r
         ("m3", ("--gpus=1", "--gpu-type=V100", f"--account=vf68-{uuid.uuid4().hex[:6]}", "--time=10")),
     ],
 )
-def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, name: str, flags):  # noqa: F811
+def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, name: str, flags):
     cluster = rehearsals.like(name)
     env = {"HPCBOX_MINICLUSTER": cluster.name}
     submitted = invoke(

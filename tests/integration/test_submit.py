@@ -33,57 +33,13 @@ from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
+from tests.fixtures.submitting import Setup
 from tests.integration.test_sbatch_cluster import scratch_left
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-    project_dir: Path
-    data: Path
-    sif_cache: Path
-    env: dict[str, str]  # what the CLI needs to reach this session's cluster and SIF cache
-
-    def project(self):
-        return load_project(self.project_dir)
-
-
-@pytest.fixture(scope="module")
-def setup(
-    minicluster, minicluster_state, session_project, trainer_image, trainer_sif, sif_cache, tmp_path_factory
-):
-    """The session's project copy (its environment SIF already in the session's cache), its dataset,
-    and the environment variables pointing the CLI at this run's cluster and SIF cache."""
-    return make_setup(
-        minicluster, minicluster_state, session_project, trainer_image, sif_cache, tmp_path_factory
-    )
-
-
-def make_setup(
-    minicluster, minicluster_state, session_project, trainer_image, sif_cache, tmp_path_factory
-) -> Setup:
-    data = tmp_path_factory.mktemp("submit-data") / "digits.tar"
-    data.write_bytes(
-        docker.run_for_file(
-            trainer_image.ref,
-            ["python", "-m", "hpctrain", "make-data", "--out", "/tmp/d.tar"],
-            "/tmp/d.tar",
-            what="make the dataset",
-        )
-    )
-    # The CLI finds SIFs in $HPCBOX_CACHE/sif: a folder beside the session's cache holding a link to it.
-    cache_root = tmp_path_factory.mktemp("submit-cache")
-    (cache_root / "sif").symlink_to(sif_cache)
-    env = {
-        "HPCBOX_MINICLUSTER": minicluster.name,
-        "HPCBOX_MINICLUSTER_STATE": str(minicluster_state),
-        "HPCBOX_CACHE": str(cache_root),
-    }
-    return Setup(session_project, data, sif_cache, env)
 
 
 def local_resources(**given):

@@ -13,21 +13,13 @@ import pytest
 
 from hpcbox import jobs
 from hpcbox.tools import ssh
-from tests.integration.test_submit import Setup, finished, invoke, make_setup, submit
+from tests.fixtures.submitting import Setup
+from tests.integration.test_submit import finished, invoke, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 # Long enough to be running when the fault comes, short enough to end soon after.
 STEADY = ("--epochs", "3", "--steps-per-epoch", "40", "--workers", "0")
-
-
-@pytest.fixture(scope="module")
-def setup(
-    minicluster, minicluster_state, session_project, trainer_image, trainer_sif, sif_cache, tmp_path_factory
-) -> Setup:
-    return make_setup(
-        minicluster, minicluster_state, session_project, trainer_image, sif_cache, tmp_path_factory
-    )
 
 
 def running(minicluster, record: jobs.JobRecord) -> None:

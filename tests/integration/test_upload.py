@@ -22,7 +22,8 @@ from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.jobs import ship, store
 from hpcbox.tools import ssh
-from tests.integration.test_submit import Setup, finished, invoke, log_of, make_setup, submit
+from tests.fixtures.submitting import Setup
+from tests.integration.test_submit import finished, invoke, log_of, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -37,16 +38,6 @@ SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
 class DeltaJobs:
     running: jobs.JobRecord  # the environment as it was, still running
     added: jobs.JobRecord  # the environment with one package more, sent as a delta
-
-
-@pytest.fixture(scope="module")
-def setup(
-    minicluster, minicluster_state, session_project, trainer_image, trainer_sif, sif_cache, tmp_path_factory
-) -> Setup:
-    """As test_submit.py's: the session's project, its dataset, and the CLI's environment."""
-    return make_setup(
-        minicluster, minicluster_state, session_project, trainer_image, sif_cache, tmp_path_factory
-    )
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +98,7 @@ class Files:
         path.write_bytes(data)
         sha256 = file_sha256(path)
         use = store.StoredUse("sif", f"{sha256}.sif", "delta-test", "cpu", "zstd:3")
-        return ship._Upload("sif", path, f"{self.folder}/{sha256}.sif", sha256, len(data), use)
+        return ship._Upload(path, f"{self.folder}/{sha256}.sif", sha256, len(data), use)
 
     @property
     def folder(self) -> str:

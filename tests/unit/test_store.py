@@ -86,3 +86,16 @@ def test_prunes_plan_for_people_names_each_file_with_its_size():
     ]
     empty = prune.Plan((), kept_jobs=(), left_alone=0, index_entries=())
     assert prune.describe(empty, keep=1)[-1].startswith("nothing to prune")
+
+
+def test_a_jobs_files_are_found_in_this_store_only_and_only_while_it_has_them():
+    stored = store.parse_listing(
+        ["stored\tsif\t1\ta.sif", "stored\tdataset\t1\tfeed.tar.gz", "stored\tdataset\t1\tbeef.tar"]
+    )
+    root = "/home/me/hpcbox"
+    assert store.used_by(f"{root}/images/sha256/a.sif", "feed", stored, root) == {
+        "sif": "a.sif",
+        "dataset": "feed.tar.gz",
+    }
+    assert store.used_by("/elsewhere/images/sha256/a.sif", "beef", stored, root) == {"dataset": "beef.tar"}
+    assert store.used_by(f"{root}/images/sha256/gone.sif", "", stored, root) == {}

@@ -168,22 +168,12 @@ def _look(connection: ssh.Connection, root: str, project: str) -> tuple[str, sto
     return home, store.parse_listing(lines), snapshots
 
 
-def _names_for(record: JobRecord, stored: store.Store, root: str) -> set[tuple[str, str]]:
-    """The store's files ``record`` used: its SIF, and its dataset (named by its sha256 and suffix)."""
-    names = set()
-    folder, _, sif = record.sif.rpartition("/")
-    if folder == store.folder(root, "sif") and stored.has("sif", sif):
-        names.add(("sif", sif))
-    names |= {
-        ("dataset", name)
-        for name in stored.files.get("dataset", {})
-        if record.dataset_sha256 and name.startswith(record.dataset_sha256)
-    }
-    return names
-
-
 def _files_used(records: Iterable[JobRecord], stored: store.Store, root: str) -> set[tuple[str, str]]:
-    return {name for record in records for name in _names_for(record, stored, root)}
+    return {
+        (kind, name)
+        for record in records
+        for kind, name in store.used_by(record.sif, record.dataset_sha256, stored, root).items()
+    }
 
 
 def _files_of(

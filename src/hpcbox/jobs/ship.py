@@ -217,7 +217,6 @@ def ship(
     now = time.time()
     uploads = {
         "sif": _Upload(
-            "sif",
             payload.sif_path,
             layout.sif,
             payload.sif_sha256,
@@ -227,7 +226,6 @@ def ship(
             ),
         ),
         "dataset": _Upload(
-            "dataset",
             payload.dataset.path,
             layout.dataset,
             payload.dataset.sha256,
@@ -235,11 +233,15 @@ def ship(
             store.StoredUse("dataset", payload.dataset.remote_name, project, used_at=now),
         ),
     }
+    # What this project's last job here used: the first choice of basis.
+    last_used = (
+        store.used_by(previous.sif, previous.dataset_sha256, probe.store, layout.root) if previous else {}
+    )
     for name, upload in uploads.items():
         if probe.present[name]:
             say(f"hpcbox: the cluster has the {name} already ({upload.sha256[:12]})")
             continue
-        basis = store.choose_basis(probe.store, upload.use, _last_used(previous, name, layout, probe.store))
+        basis = store.choose_basis(probe.store, upload.use, last_used.get(name))
         if dry_run:
             how = f", only what {basis[:12]} lacks," if basis else ""
             size = f"{upload.size:,} bytes"
@@ -273,25 +275,17 @@ def ship(
     )
 
 
-def _last_used(previous: JobRecord | None, kind: str, layout: _Layout, stored: store.Store) -> str | None:
-    """The name in the store of the ``kind`` file ``previous`` used, when it used this store."""
-    if previous is None:
-        return None
-    if kind == "sif":
-        folder, _, name = previous.sif.rpartition("/")
-        return name if folder == store.folder(layout.root, "sif") else None
-    names = stored.files.get("dataset", {})
-    return next((name for name in sorted(names) if name.startswith(previous.dataset_sha256)), None)
-
-
 @dataclass(frozen=True)
 class _Upload:
-    kind: str
     local: Path
     remote: str
     sha256: str
     size: int
-    use: store.StoredUse
+    use: store.StoredUse  # its index entry, which says its kind
+
+    @property
+    def kind(self) -> str:
+        return self.use.kind
 
 
 # What rsync's receiver reports when the disk or the user's quota is full (errno 28 and 122).

@@ -130,6 +130,22 @@ def record_script(root: str, uses: Iterable[StoredUse]) -> str:
     return " && ".join(commands)
 
 
+def used_by(sif: str, dataset_sha256: str, stored: Store, root: str) -> dict[str, str]:
+    """The store's files a job used, by kind: its SIF (``sif``, an absolute path, when it is in this
+    store under ``root``) and its dataset (named by ``dataset_sha256`` and its suffix); those the store
+    still has."""
+    found = {}
+    folder_of_sif, _, name = sif.rpartition("/")
+    if folder_of_sif == folder(root, "sif") and stored.has("sif", name):
+        found["sif"] = name
+    datasets = sorted(
+        n for n in stored.files.get("dataset", {}) if dataset_sha256 and n.startswith(dataset_sha256)
+    )
+    if datasets:
+        found["dataset"] = datasets[0]
+    return found
+
+
 def choose_basis(store: Store, want: StoredUse, last_used: str | None) -> str | None:
     """The stored file a delta upload of ``want`` starts from, or None: the file this project's last
     job on the cluster used (``last_used``) when it is still there and not of another compression,
