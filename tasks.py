@@ -20,15 +20,17 @@ SHELL_SCRIPTS = ("bootstrap", ".ci/run", "docker/apt-install.sh")
         "epochs": "epochs the demo trains (default 3)",
         "name": "the mini cluster's name (default hpcbox-local)",
         "port": "its login node's SSH port on 127.0.0.1 (default 2222)",
+        "force": "replace a mini cluster of other settings even while Slurm has unfinished jobs on it",
     }
 )
 @friendly
-def demo(c, epochs=3, name=None, port=None):
+def demo(c, epochs=3, name=None, port=None, force=False):
     """The whole pipeline on the mini cluster: build, sif, cluster up, submit, wait, fetch, report."""
     from hpcbox.cli.demo import run_demo
     from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
 
-    run_demo(epochs=int(epochs), name=name or DEFAULT_NAME, port=int(port or DEFAULT_PORT), say=say)
+    port = int(port or DEFAULT_PORT)
+    run_demo(epochs=int(epochs), name=name or DEFAULT_NAME, port=port, force=force, say=say)
 
 
 @task

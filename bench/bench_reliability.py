@@ -21,10 +21,19 @@ SBATCH = "tests/integration/test_sbatch_cluster.py"
 SUBMIT = "tests/integration/test_submit.py"
 
 SCENARIOS = {
-    "time limit: USR1 → checkpoint → requeue → resume (1 and 2 nodes); --max-restarts ends it there": [
+    "time limit: USR1 → checkpoint → requeue → resume (1, 2 nodes) → as if never stopped; --max-restarts": [
         f"{SBATCH}::test_time_limit_checkpoints_requeues_and_resumes",
+        f"{SBATCH}::test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_never_stopped",
         f"{SBATCH}::test_two_node_time_limit_checkpoints_requeues_and_resumes",
         f"{SBATCH}::test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints",
+    ],
+    "over its --mem: killed as a site kills it, named out of memory with the --mem to ask, no scratch left": [
+        "tests/integration/test_minicluster.py::test_a_job_over_its_memory_is_killed_by_slurm_as_a_site_kills_it",
+        f"{SUBMIT}::test_a_job_over_its_memory_is_killed_says_so_and_leaves_no_scratch",
+    ],
+    "GPUs it cannot use (cpu environment): refused before anything is sent, or stopped before it trains": [
+        f"{SUBMIT}::test_a_gpu_job_in_the_cpu_environment_is_refused_or_stops_at_its_start",
+        f"{SBATCH}::test_a_program_given_gpus_its_pytorch_cannot_use_does_not_start",
     ],
     "node killed mid-run: requeued, resumed on the other node from the periodic copy, completed": [
         "tests/integration/test_node_loss.py::test_a_dead_node_costs_the_job_only_what_it_did_since_its_last_copy",

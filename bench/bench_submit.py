@@ -117,13 +117,14 @@ def run() -> list[dict]:
         project = load_project(root)
         spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=free_port())
         # The project's own SIF cache, and its mini cluster: nothing of this checkout's is used or left.
+        state = root / ".hpcbox" / "cluster"
         env = {**os.environ, "HPCBOX_CACHE": str(Path(work) / "cache"), "HPCBOX_MINICLUSTER": spec.name}
-        env.pop("HPCBOX_MINICLUSTER_STATE", None)
+        env["HPCBOX_MINICLUSTER_STATE"] = str(state)  # not the user's state folder
         image = build_image(project, flavour="cpu", offline=True, say=quiet, on_line=quiet)
         data = make_dataset(project, image.ref, say=quiet)
         measured: dict[str, list[dict]] = {"floor": [], "unchanged": [], "code": []}
         try:
-            cluster = minicluster.up(spec, root / ".hpcbox" / "cluster")
+            cluster = minicluster.up(spec, state)
             target = cluster.ssh_target()
             # The environment image and its SIF exist before the clock starts (a user has built them);
             # a dry run builds and converts, and sends nothing.
@@ -144,7 +145,7 @@ def run() -> list[dict]:
                             _change_code(root)
                         measured[kind].append(_submit(root, env, data, connection, project))
         finally:
-            minicluster.down(spec.name, root / ".hpcbox" / "cluster")
+            minicluster.down(spec.name, state)
     return _rows(first, measured, scheduler)
 
 

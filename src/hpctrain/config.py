@@ -74,7 +74,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("momentum", float, 0.9, "SGD momentum", _at_least(0)),
     Option("weight_decay", float, 5e-4, "SGD weight decay", _at_least(0)),
     Option("seed", int, 0, "seed for initialisation and shuffling (same seed, same result)", _at_least(0)),
-    Option("device", str, "auto", "auto = CUDA when available, else CPU", choices=DEVICES),
+    Option(
+        "device",
+        str,
+        "auto",
+        "auto = CUDA when available, else CPU; a job Slurm gave GPUs stops if it cannot use them",
+        choices=DEVICES,
+    ),
     Option(
         "workers",
         int,

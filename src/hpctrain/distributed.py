@@ -7,7 +7,9 @@ them this is a single process and every collective below is a no-op.
 from __future__ import annotations
 
 import os
+import sys
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -33,7 +35,56 @@ class Runtime:
         return self.world_size > 1
 
 
+# Set by the mini cluster's nodes (hpcbox's rehearsal): its GPUs are device files with no GPU behind.
+PLACEHOLDER_GPUS = "HPCBOX_PLACEHOLDER_GPUS"
+
+
+def gpus_given(environ: Mapping[str, str]) -> int:
+    """The GPUs Slurm gave this node's part of the job (SLURM_GPUS_ON_NODE); 0 outside such a job."""
+    given = environ.get("SLURM_GPUS_ON_NODE", "")
+    return int(given) if given.isdigit() else 0
+
+
+def device_for_given_gpus(given: int, cuda_build: str | None, visible: int, placeholders: bool) -> str | None:
+    """The device a job given ``given`` GPUs trains on under --device auto, or None where it was given
+    none. A job holding GPUs it cannot use stops here rather than training on the CPU for hours."""
+    if given == 0:
+        return None
+    plural = "s" if given > 1 else ""
+    if cuda_build is None:
+        raise HpctrainError(
+            f"this job was given {given} GPU{plural}, but its PyTorch ({torch.__version__}) is a CPU build: "
+            "it would train on the CPU while holding them",
+            hint="run it in an environment with CUDA (hpcbox submit --flavour cuda), "
+            "or pass --device cpu to train on the CPU knowingly",
+        )
+    if visible >= given:
+        return "cuda"
+    if placeholders:
+        print(
+            f"hpctrain: the {given} GPU{plural} this job was given are the mini cluster's placeholders "
+            f"(PyTorch {torch.__version__} has CUDA {cuda_build} and would use real ones): "
+            "training on the CPU",
+            file=sys.stderr,
+        )
+        return "cpu"
+    raise HpctrainError(
+        f"this job was given {given} GPU{plural}, but PyTorch sees {visible}",
+        hint="the container needs --nv and the node an NVIDIA driver (nvidia-smi there says), "
+        "or pass --device cpu to train on the CPU knowingly",
+    )
+
+
 def _resolve_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        given = device_for_given_gpus(
+            gpus_given(os.environ),
+            torch.version.cuda,
+            torch.cuda.device_count() if torch.version.cuda else 0,
+            bool(os.environ.get(PLACEHOLDER_GPUS)),
+        )
+        if given is not None:
+            choice = given
     cuda = torch.cuda.is_available()
     if choice == "cuda" and not cuda:
         raise HpctrainError(

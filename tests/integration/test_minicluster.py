@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hpcbox.units import parse_cpu_time
 from tests.fixtures.cluster import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -149,7 +150,7 @@ def test_job_runs_apptainer_exec_of_a_sif_as_the_user(minicluster, run_id):
 
 
 def test_memory_a_job_held_is_recorded_as_its_max_rss(minicluster):
-    # 200 MiB touched and held for 12 s: at least two samples at JobAcctGatherFrequency=task=5.
+    # 200 MiB touched and held for 12 s: a dozen samples at JobAcctGatherFrequency=task=1.
     hold = "python3 -c 'import time; block = bytearray(200 * 1024 * 1024); time.sleep(12)'"
     job_id = submit(minicluster, hold, "--output=/dev/null")
     assert accounting(minicluster, job_id)["State"] == "COMPLETED"
@@ -160,6 +161,60 @@ def test_memory_a_job_held_is_recorded_as_its_max_rss(minicluster):
     assert out.endswith("K"), f"no MaxRSS for {job_id}.batch: {out!r}"
     max_rss_mib = float(out[:-1]) / 1024
     assert 200 <= max_rss_mib <= 300, out
+
+
+def test_a_job_over_its_memory_is_killed_by_slurm_as_a_site_kills_it(minicluster):
+    # 400 MiB touched against --mem=200M: Slurm's accounting (OverMemoryKill, sampled each second)
+    # kills the step, where a site with cgroups would; without enforcement this job would complete.
+    grow = (
+        "python3 -c 'import time\nblocks = []\nfor _ in range(40):\n"
+        "    blocks.append(bytearray(10 * 1024 * 1024)); time.sleep(0.05)\ntime.sleep(10)'"
+    )
+    job_id = submit(minicluster, grow, "--mem=200M", "--output=mem-%j.out")
+    row = accounting(minicluster, job_id)
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "0:9")
+    log = minicluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
+    assert "exceeded memory limit" in log and "being killed" in log, log
+    peak = minicluster.ssh(
+        ["sacct", "-j", f"{job_id}.batch", "--noheader", "--parsable2", "--units=K", "--format=MaxRSS"],
+        check=True,
+    ).stdout.strip()
+    assert 200 * 1024 < float(peak.rstrip("K")) < 400 * 1024, peak  # past --mem, stopped before the end
+
+
+def test_each_job_runs_on_the_cpus_it_was_given_and_no_more(minicluster):
+    # Two busy processes in a one-CPU job: bound to that CPU (task/affinity), together they get one
+    # CPU's time, not two; sacct's whole-second Elapsed allows a second either way.
+    burn = (
+        "grep Cpus_allowed_list /proc/self/status; timeout 8 yes >/dev/null & timeout 8 yes >/dev/null & wait"
+    )
+    job_id = submit(minicluster, burn, "--cpus-per-task=1", "--output=cpus-%j.out")
+    allowed = minicluster.ssh(f"cat cpus-{job_id}.out", check=True).stdout.split()[-1]
+    assert re.fullmatch(r"\d+", allowed), allowed  # one CPU, not a list or a range
+    times = minicluster.ssh(
+        ["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", "--format=ElapsedRaw,TotalCPU"], check=True
+    ).stdout.strip()
+    elapsed, cpu = times.split("|")
+    assert parse_cpu_time(cpu) <= int(elapsed) + 1, times
+
+
+def test_a_gpu_job_is_told_the_gpus_it_was_given_as_at_a_site(minicluster):
+    # Two one-GPU jobs at once on one node get its two GPUs, each told its own in CUDA_VISIBLE_DEVICES
+    # and SLURM_JOB_GPUS (Slurm sets them for the fake GPUs' device files); a CPU job is told none.
+    show = 'echo "${CUDA_VISIBLE_DEVICES-none} ${SLURM_JOB_GPUS-none} $HPCBOX_PLACEHOLDER_GPUS"; sleep 4'
+    options = ("--partition=gpu", "--gres=gpu:1", "--nodelist=node1", "--output=vis-%j.out")
+    first = submit(minicluster, show, *options, wait=False)
+    second = submit(minicluster, show, *options, wait=False)
+    cpu_only = submit(minicluster, show, "--output=vis-%j.out", wait=False)
+    told = {}
+    for job_id in (first, second, cpu_only):
+        assert accounting(minicluster, job_id, timeout_s=120)["State"] == "COMPLETED"
+        told[job_id] = minicluster.ssh(f"cat vis-{job_id}.out", check=True).stdout.split()
+    assert sorted([told[first][0], told[second][0]]) == ["0", "1"], told
+    assert told[first][0] == told[first][1] and told[second][0] == told[second][1], told
+    assert told[cpu_only][:2] == ["none", "none"], told
+    # and that its GPUs are placeholders (the node's task prolog): a CUDA build trains on the CPU here.
+    assert {told[job_id][2] for job_id in told} == {"1"}, told
 
 
 def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, minicluster_state):

@@ -201,8 +201,12 @@ def test_a_sites_job_runs_end_to_end_on_its_rehearsal(rehearsals, setup: Setup, 
         "--via=local",
         f"--data={setup.data}",
         *flags,
+        # The rehearsal's GPUs have no GPU behind them: the cpu environment, on the CPU, knowingly.
+        "--flavour=cpu",
         "--",
         *SHORT,
+        "--device",
+        "cpu",
         env=env,
     )
     assert submitted.returncode == 0, submitted.stderr

@@ -153,6 +153,26 @@ def test_failing_trainer_leaves_no_scratch_and_keeps_its_log(job_dir: JobDir):
     assert scratch_left(job_dir.cluster, job_id) == []
 
 
+def test_a_program_given_gpus_its_pytorch_cannot_use_does_not_start(job_dir: JobDir):
+    """A program of one's own (not the example trainer, which checks for itself) in the cpu SIF: given a
+    GPU, the job script's check stops it before it starts; without one, the same program runs."""
+    program = ContainerCommand("program", "touch", ("{output_dir}/program-ran",), launcher="srun")
+    given = job_dir.submit(
+        render_local(ResourceRequest(job_name="gpu-check", partition="gpu", gpus=1), command=program), "g.sh"
+    )
+    cpu_only = job_dir.submit(render_local(ResourceRequest(job_name="no-gpu"), command=program), "n.sh")
+    state, exit_code = wait_finished(job_dir.cluster, given)
+    log = job_dir.sh(f"cat logs/gpu-check-{given}.out").stdout
+    assert (state, exit_code) == ("FAILED", "1:0"), log
+    stops = [line for line in log.splitlines() if line.startswith("hpcbox: this job was given")]
+    assert len(stops) == 1 and "1 GPU, but its PyTorch (" in stops[0] and "is a CPU build" in stops[0], log
+    assert "so it does not start; submit it in the cuda flavour" in stops[0]
+    assert job_dir.sh(f"test -e runs/{given}/program-ran || echo absent").stdout.strip() == "absent"
+    assert wait_finished(job_dir.cluster, cpu_only) == ("COMPLETED", "0:0")
+    assert job_dir.sh(f"test -e runs/{cpu_only}/program-ran && echo ran").stdout.strip() == "ran"
+    assert scratch_left(job_dir.cluster, given) == []
+
+
 def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDir):
     """Cancelled after its first checkpoint: the checkpoint and metrics reach shared storage.
 
@@ -200,7 +220,8 @@ def test_a_program_that_is_not_ddp_runs_once_per_task_with_stderr_apart(job_dir:
     assert scratch_left(job_dir.cluster, job_id) == []
 
 
-TWO_NODES = dict(partition="cpu", nodes=2, ntasks_per_node=1)
+# torchrun and its trainer peak near 550 MB a node, past the 500M a CPU Slurm gives by default here.
+TWO_NODES = dict(partition="cpu", nodes=2, ntasks_per_node=1, mem="1G")
 
 
 def metric_events(job_dir: JobDir, job_id: str, kind: str) -> list[dict]:
@@ -239,6 +260,39 @@ def test_with_sif_on_scratch_each_node_runs_its_own_copy_of_the_sif(job_dir: Job
     assert len(ran) == 2 and re.fullmatch(rf"task 0 on node1 runs {copy}", ran[0]), log
     assert re.fullmatch(rf"task 1 on node2 runs {copy}", ran[1]), log
     assert scratch_left(job_dir.cluster, job_id) == [], log
+
+
+def test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_never_stopped(
+    job_dir: JobDir,
+):
+    """The time limit's USR1 to the batch shell mid-training (sent by scancel as Slurm sends it at
+    --signal=B:USR1@60, so that when it comes does not hang on this machine's speed; Slurm's own timer
+    sends it in the tests below): the trainer checkpoints, the job requeues itself, the next run
+    resumes and runs to COMPLETED, and its final figures are those of the same job never stopped."""
+    training = ("--epochs", "8", "--batch-size", "16", "--seed", "3", "--device", "cpu", "--workers", "0")
+    stopped = job_dir.submit(render_local(ResourceRequest(job_name="stopped", time="10"), training), "s.sh")
+    whole = job_dir.submit(render_local(ResourceRequest(job_name="whole", time="10"), training), "w.sh")
+    deadline = time.monotonic() + 240
+    log = ""
+    while '"epoch": 2,' not in log:  # two of eight epochs behind it, six to go
+        assert time.monotonic() < deadline, log
+        time.sleep(1)
+        log = job_dir.sh(f"cat logs/stopped-{stopped}.out", check=False).stdout
+    job_dir.cluster.ssh(["scancel", "--signal=USR1", "--batch", stopped], check=True)
+    assert wait_finished(job_dir.cluster, stopped, timeout_s=400) == ("COMPLETED", "0:0")
+    assert wait_finished(job_dir.cluster, whole, timeout_s=400) == ("COMPLETED", "0:0")
+    log = job_dir.sh(f"cat logs/stopped-{stopped}.out").stdout
+    assert f"requeueing job {stopped}" in log, log
+    assert sacct(job_dir.cluster, stopped, "Restarts") == ["1"]
+    starts = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": "start"')]
+    assert [bool(start["resumed"]) for start in starts] == [False, True], log
+    assert metric_events(job_dir, stopped, "preempted"), log
+    figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    final = [
+        {name: metric_events(job_dir, job, "epoch")[-1][name] for name in figures} for job in (stopped, whole)
+    ]
+    assert final[0] == final[1] and final[0]["epoch"] == 8, final
+    wait_scratch_gone(job_dir.cluster, stopped)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
-from tests.integration.test_sbatch_cluster import scratch_left
+from tests.integration.test_sbatch_cluster import scratch_left, wait_scratch_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -373,6 +373,37 @@ def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setu
     assert scratch_left(minicluster, record.job_id) == []
 
 
+def test_a_job_over_its_memory_is_killed_says_so_and_leaves_no_scratch(first_job, setup: Setup, minicluster):
+    """The trainer peaks near 400 MiB: at --mem=300M the mini cluster kills it as a site would, status
+    and report name it out of memory with the --mem to ask, and its node scratch goes, although Slurm
+    killed the whole job script (the janitor step removes it)."""
+    record = submit(
+        setup,
+        minicluster,
+        ("--epochs", "2", "--workers", "0"),
+        profile_and_resources=local_resources(mem="300M"),
+    )
+    assert record is not None
+    final = finished(minicluster, record)
+    log = log_of(minicluster, record)
+    assert (final.state, final.exit_code) == ("FAILED", "0:9"), log
+    assert "exceeded memory limit" in log, log
+    assert final.note.startswith("out of memory (OUT_OF_MEMORY where cgroups enforce it): its peak of "), (
+        final
+    )
+    assert "passed --mem=300M and Slurm killed it; ask for at least --mem=512M" in final.note, final
+    assert final.note in jobs.describe(final)
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        text, _ = jobs.report(connection, setup.project(), record)
+    lines = text.splitlines()
+    assert lines[0] == f"job {record.job_id} (submit-test): FAILED, exit code 0:9: {final.note}", text
+    memory = next(line for line in lines if line.strip().startswith("memory"))
+    assert memory.endswith("-> ran out of memory at 300M: ask for at least --mem=512M"), text
+    wait_scratch_gone(minicluster, record.job_id)
+    # Not left completing: the janitor, its last step, ended as well.
+    assert minicluster.ssh(["squeue", "--noheader", "-j", record.job_id]).stdout.strip() == ""
+
+
 def test_sbatch_refusal_shows_slurms_message_and_records_nothing(first_job, setup: Setup, minicluster):
     local = profiles.load_profile("local")
     claims_more = dataclasses.replace(local.partition("gpu"), gpus_per_node=8, default=True)
@@ -484,6 +515,39 @@ def invoke(
     )
 
 
+def test_a_gpu_job_in_the_cpu_environment_is_refused_or_stops_at_its_start(
+    first_job, setup: Setup, minicluster
+):
+    """The environment hpcbox build last made is the cpu flavour: a GPU job is refused in one line before
+    anything is sent. Named with --flavour cpu it goes, and on the mini cluster's GPUs (device files
+    Slurm gives the job, as a site's) the trainer stops at its start instead of holding the GPU."""
+    ledger = jobs.Ledger(setup.project())
+    before = len(ledger.all())
+    gpu = ("submit", "--cluster=local", f"--data={setup.data}", "--gpus=1", "--time=10")
+    refused = invoke(setup, *gpu, "--", *SHORT)
+    assert refused.returncode == 1, refused.stderr
+    first, *rest = refused.stderr.splitlines()
+    assert first.startswith(
+        "error: the job asks for 1 GPU, but its environment is the cpu flavour (the flavour `hpcbox build` "
+        "last made), which has no CUDA"
+    ), refused.stderr
+    assert all(line.startswith("  hint: ") for line in rest), refused.stderr
+    assert len(ledger.all()) == before
+    named = invoke(setup, *gpu, "--flavour=cpu", "--", *SHORT)
+    assert named.returncode == 0, named.stderr
+    assert "GPUs in the cpu flavour, as asked: the example trainer stops at its start" in named.stderr
+    job_id = named.stdout.strip().splitlines()[-1]
+    followed = invoke(setup, "logs", "--follow", "-j", job_id)
+    assert followed.returncode == 0, followed.stderr
+    stop = [line for line in followed.stdout.splitlines() if line.startswith("hpctrain: error: ")]
+    assert len(stop) == 1 and "this job was given 1 GPU, but its PyTorch (" in stop[0], followed.stdout
+    assert "is a CPU build: it would train on the CPU while holding them" in stop[0]
+    assert '"event": "start"' not in followed.stdout  # stopped before training began
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.stdout.startswith(f"job {job_id}: FAILED"), status.stdout + status.stderr
+    assert scratch_left(minicluster, job_id) == []
+
+
 def test_the_commands_users_type_submit_status_logs_fetch(first_job, setup: Setup, minicluster):
     done = invoke(setup, "submit", "--cluster=local", f"--data={setup.data}", "--time=10", "--", *SHORT)
     assert done.returncode == 0, done.stderr
@@ -546,20 +610,24 @@ def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id:
     project = tmp_path / "project"
     shutil.copytree(setup.project_dir, project, ignore=shutil.ignore_patterns(".hpcbox", "runs", "*.tar"))
     name = f"{run_id}-demo"
+    # The cluster's keys go to the user's state folder: this test's own, not the real user's.
+    env = {**os.environ, "HPCBOX_CACHE": setup.env["HPCBOX_CACHE"], "XDG_STATE_HOME": str(tmp_path / "state")}
+    env.pop("HPCBOX_MINICLUSTER_STATE", None)
     try:
         demo = ["demo", f"--name={name}", f"--port={free_port()}", "--epochs=1"]
         done = subprocess.run(
             [sys.executable, "-m", "invoke", "-r", str(REPO), *demo],
             cwd=project,
-            env={**os.environ, "HPCBOX_CACHE": setup.env["HPCBOX_CACHE"]},
+            env=env,
             capture_output=True,
             text=True,
             timeout=900,
             check=False,
         )
     finally:
-        minicluster.down(name, project / ".hpcbox" / "cluster")
+        minicluster.down(name, tmp_path / "state" / "hpcbox" / "cluster")
     assert done.returncode == 0, done.stderr[-3000:]
+    assert not (project / ".hpcbox" / "cluster").exists()
     assert "trained 1 epochs: val accuracy" in done.stderr
     record = jobs.Ledger(load_project(project)).find()
     assert (project / "runs" / "local" / record.job_id / "metrics.jsonl").is_file()

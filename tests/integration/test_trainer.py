@@ -335,6 +335,10 @@ def test_resnet18_trains_head_first_then_all_layers(trainer: TrainerRunner) -> N
         ((), {"WORKERS": "many"}, "--workers (env WORKERS): cannot read 'many'"),
         (("--output-dir", "/readonly/out"), {}, "is not writable"),
         (("--device", "cuda"), {}, "--device cuda: torch sees no CUDA device"),
+        # A job Slurm gave a GPU, in the cpu image: it would hold the GPU and train on the CPU.
+        ((), {"SLURM_GPUS_ON_NODE": "1"}, "is a CPU build: it would train on the CPU while holding them"),
+        # ... even on the mini cluster's placeholders: with them only a CUDA build may go on on the CPU.
+        ((), {"SLURM_GPUS_ON_NODE": "2", "HPCBOX_PLACEHOLDER_GPUS": "1"}, "given 2 GPUs, but its PyTorch"),
     ],
     ids=[
         "missing-data",
@@ -345,6 +349,8 @@ def test_resnet18_trains_head_first_then_all_layers(trainer: TrainerRunner) -> N
         "workers-env",
         "read-only",
         "cuda",
+        "gpus-given-cpu-build",
+        "placeholder-gpus-cpu-build",
     ],
 )
 def test_bad_input_is_one_line_and_no_training(
@@ -366,6 +372,43 @@ def test_bad_input_is_one_line_and_no_training(
     assert expected in lines[0]
     assert not events(trainer.workdir / output), "bad input must stop before training"
     assert not list((tmp_path).iterdir())
+
+
+def test_a_job_given_gpus_it_cannot_use_stops_unless_told_to_use_the_cpu(trainer: TrainerRunner) -> None:
+    # The decision for each case, in the image's own torch: a CUDA build that sees fewer GPUs than it
+    # was given stops at a site, and goes on on the CPU, saying so, only on the mini cluster's placeholders.
+    decide = (
+        "import torch\n"
+        "from hpctrain import HpctrainError\n"
+        "from hpctrain.distributed import device_for_given_gpus as decide\n"
+        "for case in [(0, None, 0, False), (1, '12.8', 1, False), (2, '12.8', 4, False),\n"
+        "             (1, '12.8', 0, True),\n"
+        "             (1, '12.8', 0, False), (2, '12.8', 1, True), (1, None, 0, True)]:\n"
+        "    try:\n"
+        "        print(decide(*case))\n"
+        "    except HpctrainError as exc:\n"
+        "        print('stop:', exc.message.replace(torch.__version__, 'VERSION'))\n"
+    )
+    result = trainer.run("python", "-c", decide)
+    assert_ok(result)
+    assert result.stdout.splitlines() == [
+        "None",
+        "cuda",
+        "cuda",
+        "cpu",
+        "stop: this job was given 1 GPU, but PyTorch sees 0",
+        "cpu",
+        "stop: this job was given 1 GPU, but its PyTorch (VERSION) is a CPU build: it would train on the CPU "
+        "while holding them",
+    ], result.stdout
+    assert result.stderr.count("placeholders") == 2, result.stderr
+    # Told to use the CPU, a job given a GPU trains there (one epoch is enough to see it start).
+    output = f"cpu-{os.urandom(3).hex()}"
+    told = trainer.run(
+        *trainer.train_argv(output), "--epochs", "1", "--device", "cpu", env={"SLURM_GPUS_ON_NODE": "1"}
+    )
+    assert_ok(told)
+    assert any(event["event"] == "done" for event in events(trainer.workdir / output)), told.stderr
 
 
 def test_help_documents_flags_environment_and_exit_codes(trainer: TrainerRunner) -> None:

@@ -64,8 +64,6 @@ CASES = [
     (["submit", "--cluster=edi", "--data=missing.tar", "--dry-run"], "data: "),
     (["submit", "--cluster=edi", "--via=elsewhere"], "via: 'elsewhere' is not a place to rehearse a job"),
     (["submit", "--cluster=local", "--data=missing.tar"], "the mini cluster hpcbox-local is not up"),
-    (["submit", "--cluster=edi", "--gpus=1", "--flavour=cpu", "--data=pyproject.toml"],
-     "the job asks for 1 GPU, but its environment is the cpu flavour (as asked), which has no CUDA"),
     (["submit", "--cluster=edi", "--gpus=2", "--offline", "--data=pyproject.toml"],
      "environment is the cpu flavour (the flavour --offline builds unless told)"),
     # the job's life after it, with no job

@@ -128,10 +128,53 @@ def test_a_job_that_kept_its_cpu_busy_fits_its_request():
     assert figures("failed")["CPU"].verdict == "used 0.5 of 1 CPUs: the request fits"
 
 
+def test_cpu_time_past_the_elapsed_seconds_is_all_cpus_within_saccts_resolution():
+    # Hand-made from steps.sacct (its real figures: 2 CPUs): a bound job's 6.5 s of CPU on one CPU
+    # in a run sacct counts as 6 s, as the demo's on the enforcing mini cluster.
+    rows = sacct("steps")
+    rows[0].update(NCPUS="1", ElapsedRaw="6", TotalCPU="00:06.505")
+    cpu = efficiency.cpu_figure(rows[0], None)
+    assert (
+        cpu.value
+        == "100% efficiency: 1.0 of 1 CPUs busy on average (6.5 s of CPU in what sacct counts as 6 s)"
+    )
+    assert cpu.verdict == "used 1.0 of 1 CPUs: the request fits"
+
+
+def test_cpu_beyond_what_was_given_asks_for_the_cpus_it_used():
+    # Hand-made: 12 s of CPU in 6 s on one CPU, where nothing bound the job to it.
+    rows = sacct("steps")
+    rows[0].update(NCPUS="1", ElapsedRaw="6", TotalCPU="00:12.000")
+    cpu = efficiency.cpu_figure(rows[0], None)
+    assert cpu.value == "200% efficiency: 2.0 of 1 CPUs busy on average"
+    assert cpu.verdict == (
+        "used 2.0 of 1 CPUs, more than it was given (nothing bound it to them here; a site that binds "
+        "tasks slows it down): ask for 2"
+    )
+
+
 def test_memory_peak_is_the_largest_maxrss_of_any_step():
     memory = figures("steps")["memory"]
     assert memory.value == "peak 308.6M of 1G asked (30%)"  # step .0's 316008K, not .batch's
     assert memory.verdict == "asked 1G, peaked at 308.6M: ask for --mem=512M next time"
+
+
+@pytest.mark.parametrize(
+    ("asked", "verdict"),
+    [
+        ("384M", "asked 384M, peaked at 308.6M, too close to the limit: ask for --mem=512M"),
+        ("512M", "asked 512M, peaked at 308.6M: the request fits"),
+        # One size step over the 512M needed is not worth a change; 768M is (512M is 2/3 of it).
+        ("640M", "asked 640M, peaked at 308.6M: the request fits"),
+        ("768M", "asked 768M, peaked at 308.6M: ask for --mem=512M next time"),
+    ],
+)
+def test_memory_asked_near_what_is_needed_fits(asked, verdict):
+    # Hand-made from steps.sacct: the same run, as if it had asked for other sizes.
+    rows = sacct("steps")
+    rows[0]["ReqMem"] = asked
+    memory = {f.name: f for f in efficiency.build_report(rows, None, None).figures}["memory"]
+    assert memory.verdict == verdict
 
 
 def test_memory_per_cpu_request_counts_every_cpu():
@@ -150,6 +193,39 @@ def test_memory_per_cpu_in_the_older_form_is_named():
 def test_memory_of_a_job_that_stopped_early_is_a_lower_bound():
     memory = figures("failed")["memory"]
     assert memory.verdict == "asked 1G, peaked at 60M before it stopped (FAILED): ask for at least --mem=128M"
+
+
+def test_a_job_slurm_killed_for_its_memory_is_named_out_of_memory_with_the_mem_to_ask():
+    # Slurm's accounting kill (the mini cluster's, and sites' without cgroups) ends the job FAILED
+    # 0:9 with its batch step CANCELLED by root: only the peak past --mem tells it from a cancel.
+    built = efficiency.build_report(sacct("memkill"), None, None)
+    memory = {f.name: f for f in built.figures}["memory"]
+    assert memory.value == "peak 390.2M of 300M asked (130%)"
+    # The peak it was killed at, plus headroom: 390.2M x 1.25 rounds up to 512M.
+    assert memory.verdict == "ran out of memory at 300M: ask for at least --mem=512M"
+    assert built.state == "FAILED"
+    assert built.cause == (
+        "out of memory (OUT_OF_MEMORY where cgroups enforce it): its peak of 390.2M passed --mem=300M "
+        "and Slurm killed it; ask for at least --mem=512M"
+    )
+    heading = efficiency.format_report(built).splitlines()[0]
+    assert heading == f"job 3 (wrap): FAILED, exit code 0:9: {built.cause}"
+
+
+def test_a_cgroups_out_of_memory_is_named_even_below_the_sampled_peak():
+    # Hand-made from memkill.sacct: a cgroup kills at the limit itself, between accounting samples.
+    rows = sacct("memkill")
+    rows[0]["State"], rows[1]["State"], rows[1]["MaxRSS"] = "OUT_OF_MEMORY", "OUT_OF_MEMORY", "250M"
+    killed = efficiency.memory_kill(rows)
+    assert killed == efficiency.MemoryKill(asked=300 * 2**20, peak=250 * 2**20, by_accounting=False)
+    # The limit plus headroom (375M), plus headroom again as for any peak: 512M.
+    assert killed.in_words() == "out of memory at --mem=300M: ask for at least --mem=512M"
+
+
+@pytest.mark.parametrize("name", ["failed", "cancelled", "timeout", "steps", "pending", "short"])
+def test_jobs_that_stayed_within_their_memory_were_not_killed_for_it(name):
+    assert efficiency.memory_kill(sacct(name)) is None
+    assert efficiency.build_report(sacct(name), None, None).cause == ""
 
 
 def test_time_suggests_a_limit_with_headroom():

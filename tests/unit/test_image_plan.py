@@ -79,6 +79,43 @@ def test_flavour_defaults_and_unknown_flavour():
         image_stage.resolve_flavour("rocm", offline=False)
 
 
+@pytest.fixture
+def answering_index():
+    """A real HTTP server on this machine standing in for the package index: it answers."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def closed_index() -> str:
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on once this closes
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}/"
+
+
+def test_without_a_registry_the_default_flavour_stays_cuda_where_the_index_answers(answering_index):
+    assert image_stage.flavour_without_registry(None, index=answering_index).name == "cuda"
+
+
+def test_without_a_registry_or_an_index_the_default_falls_back_to_cpu():
+    assert image_stage.index_reachable(closed_index()) is False
+    assert image_stage.flavour_without_registry(None, index=closed_index()).name == "cpu"
+
+
+def test_a_flavour_asked_for_is_kept_without_a_registry_whatever_the_index():
+    # cuda asked for with no index fails in pip's own words at the build; cpu never needs the index.
+    assert image_stage.flavour_without_registry("cuda", index=closed_index()).name == "cuda"
+    assert image_stage.flavour_without_registry("cpu", index=closed_index()).name == "cpu"
+
+
 def test_cuda_lock_is_fully_hashed():
     lock = (REPO / "docker/lock/cuda-requirements.txt").read_text()
     pins = [line for line in lock.splitlines() if line and not line.startswith((" ", "#"))]

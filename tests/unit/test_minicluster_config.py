@@ -30,8 +30,11 @@ def test_slurm_conf_names_nodes_partitions_and_gpus():
     assert "NodeName=node1,node2,node3 CPUs=2 RealMemory=2000 Gres=gpu:2 State=UNKNOWN" in text
     assert "PartitionName=cpu Nodes=node1,node2,node3 Default=YES MaxTime=INFINITE State=UP" in text
     assert "PartitionName=gpu Nodes=node1,node2,node3 MaxTime=INFINITE State=UP" in text
-    # The local mini cluster enforces nothing beyond Slurm's defaults and sets no per-job scratch.
-    assert not {"AccountingStorageEnforce", "JobSubmitPlugins", "Prolog", "TaskProlog"} & set(values)
+    # The local mini cluster enforces no accounts and sets no per-job scratch; it enforces a job's
+    # CPUs and memory, and its task prolog tells jobs that its GPUs are placeholders.
+    assert not {"AccountingStorageEnforce", "JobSubmitPlugins", "Prolog", "Epilog"} & set(values)
+    assert (values["TaskPlugin"], values["JobAcctGatherParams"]) == ("task/affinity", "OverMemoryKill")
+    assert values["TaskProlog"].endswith("/task-prolog.sh")
 
 
 @pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])

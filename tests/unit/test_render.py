@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
 from hpcbox.render import profiles
 from hpcbox.render.bsub import renderer
-from hpcbox.render.resources import FieldError, ResourceRequest, resolve
+from hpcbox.render.resources import FieldError, ResourceRequest, request_for, resolve
 from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch, render_shell, sbatch_quote
 from hpcbox.render.sweep import Sweep
 
@@ -103,6 +103,27 @@ def test_cpu_only_job_has_no_nv_and_no_gpu_sampler():
     assert "nvidia-smi" not in text
     assert "--gres" not in text
     assert shellcheck(text).stdout == ""
+
+
+def test_a_gpu_job_of_ones_own_program_checks_its_gpus_before_it_starts():
+    """The check runs in the container before the program; the example trainer makes it itself, and a
+    CPU job has none. Where the environment has no PyTorch to ask, the check lets the program start."""
+    program = ContainerCommand("program", "fit", ("{output_dir}",))
+    profile = profiles.load_profile("edi")
+    own = render_sbatch(profile, resolve(profile, ResourceRequest(job_name="j", gpus=1)), INPUTS, (), program)
+    check = own.text.index("gpu_check=")
+    assert check < own.text.index("apptainer exec --nv --bind") < own.text.index(" fit /scratch/out")
+    assert 'apptainer exec --nv "$sif" python3 -c "$gpu_check" "$SLURM_GPUS_ON_NODE"' in own.text
+    assert shellcheck(own.text).stdout == ""
+    assert "gpu_check" not in render("edi", ResourceRequest(job_name="j", gpus=1)).text  # the trainer's own
+    cpu_only = render_sbatch(profile, resolve(profile, ResourceRequest(job_name="j")), INPUTS, (), program)
+    assert "gpu_check" not in cpu_only.text
+    # No PyTorch here (hpcbox's own environment): nothing to ask, the program goes (exit 0, silent).
+    from hpcbox.render.sbatch import _GPU_CHECK
+
+    assert "'" not in _GPU_CHECK  # held in single quotes by the script
+    done = subprocess.run([sys.executable, "-c", _GPU_CHECK, "2", ""], capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_gpu_request_in_each_sites_dialect():
@@ -342,6 +363,7 @@ def make_sandbox(root: Path) -> Sandbox:
         "USER": "researcher",
         "SLURM_JOB_ID": "4242",
         "SLURMD_NODENAME": "node1",
+        "SLURM_JOB_NUM_NODES": "1",
         "SLURM_SUBMIT_DIR": str(submit),
         "STUB_RECORD": str(root / "argv.json"),
         "STUB_SCRATCH_SEEN": str(root / "scratch-seen"),
@@ -784,7 +806,9 @@ def test_the_shell_runs_the_same_container_options():
 def test_single_process_job_has_no_srun_and_no_torchrun():
     text = render("local", ResourceRequest(job_name="one", nodes=1, ntasks_per_node=1)).text
     assert "hpctrain.torchrun" not in text
-    assert "srun" not in text
+    # The one srun is the janitor's, which removes scratch if the script itself is killed.
+    [srun] = [line for line in text.splitlines() if line.startswith("srun ") or " srun " in line]
+    assert 'bash -c "$janitor" janitor' in srun
 
 
 NASTY_ARGS = ("--note", "it's $HOME and `date` $(id)", "", "two\nlines", "{output_dir}/best.pt")
@@ -879,9 +903,10 @@ def test_invoke_sbatch_passes_the_trainer_arguments_word_for_word(tmp_path: Path
     args = ["--note", "two words", "it's", "$HOME", ""]
     done = invoke("sbatch", "--cluster=local", "--gpus", "1", "--", *args, cwd=REPO)
     assert done.returncode == 0, done.stderr
-    expected = render(
-        "local", ResourceRequest(job_name="trainer", gpus=1), args=args, inputs=JobInputs.defaults("trainer")
-    )
+    # This repository's [tool.hpcbox.resources.local] under the flags, as the task reads it.
+    request = request_for("local", {"gpus": "1"}, REPO / "pyproject.toml", "trainer")
+    assert request.mem, "the example trainer's own request for the local cluster"
+    expected = render("local", request, args=args, inputs=JobInputs.defaults("trainer"))
     assert done.stdout == expected.text
 
 

@@ -16,6 +16,7 @@ import os
 import re
 import sys
 import tomllib
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -57,6 +58,8 @@ DEFAULT_FLAVOUR = "cuda"
 # The flavours whose PyTorch uses GPUs: the only ones a job asking for GPUs may run in.
 CUDA_FLAVOURS = ("cuda",)
 OFFLINE_FLAVOUR = "cpu"
+# Where the Dockerfile's pip takes its wheels: the cuda flavour needs it, with or without a registry.
+PACKAGE_INDEX = "https://pypi.org/simple/"
 CA_ENV_VARS = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 _SKIPPED = {"__pycache__", ".pytest_cache", ".mypy_cache", ".DS_Store"}
 
@@ -173,6 +176,25 @@ def resolve_flavour(name: str | None, offline: bool) -> Flavour:
     return FLAVOURS[chosen]
 
 
+def flavour_without_registry(name: str | None, index: str = PACKAGE_INDEX) -> Flavour:
+    """The flavour to build on the bootstrapped Debian base where no registry answers: the one asked
+    for (the default, cuda, takes PyTorch's CUDA wheels from ``index``), else cpu (Debian's own
+    PyTorch) where ``index`` does not answer either."""
+    chosen = resolve_flavour(name, offline=False)
+    if name is None and chosen.name in CUDA_FLAVOURS and not index_reachable(index):
+        return FLAVOURS[OFFLINE_FLAVOUR]
+    return chosen
+
+
+def index_reachable(url: str, timeout_s: float = 5) -> bool:
+    """Whether the package index at ``url`` answers over HTTP(S) within ``timeout_s``."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):  # URLError and HTTPError are OSErrors
+        return False
+
+
 def build_context(
     project: ProjectConfig, *, with_code: bool = True, locks: Mapping[str, bytes] | None = None
 ) -> bytes:
@@ -263,12 +285,21 @@ def plan_build(
         registry_base = registry_base_lock(project)
         base_ref = registry_base.ref if registry_base else chosen.registry_base
         if docker.image(base_ref) is None and not docker.pull(base_ref):
-            chosen = resolve_flavour(flavour, offline=True)
-            say(
-                f"hpcbox: no registry reachable to pull {base_ref}; building the {chosen.name} flavour "
-                "offline on a Debian base bootstrapped from Debian's mirror "
-                f"({baseimage.base_ref(lock=base_lock)})"
+            chosen = flavour_without_registry(flavour)
+            bootstrapped = (
+                f"a Debian base bootstrapped from Debian's mirror ({baseimage.base_ref(lock=base_lock)})"
             )
+            if chosen.name in CUDA_FLAVOURS:
+                say(
+                    f"hpcbox: no registry reachable to pull {base_ref}; building the {chosen.name} flavour "
+                    f"on {bootstrapped}, with PyTorch's CUDA wheels from {PACKAGE_INDEX}"
+                )
+            else:
+                also = "" if flavour else f" and {PACKAGE_INDEX} does not answer"
+                say(
+                    f"hpcbox: no registry reachable to pull {base_ref}{also}; building the {chosen.name} "
+                    f"flavour (Debian's own PyTorch) offline on {bootstrapped}"
+                )
             base_ref = baseimage.base_ref(lock=base_lock)
             offline = True
         elif registry_base is None:

@@ -15,7 +15,7 @@ from hpcbox import jobs, minicluster
 from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
-from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT, state_root
+from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
 from hpcbox.project.config import ProjectConfig, load_project
 from hpcbox.render import profiles, resources
 from hpcbox.tools import docker, ssh
@@ -45,6 +45,7 @@ def run_demo(
     epochs: int = 3,
     name: str = DEFAULT_NAME,
     port: int = DEFAULT_PORT,
+    force: bool = False,
     project: ProjectConfig | None = None,
     say: Callable[[str], None] = print,
 ) -> jobs.JobRecord:
@@ -55,9 +56,9 @@ def run_demo(
     say("== 2/6 data")
     data = make_dataset(project, image.ref, say)
     say("== 3/6 the mini cluster (Slurm + Apptainer + sshd in containers)")
-    cluster = minicluster.up(
-        minicluster.ClusterSpec(name=name, port=port), state_root(project.state_dir), on_line=say
-    )
+    # The user's cluster, whichever project brought it up: replaced (ending its jobs) only with force.
+    root = minicluster.shared_state(name, project.state_dir, say=say)
+    cluster = minicluster.up(minicluster.ClusterSpec(name=name, port=port), root, force=force, on_line=say)
     say("== 4/6 submit: environment SIF, code snapshot and data to the cluster over SSH, then sbatch")
     profile = profiles.load_profile("local")
     payload, environment = jobs.prepare_payload(
@@ -69,7 +70,11 @@ def run_demo(
         say=say,
         on_line=lambda _line: None,
     )
-    checked = resources.resolve(profile, resources.ResourceRequest(job_name="hpcbox-demo", time=DEMO_TIME))
+    # The project's own request for the local cluster ([tool.hpcbox.resources.local]) under the demo's.
+    request = resources.request_for(
+        "local", {"job_name": "hpcbox-demo", "time": DEMO_TIME}, project.root / "pyproject.toml", project.name
+    )
+    checked = resources.resolve(profile, request, ddp=project.run.ddp)
     record = jobs.submit(
         project,
         profile,

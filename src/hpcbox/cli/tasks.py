@@ -454,6 +454,7 @@ def _test_only(project, profile, via: str | None, text: str, account: str | None
             "run `sbatch --test-only FILE` on the login node",
         )
     target = jobs.connection_target(profile, project, via=via)
+    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
     jobs.rehearse_account(profile, project, account, via=via, say=say)
     return slurm.test_only(target, text)
 
@@ -526,12 +527,11 @@ def submit(
     target = jobs.connection_target(
         profile, project, via=via, host=host, user=user, port=int(port) if port else None
     )
+    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
     jobs.rehearse_account(profile, project, checked.account, via=via, host=host, say=say)
-    # The mini cluster's GPUs are placeholders: a job there runs the cpu environment on them.
-    gpus = 0 if jobs.on_mini_cluster(profile, via, host) else checked.gpus
     payload, environment = jobs.prepare_payload(
         project, jobs.data_path(project, data), profile.apptainer.compression,
-        flavour=flavour, offline=offline, gpus=gpus, say=say,
+        flavour=flavour, offline=offline, gpus=checked.gpus, say=say,
     )  # fmt: skip
     record = jobs.submit(
         project, profile, target, checked, trainer_args, payload,
@@ -714,19 +714,28 @@ def _cluster_tasks() -> Collection:
     """The `cluster.*` tasks, kept in their own namespace (defined here so they stay off the top level)."""
     from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_PORT
 
-    def _state() -> Path:
-        from hpcbox.minicluster.spec import state_root
-        from hpcbox.project.config import load_project
+    def _state(name: str) -> Path:
+        """The user's state root, where every project finds cluster ``name``'s keys (once this
+        checkout's, kept there by an older hpcbox, have moved to it). A cluster is the user's, so these
+        commands need no project; only a checkout can hold old keys."""
+        from hpcbox import minicluster
+        from hpcbox.files import project_root
+        from hpcbox.minicluster.spec import check_name
 
-        return state_root(load_project().state_dir)
+        check_name(name)  # before it names a folder
+        root = project_root()
+        return minicluster.shared_state(name, root / ".hpcbox" if root else None, say=print)
 
     def _find(name: str):
         from hpcbox import minicluster
+        from hpcbox.minicluster.spec import state_dir
 
-        found = minicluster.find(name, _state())
+        root = _state(name)
+        found = minicluster.find(name, root)
         if found is None:
             raise HpcboxError(
-                f"no cluster named {name} is up here", f"start it: `hpcbox cluster.up --name {name}`"
+                f"no cluster named {name} is up (its keys would be in {state_dir(root, name)})",
+                f"start it: `hpcbox cluster.up --name {name}`",
             )
         return found
 
@@ -737,17 +746,27 @@ def _cluster_tasks() -> Collection:
             "port": "login SSH port",
             "like": "shape it like this cluster profile (partitions, GPU types, accounts, scratch): a "
             "rehearsal of that site for `hpcbox submit --cluster NAME --via local` (default: local)",
+            "force": "replace a cluster of other settings even while Slurm has unfinished jobs on it "
+            "(they are lost)",
+            "slurm": "the Slurm version every node runs: 22.05 or 24.11 (default: the nearest to the "
+            "version --like's profile names, else 24.11)",
         }
     )
     @friendly
-    def up(c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT, like="local"):
-        """Start the mini Slurm cluster (idempotent), shaped like a profile, and wait until it is idle."""
+    def up(
+        c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT, like="local", force=False, slurm=None
+    ):
+        """Start the mini Slurm cluster (idempotent, from any project), shaped like a profile, and wait
+        until it is idle."""
         from hpcbox import minicluster
 
-        spec = minicluster.spec_like(like, name=name, nodes=int(nodes), port=int(port))
-        cluster = minicluster.up(spec, _state(), on_line=print)
+        version = minicluster.slurm_like(like, slurm, say=print)
+        spec = minicluster.spec_like(like, name=name, nodes=int(nodes), port=int(port), slurm=version)
+        cluster = minicluster.up(spec, _state(name), force=force, on_line=print)
         print(minicluster.status(cluster), end="")
-        print(f"login: ssh -i {cluster.key_path} -p {cluster.login_port} {cluster.user}@127.0.0.1")
+        login = ["ssh", "-i", str(cluster.key_path), "-p", str(cluster.login_port)]
+        login += ["-o", f"UserKnownHostsFile={cluster.known_hosts}", f"{cluster.user}@127.0.0.1"]
+        print(f"login: {shlex.join(login)}")
 
     @task(help={"name": "cluster name"})
     @friendly
@@ -757,13 +776,16 @@ def _cluster_tasks() -> Collection:
 
         print(minicluster.status(_find(name)), end="")
 
-    @task(help={"name": "cluster name"})
+    @task(help={"name": "cluster name", "force": "remove it even while Slurm has unfinished jobs on it"})
     @friendly
-    def down(c, name=DEFAULT_NAME):
-        """Remove the cluster's containers, network, volumes and keys."""
+    def down(c, name=DEFAULT_NAME, force=False):
+        """Remove the cluster's containers, network, volumes and keys (refused while it has unfinished
+        jobs, unless --force)."""
         from hpcbox import minicluster
 
-        removed = minicluster.down(name, _state())
+        root = _state(name)
+        minicluster.refuse_unfinished(name, "remove", force=force, say=print)
+        removed = minicluster.down(name, root, on_line=print)
         print(
             f"removed {len(removed.containers)} containers, {len(removed.networks)} network(s), "
             f"{len(removed.volumes)} volume(s) of {name}"

@@ -2,7 +2,13 @@
 fetch, the efficiency report, cancel, and a shell beside it. The commands (hpcbox.cli) use the names
 below; each module holds one part of the job's life."""
 
-from hpcbox.jobs.connect import connection_target, on_mini_cluster, rehearse_account, require_slurm
+from hpcbox.jobs.connect import (
+    connection_target,
+    on_mini_cluster,
+    rehearse_account,
+    require_slurm,
+    say_rehearsal_slurm,
+)
 from hpcbox.jobs.fetch import fetch, local_run_dir, report
 from hpcbox.jobs.follow import (
     CANCEL_GRACE_S,
@@ -45,6 +51,7 @@ __all__ = [
     "rehearse_account",
     "report",
     "require_slurm",
+    "say_rehearsal_slurm",
     "shell",
     "state",
     "submit",

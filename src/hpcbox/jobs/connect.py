@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 from hpcbox.errors import FieldError, HpcboxError
@@ -37,9 +38,10 @@ def connection_target(
 ) -> ssh.Target:
     """How to reach ``profile``'s login node: flags over the profile; ~/.ssh/config fills the rest.
 
-    `local`, and any cluster ``via`` "local", is the mini cluster this checkout brought up (`invoke
-    cluster.up`), reached with the keys generated for it; HPCBOX_MINICLUSTER /
-    HPCBOX_MINICLUSTER_STATE name another one. It must be shaped like ``profile`` (`--like`).
+    `local`, and any cluster ``via`` "local", is the user's mini cluster, whichever project brought it
+    up (`hpcbox cluster.up`), reached with the keys kept for it under the user's state folder;
+    HPCBOX_MINICLUSTER / HPCBOX_MINICLUSTER_STATE name another one. It must be shaped like ``profile``
+    (`--like`).
     """
     if via not in (None, "local"):
         raise FieldError(
@@ -71,12 +73,28 @@ def rehearse_account(
         say(f"hpcbox: the rehearsal's accounting has account {account} now, with you in it (as at the site)")
 
 
+def say_rehearsal_slurm(
+    profile: ClusterProfile, project: ProjectConfig, *, via: str | None, say: Callable[[str], None] = print
+) -> None:
+    """On a rehearsal (``via`` "local") of a site whose profile names its Slurm version, one line where
+    the mini cluster runs another (the nearest it has, or the one `cluster.up --slurm` asked for)."""
+    if via != "local" or profile.slurm_version is None:
+        return
+    from hpcbox.minicluster import versions
+
+    running = _mini_cluster(profile, project).spec.slurm
+    if line := versions.note(profile.name, profile.slurm_version, running):
+        say(line)
+
+
 def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
     from hpcbox import minicluster
-    from hpcbox.minicluster.spec import DEFAULT_NAME, state_root
+    from hpcbox.minicluster.spec import DEFAULT_NAME
 
     name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
-    running = minicluster.find(name, state_root(project.state_dir))
+    # Said on stderr, as every progress line of the commands that come here (their stdout is data).
+    root = minicluster.shared_state(name, project.state_dir, say=lambda line: print(line, file=sys.stderr))
+    running = minicluster.find(name, root)
     like = "" if profile.name == "local" else f" --like {profile.name}"
     if running is None:
         raise HpcboxError(

@@ -31,6 +31,9 @@ SACCT_FIELDS: tuple[str, ...] = (
 
 # Memory and time requests are hard limits (the job is killed at them): ask for the peak plus this.
 HEADROOM = 1.25
+# A memory request is worth lowering when the peak plus headroom needs at most this share of it:
+# one size step over what is needed is not.
+OVERSIZED = 0.75
 # Where a program of one's own learns to write metrics.jsonl.
 _ADD_METRICS = "docs/own-project.md, 'Your program's metrics', adds one"
 # The data-bound line (docs/trainer.md): above this share of training time spent waiting for batches,
@@ -61,6 +64,7 @@ class Report:
     figures: tuple[Figure, ...]
     job_name: str = ""
     exit_code: str = ""
+    cause: str = ""  # why it ended, where Slurm's state does not say it (a kill for memory)
 
 
 @dataclass(frozen=True)
@@ -177,12 +181,24 @@ def cpu_figure(job: dict[str, str], training: Training | None) -> Figure:
     elapsed, ncpus, nodes = int(job["ElapsedRaw"]), int(job["NCPUS"]), int(job["NNodes"] or 1)
     if elapsed == 0:
         return _unknown("CPU", "the job ran for less than a second")
-    busy = parse_cpu_time(job["TotalCPU"]) / elapsed
+    cpu_s = parse_cpu_time(job["TotalCPU"])
+    busy = cpu_s / elapsed
+    resolution = ""
+    if ncpus < busy and cpu_s <= ncpus * (elapsed + 1):
+        # Start and End are whole seconds: a run of 6.6 s can read 6 s. Within that, all its CPUs.
+        busy, resolution = ncpus, f" ({cpu_s:.1f} s of CPU in what sacct counts as {elapsed} s)"
     used = round(busy, 1)  # advice follows the figure the user reads
-    value = f"{busy / ncpus:.0%} efficiency: {used:.1f} of {ncpus} CPUs busy on average"
+    value = f"{busy / ncpus:.0%} efficiency: {used:.1f} of {ncpus} CPUs busy on average{resolution}"
     # A CPU shortfall slows a job down but never kills it: no headroom beyond the next whole CPU.
     wanted = max(1, math.ceil(used / nodes))
     per_node = " per node" if nodes > 1 else ""
+    if used > ncpus:
+        return Figure(
+            "CPU",
+            value,
+            f"used {used:.1f} of {ncpus} CPUs, more than it was given (nothing bound it to them here; "
+            f"a site that binds tasks slows it down): ask for {wanted}{per_node}",
+        )
     if wanted * nodes >= ncpus:
         return Figure("CPU", value, f"used {used:.1f} of {ncpus} CPUs: the request fits")
     if training is not None and training.data_wait is not None and training.data_wait > DATA_BOUND:
@@ -200,6 +216,51 @@ def _stopped_early(job: dict[str, str]) -> bool:
     return job["State"] not in ("COMPLETED", "RUNNING", "TIMEOUT") and not job["State"].startswith(
         "OUT_OF_MEMORY"
     )
+
+
+@dataclass(frozen=True)
+class MemoryKill:
+    """A job stopped for passing its --mem, with what it asked per node and its peak (0: unknown)."""
+
+    asked: int
+    peak: int
+    by_accounting: bool  # Slurm's sampled-RSS kill (FAILED or CANCELLED), not a cgroup's OUT_OF_MEMORY
+
+    @property
+    def suggestion(self) -> str:
+        # Killed at the limit: the peak it would have reached is unknown, so add headroom to the larger
+        # of the limit (plus headroom) and the peak it was killed at.
+        return f"--mem={format_request(suggest_mem(max(self.asked * HEADROOM, self.peak)))}"
+
+    def in_words(self) -> str:
+        """The cause, for `status` and the report's heading."""
+        asked = format_request(self.asked)
+        if self.by_accounting:
+            return (
+                f"out of memory (OUT_OF_MEMORY where cgroups enforce it): its peak of "
+                f"{format_size(self.peak)} passed --mem={asked} and Slurm killed it; "
+                f"ask for at least {self.suggestion}"
+            )
+        return f"out of memory at --mem={asked}: ask for at least {self.suggestion}"
+
+
+def memory_kill(sacct_rows: list[dict[str, str]]) -> MemoryKill | None:
+    """Whether the job (sacct's job line and its steps, with State, NCPUS, NNodes, ReqMem and MaxRSS)
+    was stopped for its memory: OUT_OF_MEMORY from a cgroup, or, where Slurm enforces --mem by its
+    own accounting (JobAcctGatherParams=OverMemoryKill, the mini cluster's way), a job that did not
+    complete with a step whose sampled peak passed its request: such a kill ends FAILED or CANCELLED."""
+    jobs = [row for row in sacct_rows if "." not in row["JobID"]]
+    if not jobs or _not_started(jobs[0]):
+        return None
+    job = jobs[0]
+    steps = [row for row in sacct_rows if row["JobID"].startswith(job["JobID"] + ".")]
+    asked = parse_req_mem(job["ReqMem"], int(job["NCPUS"]), int(job["NNodes"] or 1)).per_node
+    peak = max((parse_size(step["MaxRSS"]) for step in steps if step["MaxRSS"]), default=0)
+    if any(row["State"].startswith("OUT_OF_MEMORY") for row in (job, *steps)):
+        return MemoryKill(asked, peak, by_accounting=False)
+    if asked and peak > asked and _stopped_early(job):
+        return MemoryKill(asked, peak, by_accounting=True)
+    return None
 
 
 def memory_figure(job: dict[str, str], steps: list[dict[str, str]]) -> Figure:
@@ -225,19 +286,21 @@ def memory_figure(job: dict[str, str], steps: list[dict[str, str]]) -> Figure:
     asked = format_request(request.per_node) + (" per node" if nodes > 1 else "")
     form = f" ({job['ReqMem'].removesuffix('c')} per CPU)" if request.form == "cpu" else ""
     value = f"peak {format_size(peak)} of {asked} asked{form} ({peak / request.per_node:.0%})"
-    if job["State"].startswith("OUT_OF_MEMORY"):
-        # Killed at the limit: the peak it would have reached is unknown, so add headroom to the limit.
-        bigger = format_request(suggest_mem(request.per_node * HEADROOM))
-        return Figure("memory", value, f"ran out of memory at {asked}: ask for at least --mem={bigger}")
+    killed = memory_kill([job, *steps])
+    if killed is not None:
+        per_node = " per node" if nodes > 1 else ""
+        return Figure(
+            "memory", value, f"ran out of memory at {asked}: ask for at least {killed.suggestion}{per_node}"
+        )
     peaked = f"asked {asked}, peaked at {format_size(peak)}"
     if _stopped_early(job):
         return Figure(
             "memory", value, f"{peaked} before it stopped ({job['State']}): ask for at least {suggestion}"
         )
-    if suggest_mem(peak) < request.per_node:
-        return Figure("memory", value, f"{peaked}: ask for {suggestion} next time")
     if suggest_mem(peak) > request.per_node:
         return Figure("memory", value, f"{peaked}, too close to the limit: ask for {suggestion}")
+    if suggest_mem(peak) <= request.per_node * OVERSIZED:
+        return Figure("memory", value, f"{peaked}: ask for {suggestion} next time")
     return Figure("memory", value, f"{peaked}: the request fits")
 
 
@@ -447,10 +510,13 @@ def build_report(
     metrics_jsonl: Path | None,
     gpu_csv: Path | None,
     program: str | None = None,
+    *,
+    why_no_metrics: str | None = None,
 ) -> Report:
     """The report of one job from its sacct rows (job line first, as sacct prints it) and whichever
     of its metrics and GPU samples were fetched. ``program``: what the job ran, where that is not the
-    example trainer (which always writes metrics.jsonl): its missing metrics are then its own choice."""
+    example trainer (which always writes metrics.jsonl): its missing metrics are then its own choice.
+    ``why_no_metrics``: why there are none, where the caller knows (the job copied nothing back)."""
     jobs = [row for row in sacct_rows if "." not in row["JobID"]]
     if not jobs:
         raise ValueError("sacct printed no job line (is the job id right, and is accounting enabled?)")
@@ -460,6 +526,8 @@ def build_report(
     why_missing = "no metrics.jsonl (the trainer did not start, or the results were not fetched)"
     if program is not None:
         why_missing = f"{program} writes no metrics.jsonl ({_ADD_METRICS})"
+    if why_no_metrics is not None:
+        why_missing = why_no_metrics
     if metrics_jsonl is not None and metrics_jsonl.is_file():
         records = read_metrics(metrics_jsonl)
         if records:
@@ -473,14 +541,19 @@ def build_report(
         gpu_figure(job, gpu_csv),
         *throughput_figures(training, why_missing),
     )
-    return Report(job["JobID"], job["State"], figures, job_name=job["JobName"], exit_code=job["ExitCode"])
+    killed = memory_kill([job, *steps])
+    return Report(
+        job["JobID"], job["State"], figures, job_name=job["JobName"], exit_code=job["ExitCode"],
+        cause=killed.in_words() if killed else "",
+    )  # fmt: skip
 
 
 def format_report(report: Report) -> str:
     """The report for the terminal: a heading, then a line per figure with its verdict."""
     name = f" ({report.job_name})" if report.job_name else ""
     exit_code = f", exit code {report.exit_code}" if report.exit_code else ""
-    lines = [f"job {report.job_id}{name}: {report.state}{exit_code}"]
+    cause = f": {report.cause}" if report.cause else ""
+    lines = [f"job {report.job_id}{name}: {report.state}{exit_code}{cause}"]
     name_width = max(len(figure.name) for figure in report.figures)
     value_width = max(len(figure.value) for figure in report.figures)
     lines += [

@@ -17,6 +17,10 @@ def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
     return project.root / "runs" / record.where / record.job_id
 
 
+class NoResults(HpcboxError):
+    """The job has copied nothing back (yet)."""
+
+
 def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[Path, ssh.Transfer]:
     """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental)."""
     local = local_run_dir(project, record)
@@ -24,7 +28,7 @@ def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord)
         f"test -d {shlex.quote(record.run_dir)} && echo yes || echo no", what="look for the job's results"
     )
     if present.stdout.strip() != "yes":
-        raise HpcboxError(
+        raise NoResults(
             f"job {record.job_id} has no results in {record.run_dir} yet",
             "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",
         )
@@ -48,14 +52,25 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     found = state(connection, record)
     if found.state == "PENDING":
         raise HpcboxError(f"job {record.job_id} has not started yet", "`hpcbox status` says why it waits")
-    local, _ = fetch(connection, project, record)
+    why_no_metrics = None
+    try:
+        local, _ = fetch(connection, project, record)
+    except NoResults:
+        if not found.finished:
+            raise
+        # Killed before it could copy anything back (a kill for memory is): sacct still says why.
+        local = local_run_dir(project, record)
+        local.mkdir(parents=True, exist_ok=True)  # for the report's plot
+        why_no_metrics = f"the job copied no results back to {record.run_dir}"
     rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
     metrics = local / "metrics.jsonl"
     metrics_path = metrics if metrics.is_file() else None
     gpu_csv = local / "gpu-utilization.csv"
     gpu_path = gpu_csv if gpu_csv.is_file() else None
     try:
-        built = efficiency.build_report(rows, metrics_path, gpu_path, _own_program(project.run))
+        built = efficiency.build_report(
+            rows, metrics_path, gpu_path, _own_program(project.run), why_no_metrics=why_no_metrics
+        )
     except ValueError as exc:
         raise HpcboxError(f"cannot report on job {record.job_id}: {exc}") from exc
     png = efficiency.plot_report(metrics_path, gpu_path, local / "report.png")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from collections.abc import Callable
 
 from hpcbox.errors import HpcboxError
+from hpcbox.jobs import efficiency
 from hpcbox.jobs.connect import connection_target
 from hpcbox.jobs.ledger import JobRecord, Ledger
 from hpcbox.project.config import ProjectConfig
@@ -28,7 +30,23 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
             "Slurm forgets finished jobs after a while where accounting is off; its results may still be "
             f"in {record.run_dir} (`hpcbox fetch -j {record.job_id}`)",
         )
+    if found.source == "sacct" and found.state in _MAYBE_MEMORY:
+        return _with_memory_cause(connection, found)
     return found
+
+
+# Where Slurm enforces --mem by its accounting, a job killed for memory ends FAILED or CANCELLED.
+_MAYBE_MEMORY = ("FAILED", "CANCELLED", "OUT_OF_MEMORY")
+_MEMORY_FIELDS = ("JobID", "State", "Start", "NCPUS", "NNodes", "ReqMem", "MaxRSS")
+
+
+def _with_memory_cause(connection: ssh.Connection, found: slurm.JobState) -> slurm.JobState:
+    """``found`` with a note saying it ran out of memory and the --mem to ask, where it did."""
+    try:
+        killed = efficiency.memory_kill(slurm.sacct_rows(connection, found.job_id, _MEMORY_FIELDS))
+    except (HpcboxError, ValueError):
+        return found  # the state stands on its own; `hpcbox report` says more when sacct does
+    return dataclasses.replace(found, note=killed.in_words()) if killed else found
 
 
 def task_states(connection: ssh.Connection, record: JobRecord) -> dict[int, slurm.JobState]:

@@ -46,7 +46,8 @@ def prepare_payload(
     snapshot and the dataset's digest (a dataset directory's archive first, made once).
 
     The flavour and base are those `hpcbox build` last used, unless given; a job asking for ``gpus``
-    refuses a flavour without CUDA, before building where it can tell. ``cache``: the SIF cache
+    refuses a flavour without CUDA it did not name, before building where it can tell (one it named
+    goes, and the trainer stops at the job's start unless told --device cpu). ``cache``: the SIF cache
     (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
     directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data).
     """
@@ -63,14 +64,22 @@ def prepare_payload(
         if recorded is not None:
             flavour, base = recorded.flavour, recorded.base
             _require_cuda(flavour, gpus, "the flavour `hpcbox build` last made")
-    which = "as asked" if flavour else "the flavour --offline builds unless told"
-    _require_cuda(resolve_flavour(flavour, offline).name, gpus, which)
+    if flavour is None:
+        _require_cuda(
+            resolve_flavour(flavour, offline).name, gpus, "the flavour --offline builds unless told"
+        )
+    elif gpus and flavour not in CUDA_FLAVOURS:
+        say(
+            f"hpcbox: the job asks for GPUs in the {flavour} flavour, as asked: the example trainer stops at "
+            "its start unless told --device cpu"
+        )
     dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
     code = ship.code_snapshot(project)
     environment = build_image(
         project, flavour=flavour, offline=offline, base=base, target=ENVIRONMENT, say=say, on_line=on_line
     )
-    _require_cuda(environment.flavour, gpus, "the flavour this machine could build")
+    if flavour is None:
+        _require_cuda(environment.flavour, gpus, "the flavour this machine could build")
     sif = build_sif(environment, compression=compression, cache=cache, say=say, on_line=on_line)
     payload = ship.Payload(
         sif.path, sif.sha256, sif.size, code, dataset, environment.flavour, sif.compression
@@ -84,7 +93,8 @@ def _require_cuda(flavour: str, gpus: int, which: str) -> None:
         raise HpcboxError(
             f"the job asks for {gpus} GPU{'s' if gpus > 1 else ''}, but its environment is the {flavour} "
             f"flavour ({which}), which has no CUDA: it would train on the CPU",
-            "pass --flavour cuda (it builds offline too), or leave out --gpus for a CPU job",
+            "pass --flavour cuda (it builds offline too), or leave out --gpus for a CPU job "
+            "(--flavour cpu asks for it knowingly)",
         )
 
 

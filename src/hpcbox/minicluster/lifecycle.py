@@ -6,67 +6,110 @@ published on 127.0.0.1:<port>); volumes `<name>-home` and `<name>-data` shared b
 compute nodes. Everything carries the label io.hpcbox.minicluster=<name>, which is how `down` finds
 exactly what `up` made. Containers are created, started and waited for through testcontainers, one
 class per role (`nodes.py`); finding a running cluster again and removing one go by those labels.
+
+A cluster is the user's, shared by every project on the machine: its keys are under the user's state
+folder (state.py), `up` in a second project finds the one the first brought up, and replacing a
+cluster Slurm still runs or queues jobs on is refused unless forced (`refuse_unfinished`).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import socket
-from collections.abc import Callable
+import tarfile
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import docker.errors
+
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
-from hpcbox.minicluster import nodes
+from hpcbox.minicluster import nodes, state
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import ClusterSecrets, generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
-from hpcbox.minicluster.spec import LABEL, ClusterSpec, state_dir
+from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, legacy_state_dir, state_dir, state_root
 from hpcbox.tools import docker as engine
 
 DEFAULT_TIMEOUT_S = 180
+SQUEUE_TIMEOUT_S = 20  # squeue against a slurmctld that is up answers in well under a second
+# Slurm's job states that are an end: a job in any other (pending, running, completing, suspended,
+# requeued, held...) still has something to lose when its cluster goes.
+ENDED_STATES = frozenset(
+    {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+     "PREEMPTED", "REVOKED", "TIMEOUT"}
+)  # fmt: skip
+LISTED_JOBS = 8  # a refusal names this many jobs, then counts the rest: it stays one line
+_ALIVE = ("running", "restarting", "paused")  # a container that may still hold a job's processes
 
 
 def up(
     spec: ClusterSpec,
     state_root: Path,
     *,
+    force: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_line: Callable[[str], None] | None = None,
 ) -> Cluster:
-    """A running, ready cluster for ``spec``: the one already up if it matches, else a fresh one."""
+    """A running, ready cluster for ``spec``: the one already up if it matches (whichever project
+    brought it up), else a fresh one. One that must be replaced for it (other settings, shape or node
+    image, or a container not running) is replaced only while Slurm holds no unfinished job on it, or
+    with ``force``; nothing is touched before that is known, nor before ``spec.port`` is known free."""
     say = on_line or (lambda _line: None)
-    image = ensure_image(on_line=on_line)
-    current = find(spec.name, state_root)
-    shape = shape_like(spec.like, spec.gpus_per_node)
-    same = current is not None and (current.spec, current.image, current.shape) == (spec, image.ref, shape)
-    if current is not None and same and _all_running(current):
-        say(f"cluster {spec.name} is already up")
-        wait_ready(current, timeout_s)
-        return current
-    if _resources(spec.name) != ([], [], []):
-        say(f"replacing the existing cluster {spec.name}")
-        down(spec.name, state_root)
-    _check_port_free(spec.port)
-    directory = state_dir(state_root, spec.name)
-    cluster = Cluster(spec, image.ref, generate(spec, directory), shape)
-    saved = {"spec": asdict(spec), "image": image.ref, "shape": asdict(shape)}
-    write_atomically(directory / "cluster.json", json.dumps(saved))
-    try:
-        _start(cluster, timeout_s, say)
-    except BaseException:
-        down(spec.name, state_root)
-        raise
-    return cluster
+    shape = shape_like(spec.like, spec.gpus_per_node)  # a profile that does not exist: before any build
+    image = ensure_image(slurm=spec.slurm, on_line=on_line)
+    with state.locked(state_root, spec.name, say):
+        current = find(spec.name, state_root)
+        wanted = (spec, image.ref, shape)
+        same = current is not None and (current.spec, current.image, current.shape) == wanted
+        if current is not None and same and _all_running(current):
+            say(f"cluster {spec.name} is already up")
+            wait_ready(current, timeout_s)
+            return current
+        containers, networks, volumes = _resources(spec.name)
+        if spec.port not in _published_ports(containers):
+            _check_port_free(spec.port)  # before anything is removed: a busy port changes nothing
+        if containers or networks or volumes:
+            why = _why_replaced(current, wanted, state_root)
+            refuse_unfinished(spec.name, "replace", why, force=force, say=say)
+            say(f"replacing the existing cluster {spec.name} ({why})")
+            _remove(spec.name, state_root)
+            _check_port_free(spec.port)
+        directory = state_dir(state_root, spec.name)
+        cluster = Cluster(spec, image.ref, generate(spec, directory), shape)
+        saved = {"spec": asdict(spec), "image": image.ref, "shape": asdict(shape)}
+        write_atomically(directory / "cluster.json", json.dumps(saved))
+        try:
+            _start(cluster, timeout_s, say)
+        except BaseException:
+            _remove(spec.name, state_root)
+            raise
+        return cluster
+
+
+def shared_state(name: str, project_state: Path | None, *, say: Callable[[str], None] = print) -> Path:
+    """The state root every command reaching cluster ``name`` reads its keys from (``spec.state_root``),
+    once the keys an older hpcbox kept in this checkout (``project_state``, its .hpcbox) have moved
+    there, where they are the keys of the cluster that exists under that name (``state.adopt``)."""
+    root = state_root()
+    legacy = legacy_state_dir(project_state, name) if project_state is not None else None
+    if legacy is None or not legacy.is_dir():
+        return root  # the usual case: no file read, no Docker call
+    target = state_dir(root, name)
+    with state.locked(root, name, say):
+        if state.adopt(legacy, target, _login_host_key(name)):
+            say(f"hpcbox: cluster {name}'s keys moved from {legacy} to {target}, for every project to find")
+    return root
 
 
 def find(name: str, state_root: Path) -> Cluster | None:
-    """The cluster ``name`` as its last `up` recorded it, or None if none was brought up here."""
+    """The cluster ``name`` as its last `up` recorded it under ``state_root``, or None: no `up` there."""
     record = state_dir(state_root, name) / "cluster.json"
     if not record.is_file():
         return None
@@ -84,8 +127,105 @@ class Removed:
     volumes: tuple[str, ...]
 
 
-def down(name: str, state_root: Path) -> Removed:
-    """Remove every container, network and volume labelled for ``name``, and its secrets."""
+def down(name: str, state_root: Path, *, on_line: Callable[[str], None] | None = None) -> Removed:
+    """Remove every container, network and volume labelled for ``name``, and its secrets, whatever runs
+    on it: `cluster.down` asks ``refuse_unfinished`` first (test clean-up does not)."""
+    with state.locked(state_root, name, on_line or (lambda _line: None)):
+        return _remove(name, state_root)
+
+
+@dataclass(frozen=True)
+class UnfinishedJob:
+    """A job Slurm still holds: as squeue names it (an array's pending tasks as ``123_[1-4]``)."""
+
+    job_id: str
+    state: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.job_id} {self.name!r} {self.state}"
+
+
+def parse_unfinished(text: str) -> tuple[UnfinishedJob, ...]:
+    """The jobs of ``squeue --format='%i %T %j'`` output (the name last: it may hold spaces) that have
+    not ended."""
+    found = []
+    for line in text.splitlines():
+        fields = line.strip().split(" ", 2)
+        if len(fields) < 2 or fields[1] in ENDED_STATES:
+            continue
+        found.append(UnfinishedJob(fields[0], fields[1], fields[2] if len(fields) == 3 else ""))
+    return tuple(found)
+
+
+class SlurmSilent(Exception):
+    """The cluster's Slurm cannot say which jobs it holds (why: the message)."""
+
+
+def unfinished_jobs(name: str) -> tuple[UnfinishedJob, ...]:
+    """Every job Slurm holds on cluster ``name`` that has not ended, asked of slurmctld in the controller
+    container (no SSH: the keys of a cluster to be replaced may be missing). SlurmSilent if it cannot
+    answer."""
+    controllers = [c for c in _resources(name)[0] if c.labels.get(nodes.HOST_LABEL) == "controller"]
+    if not controllers or controllers[0].status != "running":
+        raise SlurmSilent("its controller is not running")
+    argv = ["timeout", str(SQUEUE_TIMEOUT_S), "squeue", "--noheader", "--all", "--states=all"]
+    try:
+        code, (out, err) = controllers[0].exec_run([*argv, "--format=%i %T %j"], demux=True)
+    except docker.errors.APIError as exc:
+        raise SlurmSilent(f"squeue could not be run: {exc.explanation or exc}") from exc
+    if code == 124:
+        raise SlurmSilent(f"squeue got no answer from slurmctld in {SQUEUE_TIMEOUT_S} s")
+    if code != 0:
+        said = (err or out or b"").decode(errors="replace").strip().splitlines()
+        raise SlurmSilent(f"squeue failed: {said[-1] if said else f'exit status {code}'}")
+    return parse_unfinished((out or b"").decode(errors="replace"))
+
+
+def refuse_unfinished(
+    name: str, verb: str, why: str = "", *, force: bool, say: Callable[[str], None] = print
+) -> None:
+    """Refuse to ``verb`` ("replace", "remove") cluster ``name`` (because ``why``) while Slurm holds a job
+    on it that has not ended, naming them, or while it cannot say (containers of it run, but squeue does
+    not answer: a job may still run on a node); with ``force``, say what is lost and go on. A cluster
+    none of whose containers runs goes without asking: nothing runs there, and `up` could only
+    replace it."""
+    if not any(container.status in _ALIVE for container in _resources(name)[0]):
+        return
+    because = f" ({why})" if why else ""
+    status = "hpcbox cluster.status" + ("" if name == DEFAULT_NAME else f" --name {name}")
+    try:
+        held = unfinished_jobs(name)
+    except SlurmSilent as exc:
+        if not force:
+            raise HpcboxError(
+                f"cannot tell whether cluster {name} has unfinished Slurm jobs ({exc}): "
+                f"{_ing(verb)} it{because} could end them",
+                f"pass --force to {verb} it anyway, or look at `docker logs {name}-controller`",
+            ) from exc
+        say(f"hpcbox: --force: {_ing(verb)} cluster {name}, whose Slurm cannot say what runs there ({exc})")
+        return
+    if not held:
+        return
+    listing = ", ".join(str(job) for job in held[:LISTED_JOBS])
+    if len(held) > LISTED_JOBS:
+        listing += f" and {len(held) - LISTED_JOBS} more"
+    several = len(held) > 1
+    jobs = f"{len(held)} unfinished Slurm job{'s' if several else ''} ({listing})"
+    them, they_end = ("them", "they end") if several else ("it", "it ends")
+    if not force:
+        raise HpcboxError(
+            f"cluster {name} has {jobs}: {_ing(verb)} it{because} would end {them}",
+            f"pass --force to {verb} it anyway, or wait until {they_end} (`{status}`)",
+        )
+    say(f"hpcbox: --force: {_ing(verb)} cluster {name} ends its {jobs}")
+
+
+def _ing(verb: str) -> str:
+    return f"{verb[:-1] if verb.endswith('e') else verb}ing"
+
+
+def _remove(name: str, state_root: Path) -> Removed:
     containers, networks, volumes = _resources(name)
     for container in containers:
         container.remove(force=True, v=True)
@@ -100,11 +240,20 @@ def down(name: str, state_root: Path) -> Removed:
 
 
 def status(cluster: Cluster) -> str:
-    """What the cluster is shaped like, and `sinfo` and `squeue` as the controller sees them."""
+    """The Slurm it runs, what it is shaped like, and `sinfo` and `squeue` as the controller sees them."""
     sinfo = cluster.exec("controller", ["sinfo"])
     squeue = cluster.exec("controller", ["squeue"])
-    shape = "\n".join(cluster.shape.describe())
+    shape = "\n".join([running_slurm(cluster), *cluster.shape.describe()])
     return (shape + "\n" + sinfo.stdout + sinfo.stderr + "\n" + squeue.stdout + squeue.stderr).rstrip() + "\n"
+
+
+def running_slurm(cluster: Cluster) -> str:
+    """Which Slurm the cluster runs, as its own `sinfo --version` says (Debian's: `slurm-wlm 22.05.8`)."""
+    said = cluster.exec("controller", ["sinfo", "--version"])
+    words = said.stdout.split()
+    if said.returncode != 0 or not words:
+        return f"Slurm: `sinfo --version` failed ({said.stderr.strip() or f'exit status {said.returncode}'})"
+    return f"Slurm {words[-1]} on every node (`sinfo --version`)"
 
 
 def node_states(cluster: Cluster) -> dict[str, str]:
@@ -170,6 +319,48 @@ def _resources(name: str) -> tuple[list[Any], list[Any], list[Any]]:
         client.networks.list(filters=selector),
         client.volumes.list(filters=selector),
     )
+
+
+def _why_replaced(
+    current: Cluster | None, wanted: tuple[ClusterSpec, str, ClusterShape], state_root: Path
+) -> str:
+    """Why `up` replaces the cluster there is, in a few words: what differs from what was asked."""
+    if current is None:
+        return f"brought up elsewhere: no keys for it in {state_root}"
+    spec, image, shape = wanted
+    now, asked = asdict(current.spec), asdict(spec)
+    fields = sorted(asked, key=lambda field: field != "like")  # the profile first: it changes most
+    changes = [f"{key} {now.get(key)} -> {asked[key]}" for key in fields if now.get(key) != asked[key]]
+    if current.image != image:
+        changes.append(f"node image {current.image} -> {image}")
+    if current.shape != shape and current.spec.like == spec.like:
+        changes.append(f"profile {spec.like} changed")
+    return ", ".join(changes) or "not all of its containers are running"
+
+
+def _published_ports(containers: Sequence[Any]) -> set[int]:
+    """The host ports ``containers`` publish (running or not): the login node's, once the cluster goes."""
+    ports = set()
+    for container in containers:
+        for bindings in (container.attrs.get("HostConfig", {}).get("PortBindings") or {}).values():
+            ports |= {int(binding["HostPort"]) for binding in bindings or [] if binding.get("HostPort")}
+    return ports
+
+
+def _login_host_key(name: str) -> str | None:
+    """The public host key cluster ``name``'s login container was given at `up` (its /etc/hpcbox-init,
+    there whether it runs or not), or None with no such container (or no engine to ask)."""
+    try:
+        selector = {"label": [f"{LABEL}={name}", f"{nodes.HOST_LABEL}=login"]}
+        logins = engine.client().containers.list(all=True, filters=selector)
+        if not logins:
+            return None
+        stream, _ = logins[0].get_archive(f"{nodes.INIT_DIR}/{state.HOST_KEY_PUBLIC}")
+    except (HpcboxError, docker.errors.APIError):
+        return None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+        member = archive.extractfile(archive.getmembers()[0])
+        return member.read().decode(errors="replace").strip() if member else None
 
 
 def _all_running(cluster: Cluster) -> bool:

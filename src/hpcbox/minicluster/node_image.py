@@ -1,20 +1,23 @@
-"""The node image every mini-cluster container runs, tagged by the content hash of its inputs."""
+"""The node image every mini-cluster container runs, one per Slurm version, tagged by the content hash
+of its inputs (the Slurm version among them)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.build import baseimage
 from hpcbox.errors import HpcboxError
+from hpcbox.minicluster import versions
 from hpcbox.tools import docker
 
 REPOSITORY = "hpcbox/minicluster"
 SUITE = "trixie"
 # The node image's Dockerfile and scripts, beside this file.
 CONTEXT = Path(__file__).resolve().parent / "node"
+SLURM_LABEL = "io.hpcbox.minicluster.slurm"
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,12 @@ class NodeImage:
     built: bool
 
 
-def content_hash(context: Path, base_id: str) -> str:
-    """12 hex digits over every file of ``context`` (path, exec bit, bytes) and the base image id."""
+def content_hash(context: Path, base_id: str, build_args: Mapping[str, str] | None = None) -> str:
+    """12 hex digits over every file of ``context`` (path, exec bit, bytes), the base image id and the
+    build arguments (the Slurm version: each version's image has its own tag)."""
     digest = hashlib.sha256(base_id.encode())
+    for key, value in sorted((build_args or {}).items()):
+        digest.update(f"\0{key}={value}".encode())
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
         digest.update(b"\0" + path.relative_to(context).as_posix().encode())
         digest.update(b"x" if path.stat().st_mode & 0o111 else b"-")
@@ -34,10 +40,20 @@ def content_hash(context: Path, base_id: str) -> str:
     return digest.hexdigest()[:12]
 
 
+def build_args(slurm: str) -> dict[str, str]:
+    """What the Dockerfile is told of the Slurm version: it and the Debian suite that carries it."""
+    return {"SLURM_VERSION": slurm, "SLURM_SUITE": versions.SUITES[versions.check(slurm)]}
+
+
 def ensure_image(
-    context: Path = CONTEXT, *, no_cache: bool = False, on_line: Callable[[str], None] | None = None
+    context: Path = CONTEXT,
+    *,
+    slurm: str = versions.DEFAULT,
+    no_cache: bool = False,
+    on_line: Callable[[str], None] | None = None,
 ) -> NodeImage:
-    """The node image for the current ``context``, built only when no image has its hash.
+    """The node image running Slurm ``slurm`` for the current ``context``, built only when no image has
+    its hash. The versions share every layer but Slurm's own and those after it.
 
     ``no_cache`` builds every layer anew (benchmarks of a cold build), ignoring BuildKit's cache.
     """
@@ -47,17 +63,18 @@ def ensure_image(
         )
     say = on_line or (lambda _line: None)
     base = baseimage.ensure_base(SUITE, say=say)
-    ref = f"{REPOSITORY}:{content_hash(context, base.id)}"
+    args = build_args(slurm)
+    ref = f"{REPOSITORY}:{content_hash(context, base.id, args)}"
     existing = docker.image(ref)
     if existing is not None:
         return NodeImage(ref, existing.id, built=False)
-    say(f"hpcbox: building the mini cluster's node image {ref} (once per change of its files)")
+    say(f"hpcbox: building the mini cluster's node image {ref}, Slurm {slurm} (once per change of its files)")
     docker.build(
         docker.context_tar({p.relative_to(context).as_posix(): p for p in context.rglob("*") if p.is_file()}),
         dockerfile="Dockerfile",
         tag_ref=ref,
-        build_args={"BASE": base.ref},
-        labels={"org.opencontainers.image.title": "hpcbox mini cluster node"},
+        build_args={"BASE": base.ref, **args},
+        labels={"org.opencontainers.image.title": "hpcbox mini cluster node", SLURM_LABEL: slurm},
         secrets={},
         no_cache=no_cache,
         on_line=docker.BuildProgress(say),

@@ -183,8 +183,10 @@ class ComputeNode(ClusterNode):
             "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
             "devices": ["/dev/fuse:/dev/fuse:rwm"],
             # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the
-            # user's processes root needs this capability, or sacct's MaxRSS stays empty.
-            "cap_add": ["SYS_PTRACE"],
+            # user's processes root needs SYS_PTRACE, or sacct's MaxRSS stays empty. task/affinity
+            # binds the user's tasks to their CPUs: without SYS_NICE no job starts ("task_g_set_affinity:
+            # Operation not permitted").
+            "cap_add": ["SYS_PTRACE", "SYS_NICE"],
         }
 
     @classmethod

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hpcbox.errors import FieldError
+from hpcbox.minicluster import versions
 from hpcbox.render.profiles import ClusterProfile, load_profile
 
 # Where node scratch lives when the site names it only by a variable set per job (the Alliance's and
@@ -111,10 +113,7 @@ class ClusterShape:
 
 def shape_like(name: str, gpus_per_node: int = 2) -> ClusterShape:
     """The shape of profile ``name`` (`cluster.up --like NAME`), with errors naming `like`."""
-    try:
-        profile = load_profile(name)
-    except FieldError as exc:
-        raise FieldError("like", exc.message.split(": ", 1)[1], exc.hint) from exc
+    profile = _profile_like(name)
     if profile.scheduler != "slurm":
         raise FieldError(
             "like",
@@ -122,6 +121,26 @@ def shape_like(name: str, gpus_per_node: int = 2) -> ClusterShape:
             "rehearse a Slurm profile; `hpcbox sbatch --cluster " + name + "` renders its script",
         )
     return shape_of(profile, gpus_per_node)
+
+
+def slurm_like(name: str, asked: str | None = None, *, say: Callable[[str], None] = print) -> str:
+    """The Slurm version a mini cluster shaped like profile ``name`` runs: ``asked`` (`--slurm`), else
+    the nearest the mini cluster has to the version the profile names, else the default; where that is
+    not the site's own release, ``say`` gets one line saying so."""
+    if asked is not None:
+        versions.check(asked)  # before the profile is read: a bad flag is the error, whatever the profile
+    site = _profile_like(name).slurm_version
+    running = versions.for_site(site, asked)
+    if line := versions.note(name, site, running):
+        say(line)
+    return running
+
+
+def _profile_like(name: str) -> ClusterProfile:
+    try:
+        return load_profile(name)
+    except FieldError as exc:
+        raise FieldError("like", exc.message.split(": ", 1)[1], exc.hint) from exc
 
 
 def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:

@@ -36,11 +36,16 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
         "SlurmdUser": "root",
         "StateSaveLocation": "/var/lib/slurm/slurmctld",
         "SlurmdSpoolDir": "/var/lib/slurm/slurmd",
-        # Containers have no delegated cgroup tree: track processes by parent, enforce nothing.
+        # Containers have no delegated cgroup tree: processes are tracked by parent, and what sites
+        # enforce with cgroups is enforced the way Slurm does without them. CPUs: each task is bound
+        # to the CPUs it was given (sched_setaffinity; the nodes have CAP_SYS_NICE for it). Memory:
+        # a step whose sampled RSS passes its --mem is killed; sampled every second, so a job is
+        # stopped within a second or so of passing its limit, as a cgroup would stop it at once.
         "ProctrackType": "proctrack/linuxproc",
-        "TaskPlugin": "task/none",
+        "TaskPlugin": "task/affinity",
         "JobAcctGatherType": "jobacct_gather/linux",
-        "JobAcctGatherFrequency": "task=5",
+        "JobAcctGatherFrequency": "task=1",
+        "JobAcctGatherParams": "OverMemoryKill",
         "SelectType": "select/cons_tres",
         "SelectTypeParameters": "CR_Core_Memory",
         "DefMemPerCPU": "500",
@@ -70,7 +75,8 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     if shape.scratch_variable:
         settings["Prolog"] = f"{SITE_SCRIPTS}/prolog.sh"
         settings["Epilog"] = f"{SITE_SCRIPTS}/epilog.sh"
-        settings["TaskProlog"] = f"{SITE_SCRIPTS}/task-prolog.sh"
+    # Every task is told that the node's GPUs are placeholders (and, at some sites' shapes, its scratch).
+    settings["TaskProlog"] = f"{SITE_SCRIPTS}/task-prolog.sh"
     nodes = ",".join(spec.compute_hosts)
     lines = [f"{key}={value}" for key, value in settings.items()]
     gres = ",".join(f"gpu:{t}:{shape.gpus_per_type}" for t in shape.gpu_types) or f"gpu:{shape.gpus_per_type}"
@@ -90,7 +96,8 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
 
 def gres_conf(shape: ClusterShape) -> str:
     # A file-less Count= is dropped by slurmd ("Ignoring file-less GPU"); each GPU needs a device
-    # path that exists, so hpcbox-node creates /dev/fakegpuN as plain files (see node_env).
+    # file, so hpcbox-node makes /dev/fakegpuN character devices (see node_env): with a device file
+    # Slurm sets CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS to the GPUs a job was given, as at a site.
     lines = ["AutoDetect=off"]
     per_type = shape.gpus_per_type
     for index, gpu_type in enumerate(shape.gpu_types or (None,)):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpcbox.errors import HpcboxError
+from hpcbox.minicluster import versions
 
 DEFAULT_NAME = "hpcbox-local"
 DEFAULT_PORT = 2222
@@ -16,8 +18,9 @@ DEFAULT_NODES = 2
 MAX_NODES = 16
 USER = "researcher"
 LABEL = "io.hpcbox.minicluster"
+STATE_VARIABLE = "HPCBOX_MINICLUSTER_STATE"  # the state root, instead of the user's (tests name their own)
 # Node sizes of a cluster shaped like a site (no profile knows them): large enough that sbatch checks
-# only what the profile knows. Nothing enforces them on the containers (TaskPlugin none).
+# only what the profile knows. A job's own request is enforced within them (slurmconf.py).
 REHEARSAL_CPUS_PER_NODE = 64
 REHEARSAL_MEMORY_MB_PER_NODE = 256_000
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
@@ -34,19 +37,17 @@ class ClusterSpec:
     cpus_per_node: int = 2
     memory_mb_per_node: int = 2000
     like: str = "local"  # the cluster profile whose Slurm it rehearses (see shape.py)
+    slurm: str = versions.DEFAULT  # the Slurm version every node runs (versions.py)
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise HpcboxError(
-                f"name: {self.name!r} is not a valid cluster name",
-                "use 3-40 lowercase letters, digits and dashes, starting with a letter",
-            )
+        check_name(self.name)
         if not 1 <= self.nodes <= MAX_NODES:
             raise HpcboxError(
                 f"nodes: {self.nodes} is out of range", f"choose 1 to {MAX_NODES} compute nodes"
             )
         if not 1024 <= self.port <= 65535:
             raise HpcboxError(f"port: {self.port} is out of range", "choose an unprivileged port, 1024-65535")
+        versions.check(self.slurm)
         for field in ("gpus_per_node", "cpus_per_node", "memory_mb_per_node"):
             if getattr(self, field) < 1:
                 raise HpcboxError(f"{field}: must be at least 1, got {getattr(self, field)}")
@@ -94,12 +95,36 @@ def role(host: str) -> str:
     return "compute" if host.startswith("node") else host
 
 
-def state_root(project_state: Path) -> Path:
-    """Where the project's mini clusters keep their state: its .hpcbox/cluster, or
-    HPCBOX_MINICLUSTER_STATE (a cluster brought up from elsewhere)."""
-    return Path(os.environ.get("HPCBOX_MINICLUSTER_STATE") or project_state / "cluster")
+def check_name(name: str) -> str:
+    """``name`` if it is a cluster name: the commands that only look a cluster up (status, shell, down)
+    check it too, since it becomes a folder under the state root that `down` removes."""
+    if not _NAME.match(name):
+        raise HpcboxError(
+            f"name: {name!r} is not a valid cluster name",
+            "use 3-40 lowercase letters, digits and dashes, starting with a letter",
+        )
+    return name
+
+
+def state_root(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where this user's mini clusters keep their keys and config, one folder for every project on the
+    machine (a cluster is the user's, not a checkout's): HPCBOX_MINICLUSTER_STATE, else
+    ``$XDG_STATE_HOME/hpcbox/cluster``, else ``~/.local/state/hpcbox/cluster``."""
+    override = environ.get(STATE_VARIABLE)
+    if override:
+        return Path(override).expanduser()
+    # The XDG base directory spec: a relative path in the variable is invalid and to be ignored.
+    xdg = environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".local" / "state"
+    return base / "hpcbox" / "cluster"
 
 
 def state_dir(root: Path, name: str) -> Path:
-    """Where ``up`` keeps a cluster's generated keys and config: ``<root>/<name>`` (git-ignored)."""
-    return root / name
+    """Where ``up`` keeps a cluster's generated keys and config: ``<root>/<name>`` (folder mode 0700)."""
+    return root / check_name(name)
+
+
+def legacy_state_dir(project_state: Path, name: str) -> Path:
+    """Where hpcbox kept a cluster's keys before they moved to the user's state folder: in the checkout
+    that brought it up (``<project>/.hpcbox/cluster/<name>``). Adopted from there once (state.py)."""
+    return project_state / "cluster" / check_name(name)

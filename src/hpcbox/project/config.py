@@ -39,7 +39,8 @@ class ProjectConfig:
 
     @property
     def state_dir(self) -> Path:
-        """Git-ignored local state: caches, the job ledger, the mini cluster's generated secrets."""
+        """Git-ignored local state: caches, the job ledger (the mini cluster's keys are the user's:
+        minicluster/state.py)."""
         return self.root / ".hpcbox"
 
 

@@ -42,6 +42,8 @@ RESERVED_CONTAINER_PATHS = ("/scratch", "/code")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_VAR = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*$")
 _PARTITION_FACTS = ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu")
+# A site's Slurm, as its release (23.02) or as `sinfo --version` prints it (23.02.7).
+_SLURM_VERSION = re.compile(r"^\d{2}\.\d{2}(\.\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class ClusterProfile:
     prelude: str = ""
     source: Path | None = None
     scheduler: str = "slurm"
+    # The site's Slurm version (`[slurm] version`); None: not known. A rehearsal runs the nearest one.
+    slurm_version: str | None = None
 
     @property
     def lsf(self) -> bool:
@@ -236,6 +240,15 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
     if sum(p.default for p in partitions) > 1:
         raise FieldError(places, "more than one is marked default = true")
     storage.reject_extra(what="profile setting")
+    slurm = reader.table("slurm", required=False)
+    slurm_version = slurm.optional_string("version")
+    if slurm_version is not None and not _SLURM_VERSION.match(slurm_version):
+        raise FieldError(
+            slurm.key("version"),
+            f"{slurm_version!r} is not a Slurm version such as 23.02 or 23.02.7",
+            "copy it from `sinfo --version` on the site's login node",
+        )
+    slurm.reject_extra(what="profile setting")
     compute_internet = None if "compute_internet" in unknown else reader.boolean("compute_internet")
     profile = ClusterProfile(
         name=name,
@@ -256,6 +269,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         prelude=reader.optional_string("prelude") or "",
         source=source,
         scheduler=scheduler,
+        slurm_version=slurm_version,
     )
     for table in (reader, gpus, accounting):
         table.reject_extra(what="profile setting")
@@ -278,6 +292,7 @@ def _check_lsf(profile: ClusterProfile) -> None:
         "gpus.type_required": (profile.gpu_type_required, "the queue decides the GPU model on LSF"),
         "gpus.max_mig_slices": (profile.max_mig_slices is not None, "no MIG slice request is rendered"),
         "accounting.qos_required": (profile.qos_required, "LSF has no QOS"),
+        "slurm.version": (profile.slurm_version is not None, "the site runs LSF, not Slurm"),
     }
     for index, partition in enumerate(profile.partitions):
         slurm_only[f"queues[{index}].qos"] = (partition.qos is not None, "LSF has no QOS")

@@ -39,6 +39,11 @@ SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_N
 _SBATCH_PLAIN = re.compile(r"^[A-Za-z0-9_.,:@%=/+-]+$")
 # The script's static bash, beside this file.
 _TEMPLATE = Path(__file__).resolve().with_name("job.sh.in")
+# One task on each of the job's nodes, beside whatever else runs there.
+_SRUN_EACH_NODE = (
+    'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" '
+    "--ntasks-per-node=1 --overlap --mem=0"
+)
 
 
 class _Bash(string.Template):
@@ -235,6 +240,7 @@ def job_script(
         _sweep_point(sweep) if sweep else "",
         _stage_in(resources, dialect),
         _sampler(resources),
+        _gpu_check(profile, resources, command, dialect),
         _syncer(resources.sync_every_s),
         _run_trainer(profile, resources, command, trainer_args, dialect, swept=sweep is not None),
         _finish(resources.max_restarts, dialect),
@@ -415,7 +421,7 @@ def _variables(
             'syncer_pid=""',
             'terminated=""',
             'cleaned=""',
-            *(['janitor_pid=""'] if resources.nodes > 1 else []),
+            *(['janitor_pid=""'] if dialect.steps else []),
             # USR1 came: a step that has not started waits for the requeued job.
             *(['time_up=""'] if steps else []),
         ]
@@ -425,12 +431,8 @@ def _variables(
 def _functions(
     profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps, dialect: Dialect
 ) -> str:
-    each_node = '"$@"'
-    other_nodes_cleanup = ""
-    if resources.nodes > 1:
-        nodes = '"$SLURM_JOB_NUM_NODES"'
-        each_node = f'srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --overlap --mem=0 "$@"'
-        other_nodes_cleanup = _bash("other_nodes_cleanup")
+    each_node = f'{_SRUN_EACH_NODE} "$@"' if resources.nodes > 1 else '"$@"'
+    janitor_cleanup = _bash("janitor_cleanup") if dialect.steps else ""
     signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
     signal_job = ""
     if resources.tasks > 1 and dialect.steps:
@@ -461,7 +463,7 @@ def _functions(
         signal_job=signal_job,
         killed_by=dialect.killed_by,
         cancel_command=dialect.cancel_command,
-        other_nodes_cleanup=other_nodes_cleanup,
+        janitor_cleanup=janitor_cleanup,
         retry=retry,
         signals=dialect.signals,
         time_up=time_up,
@@ -471,14 +473,16 @@ def _functions(
 
 def _stage_in(resources: Resources, dialect: Dialect) -> str:
     sif_dir = copy_sif = janitor = ""
-    if resources.nodes > 1:
+    if dialect.steps:
         janitor = "".join(
             f"{line}\n"
             for line in [
-                "# The other nodes' scratch goes however the job ends, even where no new step can start.",
+                "# Scratch goes however the job ends, even where no new step can start or this script",
+                "# itself is killed (Slurm enforcing --mem without cgroups kills the whole batch step).",
                 "# shellcheck disable=SC2016  # expanded by the shell on each node",
                 f"janitor={shlex.quote(_bash('janitor'))}",
-                'on_each_node bash -c "$janitor" janitor "$SLURMD_NODENAME" "$job_scratch" </dev/null &',
+                f"{_SRUN_EACH_NODE} --job-name=hpcbox-janitor "
+                'bash -c "$janitor" janitor "$SLURMD_NODENAME" "$$" \\\n    "$job_scratch" </dev/null &',
                 "janitor_pid=$!",
             ]
         )
@@ -500,6 +504,43 @@ def _sampler(resources: Resources) -> str:
     if not resources.gpus:
         return ""
     return _bash("sampler", interval=str(GPU_SAMPLE_INTERVAL_S))
+
+
+# Run in the container by a job given GPUs: exit 3 when its PyTorch cannot use them (stop), 0 otherwise,
+# also where there is no PyTorch to ask (a program of another framework decides for itself). No single
+# quote in it: the script holds it in one.
+_GPU_CHECK = """import sys
+given, placeholders = int(sys.argv[1]), sys.argv[2] == "1"
+try:
+    import torch
+except ImportError:
+    sys.exit(0)
+if torch.version.cuda is None:
+    problem = f"its PyTorch ({torch.__version__}) is a CPU build"
+elif torch.cuda.device_count() < given and not placeholders:
+    problem = f"its PyTorch sees {torch.cuda.device_count()} (no --nv, or no NVIDIA driver on the node)"
+else:
+    sys.exit(0)
+gpus = f"{given} GPU" + ("s" if given > 1 else "")
+print(
+    f"hpcbox: this job was given {gpus}, but {problem}: its program would run on the CPU while holding "
+    "them, so it does not start; submit it in the cuda flavour",
+    file=sys.stderr,
+)
+sys.exit(3)"""
+
+
+def _gpu_check(
+    profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps, dialect: Dialect
+) -> str:
+    """The check a Slurm job given GPUs makes before its program starts; the example trainer makes it
+    itself (hpctrain.distributed), where --device cpu can overrule it."""
+    if not resources.gpus or not dialect.steps or command == EXAMPLE_TRAINER:
+        return ""
+    container = [shlex.join(option) for option in _container_options(profile, resources)]
+    words = [f"{_runtime(profile, resources)} exec --nv", *container]
+    words += ['"$sif" python3 -c "$gpu_check"', '"$SLURM_GPUS_ON_NODE" "${HPCBOX_PLACEHOLDER_GPUS:-}"']
+    return _bash("gpu_check", program=shlex.quote(_GPU_CHECK), check="    " + " ".join(words))
 
 
 def _syncer(every_s: int) -> str:

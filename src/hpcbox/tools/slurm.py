@@ -115,6 +115,8 @@ _SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
 # sacct gives up on a slurmdbd that takes the connection but never answers only after 40 s (measured on
 # Slurm 24.11); hpcbox waits this long, then says that accounting does not answer.
 SACCT_TIMEOUT_S = 10
+# What sacct says when asked for a field its Slurm does not have (sacct 22.05: Restarts).
+_UNKNOWN_FIELD = re.compile(r'Invalid field requested: "([^"]+)"')
 # What sacct says when it cannot reach slurmdbd at all.
 _NO_DATABASE = ("Problem talking to the database", "persist_conn")
 
@@ -274,9 +276,19 @@ def end_times(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, s
 
 
 def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> list[dict[str, str]]:
-    """The accounting of the job and its steps: a row per line, ``fields`` by name."""
+    """The accounting of the job and its steps: a row per line, ``fields`` by name. A field this
+    cluster's sacct is too old to know is left empty, but Restarts (Slurm 23.02), which is counted from
+    the runs `sacct --duplicates` lists."""
     what = f"read job {job_id}'s accounting with sacct"
-    done = _sacct(connection, [f"--jobs={job_id}", f"--format={','.join(fields)}"], what=what)
+    asked, missing = list(fields), []
+    while True:
+        done = _sacct(connection, [f"--jobs={job_id}", f"--format={','.join(asked)}"], what=what)
+        # sacct names the first field it does not know, and prints nothing else.
+        unknown = unknown_field(done.stderr, asked) if done.returncode != 0 else None
+        if unknown is None:
+            break
+        asked.remove(unknown)
+        missing.append(unknown)
     if accounting_silent(done):
         raise HpcboxError(
             f"cannot {what}: Slurm's accounting (slurmdbd) does not answer",
@@ -285,7 +297,50 @@ def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -
     if done.returncode != 0:
         hint = "the report needs Slurm accounting (slurmdbd) on the cluster"
         raise proc.failure(what, done.returncode, done.stderr or done.stdout, hint, done.argv)
-    return _read(parse_sacct, done.stdout, fields)
+    if not missing:
+        return _read(parse_sacct, done.stdout, fields)
+    runs = ""
+    if "Restarts" in missing:
+        arguments = ["-X", "--duplicates", f"--jobs={job_id}", "--format=JobID,State"]
+        counted = _sacct(connection, arguments, what=f"count the runs of job {job_id} with sacct")
+        runs = counted.stdout if counted.returncode == 0 else ""
+    return _read(older_sacct_rows, done.stdout, fields, missing, runs)
+
+
+def unknown_field(stderr: str, fields: Sequence[str]) -> str | None:
+    """The one of ``fields`` sacct refused as unknown (a field newer than its Slurm), if it did."""
+    found = _UNKNOWN_FIELD.search(stderr)
+    named = found.group(1).lower() if found else None
+    return next((field for field in fields if field.lower() == named), None)
+
+
+def older_sacct_rows(
+    text: str, fields: Sequence[str], missing: Sequence[str], runs: str = ""
+) -> list[dict[str, str]]:
+    """Rows of ``fields`` from the output of an older sacct asked for all of them but ``missing`` (the
+    ones it does not know): those are empty, except Restarts on each allocation's row, counted from
+    ``runs`` (`sacct -X --duplicates --format=JobID,State`; empty: not counted)."""
+    asked = [field for field in fields if field not in missing]
+    rows = [{field: row.get(field, "") for field in fields} for row in parse_sacct(text, asked)]
+    if "Restarts" in missing and runs:
+        counts = requeue_counts(runs)
+        for row in rows:
+            if "." not in row["JobID"]:
+                row["Restarts"] = str(counts.get(row["JobID"], 0))
+    return rows
+
+
+def requeue_counts(text: str) -> dict[str, int]:
+    """How often each job was requeued, from `sacct -X --duplicates --format=JobID,State`: where sacct
+    has no Restarts field (before Slurm 23.02) each earlier run of a requeued job is a line of its own,
+    ended REQUEUED (REQUEUE_HOLD, REQUEUE_FED). A run in another state is not counted: the same id may
+    name an older job of a cluster whose job numbers began again."""
+    counts: dict[str, int] = {}
+    for row in parse_sacct(text, ("JobID", "State")):
+        counts.setdefault(row["JobID"], 0)
+        if row["State"].startswith("REQUEUE"):
+            counts[row["JobID"]] += 1
+    return counts
 
 
 def _read(parse: Callable[..., Any], text: str, *args: Any) -> Any:

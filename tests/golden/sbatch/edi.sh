@@ -33,6 +33,7 @@ sampler_pid=""
 syncer_pid=""
 terminated=""
 cleaned=""
+janitor_pid=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
@@ -80,6 +81,24 @@ clean_up() {
     fi
     if [[ -d $job_scratch/out ]]; then
         copy_back || echo "hpcbox: copying results to $run_dir failed" >&2
+    fi
+    # This node's own first, then the janitor's tasks remove the other nodes': after scancel or the
+    # time limit Slurm starts no new step, so the loop below is left for a janitor that did not start.
+    rm -rf -- "$job_scratch" || true
+    if [[ -n $janitor_pid ]]; then
+        # USR2 reaches the janitor's tasks once they run; a step still starting is ended outright.
+        kill -s USR2 "$janitor_pid" 2>/dev/null || true
+        for _ in {1..50}; do
+            kill -0 "$janitor_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill "$janitor_pid" 2>/dev/null || true
+        if wait "$janitor_pid"; then
+            janitor_pid=""
+            cleaned=1
+            return 0
+        fi
+        janitor_pid=""
     fi
     local attempt
     for attempt in 1 2 3; do
@@ -136,6 +155,28 @@ if [[ ! -d $code_dir ]]; then
 fi
 
 echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+# Scratch goes however the job ends, even where no new step can start or this script
+# itself is killed (Slurm enforcing --mem without cgroups kills the whole batch step).
+# shellcheck disable=SC2016  # expanded by the shell on each node
+janitor='batch_node=$1
+batch_pid=$2
+scratch=$3
+on_signal() {
+    if [[ $SLURMD_NODENAME == "$batch_node" ]]; then
+        while [[ -d $scratch ]] && kill -0 "$batch_pid" 2>/dev/null; do
+            read -r -t 1 <> <(:) || true
+        done
+    fi
+    rm -rf -- "$scratch"
+    exit 0
+}
+trap on_signal TERM USR2
+while :; do
+    read -r -t 3600 <> <(:) || true
+done'
+srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --mem=0 --job-name=hpcbox-janitor bash -c "$janitor" janitor "$SLURMD_NODENAME" "$$" \
+    "$job_scratch" </dev/null &
+janitor_pid=$!
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"

@@ -82,9 +82,11 @@ controller() {
 }
 
 compute() {
-    # Fake GPU devices: Slurm schedules gres from files that exist; there is no GPU behind them.
+    # Fake GPU devices, with no GPU behind them. Character devices (a copy of /dev/null's numbers),
+    # not plain files: Slurm sets CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS only for a device file.
     for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
-        touch "/dev/fakegpu$index"
+        rm -f "/dev/fakegpu$index"
+        mknod -m 0666 "/dev/fakegpu$index" c 1 3
     done
     # Apptainer runs unprivileged (user namespaces + FUSE), as on a real cluster's compute nodes.
     if [ -e /dev/fuse ]; then chmod 666 /dev/fuse; fi

@@ -1,0 +1,136 @@
+"""A mini cluster running Slurm 22.05 (`hpcbox cluster.up --slurm 22.05`), the release Debian bookworm
+carries and many sites still run: it comes up idle with its own node image, and the example trainer
+goes through it end to end as on 24.11 (`submit`, `logs`, `status`, `report`, `cluster.status`).
+
+One cluster for the module, brought up through the command line; the tests that share the session's
+`setup` get it in place of the session's 24.11 cluster (this module's `minicluster`), and submit from
+a copy of the session's project, so that this cluster's job numbers stay out of the other's ledger.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.cluster import free_port
+from tests.fixtures.submitting import Setup
+from tests.integration.test_submit import SHORT, invoke
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+TIMINGS: dict[str, float] = {}  # printed at the end of the module (pytest -s): what 22.05 adds to a run
+SAID: dict[str, str] = {}  # what `cluster.up` printed
+
+
+def hpcbox(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcbox", *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def minicluster(run_id: str, docker_engine, minicluster_state: Path, tmp_path_factory) -> Iterator[object]:
+    """This module's cluster: Slurm 22.05, 2 nodes, brought up by `hpcbox cluster.up --slurm 22.05` (its
+    node image built first if missing) and removed at the end of the module."""
+    from hpcbox import minicluster as mc
+
+    name = f"{run_id}-s2205"
+    env = {"HPCBOX_MINICLUSTER_STATE": str(minicluster_state)}
+    started = time.monotonic()
+    try:
+        up = hpcbox(
+            "cluster.up", "--slurm=22.05", f"--name={name}", f"--port={free_port()}",
+            env=env, cwd=tmp_path_factory.mktemp("s2205-up"),
+        )  # fmt: skip
+        TIMINGS["cluster.up --slurm 22.05 (image build if missing + start)"] = time.monotonic() - started
+        assert up.returncode == 0, up.stdout + up.stderr
+        cluster = mc.find(name, minicluster_state)
+        assert cluster is not None and cluster.spec.slurm == "22.05"
+        SAID["up"] = up.stdout
+        yield cluster
+    finally:
+        mc.down(name, minicluster_state)
+        print("\n" + "\n".join(f"{what}: {seconds:.1f} s" for what, seconds in TIMINGS.items()))
+
+
+@pytest.fixture(scope="module")
+def own_setup(setup: Setup, tmp_path_factory) -> Setup:
+    """The session's project copied without its .hpcbox (ledger, image records): the same image and SIF,
+    a ledger of its own."""
+    folder = tmp_path_factory.mktemp("s2205-project") / "project"
+    shutil.copytree(setup.project_dir, folder, ignore=shutil.ignore_patterns(".hpcbox"))
+    return Setup(folder, setup.data, setup.sif_cache, setup.env)
+
+
+def test_it_comes_up_idle_running_slurm_22_05_with_the_same_configuration(minicluster):
+    version = minicluster.ssh(["sinfo", "--version"], check=True).stdout.strip()
+    assert re.fullmatch(r"slurm(-wlm)? 22\.05\.\d+", version), version
+    for host in ("controller", "node1", "accounting"):
+        daemon = {"controller": "slurmctld", "node1": "slurmd", "accounting": "slurmdbd"}[host]
+        said = minicluster.exec(host, [daemon, "-V"]).stdout.strip()
+        assert said.startswith("slurm-wlm 22.05."), (host, said)
+    out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
+    assert sorted(tuple(line.split()) for line in out.splitlines()) == [
+        ("node1", "cpu*", "idle", "gpu:2"), ("node1", "gpu", "idle", "gpu:2"),
+        ("node2", "cpu*", "idle", "gpu:2"), ("node2", "gpu", "idle", "gpu:2"),
+    ]  # fmt: skip
+    # Every slurm.conf setting hpcbox writes is one 22.05 takes: an unknown key stops slurmctld, an
+    # unknown value is an error line in its log (or slurmd's).
+    for host in ("controller", "node1"):
+        logs = minicluster.node_container(host).logs().decode(errors="replace")
+        assert not re.search(r"(?i)invalid (JobAcctGather|TaskPlugin|SlurmdParameters|AccountingStorageTRES)|"
+                             r"unrecognized|Parse error|fatal", logs), logs  # fmt: skip
+    # The accounting database of trixie's MariaDB works with 22.05's slurmdbd: the user and the cluster.
+    assert "researcher|" in minicluster.ssh(["sacctmgr", "-n", "-P", "show", "user", "researcher"]).stdout
+    # `cluster.up` ends with the cluster's status, its Slurm first.
+    assert re.search(r"(?m)^Slurm 22\.05\.\d+ on every node \(`sinfo --version`\)$", SAID["up"]), SAID["up"]
+
+
+def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
+    own_setup: Setup, minicluster, run_id: str
+):
+    setup = own_setup
+    started = time.monotonic()
+    done = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
+        "--", *SHORT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), done.stdout
+    followed = invoke(setup, "logs", "--follow", "-j", job_id)
+    TIMINGS["submit (SIF shipped) + the job to its end"] = time.monotonic() - started
+    assert followed.returncode == 0, followed.stderr
+    assert '"event": "done"' in followed.stdout and "the trainer exited with status 0" in followed.stdout
+
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED") and "exit code 0:0" in status.stdout
+
+    # The report asks sacct for Restarts, which 22.05 does not have: it asks again without it, counts
+    # the job's runs from `sacct --duplicates`, and reports as on 24.11.
+    reported = invoke(setup, "report", "-j", job_id)
+    assert reported.returncode == 0, reported.stderr
+    lines = reported.stdout.splitlines()
+    assert lines[0].startswith(f"job {job_id} (") and lines[0].endswith("): COMPLETED, exit code 0:0"), lines
+    figures = {line.split()[0]: line for line in lines[1:] if line.startswith("  ")}
+    assert {"CPU", "memory", "time", "GPUs", "throughput"} <= set(figures), reported.stdout
+    assert "unknown" not in figures["time"] and "requeued" not in figures["time"], figures["time"]
+    assert re.search(r"peak [\d.]+[KMG] of 640M asked", figures["memory"]), figures["memory"]
+    assert "finished all 1 epochs" in figures["throughput"], figures["throughput"]
+
+    shown = hpcbox("cluster.status", f"--name={minicluster.name}", env=setup.env, cwd=setup.project_dir)
+    assert shown.returncode == 0, shown.stderr
+    assert re.match(r"Slurm 22\.05\.\d+ on every node \(`sinfo --version`\)\n", shown.stdout), shown.stdout

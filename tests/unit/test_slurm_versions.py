@@ -1,0 +1,199 @@
+"""The Slurm versions the mini cluster runs: the choice of one (`--slurm`, or the nearest to the version a
+profile names), the node image per version, and a profile's `[slurm] version`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcbox.errors import FieldError
+from hpcbox.minicluster import node_image, versions
+from hpcbox.minicluster.shape import slurm_like
+from hpcbox.minicluster.spec import ClusterSpec, spec_like
+from hpcbox.render import profiles
+
+LOCAL = (profiles.SHIPPED_DIR / "local.toml").read_text()
+
+
+def test_the_mini_cluster_runs_debians_slurm_versions_the_default_trixies():
+    assert versions.SUITES == {"22.05": "bookworm", "24.11": "trixie"}
+    assert versions.DEFAULT == "24.11"
+    assert ClusterSpec().slurm == "24.11"
+    assert ClusterSpec(slurm="22.05").slurm == "22.05"
+
+
+@pytest.mark.parametrize("bad", ["23.02", "22.05.8", "24", "latest", ""])
+def test_a_version_it_does_not_run_is_one_line_naming_the_ones_it_does(bad):
+    with pytest.raises(FieldError) as caught:
+        ClusterSpec(slurm=bad)
+    assert caught.value.field == "slurm"
+    assert caught.value.message == (
+        f"slurm: {bad!r} is not a Slurm version the mini cluster runs (allowed: 22.05, 24.11)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("site", "ours"),
+    [
+        ("22.05", "22.05"),
+        ("22.05.11", "22.05"),
+        ("21.08", "22.05"),
+        ("23.02", "22.05"),
+        ("23.02.7", "22.05"),
+        ("23.08", "22.05"),  # 15 months from either: the older, whose missing features a script meets
+        ("23.11", "24.11"),
+        ("24.05", "24.11"),
+        ("25.05", "24.11"),
+        ("26.05", "24.11"),
+    ],
+)
+def test_a_site_gets_the_nearest_version_by_release_date(site, ours):
+    assert versions.nearest(site) == ours
+
+
+def test_the_version_a_rehearsal_runs_and_the_line_that_says_so():
+    assert versions.for_site(None, None) == "24.11"
+    assert versions.for_site("23.02", None) == "22.05"
+    assert versions.for_site("23.02", "24.11") == "24.11"  # the flag wins
+    assert versions.note("m3", None, "24.11") == ""
+    assert versions.note("m3", "24.11.5", "24.11") == ""  # the site's own release
+    assert versions.note("m3", "23.02.7", "22.05") == (
+        "hpcbox: m3 runs Slurm 23.02.7; its rehearsal runs Slurm 22.05, the nearest the mini cluster has "
+        "(22.05, 24.11)"
+    )
+    assert versions.note("m3", "23.02", "24.11") == (
+        "hpcbox: m3 runs Slurm 23.02; its rehearsal runs Slurm 24.11, as asked (the nearest the mini "
+        "cluster has is 22.05)"
+    )
+
+
+def test_each_version_has_its_own_node_image_tag(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM scratch\n")
+    tags = {
+        version: node_image.content_hash(tmp_path, "sha256:base", node_image.build_args(version))
+        for version in versions.SUITES
+    }
+    assert len(set(tags.values())) == len(versions.SUITES)
+    assert node_image.build_args("22.05") == {"SLURM_VERSION": "22.05", "SLURM_SUITE": "bookworm"}
+    assert node_image.build_args("24.11") == {"SLURM_VERSION": "24.11", "SLURM_SUITE": "trixie"}
+    # The same inputs, the same tag: built once, then found.
+    assert node_image.content_hash(tmp_path, "sha256:base", node_image.build_args("22.05")) == tags["22.05"]
+
+
+def test_the_node_dockerfile_takes_the_version_and_checks_what_it_installed():
+    dockerfile = (node_image.CONTEXT / "Dockerfile").read_text()
+    assert "ARG SLURM_VERSION=24.11" in dockerfile and "ARG SLURM_SUITE=trixie" in dockerfile
+    # Slurm's packages pinned by version, the rest of the older suite below trixie's.
+    assert "Pin: version %s.*" in dockerfile and "Pin-Priority: 100" in dockerfile
+    assert 'slurmd -V | grep -q "^slurm-wlm $SLURM_VERSION\\."' in dockerfile
+
+
+# --- a profile's [slurm] version ------------------------------------------------------------------
+
+
+def profile_dir(tmp_path: Path, name: str, extra: str) -> Path:
+    folder = tmp_path / "profiles"
+    folder.mkdir(exist_ok=True)
+    # A table goes after the profile's own; a top-level key before its first table.
+    (folder / f"{name}.toml").write_text(LOCAL + extra if "[" in extra else extra + LOCAL)
+    return folder
+
+
+def test_a_profile_may_name_its_sites_slurm_version(tmp_path):
+    path = profile_dir(tmp_path, "site", '\n[slurm]\nversion = "23.02.7"\n') / "site.toml"
+    assert profiles.parse_profile_file(path).slurm_version == "23.02.7"
+    assert profiles.load_profile("edi").slurm_version is None  # the shipped ones do not know theirs
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ('\n[slurm]\nversion = "23"\n', "slurm.version: '23' is not a Slurm version such as 23.02"),
+        ('\n[slurm]\nversion = "v23.02"\n', "slurm.version: 'v23.02' is not a Slurm version"),
+        ("\n[slurm]\nversion = 23.02\n", "slurm.version: 23.02 must be a string"),
+        ('\n[slurm]\nrelease = "23.02"\n', "release"),
+        ('slurm = "23.02"\n', "slurm: '23.02' must be a table"),
+    ],
+)
+def test_a_bad_slurm_version_in_a_profile_names_its_field(tmp_path, extra, says):
+    path = profile_dir(tmp_path, "site", extra) / "site.toml"
+    with pytest.raises(FieldError) as caught:
+        profiles.parse_profile_file(path)
+    assert says in caught.value.message
+
+
+def test_an_lsf_profile_names_no_slurm_version(tmp_path):
+    dtu = (profiles.SHIPPED_DIR / "dtu.toml").read_text() + '\n[slurm]\nversion = "23.02"\n'
+    (tmp_path / "dtu.toml").write_text(dtu)
+    with pytest.raises(FieldError) as caught:
+        profiles.parse_profile_file(tmp_path / "dtu.toml")
+    assert caught.value.field == "slurm.version"
+
+
+def test_a_rehearsal_takes_the_nearest_version_and_says_so_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(
+        "HPCBOX_CLUSTERS_DIR", str(profile_dir(tmp_path, "site", '[slurm]\nversion = "23.02"\n'))
+    )
+    said: list[str] = []
+    assert slurm_like("site", say=said.append) == "22.05"
+    assert said == [
+        "hpcbox: site runs Slurm 23.02; its rehearsal runs Slurm 22.05, the nearest the mini cluster has "
+        "(22.05, 24.11)"
+    ]
+    said.clear()
+    assert slurm_like("site", "24.11", say=said.append) == "24.11"
+    assert said[0].endswith("runs Slurm 24.11, as asked (the nearest the mini cluster has is 22.05)")
+    said.clear()
+    assert slurm_like("edi", say=said.append) == "24.11" and said == []  # edi's is not known
+    assert spec_like("site", slurm="22.05").slurm == "22.05"
+
+
+def test_a_bad_flag_is_refused_before_the_profile_is_read():
+    with pytest.raises(FieldError) as caught:
+        slurm_like("nowhere", "23.02")
+    assert caught.value.field == "slurm"
+
+
+def test_cluster_up_with_a_version_it_does_not_run_is_one_line_and_starts_nothing(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCBOX_")}
+    env.update(XDG_STATE_HOME=str(tmp_path / "xdg"), DOCKER_HOST="unix:///nonexistent/docker.sock")
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "cluster.up", "--slurm=23.02", "--name=hpcbox-never"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        "error: slurm: '23.02' is not a Slurm version the mini cluster runs (allowed: 22.05, 24.11)"
+    ]
+    # No engine was asked (it could not have answered) and no state was made.
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_job_rehearsed_via_local_says_which_slurm_runs_it(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from hpcbox.jobs import connect
+
+    monkeypatch.setenv(
+        "HPCBOX_CLUSTERS_DIR", str(profile_dir(tmp_path, "site", '[slurm]\nversion = "23.02"\n'))
+    )
+    site = profiles.load_profile("site")
+    running = SimpleNamespace(spec=ClusterSpec(like="site", slurm="22.05"))
+    monkeypatch.setattr(connect, "_mini_cluster", lambda profile, project: running)
+    said: list[str] = []
+    connect.say_rehearsal_slurm(site, None, via="local", say=said.append)  # type: ignore[arg-type]
+    assert said == [
+        "hpcbox: site runs Slurm 23.02; its rehearsal runs Slurm 22.05, the nearest the mini cluster has "
+        "(22.05, 24.11)"
+    ]
+    said.clear()
+    connect.say_rehearsal_slurm(site, None, via=None, say=said.append)  # type: ignore[arg-type]
+    connect.say_rehearsal_slurm(profiles.load_profile("edi"), None, via="local", say=said.append)  # type: ignore[arg-type]
+    assert said == []  # not a rehearsal; a profile that names no version
