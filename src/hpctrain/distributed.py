@@ -62,7 +62,8 @@ def device_for_given_gpus(given: int, cuda_build: str | None, visible: int, plac
         return "cuda"
     if placeholders:
         print(
-            f"hpctrain: the {given} GPU{plural} this job was given are the mini cluster's placeholders "
+            f"hpctrain: the {given} GPU{plural} this job was given {'are' if given > 1 else 'is'} the mini "
+            "cluster's placeholders "
             f"(PyTorch {torch.__version__} has CUDA {cuda_build} and would use real ones): "
             "training on the CPU",
             file=sys.stderr,

@@ -38,3 +38,24 @@ class JobSignals:
 
     def stop_name(self) -> str:
         return signal.Signals(self.stop_signal).name if self.stop_signal else ""
+
+
+class EarlySignals:
+    """Stop signals that come while a launcher starts, before it can act on them, remembered instead of
+    ending it (their default action)."""
+
+    def __init__(self) -> None:
+        self._arrived: list[int] = []
+
+    def hold(self) -> EarlySignals:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._remember)
+        return self
+
+    def _remember(self, signum: int, _frame: FrameType | None) -> None:
+        self._arrived.append(signum)
+
+    def take(self) -> list[int]:
+        """The signals held so far, in order; held no longer."""
+        taken, self._arrived = self._arrived, []
+        return taken

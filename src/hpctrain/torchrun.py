@@ -23,13 +23,18 @@ import signal
 import sys
 from types import FrameType
 
-import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.api import PContext
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from hpctrain.signals import STOP_SIGNALS, EarlySignals
 
-from hpctrain import EXIT_REQUEUE
-from hpctrain.distributed import libuv_available
-from hpctrain.signals import STOP_SIGNALS
+# Torch's import takes seconds on a busy node, and a time limit's USR1 meanwhile would end the agent
+# (the signal's default action) with nothing checkpointed and no requeue: held from here on instead.
+_EARLY = EarlySignals().hold()
+
+import torch.distributed as dist  # noqa: E402  (after the hold above)
+from torch.distributed.elastic.multiprocessing.api import PContext  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError  # noqa: E402
+
+from hpctrain import EXIT_REQUEUE  # noqa: E402
+from hpctrain.distributed import libuv_available  # noqa: E402
 
 
 class _TCPStore(dist.TCPStore):
@@ -41,7 +46,8 @@ class _TCPStore(dist.TCPStore):
 
 
 def _forward_stop_signals(workers: PContext) -> None:
-    """From now on, USR1 and TERM reach the workers instead of stopping the agent."""
+    """From now on, USR1 and TERM reach the workers instead of stopping the agent; one held while
+    they started is passed on now."""
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for pid in workers.pids().values():
@@ -51,11 +57,22 @@ def _forward_stop_signals(workers: PContext) -> None:
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, forward)
+    for signum in _EARLY.take():
+        forward(signum, None)
 
 
 def _start_forwarding(start):
     # PContext.start installs torchrun's own SIGTERM handler (raise, kill the workers): replace it after.
     def start_then_forward(self: PContext) -> None:
+        held = _EARLY.take()
+        if held:
+            # No worker has trained yet: nothing to checkpoint, and the requeued job starts afresh.
+            name = signal.Signals(held[0]).name
+            print(
+                f"hpctrain.torchrun: {name} came before the workers started; exiting {EXIT_REQUEUE}",
+                file=sys.stderr,
+            )
+            sys.exit(EXIT_REQUEUE)
         start(self)
         _forward_stop_signals(self)
 

@@ -312,6 +312,27 @@ def test_torchrun_passes_usr1_to_every_process_which_checkpoint_once_and_exit_75
     assert epoch_results(output) == epoch_results(trainer.workdir / "ddp-whole")
 
 
+def test_torchrun_signalled_while_it_starts_exits_75_for_a_requeue(trainer: TrainerRunner) -> None:
+    """USR1 while the agent still imports torch (seconds on a busy node: a short job's time limit can
+    come then): held, and the agent exits 75 before starting any worker, where the signal's default
+    action would have ended it with no requeue. Sent once /proc shows the agent catches USR1, as a job
+    script's is sent at any moment; the agent is not PID 1 here (PID 1 ignores uncaught signals)."""
+    argv = [*TWO_PROCESSES, *trainer.train_argv("early", "--workers", "0")[3:]]
+    driver = (
+        "import signal, subprocess, sys, time\n"
+        "agent = subprocess.Popen(sys.argv[1:])\n"
+        "catches = lambda: int(open(f'/proc/{agent.pid}/status').read().split('SigCgt:')[1].split()[0], 16)\n"
+        "while not catches() >> (signal.SIGUSR1 - 1) & 1:\n"
+        "    time.sleep(0.005)\n"
+        "agent.send_signal(signal.SIGUSR1)\n"
+        "sys.exit(agent.wait())\n"
+    )
+    result = trainer.run("python", "-c", driver, *argv)
+    assert_ok(result, EXIT_REQUEUE)
+    assert "hpctrain.torchrun: SIGUSR1 came before the workers started; exiting 75" in result.stderr
+    assert not events(trainer.workdir / "early"), "no worker should have started"
+
+
 def test_resnet18_trains_head_first_then_all_layers(trainer: TrainerRunner) -> None:
     result = trainer.train(
         "resnet", "--model", "resnet18", "--epochs", "2", "--steps-per-epoch", "3", "--workers", "0"
