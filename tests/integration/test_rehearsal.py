@@ -154,6 +154,38 @@ def test_sbatch_check_takes_the_users_own_account_the_profile_cannot_know(
     assert cluster.ssh(["squeue", "--noheader"]).stdout.strip() == ""  # --test-only submits nothing
 
 
+def test_a_gpu_type_the_profile_does_not_list_is_added_to_the_rehearsal_unless_jobs_would_end(
+    rehearsals, setup: Setup
+):
+    """carc has several GPU models its profile does not list: a job naming one gets GPUs of that type
+    in the rehearsal (restarting its nodes), which Slurm's own check then takes; not while a job runs."""
+    cluster = rehearsals.like("carc")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    args = ("sbatch", "--cluster=carc", "--via=local", "--check", f"--account={ACCOUNT}", "--gpus=1")
+    typed = invoke(setup, *args, "--gpu-type=v100", "--time=1:00:00", env=env)
+    assert typed.returncode == 0, typed.stderr
+    assert "carc's profile does not know its GPU types; the rehearsal adds v100 GPUs" in typed.stderr
+    assert "to start at" in typed.stderr
+    assert minicluster.find(cluster.name, rehearsals.state).shape.gpu_types == ("v100",)
+    assert "gpu:v100:" in cluster.ssh(["sinfo", "--noheader", "--format=%G"], check=True).stdout
+    again = invoke(setup, *args, "--gpu-type=v100", "--time=1:00:00", env=env)
+    assert again.returncode == 0 and "adds" not in again.stderr, again.stderr
+    untyped = invoke(setup, *args, "--time=1:00:00", env=env)  # any type will do, as at the site
+    assert untyped.returncode == 0 and "to start at" in untyped.stderr, untyped.stderr
+    running = cluster.ssh(
+        ["sbatch", "--parsable", f"--account={ACCOUNT}", "--job-name=held", "--wrap", "sleep 300"], check=True
+    ).stdout.strip()
+    try:
+        refused = invoke(setup, *args, "--gpu-type=a100", "--time=1:00:00", env=env)
+        assert refused.returncode == 1, refused.stderr
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and "has no a100 GPUs, and adding them restarts its nodes" in errors[0]
+        assert f"{running} 'held'" in errors[0], refused.stderr
+        assert minicluster.find(cluster.name, rehearsals.state).shape.gpu_types == ("v100",)
+    finally:
+        cluster.ssh(["scancel", running], check=True)
+
+
 def test_carc_refuses_a_job_without_an_account_by_slurms_own_answer(rehearsals):
     refuses_a_job_without_an_account(rehearsals, "carc")
 

@@ -157,3 +157,24 @@ def test_loading_the_node_classes_switches_the_testcontainers_reaper_off():
         "node2": "compute",
         "login": "login",
     }
+
+
+def test_a_gpu_type_added_to_a_shape_whose_profile_leaves_types_unknown():
+    # carc's profile publishes no GPU types: its rehearsal has untyped gres until a job names a type.
+    untyped = shape_like("carc", gpus_per_node=2)
+    assert untyped.gpu_types == ()
+    grown = untyped.with_gpu_types(("v100",))
+    assert (grown.gpu_types, grown.gpus_per_node) == (("v100",), 2)
+    assert grown.with_gpu_types(("v100",)) == grown  # once
+    both = grown.with_gpu_types(("a100", "v100"))
+    assert (both.gpu_types, both.gpus_per_node) == (("v100", "a100"), 4)
+    spec = ClusterSpec(name="rehearsal", like="carc", added_gpu_types=("v100", "a100"))
+    assert "Gres=gpu:v100:2,gpu:a100:2" in slurmconf.slurm_conf(spec, both)
+    assert slurmconf.gres_conf(both).splitlines()[1:] == [
+        "Name=gpu Type=v100 File=/dev/fakegpu[0-1]",
+        "Name=gpu Type=a100 File=/dev/fakegpu[2-3]",
+    ]
+    # As cluster.json keeps it (a list), read back equal to the spec that wrote it.
+    assert ClusterSpec(**json.loads(json.dumps(asdict(spec)))) == spec
+    with pytest.raises(HpcboxError, match="added_gpu_types: 'v100;rm' is not a Slurm GPU type name"):
+        ClusterSpec(name="rehearsal", added_gpu_types=("v100;rm",))

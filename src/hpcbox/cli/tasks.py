@@ -18,13 +18,16 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import invoke
 from invoke import Collection, Exit
 
 from hpcbox.errors import HpcboxError
 from hpcbox.render.options import RESOURCE_OPTIONS, named
+
+if TYPE_CHECKING:
+    from hpcbox.render.resources import Resources
 
 # The only single-letter flags of any command: sbatch's own letters (the resource options', from their
 # table; --cluster is sbatch's --clusters, -j squeue's job id), each meaning what it means there (the
@@ -428,7 +431,7 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         **({"sweep": points} if points else {}),
     )
     if check:
-        print(_test_only(project, profile, via, script.text, checked.account), file=sys.stderr)
+        print(_test_only(project, profile, via, script.text, checked), file=sys.stderr)
     if save:
         script.write(Path(save))
         print(f"wrote {save}", file=sys.stderr)
@@ -436,7 +439,7 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         print(script.text, end="")
 
 
-def _test_only(project, profile, via: str | None, text: str, account: str | None) -> str:
+def _test_only(project, profile, via: str | None, text: str, checked: Resources) -> str:
     """`sbatch --test-only` on the mini cluster, as `local` or shaped like the profile (`--via local`)."""
     from hpcbox import jobs
     from hpcbox.tools import slurm
@@ -455,7 +458,7 @@ def _test_only(project, profile, via: str | None, text: str, account: str | None
         )
     target = jobs.connection_target(profile, project, via=via)
     jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
-    jobs.rehearse_account(profile, project, account, via=via, say=say)
+    jobs.rehearse(profile, project, checked, via=via, say=say)
     return slurm.test_only(target, text)
 
 
@@ -528,7 +531,7 @@ def submit(
         profile, project, via=via, host=host, user=user, port=int(port) if port else None
     )
     jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
-    jobs.rehearse_account(profile, project, checked.account, via=via, host=host, say=say)
+    jobs.rehearse(profile, project, checked, via=via, host=host, say=say)
     payload, environment = jobs.prepare_payload(
         project, jobs.data_path(project, data), profile.apptainer.compression,
         flavour=flavour, offline=offline, gpus=checked.gpus, say=say,
@@ -702,7 +705,7 @@ def shell(c, cluster, command=None, **resources):
     project, profile, checked = _resources(cluster, resources)
     record = jobs.Ledger(project).find(cluster=cluster)
     target = jobs.connection_target(profile, project, via=record.via)
-    jobs.rehearse_account(profile, project, checked.account, via=record.via, say=say)
+    jobs.rehearse(profile, project, checked, via=record.via, say=say)
     with ssh.Connection(target) as connection:
         jobs.shell(connection, profile, checked, record, command, on_line=print)
 

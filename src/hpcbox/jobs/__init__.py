@@ -5,7 +5,7 @@ below; each module holds one part of the job's life."""
 from hpcbox.jobs.connect import (
     connection_target,
     on_mini_cluster,
-    rehearse_account,
+    rehearse,
     require_slurm,
     say_rehearsal_slurm,
 )
@@ -48,7 +48,7 @@ __all__ = [
     "on_mini_cluster",
     "overview",
     "prepare_payload",
-    "rehearse_account",
+    "rehearse",
     "report",
     "require_slurm",
     "say_rehearsal_slurm",

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render.profiles import ClusterProfile
+from hpcbox.render.resources import Resources
 from hpcbox.tools import ssh
 
 
@@ -55,22 +56,37 @@ def connection_target(
     return ssh.Target(host or login.host, port or default_port, user or login.user)
 
 
-def rehearse_account(
+def rehearse(
     profile: ClusterProfile,
     project: ProjectConfig,
-    account: str | None,
+    resources: Resources,
     *,
     via: str | None = None,
     host: str | None = None,
     say: Callable[[str], None] = print,
 ) -> None:
-    """On the mini cluster, the account the job names is added to its accounting first, with the
-    cluster's user in it: the site would take it from a member (a profile that lists the site's
-    accounts has refused any other already), and the rehearsal cannot know the user's accounts."""
-    if account is None or not on_mini_cluster(profile, via, host):
+    """On the mini cluster, what the job names that the profile cannot know is made there first, as the
+    site would have it: the account, with the cluster's user in it (a profile that lists the site's
+    accounts has refused any other already), and GPUs of a type the profile leaves unknown for the
+    job's partition (a profile that lists its types has refused any other already)."""
+    if not on_mini_cluster(profile, via, host):
         return
-    if _mini_cluster(profile, project).add_account(account):
+    account = resources.account
+    if account is not None and _mini_cluster(profile, project).add_account(account):
         say(f"hpcbox: the rehearsal's accounting has account {account} now, with you in it (as at the site)")
+    gpu_type = resources.gpu_type
+    if gpu_type is None or resources.partition.gpu_types is not None:
+        return
+    from hpcbox import minicluster
+
+    running = _mini_cluster(profile, project)
+    if gpu_type in running.shape.gpu_types:
+        return
+    say(
+        f"hpcbox: {profile.name}'s profile does not know its GPU types; the rehearsal adds {gpu_type} "
+        "GPUs (its controller and compute nodes restart, about 20 s)"
+    )
+    minicluster.add_gpu_type(running, gpu_type, _state_root(running.name, project), say=say)
 
 
 def say_rehearsal_slurm(
@@ -87,14 +103,19 @@ def say_rehearsal_slurm(
         say(line)
 
 
+def _state_root(name: str, project: ProjectConfig):
+    from hpcbox import minicluster
+
+    # Said on stderr, as every progress line of the commands that come here (their stdout is data).
+    return minicluster.shared_state(name, project.state_dir, say=lambda line: print(line, file=sys.stderr))
+
+
 def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
     from hpcbox import minicluster
     from hpcbox.minicluster.spec import DEFAULT_NAME
 
     name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
-    # Said on stderr, as every progress line of the commands that come here (their stdout is data).
-    root = minicluster.shared_state(name, project.state_dir, say=lambda line: print(line, file=sys.stderr))
-    running = minicluster.find(name, root)
+    running = minicluster.find(name, _state_root(name, project))
     like = "" if profile.name == "local" else f" --like {profile.name}"
     if running is None:
         raise HpcboxError(

@@ -3,6 +3,7 @@
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.lifecycle import (
     Removed,
+    add_gpu_type,
     down,
     find,
     node_states,
@@ -16,6 +17,6 @@ from hpcbox.minicluster.shape import slurm_like
 from hpcbox.minicluster.spec import ClusterSpec, spec_like
 
 __all__ = [
-    "Cluster", "ClusterSpec", "Removed", "down", "find", "node_states", "refuse_unfinished", "shared_state",
-    "slurm_like", "spec_like", "status", "up", "wait_ready",
+    "Cluster", "ClusterSpec", "Removed", "add_gpu_type", "down", "find", "node_states", "refuse_unfinished",
+    "shared_state", "slurm_like", "spec_like", "status", "up", "wait_ready",
 ]  # fmt: skip

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+import tarfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +72,20 @@ class Cluster:
         return proc.Completed(
             tuple(argv), code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
         )
+
+    def put_files(self, host: str, directory: str, files: Mapping[str, tuple[bytes, int]]) -> None:
+        """Write ``files`` (name -> content, mode; owned by root) into ``directory`` of ``host``'s
+        container, running or not."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for name, (content, mode) in files.items():
+                member = tarfile.TarInfo(name)
+                member.size, member.mode = len(content), mode
+                archive.addfile(member, io.BytesIO(content))
+        try:
+            self.node_container(host).put_archive(directory, buffer.getvalue())
+        except docker.errors.APIError as exc:
+            raise HpcboxError(f"could not write {', '.join(files)} into {self.name}'s {host}: {exc}") from exc
 
     def add_account(self, account: str) -> bool:
         """Let the cluster's user submit under ``account``, as a member of it is allowed to at the

@@ -14,6 +14,7 @@ cluster Slurm still runs or queues jobs on is refused unless forced (`refuse_unf
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -34,6 +35,7 @@ from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import ClusterSecrets, generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
+from hpcbox.minicluster.slurmconf import gres_conf, node_env, slurm_conf
 from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, legacy_state_dir, state_dir, state_root
 from hpcbox.tools import docker as engine
 
@@ -62,7 +64,8 @@ def up(
     image, or a container not running) is replaced only while Slurm holds no unfinished job on it, or
     with ``force``; nothing is touched before that is known, nor before ``spec.port`` is known free."""
     say = on_line or (lambda _line: None)
-    shape = shape_like(spec.like, spec.gpus_per_node)  # a profile that does not exist: before any build
+    # A profile that does not exist is refused here, before any build.
+    shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
         current = find(spec.name, state_root)
@@ -91,6 +94,55 @@ def up(
             _remove(spec.name, state_root)
             raise
         return cluster
+
+
+def add_gpu_type(
+    cluster: Cluster,
+    gpu_type: str,
+    state_root: Path,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    say: Callable[[str], None] = print,
+) -> Cluster:
+    """``cluster`` with GPUs of ``gpu_type`` beside its own, for a rehearsal job that names a type its
+    profile leaves unknown. Slurm takes new GPU types only at a daemon's start: the controller and the
+    compute nodes are restarted with the new configuration (volumes, accounting and the login node stay),
+    so it is refused while Slurm holds unfinished jobs there, which the restart would end."""
+    with state.locked(state_root, cluster.name, say):
+        try:
+            held = unfinished_jobs(cluster.name)
+        except SlurmSilent as exc:
+            raise HpcboxError(f"cannot add {gpu_type} GPUs to cluster {cluster.name}: {exc}") from exc
+        if held:
+            raise HpcboxError(
+                f"the rehearsal {cluster.name} has no {gpu_type} GPUs, and adding them restarts its nodes, "
+                f"which would end its unfinished jobs ({', '.join(str(job) for job in held[:LISTED_JOBS])})",
+                "wait until they end (`hpcbox cluster.status`), or name a GPU type it has",
+            )
+        spec = dataclasses.replace(cluster.spec, added_gpu_types=(*cluster.spec.added_gpu_types, gpu_type))
+        grown = Cluster(spec, cluster.image, cluster.secrets, cluster.shape.with_gpu_types((gpu_type,)))
+        config = {
+            "slurm.conf": (slurm_conf(spec, grown.shape).encode(), 0o644),
+            "gres.conf": (gres_conf(grown.shape).encode(), 0o644),
+            "node.env": (node_env(grown.shape).encode(), 0o644),
+        }
+        for host in spec.hosts:
+            grown.put_files(host, nodes.INIT_DIR, config)
+        # The login node's client commands read the new file at once; its sshd (and whoever is logged
+        # in, this very command perhaps) stays.
+        grown.put_files("login", "/etc/slurm", {"slurm.conf": config["slurm.conf"]})
+        saved = {"spec": asdict(spec), "image": cluster.image, "shape": asdict(grown.shape)}
+        write_atomically(state_dir(state_root, cluster.name) / "cluster.json", json.dumps(saved))
+        # The compute nodes stopped first and started last: each registers once, with its new GPUs, to
+        # a controller that already expects them (an old registration would mark it invalid).
+        computes = [grown.node_container(host) for host in spec.compute_hosts]
+        for container in computes:
+            container.stop(timeout=10)
+        grown.node_container("controller").restart(timeout=10)
+        for container in computes:
+            container.start()
+        wait_ready(grown, timeout_s)
+        return grown
 
 
 def shared_state(name: str, project_state: Path | None, *, say: Callable[[str], None] = print) -> Path:

@@ -10,9 +10,10 @@ shared areas and its Apptainer command. What the profile does not know gets a ge
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +62,12 @@ class ClusterShape:
     @property
     def gpus_per_node(self) -> int:
         return self.gpus_per_type * max(1, len(self.gpu_types))
+
+    def with_gpu_types(self, added: Sequence[str]) -> ClusterShape:
+        """This shape with GPUs of the ``added`` types too, as many of each per node as of its own.
+        Untyped gres becomes typed: an untyped request still takes a GPU of any type."""
+        new = tuple(gpu_type for gpu_type in dict.fromkeys(added) if gpu_type not in self.gpu_types)
+        return dataclasses.replace(self, gpu_types=self.gpu_types + new) if new else self
 
     @property
     def enforces_associations(self) -> bool:

@@ -24,6 +24,7 @@ STATE_VARIABLE = "HPCBOX_MINICLUSTER_STATE"  # the state root, instead of the us
 REHEARSAL_CPUS_PER_NODE = 64
 REHEARSAL_MEMORY_MB_PER_NODE = 256_000
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
+_GPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,9 @@ class ClusterSpec:
     memory_mb_per_node: int = 2000
     like: str = "local"  # the cluster profile whose Slurm it rehearses (see shape.py)
     slurm: str = versions.DEFAULT  # the Slurm version every node runs (versions.py)
+    # GPU types a rehearsal's jobs named that its profile leaves unknown, beside the profile's own
+    # (lifecycle.add_gpu_type): the site may well have them.
+    added_gpu_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -48,6 +52,10 @@ class ClusterSpec:
         if not 1024 <= self.port <= 65535:
             raise HpcboxError(f"port: {self.port} is out of range", "choose an unprivileged port, 1024-65535")
         versions.check(self.slurm)
+        object.__setattr__(self, "added_gpu_types", tuple(self.added_gpu_types))  # a list, read back
+        for gpu_type in self.added_gpu_types:
+            if not _GPU_TYPE.match(gpu_type):
+                raise HpcboxError(f"added_gpu_types: {gpu_type!r} is not a Slurm GPU type name")
         for field in ("gpus_per_node", "cpus_per_node", "memory_mb_per_node"):
             if getattr(self, field) < 1:
                 raise HpcboxError(f"{field}: must be at least 1, got {getattr(self, field)}")
