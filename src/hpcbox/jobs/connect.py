@@ -69,19 +69,17 @@ def rehearse(
     site would have it: the account, with the cluster's user in it (a profile that lists the site's
     accounts has refused any other already), and GPUs of a type the profile leaves unknown for the
     job's partition (a profile that lists its types has refused any other already)."""
-    if not on_mini_cluster(profile, via, host):
+    account, gpu_type = resources.account, resources.gpu_type
+    unlisted_type = gpu_type is not None and resources.partition.gpu_types is None
+    if (account is None and not unlisted_type) or not on_mini_cluster(profile, via, host):
         return
-    account = resources.account
-    if account is not None and _mini_cluster(profile, project).add_account(account):
+    running = _mini_cluster(profile, project)
+    if account is not None and running.add_account(account):
         say(f"hpcbox: the rehearsal's accounting has account {account} now, with you in it (as at the site)")
-    gpu_type = resources.gpu_type
-    if gpu_type is None or resources.partition.gpu_types is not None:
+    if not unlisted_type or gpu_type in running.shape.gpu_types:
         return
     from hpcbox import minicluster
 
-    running = _mini_cluster(profile, project)
-    if gpu_type in running.shape.gpu_types:
-        return
     say(
         f"hpcbox: {profile.name}'s profile does not know its GPU types; the rehearsal adds {gpu_type} "
         "GPUs (its controller and compute nodes restart, about 20 s)"

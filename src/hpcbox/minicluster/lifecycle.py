@@ -35,7 +35,7 @@ from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import ClusterSecrets, generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
-from hpcbox.minicluster.slurmconf import gres_conf, node_env, slurm_conf
+from hpcbox.minicluster.slurmconf import config_files
 from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, legacy_state_dir, state_dir, state_root
 from hpcbox.tools import docker as engine
 
@@ -121,11 +121,7 @@ def add_gpu_type(
             )
         spec = dataclasses.replace(cluster.spec, added_gpu_types=(*cluster.spec.added_gpu_types, gpu_type))
         grown = Cluster(spec, cluster.image, cluster.secrets, cluster.shape.with_gpu_types((gpu_type,)))
-        config = {
-            "slurm.conf": (slurm_conf(spec, grown.shape).encode(), 0o644),
-            "gres.conf": (gres_conf(grown.shape).encode(), 0o644),
-            "node.env": (node_env(grown.shape).encode(), 0o644),
-        }
+        config = config_files(spec, grown.shape)
         for host in spec.hosts:
             grown.put_files(host, nodes.INIT_DIR, config)
         # The login node's client commands read the new file at once; its sshd (and whoever is logged

@@ -110,16 +110,8 @@ class ClusterNode(DockerContainer):
 
     def init_files(self) -> dict[str, tuple[bytes, int]]:
         """Name -> (content, mode) for /etc/hpcbox-init: config everywhere, secrets only where needed."""
-        spec, shape = self.cluster.spec, self.cluster.shape
-        files = {
-            "slurm.conf": (slurmconf.slurm_conf(spec, shape).encode(), 0o644),
-            "gres.conf": (slurmconf.gres_conf(shape).encode(), 0o644),
-            "node.env": (slurmconf.node_env(shape).encode(), 0o644),
-            "munge.key": (self.cluster.secrets.munge_key.read_bytes(), 0o400),
-        }
-        if shape.filters_submissions:
-            files["job_submit.lua"] = (slurmconf.job_submit_lua(shape).encode(), 0o644)
-        return files
+        files = slurmconf.config_files(self.cluster.spec, self.cluster.shape)
+        return {**files, "munge.key": (self.cluster.secrets.munge_key.read_bytes(), 0o400)}
 
     def shared_volumes(self) -> None:
         """/home and /data, shared with the other nodes. `nocopy`: Docker would otherwise copy the

@@ -132,6 +132,18 @@ def job_submit_lua(shape: ClusterShape) -> str:
     )
 
 
+def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[bytes, int]]:
+    """Name -> (content, mode) of the configuration every node gets in /etc/hpcbox-init (secrets aside)."""
+    files = {
+        "slurm.conf": (slurm_conf(spec, shape).encode(), 0o644),
+        "gres.conf": (gres_conf(shape).encode(), 0o644),
+        "node.env": (node_env(shape).encode(), 0o644),
+    }
+    if shape.filters_submissions:
+        files["job_submit.lua"] = (job_submit_lua(shape).encode(), 0o644)
+    return files
+
+
 def node_env(shape: ClusterShape) -> str:
     """Shell assignments hpcbox-node reads: the fake GPU devices, scratch, site areas, QOS, stubs."""
     values = {
