@@ -8,11 +8,27 @@ is consistent.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 CHECKPOINT_SIGNAL = signal.SIGUSR2
+JOB_SIGNALS = (*STOP_SIGNALS, CHECKPOINT_SIGNAL)
+
+
+@contextlib.contextmanager
+def held_while_starting() -> Iterator[None]:
+    """Blocks the job signals in this thread while a launcher starts its workers, which inherit the
+    block: a signal sent to a worker before its handlers are in place (from the launcher, or from Slurm,
+    which signals every process of a step) then waits for `JobSignals.install` instead of killing it
+    (the default action). This thread's own pending ones are delivered when the block ends."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, JOB_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, JOB_SIGNALS)
 
 
 class JobSignals:
@@ -24,6 +40,9 @@ class JobSignals:
         for signum in STOP_SIGNALS:
             signal.signal(signum, self._on_stop)
         signal.signal(CHECKPOINT_SIGNAL, self._on_checkpoint)
+        # A launcher starts its workers with these blocked (see `held_while_starting`): one that came
+        # since is delivered now, to the handlers above.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, JOB_SIGNALS)
         return self
 
     def _on_stop(self, signum: int, _frame: FrameType | None) -> None:

@@ -23,7 +23,7 @@ import signal
 import sys
 from types import FrameType
 
-from hpctrain.signals import STOP_SIGNALS, EarlySignals
+from hpctrain.signals import STOP_SIGNALS, EarlySignals, held_while_starting
 
 # Torch's import takes seconds on a busy node, and a time limit's USR1 meanwhile would end the agent
 # (the signal's default action) with nothing checkpointed and no requeue: held from here on instead.
@@ -46,8 +46,8 @@ class _TCPStore(dist.TCPStore):
 
 
 def _forward_stop_signals(workers: PContext) -> None:
-    """From now on, USR1 and TERM reach the workers instead of stopping the agent; one held while
-    they started is passed on now."""
+    """From now on, USR1 and TERM reach the workers instead of stopping the agent; one held since the
+    agent's start-up check is passed on now."""
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         for pid in workers.pids().values():
@@ -73,8 +73,9 @@ def _start_forwarding(start):
                 file=sys.stderr,
             )
             sys.exit(EXIT_REQUEUE)
-        start(self)
-        _forward_stop_signals(self)
+        with held_while_starting():
+            start(self)
+            _forward_stop_signals(self)
 
     return start_then_forward
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,15 +90,20 @@ def without(text: str, option: str) -> str:
     return "\n".join(kept) + "\n"
 
 
+def job_ids(cluster) -> set[str]:
+    return set(cluster.ssh(["squeue", "--noheader", "--format=%i"], check=True).stdout.split())
+
+
 def refuses_a_job_without_an_account(rehearsals, name: str) -> None:
     cluster = rehearsals.like(name)
     text = golden_script(name)
     assert "to start at" in slurm.test_only(cluster.ssh_target(), text)
     # Not the default account: the site's filter refuses a job that names none, in its own words.
     assert "invalid account" in refused(cluster, without(text, "--account")).lower()
+    queued = job_ids(cluster)  # another test's job may still be completing: only a new one counts
     plain = cluster.ssh(["sbatch", "--wrap", "true"])
     assert plain.returncode != 0 and f"{name}: name an account with --account" in plain.stderr
-    assert cluster.ssh(["squeue", "--noheader"]).stdout.strip() == ""
+    assert job_ids(cluster) <= queued
     unknown = text.replace(f"--account={ACCOUNT}", "--account=someone-else")
     assert "invalid account" in refused(cluster, unknown).lower()
 
@@ -184,6 +190,9 @@ def test_a_gpu_type_the_profile_does_not_list_is_added_to_the_rehearsal_unless_j
         assert minicluster.find(cluster.name, rehearsals.state).shape.gpu_types == ("v100",)
     finally:
         cluster.ssh(["scancel", running], check=True)
+        deadline = time.monotonic() + 60
+        while running in job_ids(cluster) and time.monotonic() < deadline:
+            time.sleep(0.5)
 
 
 def test_carc_refuses_a_job_without_an_account_by_slurms_own_answer(rehearsals):

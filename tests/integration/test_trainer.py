@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -331,6 +332,50 @@ def test_torchrun_signalled_while_it_starts_exits_75_for_a_requeue(trainer: Trai
     assert_ok(result, EXIT_REQUEUE)
     assert "hpctrain.torchrun: SIGUSR1 came before the workers started; exiting 75" in result.stderr
     assert not events(trainer.workdir / "early"), "no worker should have started"
+
+
+def test_a_worker_signalled_before_its_handlers_are_in_place_checkpoints_instead_of_dying(
+    trainer: TrainerRunner,
+) -> None:
+    """Slurm signals every process of a step, and the agent passes USR1 on as soon as it has started
+    its workers: a worker's Python may not catch USR1 yet, and the default action would kill it (the
+    agent then fails, with no requeue). Each worker is signalled the moment it appears; the agent starts
+    them with the job signals blocked, and they take it once their handlers are in place."""
+    argv = [*TWO_PROCESSES, *trainer.train_argv("at-birth", "--workers", "0")[3:]]
+    driver = (
+        "import os, signal, subprocess, sys, time\n"
+        "agent = subprocess.Popen(sys.argv[1:])\n"
+        "def children():\n"
+        "    found = set()\n"
+        "    for entry in filter(str.isdigit, os.listdir('/proc')):\n"
+        "        try:\n"
+        "            stat = open(f'/proc/{entry}/stat').read()\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        if int(stat.rsplit(')', 1)[1].split()[1]) == agent.pid:\n"
+        "            found.add(int(entry))\n"
+        "    return found\n"
+        "def catches(pid):\n"
+        "    status = open(f'/proc/{pid}/status').read()\n"
+        "    return int(status.split('SigCgt:')[1].split()[0], 16) >> (signal.SIGUSR1 - 1) & 1\n"
+        "signalled, uncaught = set(), 0\n"
+        "while len(signalled) < 2 and agent.poll() is None:\n"
+        "    for pid in children() - signalled:\n"
+        "        uncaught += not catches(pid)\n"
+        "        os.kill(pid, signal.SIGUSR1)\n"
+        "        signalled.add(pid)\n"
+        "print(f'signalled {len(signalled)}, {uncaught} before they caught USR1', file=sys.stderr)\n"
+        "sys.exit(agent.wait())\n"
+    )
+    result = trainer.run("python", "-c", driver, *argv)
+    early = re.search(r"signalled 2, (\d) before they caught USR1", result.stderr)
+    assert early and int(early[1]) >= 1, result.stderr[-3000:]
+    assert_ok(result, EXIT_REQUEUE)
+    output = trainer.workdir / "at-birth"
+    preempted = events(output, "preempted")
+    assert len(preempted) == 1 and preempted[0]["signal"] == "SIGUSR1", preempted
+    assert (output / "checkpoints" / preempted[0]["checkpoint"]).is_file()
+    assert not events(output, "done")
 
 
 def test_resnet18_trains_head_first_then_all_layers(trainer: TrainerRunner) -> None:
