@@ -13,6 +13,7 @@ import json
 import re
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -80,11 +81,12 @@ def scratch_left(cluster, job_id: str) -> list[str]:
     return left
 
 
-def wait_scratch_gone(cluster, job_id: str) -> None:
-    """The exit trap (and on other nodes the janitor step) may finish after Slurm has marked the job."""
+def wait_scratch_gone(cluster, job_id: str, log: Callable[[], str] = lambda: "") -> None:
+    """The exit trap (and on other nodes the janitor step) may finish after Slurm has marked the job.
+    ``log`` reads the job's log, for the message where scratch stays."""
     deadline = time.monotonic() + 30
     while left := scratch_left(cluster, job_id):
-        assert time.monotonic() < deadline, left
+        assert time.monotonic() < deadline, f"{left}\n{log()}"
         time.sleep(1)
 
 
@@ -311,6 +313,11 @@ def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
     return {name: job_dir.submit(script, f"{name}.sh") for name, script in jobs}
 
 
+def log_of(job_dir: JobDir, name: str, job_id: str) -> Callable[[], str]:
+    """What reads the log of job ``job_id`` named ``name``."""
+    return lambda: job_dir.sh(f"cat logs/{name}-{job_id}.out", check=False).stdout
+
+
 def resumed_then_cancelled(job_dir: JobDir, name: str, job_id: str) -> str:
     """Waits until the requeued run has resumed, then cancels the job and waits for it to end: its log."""
     deadline = time.monotonic() + 240
@@ -330,7 +337,7 @@ def test_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_drive
     log = resumed_then_cancelled(job_dir, "limited", job_id)
     assert f"requeueing job {job_id}" in log
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
-    wait_scratch_gone(job_dir.cluster, job_id)
+    wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "limited", job_id))
 
 
 def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, time_driven_jobs):
@@ -354,7 +361,7 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, t
     assert resumed["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
     # Cancelled while both nodes train: Slurm starts no new step then, and the janitor step each node
     # ran since the start removes the other node's scratch.
-    wait_scratch_gone(job_dir.cluster, job_id)
+    wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "ddp-limited", job_id))
 
 
 def test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints(
@@ -373,7 +380,7 @@ def test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints
     assert [bool(start["resumed"]) for start in starts] == [False, True], log  # two runs, the second resumed
     assert metric_events(job_dir, job_id, "preempted"), log
     assert job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.strip(), log
-    wait_scratch_gone(job_dir.cluster, job_id)
+    wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "bounded", job_id))
 
 
 def test_two_node_job_past_its_time_limit_keeps_its_output_and_leaves_no_scratch(
@@ -385,7 +392,7 @@ def test_two_node_job_past_its_time_limit_keeps_its_output_and_leaves_no_scratch
     state, _ = wait_finished(job_dir.cluster, job_id)
     log = job_dir.sh(f"cat logs/overtime-{job_id}.out", check=False).stdout
     assert state == "TIMEOUT", log
-    wait_scratch_gone(job_dir.cluster, job_id)
+    wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "overtime", job_id))
     # Rank 0 runs on the batch node, whose scratch is copied back.
     assert job_dir.sh(f"cat runs/{job_id}/task-0").stdout == "task 0\n", log
     assert "the trainer exited with status" in log, log  # the batch shell outlived its program

@@ -1,6 +1,7 @@
 """A mini cluster running Slurm 22.05 (`hpcbox cluster.up --slurm 22.05`), the release Debian bookworm
 carries and many sites still run: it comes up idle with its own node image, and the example trainer
-goes through it end to end as on 24.11 (`submit`, `logs`, `status`, `report`, `cluster.status`).
+goes through it end to end as on 24.11 (`submit`, `logs`, `status`, `report`, `cluster.status`), then
+on each other container runtime and FUSE (test_container_software.py).
 
 One cluster for the module, brought up through the command line; the tests that share the session's
 `setup` get it in place of the session's 24.11 cluster (this module's `minicluster`), and submit from
@@ -9,11 +10,8 @@ a copy of the session's project, so that this cluster's job numbers stay out of 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,22 +20,13 @@ import pytest
 
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
+from tests.integration.test_container_software import hpcbox, runs_on_each_software
 from tests.integration.test_submit import SHORT, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 TIMINGS: dict[str, float] = {}  # printed at the end of the module (pytest -s): what 22.05 adds to a run
 SAID: dict[str, str] = {}  # what `cluster.up` printed
-
-
-def hpcbox(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hpcbox", *args],
-        cwd=cwd,
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +123,9 @@ def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
     shown = hpcbox("cluster.status", f"--name={minicluster.name}", env=setup.env, cwd=setup.project_dir)
     assert shown.returncode == 0, shown.stderr
     assert re.match(r"Slurm 22\.05\.\d+ on every node \(`sinfo --version`\)\n", shown.stdout), shown.stdout
+
+
+def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
+    own_setup: Setup, minicluster
+):
+    runs_on_each_software(own_setup, minicluster)

@@ -295,3 +295,41 @@ def test_a_profile_that_lists_the_sites_accounts_refuses_others_and_one_that_doe
     open_ended = profiles.parse_profile(tomllib.loads(MINIMAL), name="site")
     assert open_ended.accounts is None
     assert resolve(open_ended, ResourceRequest(job_name="fit", account="anything_1")).account == "anything_1"
+
+
+def test_what_a_profile_assumes_is_named_in_its_job_scripts_and_its_rehearsal():
+    from hpcbox.minicluster.shape import shape_of
+    from hpcbox.render.resources import ResourceRequest, resolve
+    from hpcbox.render.sbatch import JobInputs, render_sbatch
+
+    carc = profiles.load_profile("carc")
+    assert carc.assumed == (("storage.node_scratch", '"/tmp"'),)
+    line = 'assumed for carc, not published by the site (check them there): storage.node_scratch = "/tmp"'
+    assert profiles.assumptions(carc) == line
+    checked = resolve(carc, ResourceRequest(job_name="j", account="a_1"))
+    assert f"\n# {line}\n" in render_sbatch(carc, checked, JobInputs.defaults("trainer")).text
+    assert f"  {line}" in shape_of(carc).describe()
+    # Where nothing is assumed, nothing is said.
+    assert (
+        profiles.load_profile("alliance").assumed == ()
+        and profiles.assumptions(profiles.load_profile("local")) == ""
+    )
+
+
+def test_an_assumed_setting_must_be_one_the_profile_gives(user_dir: Path):
+    assert profiles.parse_profile(
+        tomllib.loads('assumed = ["storage.node_scratch"]\n' + MINIMAL), name="site"
+    ).assumed == (("storage.node_scratch", '"/tmp"'),)
+    error = _error_for(user_dir, 'assumed = ["storage.scratch_dir"]\n' + MINIMAL)
+    assert (
+        error.field == "assumed"
+        and "'storage.scratch_dir' is not a setting this profile gives" in error.message
+    )
+
+
+def test_whether_nodes_have_fuse_is_known_either_way_or_left_out(user_dir: Path):
+    for value, fuse in (("true", True), ("false", False)):
+        site = profiles.parse_profile(tomllib.loads(MINIMAL + f"[apptainer]\nfuse = {value}\n"), name="site")
+        assert site.apptainer.fuse is fuse
+    assert profiles.load_profile("edi").apptainer.fuse is None  # not published: each job finds out
+    assert _error_for(user_dir, MINIMAL + "[apptainer]\nfuse = 'yes'\n").field == "apptainer.fuse"

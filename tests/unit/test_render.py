@@ -253,6 +253,17 @@ STUB_APPTAINER = r'''#!/usr/bin/env python3
 import json, os, pathlib, signal, sys, time
 
 args = sys.argv[1:]
+if args == ["--version"]:  # the job's check that the runtime runs on the node
+    sys.exit(print("apptainer version 0 (stand-in)"))
+if args[0] == "exec" and args[2:] == ["true"]:  # the job's check that a node can mount the SIF
+    if os.environ.get("STUB_USR1_WHILE_STAGING"):  # to the job script, this one's parent's parent
+        script = int(pathlib.Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(script, signal.SIGUSR1)
+    sys.exit(int(os.environ.get("STUB_MOUNT_FAILS", "0")))
+if args[0] == "build":  # unpacking: the sandbox, a folder holding the SIF's bytes
+    pathlib.Path(args[-2]).mkdir()
+    pathlib.Path(args[-2], "image").write_bytes(pathlib.Path(args[-1]).read_bytes())
+    sys.exit(0)
 pathlib.Path(os.environ["STUB_RECORD"]).write_text(json.dumps(args))
 scratch = next(a.split(":")[0] for a in args if a.endswith(":/scratch"))
 out = pathlib.Path(scratch, "out")
@@ -541,6 +552,17 @@ STUB_APPTAINER_EXEC = r"""#!/usr/bin/env python3
 import json, os, pathlib, sys
 
 args = sys.argv[1:]
+if args == ["--version"]:  # the job's check that the runtime runs on the node
+    sys.exit(print("apptainer version 0 (stand-in)"))
+if args[0] == "exec" and args[2:] == ["true"]:  # the job's check that a node can mount the SIF
+    if os.environ.get("STUB_USR1_WHILE_STAGING"):  # to the job script, this one's parent's parent
+        script = int(pathlib.Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(script, signal.SIGUSR1)
+    sys.exit(int(os.environ.get("STUB_MOUNT_FAILS", "0")))
+if args[0] == "build":  # unpacking: the sandbox, a folder holding the SIF's bytes
+    pathlib.Path(args[-2]).mkdir()
+    pathlib.Path(args[-2], "image").write_bytes(pathlib.Path(args[-1]).read_bytes())
+    sys.exit(0)
 pathlib.Path(os.environ["STUB_RECORD"]).write_text(json.dumps(args))
 scratch = next(a.split(":")[0] for a in args if a.endswith(":/scratch"))
 os.environ["STUB_OUT"] = str(pathlib.Path(scratch, "out"))
@@ -1034,7 +1056,73 @@ def test_the_sif_is_copied_to_node_scratch_and_apptainer_runs_the_copy(sandbox: 
 
 def test_without_the_option_apptainer_runs_the_shipped_sif():
     text = render("local", ResourceRequest(job_name="j")).text
-    assert "sif/" not in text and "copy of the SIF" not in text
+    assert 'cp -- "$sif"' not in text and "copy of the SIF" not in text
+
+
+def run_image(argv: list[str]) -> str:
+    """The image `apptainer exec` ran: the word after `--pwd DIR`."""
+    return argv[argv.index("--pwd") + 2]
+
+
+def test_a_node_that_cannot_mount_the_sif_runs_it_unpacked_on_its_scratch(sandbox: Sandbox):
+    sandbox.env["STUB_MOUNT_FAILS"] = "1"
+    script = sandbox.script(ResourceRequest(job_name="unpack"), ("--epochs", "1"))
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    assert Path(run_image(sandbox.recorded_argv)) == sandbox.scratch_was / "sif" / "unpacked"
+    assert "hpcbox: a node cannot run the SIF as it is" in output
+    assert f"each node runs the SIF unpacked on its scratch, {sandbox.scratch_was}/sif/unpacked (" in output
+    assert not sandbox.scratch_was.exists()  # the unpacked image goes with scratch
+
+
+def test_a_node_that_mounts_the_sif_runs_the_shipped_one(sandbox: Sandbox):
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="mounted"), ("--epochs", "1")))
+    assert status == 0, output
+    assert run_image(sandbox.recorded_argv) == str(sandbox.submit / "images" / "trainer.sif")
+    assert "unpacked" not in output and "cannot run the SIF" not in output
+
+
+@pytest.mark.parametrize(
+    ("fuse", "request_unpack", "tries", "unpacks"),
+    [
+        (None, None, True, True),  # not known: each node tries, and unpacks where one cannot mount it
+        (False, None, False, True),  # no FUSE at the site: unpacked without trying
+        (True, None, False, False),  # FUSE known: the SIF as it is, no try
+        (True, True, False, True),  # the job's own --unpack-sif wins
+        (None, False, False, False),
+    ],
+)
+def test_the_profiles_fuse_and_the_jobs_unpack_sif_decide_whether_nodes_try_or_unpack(
+    fuse, request_unpack, tries, unpacks
+):
+    local = profiles.load_profile("local")
+    profile = dataclasses.replace(local, apptainer=dataclasses.replace(local.apptainer, fuse=fuse))
+    checked = resolve(profile, ResourceRequest(job_name="j", unpack_sif=request_unpack))
+    text = render_sbatch(profile, checked, JobInputs.defaults("trainer")).text
+    assert ('tried=$(on_each_node apptainer exec "$sif" true 2>&1)' in text) == tries
+    assert ("--sandbox" in text) == unpacks
+    assert ("unpack=1\n" in text and 'unpack=""' not in text) == (unpacks and not tries)
+    assert shellcheck(text).stdout == ""
+
+
+def test_a_time_limit_signal_while_the_job_stages_requeues_it_without_starting_the_trainer(sandbox: Sandbox):
+    sandbox.env["STUB_USR1_WHILE_STAGING"] = "1"  # USR1 arrives as the nodes try the SIF
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="early"), ("--epochs", "1")))
+    assert status == 0, output
+    assert "hpcbox: the time limit is near; the trainer runs when the job is requeued" in output
+    assert not (sandbox.root / "argv.json").exists()  # the trainer never started
+    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert not list(sandbox.node_scratch.rglob("hpcbox-*"))
+
+
+def test_a_runtime_the_node_does_not_have_stops_the_job_before_anything_is_staged(sandbox: Sandbox):
+    assert shutil.which("singularity") is None  # neither here nor in the sandbox's bin
+    script = sandbox.script(ResourceRequest(job_name="rt", container="singularity"), ("--epochs", "1"))
+    status, output = sandbox.run(script)
+    assert status == 69, output
+    assert "hpcbox: `singularity` does not run on" in output and "[apptainer] command" in output
+    assert not (sandbox.root / "argv.json").exists()  # no apptainer ran
+    assert not list(sandbox.node_scratch.rglob("hpcbox-*"))  # and no scratch was made
 
 
 def test_each_node_of_a_multi_node_job_copies_the_sif_once(sandbox: Sandbox):

@@ -21,6 +21,7 @@ from hpcbox.render.resources import (
     request_for,
     resolve,
 )
+from hpcbox.render.sbatch import gpu_option
 
 PROFILE_TOML = """
 compute_internet = false
@@ -188,10 +189,21 @@ def test_missing_required_account(site):
 
 
 def test_required_gpu_type_is_asked_for():
-    profile = profiles.load_profile("alliance")
+    # A site of several models that requires one (none of the shipped profiles: M3's partitions have
+    # one model each, which fills in).
+    alliance = profiles.load_profile("alliance")
+    profile = dataclasses.replace(alliance, gpu_type_required=True)
     error = _field_of(profile, _ok(gpus=1))
     assert error.field == "gpu_type"
     assert "h100, a100, v100l" in error.message
+
+
+def test_the_alliance_takes_gpus_without_a_model_as_its_docs_say():
+    alliance = profiles.load_profile("alliance")
+    untyped = resolve(alliance, _ok(gpus=1))
+    assert untyped.gpus == 1 and untyped.gpu_type is None
+    assert gpu_option(alliance, untyped) == "--gpus-per-node=1"
+    assert gpu_option(alliance, resolve(alliance, _ok(gpus=1, gpu_type="v100l"))) == "--gpus-per-node=v100l:1"
 
 
 def test_one_job_gets_at_most_the_mig_slices_the_site_allows():
@@ -405,8 +417,8 @@ def test_container_options_from_flags_and_pyproject(tmp_path: Path, site):
     request = request_for("edi", flags, pyproject, "trainer")
     container = resolve(site, dataclasses.replace(request, account="a")).container
     assert container == ContainerOptions(
-        "singularity", cleanenv=True, no_home=True, binds=("/data:/data:ro",)
-    )
+        "singularity", cleanenv=True, no_home=True, binds=("/data:/data:ro",), unpack_sif=None
+    )  # edi's profile does not know whether its nodes have FUSE: each job's nodes find out
     pyproject.write_text("[tool.hpcbox.resources]\ncleanenv = 'yes'\n")
     with pytest.raises(FieldError) as refused:
         request_for("edi", {}, pyproject, "trainer")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import invoke
 from invoke import Collection, Exit
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.render.options import RESOURCE_OPTIONS, named
 
 if TYPE_CHECKING:
@@ -366,7 +366,6 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
 def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None):
     """The profile and the checked resources for ``cluster``: the task's resource flags (its
     ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs."""
-    from hpcbox.errors import FieldError
     from hpcbox.project.config import load_project
     from hpcbox.render import profiles, resources
 
@@ -713,6 +712,16 @@ def shell(c, cluster, command=None, **resources):
 # --- cluster (the mini Slurm-in-Docker cluster) ----------------------------------------------------
 
 
+def _yes_no(field: str, value: str | None) -> bool | None:
+    """A yes/no flag's value; None where it was not given."""
+    if value is None:
+        return None
+    answer = {"yes": True, "no": False}.get(str(value).lower())
+    if answer is None:
+        raise FieldError(field, f"{value!r} is neither yes nor no", f"--{field}=yes or --{field}=no")
+    return answer
+
+
 def _cluster_tasks() -> Collection:
     """The `cluster.*` tasks, kept in their own namespace (defined here so they stay off the top level)."""
     from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_PORT
@@ -753,18 +762,39 @@ def _cluster_tasks() -> Collection:
             "(they are lost)",
             "slurm": "the Slurm version every node runs: 22.05 or 24.11 (default: the nearest to the "
             "version --like's profile names, else 24.11)",
+            "runtime": "the container command on the compute nodes: apptainer (with its singularity alias) "
+            "or singularity alone (default: the one --like's profile names)",
+            "fuse": "yes or no: whether Apptainer on the compute nodes can mount a SIF (FUSE for users); "
+            "without, jobs unpack it (default: --like's profile, else yes). A running cluster changes "
+            "runtime and FUSE in place",
         }
     )
     @friendly
     def up(
-        c, nodes=DEFAULT_NODES, name=DEFAULT_NAME, port=DEFAULT_PORT, like="local", force=False, slurm=None
+        c,
+        nodes=DEFAULT_NODES,
+        name=DEFAULT_NAME,
+        port=DEFAULT_PORT,
+        like="local",
+        force=False,
+        slurm=None,
+        runtime=None,
+        fuse=None,
     ):
         """Start the mini Slurm cluster (idempotent, from any project), shaped like a profile, and wait
         until it is idle."""
         from hpcbox import minicluster
 
         version = minicluster.slurm_like(like, slurm, say=print)
-        spec = minicluster.spec_like(like, name=name, nodes=int(nodes), port=int(port), slurm=version)
+        spec = minicluster.spec_like(
+            like,
+            name=name,
+            nodes=int(nodes),
+            port=int(port),
+            slurm=version,
+            runtime=runtime,
+            fuse=_yes_no("fuse", fuse),
+        )
         cluster = minicluster.up(spec, _state(name), force=force, on_line=print)
         print(minicluster.status(cluster), end="")
         login = ["ssh", "-i", str(cluster.key_path), "-p", str(cluster.login_port)]

@@ -66,6 +66,7 @@ def up(
     say = on_line or (lambda _line: None)
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
+    shape = shape.with_software(spec.runtime, spec.fuse)
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
         current = find(spec.name, state_root)
@@ -75,6 +76,8 @@ def up(
             say(f"cluster {spec.name} is already up")
             wait_ready(current, timeout_s)
             return current
+        if current is not None and _all_running(current) and _software_alone_differs(current, wanted):
+            return _change_software(current, spec, shape, state_root, timeout_s, say)
         containers, networks, volumes = _resources(spec.name)
         if spec.port not in _published_ports(containers):
             _check_port_free(spec.port)  # before anything is removed: a busy port changes nothing
@@ -139,6 +142,43 @@ def add_gpu_type(
             container.start()
         wait_ready(grown, timeout_s)
         return grown
+
+
+def _software_alone_differs(current: Cluster, wanted: tuple[ClusterSpec, str, ClusterShape]) -> bool:
+    spec, image, shape = wanted
+    software = {"runtime": shape.runtime, "fuse": shape.fuse}
+    return (
+        current.image == image
+        and dataclasses.replace(current.spec, runtime=spec.runtime, fuse=spec.fuse) == spec
+        and dataclasses.replace(current.shape, **software) == shape
+    )
+
+
+def _change_software(
+    current: Cluster,
+    spec: ClusterSpec,
+    shape: ClusterShape,
+    state_root: Path,
+    timeout_s: float,
+    say: Callable[[str], None],
+) -> Cluster:
+    """``current`` with another container runtime or FUSE on its compute nodes, changed in place in
+    seconds (no daemon restarts: a rehearsal tries each in turn). A job already running keeps what it
+    has mounted; its later steps meet the new software."""
+    changed = Cluster(spec, current.image, current.secrets, shape)
+    node_env = {"node.env": config_files(spec, shape)["node.env"]}
+    for host in spec.hosts:  # every node's copy, which a restarted node reads too
+        changed.put_files(host, nodes.INIT_DIR, node_env)
+    for host in spec.compute_hosts:
+        done = changed.exec(host, ["hpcbox-node", "software"])
+        if done.returncode != 0:
+            raise HpcboxError(f"changing {host}'s container software failed: {done.stderr.strip()}")
+    saved = {"spec": asdict(spec), "image": current.image, "shape": asdict(shape)}
+    write_atomically(state_dir(state_root, spec.name) / "cluster.json", json.dumps(saved))
+    fuse = "with FUSE" if shape.fuse else "without FUSE"
+    say(f"cluster {spec.name}: compute nodes now run {shape.runtime}, {fuse} (changed in place)")
+    wait_ready(changed, timeout_s)
+    return changed
 
 
 def shared_state(name: str, project_state: Path | None, *, say: Callable[[str], None] = print) -> Path:

@@ -19,7 +19,7 @@ from typing import Any
 
 from hpcbox.errors import FieldError
 from hpcbox.minicluster import versions
-from hpcbox.render.profiles import ClusterProfile, load_profile
+from hpcbox.render.profiles import ClusterProfile, assumptions, load_profile
 
 # Where node scratch lives when the site names it only by a variable set per job (the Alliance's and
 # Mila's $SLURM_TMPDIR): the Alliance's own layout, <dir>/<user>.<job id>.0, made by the prolog.
@@ -51,6 +51,11 @@ class ClusterShape:
     site_areas: tuple[str, ...]  # shared site paths made on every node, e.g. /project
     module_stub: bool  # the profile's setup loads environment modules, which the nodes do not have
     generic: tuple[str, ...]  # facts the profile leaves unknown, filled with generic values
+    # The container runtime on the compute nodes' PATH: "apptainer" (with its `singularity` alias) or
+    # "singularity" alone, as at a site with SingularityCE (not in Debian: Apptainer's alias stands in).
+    runtime: str = "apptainer"
+    fuse: bool = True  # whether users' Apptainer can mount a SIF (FUSE); else jobs unpack it
+    assumed: str = ""  # what the profile assumes of its site, in a line (profiles.assumptions)
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
@@ -68,6 +73,14 @@ class ClusterShape:
         Untyped gres becomes typed: an untyped request still takes a GPU of any type."""
         new = tuple(gpu_type for gpu_type in dict.fromkeys(added) if gpu_type not in self.gpu_types)
         return dataclasses.replace(self, gpu_types=self.gpu_types + new) if new else self
+
+    def with_software(self, runtime: str | None, fuse: bool | None) -> ClusterShape:
+        """This shape with the runtime and FUSE `cluster.up` asks for (None: the profile's)."""
+        return dataclasses.replace(
+            self,
+            runtime=self.runtime if runtime is None else runtime,
+            fuse=self.fuse if fuse is None else fuse,
+        )
 
     @property
     def enforces_associations(self) -> bool:
@@ -111,10 +124,19 @@ class ClusterShape:
         ]
         if self.site_areas:
             lines.append(f"  site areas: {', '.join(self.site_areas)}")
+        runtime = (
+            "apptainer (and its `singularity` alias)"
+            if self.runtime == "apptainer"
+            else "singularity only (Apptainer's own alias: SingularityCE is not in Debian)"
+        )
+        fuse = "yes" if self.fuse else "no: a job unpacks the SIF to node scratch"
+        lines.append(f"  container runtime: {runtime}; FUSE for users: {fuse}")
         if self.module_stub:
             lines.append("  `module` is a stub that loads nothing: apptainer is on PATH")
         if self.generic:
             lines.append(f"  not known for {self.profile}, generic here: {'; '.join(self.generic)}")
+        if self.assumed:
+            lines.append(f"  {self.assumed}")
         return lines
 
 
@@ -168,6 +190,8 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         ]
         if unknown:
             generic.append(f"{p.name}: {', '.join(unknown)}")
+    if profile.apptainer.fuse is None:
+        generic.append("FUSE on compute nodes (there, and a job checks)")
     types = tuple(dict.fromkeys(t for p in profile.partitions for t in (p.gpu_types or ())))
     # Each type gets the largest known count per node (a node with several types holds each of them).
     per_type = max((p.gpus_per_node for p in profile.partitions if p.gpus_per_node), default=gpus_per_node)
@@ -195,4 +219,7 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         site_areas=site_areas,
         module_stub=any(line.split()[:1] == ["module"] for line in profile.apptainer.setup),
         generic=tuple(generic),
+        runtime=profile.apptainer.command,
+        fuse=profile.apptainer.fuse is not False,
+        assumed=assumptions(profile),
     )

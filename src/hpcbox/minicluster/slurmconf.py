@@ -145,7 +145,8 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
 
 
 def node_env(shape: ClusterShape) -> str:
-    """Shell assignments hpcbox-node reads: the fake GPU devices, scratch, site areas, QOS, stubs."""
+    """Shell assignments hpcbox-node reads: the fake GPU devices, scratch, site areas, QOS, stubs, the
+    container runtime and FUSE."""
     values = {
         "FAKE_GPUS": str(shape.gpus_per_node),
         "SCRATCH_DIR": shape.scratch_dir,
@@ -154,6 +155,8 @@ def node_env(shape: ClusterShape) -> str:
         "SITE_AREAS_DIR": SITE_AREAS_DIR,
         "QOS": " ".join(shape.qos),
         "MODULE_STUB": "1" if shape.module_stub else "",
+        "RUNTIME": shape.runtime,
+        "FUSE": "1" if shape.fuse else "",
     }
     return "".join(f"HPCBOX_{key}={shlex.quote(value)}\n" for key, value in values.items())
 

@@ -23,6 +23,7 @@ STATE_VARIABLE = "HPCBOX_MINICLUSTER_STATE"  # the state root, instead of the us
 # only what the profile knows. A job's own request is enforced within them (slurmconf.py).
 REHEARSAL_CPUS_PER_NODE = 64
 REHEARSAL_MEMORY_MB_PER_NODE = 256_000
+RUNTIMES = ("apptainer", "singularity")
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,38}[a-z0-9]$")
 _GPU_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -42,9 +43,18 @@ class ClusterSpec:
     # GPU types a rehearsal's jobs named that its profile leaves unknown, beside the profile's own
     # (lifecycle.add_gpu_type): the site may well have them.
     added_gpu_types: tuple[str, ...] = ()
+    # The container runtime and FUSE of the compute nodes, where `cluster.up` overrides its profile's
+    # (None: as the profile says); changed on a running cluster in place (lifecycle.up).
+    runtime: str | None = None
+    fuse: bool | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if self.runtime not in (None, *RUNTIMES):
+            raise HpcboxError(
+                f"runtime: {self.runtime!r} is not one of {', '.join(RUNTIMES)}",
+                "use --runtime=apptainer or --runtime=singularity",
+            )
         if not 1 <= self.nodes <= MAX_NODES:
             raise HpcboxError(
                 f"nodes: {self.nodes} is out of range", f"choose 1 to {MAX_NODES} compute nodes"

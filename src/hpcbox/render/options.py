@@ -84,6 +84,9 @@ RESOURCE_OPTIONS = (
     ResourceOption("home", str, "the home directory in the container, /host[:/container] (--home)"),
     ResourceOption("sif_on_scratch", bool, "each node copies the SIF to its local scratch and runs that "
                    "copy (default: the profile's [apptainer] sif_on_scratch)", in_shell=False),
+    ResourceOption("unpack_sif", bool, "each node runs the SIF unpacked to its local scratch, for nodes that "
+                   "cannot mount it (no FUSE); default: where the profile's [apptainer] fuse is false, and "
+                   "where it is not known, where a node cannot mount it", in_shell=False),
 )  # fmt: skip
 
 BY_NAME = {option.name: option for option in RESOURCE_OPTIONS}

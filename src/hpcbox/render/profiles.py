@@ -3,7 +3,9 @@
 Profiles ship beside this module, in `clusters/<name>.toml`; users add or override their own in
 `~/.config/hpcbox/clusters/` (or the directory named by `$HPCBOX_CLUSTERS_DIR`). A profile states what
 is publicly known about a site; whatever is not known is listed under `unknown` in the file, and
-hpcbox then neither validates against it nor renders it.
+hpcbox then neither validates against it nor renders it. A setting hpcbox needs a value for, which the
+site does not publish, is given a generic one and named under `assumed` (`"storage.node_scratch"`):
+job scripts and rehearsals say so, for the user to check at the site.
 
 Most sites run Slurm; an LSF site (`scheduler = "lsf"`) lists `[[queues]]` where a Slurm one lists
 `[[partitions]]`, both read into `Partition`, and leaves out what LSF has no word for (QOS, GPU types
@@ -12,6 +14,7 @@ in the request, MIG slices).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import unicodedata
@@ -79,6 +82,10 @@ class Apptainer:
     # Each node copies the SIF to its scratch before the job runs it: for sites whose shared file system
     # is slow to serve an image to many processes. A job's own sif_on_scratch wins.
     sif_on_scratch: bool = False
+    # Whether the compute nodes can mount a SIF for an unprivileged Apptainer (FUSE and squashfuse, or a
+    # setuid install); None: not known, and each job finds out on its nodes (render/sbatch.py). Where
+    # they cannot, each node runs the SIF unpacked to a sandbox on its scratch.
+    fuse: bool | None = None
     binds: tuple[str, ...] = ()  # site areas to bind: "/project" or "/src:/dst"
     # What the site's Apptainer/Singularity reads: zstd only where that is known (checked on the mini
     # cluster for `local`), else a fast gzip every release reads.
@@ -109,6 +116,8 @@ class ClusterProfile:
     scheduler: str = "slurm"
     # The site's Slurm version (`[slurm] version`); None: not known. A rehearsal runs the nearest one.
     slurm_version: str | None = None
+    # Settings given a generic value, not the site's published one: ("storage.node_scratch", '"/tmp"').
+    assumed: tuple[tuple[str, str], ...] = ()
 
     @property
     def lsf(self) -> bool:
@@ -218,6 +227,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         options=tuple(apptainer_table.str_list("options", default=[])),
         workdir_on_scratch=apptainer_table.boolean("workdir_on_scratch", default=False),
         sif_on_scratch=apptainer_table.boolean("sif_on_scratch", default=False),
+        fuse=apptainer_table.get("fuse", bool, required=False),
         binds=tuple(
             check_bind(f"{apptainer_table.where}.binds", item)
             for item in apptainer_table.str_list("binds", default=[])
@@ -270,6 +280,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         source=source,
         scheduler=scheduler,
         slurm_version=slurm_version,
+        assumed=_assumed(reader, data),
     )
     for table in (reader, gpus, accounting):
         table.reject_extra(what="profile setting")
@@ -284,6 +295,30 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
     if profile.lsf:
         _check_lsf(profile)
     return profile
+
+
+def _assumed(reader: Table, data: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The settings ``assumed`` names, each with its value as the file gives it."""
+    assumed = []
+    for key in reader.str_list("assumed", default=[]):
+        table, _, setting = key.partition(".")
+        value = data.get(table, {}).get(setting) if isinstance(data.get(table), dict) else None
+        if value is None:
+            raise FieldError(
+                "assumed",
+                f"{key!r} is not a setting this profile gives",
+                "name one as table.key, e.g. storage.node_scratch, and give it its generic value",
+            )
+        assumed.append((key, json.dumps(value)))
+    return tuple(assumed)
+
+
+def assumptions(profile: ClusterProfile) -> str:
+    """One line naming what ``profile`` assumes of its site, or "" where it assumes nothing."""
+    if not profile.assumed:
+        return ""
+    settings = "; ".join(f"{key} = {value}" for key, value in profile.assumed)
+    return f"assumed for {profile.name}, not published by the site (check them there): {settings}"
 
 
 def _check_lsf(profile: ClusterProfile) -> None:

@@ -108,6 +108,7 @@ class ResourceRequest:
     bind: tuple[str, ...] = ()
     home: str | None = None
     sif_on_scratch: bool | None = None
+    unpack_sif: bool | None = None
 
     def over(self, defaults: ResourceRequest) -> ResourceRequest:
         """This request with its unset fields taken from `defaults`."""
@@ -130,6 +131,9 @@ class ContainerOptions:
     binds: tuple[str, ...] = ()  # more --bind specs, after the profile's
     home: str | None = None  # --home /host[:/container]
     sif_on_scratch: bool = False  # each node runs a copy of the SIF on its scratch
+    # Each node runs the SIF unpacked to its scratch: True always, False never, None where a node cannot
+    # mount it (the profile does not know whether the site's nodes have FUSE).
+    unpack_sif: bool | None = False
 
 
 @dataclass(frozen=True)
@@ -443,6 +447,11 @@ def _container(profile: ClusterProfile, request: ResourceRequest) -> ContainerOp
         home=request.home,
         sif_on_scratch=(
             profile.apptainer.sif_on_scratch if request.sif_on_scratch is None else request.sif_on_scratch
+        ),
+        unpack_sif=(
+            (None if profile.apptainer.fuse is None else not profile.apptainer.fuse)
+            if request.unpack_sif is None
+            else request.unpack_sif
         ),
     )
 

@@ -25,7 +25,7 @@ from hpcbox.files import slug, write_atomically
 from hpcbox.project.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
 from hpcbox.render import logpaths
 from hpcbox.render.options import RESOURCE_OPTIONS
-from hpcbox.render.profiles import ClusterProfile
+from hpcbox.render.profiles import ClusterProfile, assumptions
 from hpcbox.render.resources import SBATCH_ENVIRONMENT, Resources, ddp_processes
 from hpcbox.render.sweep import Sweep
 from hpcbox.units import format_time
@@ -235,10 +235,10 @@ def job_script(
         _provenance(profile, inputs, log_folders(resources, inputs, _SOME_USER), dialect),
         "set -euo pipefail",
         _prelude(profile),
-        _variables(profile, resources, inputs, dialect, steps=isinstance(command, Steps)),
+        _variables(profile, resources, inputs, dialect),
         _functions(profile, resources, command, dialect),
         _sweep_point(sweep) if sweep else "",
-        _stage_in(resources, dialect),
+        _stage_in(profile, resources, dialect),
         _sampler(resources),
         _gpu_check(profile, resources, command, dialect),
         _syncer(resources.sync_every_s),
@@ -384,6 +384,7 @@ def _provenance(
             f"# sif: {_comment(inputs.sif)}",
             f"# sif sha256: {_comment(inputs.sif_sha256 or 'unknown')}",
             f"# code revision: {_comment(inputs.code_revision or 'unknown')}",
+            *([f"# {_comment(assumed)}"] if (assumed := assumptions(profile)) else []),
         ]
     )
 
@@ -398,9 +399,7 @@ def _prelude(profile: ClusterProfile) -> str:
     return "\n".join(lines)
 
 
-def _variables(
-    profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect, *, steps: bool
-) -> str:
+def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect) -> str:
     job_key = dialect.array_key if resources.array else f"${{{dialect.job_id}}}"
     scratch_variable = profile.node_scratch_variable
     if scratch_variable:
@@ -422,8 +421,8 @@ def _variables(
             'terminated=""',
             'cleaned=""',
             *(['janitor_pid=""'] if dialect.steps else []),
-            # USR1 came: a step that has not started waits for the requeued job.
-            *(['time_up=""'] if steps else []),
+            # USR1 came: a trainer or step that has not started waits for the requeued job.
+            'time_up=""',
         ]
     )
 
@@ -456,7 +455,6 @@ def _functions(
         if dialect.steps
         else "# A removal can fail while a process of the job still holds a file open."
     )
-    time_up = "\n    else\n        time_up=1" if isinstance(command, Steps) else ""
     return _bash(
         "functions",
         each_node=each_node,
@@ -466,13 +464,12 @@ def _functions(
         janitor_cleanup=janitor_cleanup,
         retry=retry,
         signals=dialect.signals,
-        time_up=time_up,
         signal_trainer=signal_trainer,
     )
 
 
-def _stage_in(resources: Resources, dialect: Dialect) -> str:
-    sif_dir = copy_sif = janitor = ""
+def _stage_in(profile: ClusterProfile, resources: Resources, dialect: Dialect) -> str:
+    sif_dir = copy_sif = janitor = unpack_sif = ""
     if dialect.steps:
         janitor = "".join(
             f"{line}\n"
@@ -497,7 +494,31 @@ def _stage_in(resources: Resources, dialect: Dialect) -> str:
                 'echo "hpcbox: each node runs its copy of the SIF, $sif" >&2',
             ]
         )
-    return _bash("stage_in", job_id=dialect.job_id, janitor=janitor, sif_dir=sif_dir, copy_sif=copy_sif)
+    runtime = _runtime(profile, resources)
+    if resources.container.unpack_sif is not False:
+        sif_dir = ' "$job_scratch/sif"'
+        decide = (
+            _bash("unpack_always")
+            if resources.container.unpack_sif
+            else _bash("unpack_where_needed", runtime=runtime)
+        )
+        unpack_sif = "\n" + _bash("unpack_sif", runtime=runtime, decide=decide)
+    setup = profile.prelude.strip() or profile.apptainer.setup
+    runtime_check = _bash(
+        "runtime_check",
+        runtime=runtime,
+        after_setup=" after the profile's setup" if setup else "",
+        setup=", setup" if setup else "",
+    )
+    return _bash(
+        "stage_in",
+        runtime_check=runtime_check + "\n",
+        job_id=dialect.job_id,
+        janitor=janitor,
+        sif_dir=sif_dir,
+        copy_sif=copy_sif,
+        unpack_sif=unpack_sif,
+    )
 
 
 def _sampler(resources: Resources) -> str:
@@ -593,7 +614,12 @@ def _run_trainer(
         profile, resources, command, trainer_args, dialect, swept=swept
     )
     return _bash(
-        "run_trainer", scheduler=dialect.scheduler, launch=text, await_trainer=_await_trainer("trainer")
+        "run_trainer",
+        scheduler=dialect.scheduler,
+        launch=text,  # not indented: an argument may hold a newline, which indenting would change
+        checkpointed=str(CHECKPOINTED_EXIT),
+        as_it_started=textwrap.indent(_USR1_AS_IT_STARTED, "    "),
+        await_trainer=textwrap.indent(_await_trainer("trainer"), "    "),
     )
 
 
@@ -602,7 +628,8 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
     blocks = []
     for number, step in enumerate(run.steps, 1):
         launch = _launch(profile, resources, step.command, (), dialect)
-        body = textwrap.indent(f"{launch} &\ntrainer_pid=$!\nawait_step {number}", "    ")
+        started = f"{launch} &\ntrainer_pid=$!\n{_USR1_AS_IT_STARTED}\nawait_step {number}"
+        body = textwrap.indent(started, "    ")
         blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
     return _bash(
         "run_steps",
@@ -613,6 +640,12 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
         await_step=textwrap.indent(_await_trainer("step"), "    "),
         blocks="\n".join(blocks),
     )
+
+
+# After a launch: a time limit's USR1 that came before `trainer_pid=$!` found no process to pass it to.
+_USR1_AS_IT_STARTED = (
+    "# A USR1 as it started found no process to pass it to.\nif [[ -n $time_up ]]; then\n    forward USR1\nfi"
+)
 
 
 def _await_trainer(what: str) -> str:

@@ -39,6 +39,7 @@ syncer_pid=""
 terminated=""
 cleaned=""
 janitor_pid=""
+time_up=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
@@ -121,6 +122,8 @@ on_exit() {
 forward() {
     if [[ $1 != USR1 ]]; then
         terminated=$1
+    else
+        time_up=1
     fi
     if [[ -n $trainer_pid ]]; then
         kill -s "$1" "$trainer_pid" 2>/dev/null || true
@@ -132,6 +135,12 @@ trap 'forward USR1' USR1
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
+if ! apptainer --version >/dev/null 2>&1; then
+    echo "hpcbox: \`apptainer\` does not run on $(hostname) after the profile's setup;" \
+        "name the container runtime this site has in its profile ([apptainer] command, setup)," \
+        "or with --container" >&2
+    exit 69
+fi
 for input in "$sif" "$dataset"; do
     if [[ ! -f $input ]]; then
         echo "hpcbox: $input does not exist on $(hostname); ship the job's inputs first" >&2
@@ -166,9 +175,30 @@ done'
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --mem=0 --job-name=hpcbox-janitor bash -c "$janitor" janitor "$SLURMD_NODENAME" "$$" \
     "$job_scratch" </dev/null &
 janitor_pid=$!
-on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp"
+on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp" "$job_scratch/sif"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"
+
+# Whether the compute nodes can mount a SIF (FUSE for an unprivileged Apptainer) is not known for this
+# site: each node tries, and where one cannot, every node unpacks it to a folder on its scratch and
+# runs that. The profile's [apptainer] fuse = true or false says it instead.
+unpack=""
+if ! tried=$(on_each_node apptainer exec "$sif" true 2>&1); then
+    unpack=1
+    echo "hpcbox: a node cannot run the SIF as it is:" \
+        "$(grep -m1 -e FATAL -e ERROR <<<"$tried" || echo "${tried##*$'\n'}")" >&2
+fi
+if [[ -n $unpack ]]; then
+    unpacking=$SECONDS
+    if ! on_each_node apptainer build --tmpdir "$job_scratch/tmp" --sandbox "$job_scratch/sif/unpacked" \
+        "$sif" >"$job_scratch/unpack.log" 2>&1; then
+        cat "$job_scratch/unpack.log" >&2
+        echo "hpcbox: unpacking the SIF to node scratch failed" >&2
+        exit 1
+    fi
+    sif="$job_scratch/sif/unpacked"
+    echo "hpcbox: each node runs the SIF unpacked on its scratch, $sif ($((SECONDS - unpacking)) s)" >&2
+fi
 # A requeued job carries on from the checkpoints its previous run copied back (every rank reads them).
 if [[ -d $run_dir ]]; then
     on_each_node cp -a "$run_dir/." "$job_scratch/out/"
@@ -202,26 +232,37 @@ fi
 syncer_pid=$!
 
 # The trainer runs in the background so that this shell can take Slurm's signals and pass them on.
+# Once the time limit is near (USR1 came while the job was staging) it does not start: there is nothing
+# to checkpoint yet, and the requeued job runs it whole.
+if [[ -n $time_up ]]; then
+    echo "hpcbox: the time limit is near; the trainer runs when the job is requeued" >&2
+    status=75
+else
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --containall --workdir "$job_scratch/tmp" --bind /project \
     --bind /scratch:/cluster/scratch --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     --env PYTHONPATH=/code --pwd /scratch "$sif" python -m hpctrain train --data-dir /scratch/data \
     --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
-trainer_pid=$!
-status=0
-wait "$trainer_pid" || status=$?
-# `wait` also returns (128 + the signal) when a trap ran; wait again until the trainer itself has exited.
-while kill -0 "$trainer_pid" 2>/dev/null; do
+    trainer_pid=$!
+    # A USR1 as it started found no process to pass it to.
+    if [[ -n $time_up ]]; then
+        forward USR1
+    fi
     status=0
     wait "$trainer_pid" || status=$?
-done
-# A trap may have cut the last wait short just as the trainer exited: its own status (75 after a
-# checkpoint) is still to be had, as bash keeps an exited child's status for `wait`.
-if (( status > 128 )); then
-    status=0
-    wait "$trainer_pid" || status=$?
+    # `wait` also returns (128 + the signal) when a trap ran; wait again until the trainer itself has exited.
+    while kill -0 "$trainer_pid" 2>/dev/null; do
+        status=0
+        wait "$trainer_pid" || status=$?
+    done
+    # A trap may have cut the last wait short just as the trainer exited: its own status (75 after a
+    # checkpoint) is still to be had, as bash keeps an exited child's status for `wait`.
+    if (( status > 128 )); then
+        status=0
+        wait "$trainer_pid" || status=$?
+    fi
+    trainer_pid=""
 fi
-trainer_pid=""
 
 if [[ $status -eq 75 && -z $terminated ]]; then
     restarts=${SLURM_RESTART_COUNT:-0}

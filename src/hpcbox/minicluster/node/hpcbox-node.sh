@@ -1,5 +1,6 @@
 #!/bin/bash
-# Entry point of every mini-cluster container: `hpcbox-node accounting|controller|compute|login`.
+# Entry point of every mini-cluster container: `hpcbox-node accounting|controller|compute|login`;
+# `hpcbox-node software` applies a changed container runtime or FUSE to a running compute node.
 #
 # Configuration and secrets are copied into /etc/hpcbox-init by `up` before the container starts
 # (never baked into the image); this script installs them with the owners and modes the daemons
@@ -7,7 +8,7 @@
 # started again (a compute node brought back after a failure test).
 set -euo pipefail
 
-role=${1:?usage: hpcbox-node accounting|controller|compute|login}
+role=${1:?usage: hpcbox-node accounting|controller|compute|login|software}
 init=/etc/hpcbox-init
 user=researcher
 
@@ -88,12 +89,40 @@ compute() {
         rm -f "/dev/fakegpu$index"
         mknod -m 0666 "/dev/fakegpu$index" c 1 3
     done
-    # Apptainer runs unprivileged (user namespaces + FUSE), as on a real cluster's compute nodes.
-    if [ -e /dev/fuse ]; then chmod 666 /dev/fuse; fi
+    container_software
     install -d -m 1777 "${HPCBOX_SCRATCH_DIR:?}"
     site_areas
     if [ -n "$HPCBOX_MODULE_STUB" ]; then ln -sf /usr/local/lib/hpcbox-site/module.sh /usr/local/bin/module; fi
     exec slurmd -D
+}
+
+# The container runtime users find, as node.env says (`hpcbox-node software` applies a new one in place).
+# Apptainer runs unprivileged (user namespaces), as on a real cluster's compute nodes; FUSE lets it mount
+# a SIF, and without FUSE for users (/dev/fuse root's alone) it cannot, as at a site without FUSE.
+# `singularity` alone: the command SingularityCE sites have, which is Apptainer's own alias here
+# (SingularityCE is not in Debian).
+is_binary() {
+    [ -f "$1" ] && [ ! -L "$1" ] && [ "$(head -c 4 "$1" | tail -c 3)" = ELF ]
+}
+
+container_software() {
+    # Docker masks parts of the node's /proc, and the kernel then refuses a new proc mount in a user
+    # namespace: Apptainer makes one for an unpacked SIF (and to unpack one). It binds the node's /proc
+    # instead, as it already does for a SIF it mounts.
+    sed -i 's/^mount proc = yes$/mount proc = no/' /etc/apptainer/apptainer.conf
+    grep -qx 'bind path = /proc' /etc/apptainer/apptainer.conf || echo 'bind path = /proc' >>/etc/apptainer/apptainer.conf
+    # Apptainer finds its configuration from where its binary is, so it stays in /usr/bin, by either
+    # name; it also runs /usr/bin/apptainer to unpack an image, which the stand-in answers for it alone.
+    if [ "${HPCBOX_RUNTIME:?}" = singularity ]; then
+        if is_binary /usr/bin/apptainer; then mv -f /usr/bin/apptainer /usr/bin/singularity; fi
+        install -m 0755 /usr/local/lib/hpcbox-site/apptainer-hidden.sh /usr/bin/apptainer
+    else
+        if ! is_binary /usr/bin/apptainer; then mv -f /usr/bin/singularity /usr/bin/apptainer; fi
+        ln -sfn apptainer /usr/bin/singularity
+    fi
+    if [ -e /dev/fuse ]; then
+        if [ -n "$HPCBOX_FUSE" ]; then chmod 666 /dev/fuse; else chmod 600 /dev/fuse; fi
+    fi
 }
 
 # The site's shared areas (/project, /scratch ...): folders on the shared data volume, linked from the
@@ -123,6 +152,13 @@ login() {
     exec /usr/sbin/sshd -D -e
 }
 
+if [ "$role" = software ]; then
+    install -m 0644 "$init/node.env" /etc/hpcbox-site.env
+    # shellcheck source=/dev/null
+    . /etc/hpcbox-site.env
+    container_software
+    exit 0
+fi
 install_common
 case "$role" in
     accounting) accounting ;;

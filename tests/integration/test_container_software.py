@@ -1,0 +1,129 @@
+"""The container software sites run, end to end: Apptainer or `singularity` alone, with FUSE or without.
+
+One cluster for the module (Slurm 24.11, one node), brought up by `hpcbox cluster.up --runtime
+singularity --fuse yes`, then changed in place by `cluster.up` to each other combination; the example
+trainer goes through `submit`, `logs --follow` and `status` on each. Without FUSE the job finds out on
+its node that Apptainer cannot mount the SIF, unpacks it to node scratch and runs that. test_slurm_2205
+runs the same combinations on Slurm 22.05 (`runs_on_each_software`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.cluster import free_port
+from tests.fixtures.submitting import Setup
+from tests.integration.test_submit import SHORT, invoke
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+# Each (runtime, FUSE) a cluster is switched to in turn, and what a job then says about the SIF.
+SOFTWARE = (("singularity", "no"), ("apptainer", "no"), ("singularity", "yes"))
+
+
+@pytest.fixture(scope="module")
+def minicluster(run_id: str, docker_engine, minicluster_state: Path, tmp_path_factory) -> Iterator[object]:
+    """This module's cluster, in place of the session's: one node with `singularity` alone and FUSE."""
+    from hpcbox import minicluster as mc
+
+    name = f"{run_id}-soft"
+    env = {"HPCBOX_MINICLUSTER_STATE": str(minicluster_state)}
+    try:
+        up = hpcbox(
+            "cluster.up", f"--name={name}", f"--port={free_port()}", "--nodes=1", "--runtime=singularity",
+            "--fuse=yes", env=env, cwd=tmp_path_factory.mktemp("soft-up"),
+        )  # fmt: skip
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "container runtime: singularity only" in up.stdout and "FUSE for users: yes" in up.stdout
+        cluster = mc.find(name, minicluster_state)
+        assert cluster is not None
+        yield cluster
+    finally:
+        mc.down(name, minicluster_state)
+
+
+def hpcbox(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcbox", *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+
+
+def switch(setup: Setup, cluster, runtime: str, fuse: str) -> float:
+    """`cluster.up` with another runtime and FUSE, which changes the running cluster in place: seconds."""
+    started = time.monotonic()
+    up = hpcbox(
+        "cluster.up", f"--name={cluster.name}", f"--port={cluster.spec.port}",
+        f"--nodes={cluster.spec.nodes}",
+        f"--slurm={cluster.spec.slurm}", f"--runtime={runtime}", f"--fuse={fuse}",
+        env=setup.env, cwd=setup.project_dir,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "replacing" not in up.stdout, up.stdout
+    fuse_words = "with FUSE" if fuse == "yes" else "without FUSE"
+    assert f"compute nodes now run {runtime}, {fuse_words} (changed in place)" in up.stdout, up.stdout
+    return took
+
+
+def submit_and_follow(setup: Setup, *flags: str) -> tuple[str, str]:
+    """Submit the example trainer with ``flags``, follow it to its end: (job id, its log)."""
+    done = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
+        *flags, "--", *SHORT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), done.stdout
+    followed = invoke(setup, "logs", "--follow", "-j", job_id)
+    assert followed.returncode == 0, followed.stderr
+    return job_id, followed.stdout
+
+
+def runs_on_each_software(setup: Setup, cluster) -> None:
+    """On each (runtime, FUSE) of SOFTWARE: the trainer runs to COMPLETED, from the SIF as shipped where
+    Apptainer can mount it, else unpacked on the node's scratch after its node said why not."""
+    for runtime, fuse in SOFTWARE:
+        assert switch(setup, cluster, runtime, fuse) < 60
+        shown = hpcbox("cluster.status", f"--name={cluster.name}", env=setup.env, cwd=setup.project_dir)
+        assert f"FUSE for users: {fuse}" in shown.stdout, shown.stdout
+        job_id, log = submit_and_follow(setup, f"--container={runtime}")
+        assert "the trainer exited with status 0" in log and '"event": "done"' in log, log
+        if fuse == "no":
+            # Apptainer's own reason, from the node: squashfuse cannot open /dev/fuse.
+            assert re.search(r"hpcbox: a node cannot run the SIF as it is: FATAL: .*fuse", log), log
+            assert re.search(
+                r"each node runs the SIF unpacked on its scratch, \S+/sif/unpacked \(\d+ s\)", log
+            )
+        else:
+            assert "cannot run the SIF" not in log and "unpacked" not in log, log
+        status = invoke(setup, "status", "-j", job_id)
+        assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout + status.stderr
+
+
+def test_a_job_for_a_runtime_the_nodes_do_not_have_fails_in_one_line(setup: Setup, minicluster):
+    # The cluster as the fixture brought it up: `singularity` alone. The local profile names apptainer.
+    job_id, log = submit_and_follow(setup)
+    assert "hpcbox: `apptainer` does not run on node1; name the container runtime" in log, log
+    assert "the trainer exited" not in log
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.stdout.startswith(f"job {job_id}: FAILED") and "exit code 69:0" in status.stdout, (
+        status.stdout
+    )
+
+
+def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
+    setup: Setup, minicluster
+):
+    runs_on_each_software(setup, minicluster)
