@@ -21,6 +21,7 @@ import pytest
 
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
+from tests.integration.test_doctor import verdicts
 from tests.integration.test_submit import SHORT, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -98,6 +99,12 @@ def runs_on_each_software(setup: Setup, cluster) -> None:
         assert switch(setup, cluster, runtime, fuse) < 60
         shown = hpcbox("cluster.status", f"--name={cluster.name}", env=setup.env, cwd=setup.project_dir)
         assert f"FUSE for users: {fuse}" in shown.stdout, shown.stdout
+        if fuse == "no":  # the doctor sees it too, and says which profile key tells jobs
+            doctor = invoke(setup, "doctor", "--cluster=local")
+            mounting = next(line for line in doctor.stdout.splitlines() if line.split()[1:2] == ["mounting"])
+            assert mounting.split()[0] == "differs" and mounting.endswith("-> [apptainer] fuse = false"), (
+                mounting
+            )
         job_id, log = submit_and_follow(setup, f"--container={runtime}")
         assert "the trainer exited with status 0" in log and '"event": "done"' in log, log
         if fuse == "no":
@@ -114,6 +121,12 @@ def runs_on_each_software(setup: Setup, cluster) -> None:
 
 def test_a_job_for_a_runtime_the_nodes_do_not_have_fails_in_one_line(setup: Setup, minicluster):
     # The cluster as the fixture brought it up: `singularity` alone. The local profile names apptainer.
+    doctor = invoke(setup, "doctor", "--cluster=local")
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    failing = verdicts(doctor.stdout)["fails"]
+    assert [" ".join(line.split()) for line in failing] == [
+        "fails runtime `apptainer` does not run -> [apptainer] command, setup"
+    ], doctor.stdout
     job_id, log = submit_and_follow(setup)
     assert "hpcbox: `apptainer` does not run on node1; name the container runtime" in log, log
     assert "the trainer exited" not in log

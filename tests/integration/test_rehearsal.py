@@ -26,6 +26,7 @@ from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
+from tests.integration.test_doctor import verdicts
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
 from tests.integration.test_submit import SHORT, invoke
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
@@ -108,7 +109,10 @@ def refuses_a_job_without_an_account(rehearsals, name: str) -> None:
     assert "invalid account" in refused(cluster, unknown).lower()
 
 
-def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_like_it(rehearsals):
+def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_like_it(
+    rehearsals, setup: Setup
+):
+    """And `hpcbox doctor` finds each rehearsal as its profile describes the site, line by line."""
     # Alliance last: the next test runs on its shape.
     for name in sorted(SLURM_PROFILES, key=lambda profile: profile == "alliance"):
         cluster = rehearsals.like(name)
@@ -116,6 +120,12 @@ def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_l
         assert "to start at" in answer, f"{name}: {answer}"
         shown = minicluster.status(cluster)
         assert f"shaped like profile {name!r}" in shown
+        doctor = invoke(
+            setup, "doctor", f"--cluster={name}", "--via=local", env={"HPCBOX_MINICLUSTER": cluster.name}
+        )
+        assert doctor.returncode == 0 and set(verdicts(doctor.stdout)) == {"ok"}, (
+            doctor.stdout + doctor.stderr
+        )
 
 
 def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):

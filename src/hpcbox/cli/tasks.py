@@ -687,6 +687,34 @@ def prune(c, cluster, keep=None, yes=False, via=None, remote_root="hpcbox"):
         say(f"hpcbox: deleted {what}" if yes else f"hpcbox: run again with --yes to delete these {what}")
 
 
+@task(
+    help={
+        "cluster": "the cluster to look at (e.g. edi); its profile says what to expect",
+        "via": VIA_HELP,
+        "host": "log in here instead of the profile's host (an alias of ~/.ssh/config too)",
+        "port": "SSH port (default: the profile's, or ~/.ssh/config)",
+    },
+)
+@friendly
+def doctor(c, cluster, via=None, host=None, port=None):
+    """What the site's login node says of Slurm, partitions, accounts, the container runtime and storage,
+    against the profile: a line per check, with the profile key to change; exit 1 if a job would fail."""
+    from hpcbox import jobs
+    from hpcbox.jobs import doctor as doctoring
+    from hpcbox.project.config import load_project
+    from hpcbox.render import profiles
+
+    profile = profiles.load_profile(cluster)
+    jobs.require_slurm(profile)
+    target = jobs.connection_target(
+        profile, load_project(), via=via, host=host, port=int(port) if port is not None else None
+    )
+    table, failing = doctoring.check(target, profile)
+    print(table, end="")
+    if failing:
+        raise SystemExit(1)
+
+
 @job_task(
     after="command",
     help={"command": "run this command there instead of an interactive `apptainer shell`"},

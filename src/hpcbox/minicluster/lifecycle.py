@@ -169,7 +169,7 @@ def _change_software(
     node_env = {"node.env": config_files(spec, shape)["node.env"]}
     for host in spec.hosts:  # every node's copy, which a restarted node reads too
         changed.put_files(host, nodes.INIT_DIR, node_env)
-    for host in spec.compute_hosts:
+    for host in (*spec.compute_hosts, "login"):  # the login node shares the compute nodes' software
         done = changed.exec(host, ["hpcbox-node", "software"])
         if done.returncode != 0:
             raise HpcboxError(f"changing {host}'s container software failed: {done.stderr.strip()}")

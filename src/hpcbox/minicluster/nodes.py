@@ -203,6 +203,11 @@ class LoginNode(ClusterNode):
         # with_bind_ports publishes on every interface; the login node must answer on loopback only.
         self.ports["22/tcp"] = ("127.0.0.1", cluster.spec.port)  # type: ignore[assignment]
 
+    def engine_options(self) -> dict[str, Any]:
+        # The compute nodes' container runtime and FUSE, as at a site whose nodes share their software:
+        # what `hpcbox doctor` finds here is what a job meets.
+        return {"devices": ["/dev/fuse:/dev/fuse:rwm"]}
+
     def init_files(self) -> dict[str, tuple[bytes, int]]:
         secrets = self.cluster.secrets
         return {

@@ -28,6 +28,8 @@ VARIABLE_SCRATCH_DIR = "/localscratch"
 # their site path on every node.
 SITE_AREAS_DIR = "/data/site"
 _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
+_AREA_VARIABLE = re.compile(r"^\$([A-Z][A-Z0-9_]*)$")
+_SET_BY_LOGIN = ("HOME", "USER")  # every node's login sets these already
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class ClusterShape:
     runtime: str = "apptainer"
     fuse: bool = True  # whether users' Apptainer can mount a SIF (FUSE); else jobs unpack it
     assumed: str = ""  # what the profile assumes of its site, in a line (profiles.assumptions)
+    # Site areas named by a variable the site sets at login (Mila's $SCRATCH): a folder on the shared
+    # data volume each, exported under that name by every node's login shell.
+    area_variables: tuple[str, ...] = ()
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
@@ -122,8 +127,9 @@ class ClusterShape:
             f"  account: {account}",
             f"  node scratch: {scratch}",
         ]
-        if self.site_areas:
-            lines.append(f"  site areas: {', '.join(self.site_areas)}")
+        if self.site_areas or self.area_variables:
+            named = [f"${name} ({SITE_AREAS_DIR}/{name})" for name in self.area_variables]
+            lines.append(f"  site areas: {', '.join([*self.site_areas, *named])}")
         runtime = (
             "apptainer (and its `singularity` alias)"
             if self.runtime == "apptainer"
@@ -222,4 +228,9 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         runtime=profile.apptainer.command,
         fuse=profile.apptainer.fuse is not False,
         assumed=assumptions(profile),
+        area_variables=tuple(
+            match[1]
+            for path in profile.shared.values()
+            if (match := _AREA_VARIABLE.match(path)) and match[1] not in _SET_BY_LOGIN
+        ),
     )

@@ -153,6 +153,7 @@ def node_env(shape: ClusterShape) -> str:
         "SCRATCH_VARIABLE": shape.scratch_variable or "",
         "SITE_AREAS": " ".join(shape.site_areas),
         "SITE_AREAS_DIR": SITE_AREAS_DIR,
+        "AREA_VARIABLES": " ".join(shape.area_variables),
         "QOS": " ".join(shape.qos),
         "MODULE_STUB": "1" if shape.module_stub else "",
         "RUNTIME": shape.runtime,

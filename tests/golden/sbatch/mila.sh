@@ -67,9 +67,12 @@ clean_up() {
         sampler_pid=""
     fi
     if [[ -n $syncer_pid ]]; then
-        # It finishes the copy it is making, if any, before this one starts.
+        # It finishes the copy it is making, if any, before this one starts. Polled: bash's `wait` for it
+        # can block on the janitor step instead once Slurm has signalled the whole job, until KillWait.
         kill "$syncer_pid" 2>/dev/null || true
-        wait "$syncer_pid" 2>/dev/null || true
+        while kill -0 "$syncer_pid" 2>/dev/null; do
+            sleep 0.2
+        done
         syncer_pid=""
     fi
     if [[ -d $job_scratch/out ]]; then

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Entry point of every mini-cluster container: `hpcbox-node accounting|controller|compute|login`;
-# `hpcbox-node software` applies a changed container runtime or FUSE to a running compute node.
+# `hpcbox-node software` applies a changed container runtime or FUSE to a running compute or login node.
 #
 # Configuration and secrets are copied into /etc/hpcbox-init by `up` before the container starts
 # (never baked into the image); this script installs them with the owners and modes the daemons
@@ -128,10 +128,16 @@ container_software() {
 # The site's shared areas (/project, /scratch ...): folders on the shared data volume, linked from the
 # site's path on every node that mounts it.
 site_areas() {
-    local area
+    local area name
     for area in $HPCBOX_SITE_AREAS; do
         install -d -m 1777 "$HPCBOX_SITE_AREAS_DIR$area"
         if [ ! -e "$area" ]; then ln -s "$HPCBOX_SITE_AREAS_DIR$area" "$area"; fi
+    done
+    # Areas the site names by a variable its login sets ($SCRATCH): a folder each, exported at login.
+    : >/etc/profile.d/hpcbox-site-areas.sh
+    for name in ${HPCBOX_AREA_VARIABLES:-}; do
+        install -d -m 1777 "$HPCBOX_SITE_AREAS_DIR/$name"
+        echo "export $name=$HPCBOX_SITE_AREAS_DIR/$name" >>/etc/profile.d/hpcbox-site-areas.sh
     done
 }
 
@@ -149,6 +155,8 @@ login() {
     install -o "$user" -g "$user" -m 0600 "$init/authorized_keys" "$home/.ssh/authorized_keys"
     install -d -o "$user" -g "$user" -m 0755 "/data/$user"
     site_areas
+    container_software
+    if [ -n "$HPCBOX_MODULE_STUB" ]; then ln -sf /usr/local/lib/hpcbox-site/module.sh /usr/local/bin/module; fi
     exec /usr/sbin/sshd -D -e
 }
 

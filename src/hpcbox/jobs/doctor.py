@@ -1,0 +1,372 @@
+"""`hpcbox doctor --cluster=NAME`: the site as its login node reports it, against its profile.
+
+One bash script goes to the login node over one SSH connection (as an argument: ssh reads no standard
+input), runs each probe under its own time limit and prints what each saw between markers; the checks
+here read that and compare it with the profile. Each check is one line: a verdict, what was seen, and
+where the site differs from the profile, the profile key to change or what to do. ``fails`` is what a
+job would die of (the command then exits 1); ``differs`` is a fact the profile has wrong or does not
+know; ``ok`` agrees. What only a compute node can tell (its FUSE, its scratch) is probed on the login
+node and said so: login and compute nodes usually share their software, not always.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpcbox.errors import HpcboxError
+from hpcbox.render.profiles import ClusterProfile
+from hpcbox.tools import ssh
+from hpcbox.units import parse_time
+
+PROBE_TIMEOUT_S = 5  # each probe's limit on the login node: the whole doctor stays under 15 s
+_MARK = "@@hpcbox-probe"
+
+OK, DIFFERS, FAILS = "ok", "differs", "fails"
+
+
+@dataclass(frozen=True)
+class Finding:
+    verdict: str  # OK, DIFFERS or FAILS
+    topic: str
+    seen: str
+    fix: str = ""  # the profile key to change, or what to do
+
+    def line(self) -> str:
+        fix = f" -> {self.fix}" if self.fix else ""
+        return f"{self.verdict:<8} {self.topic:<11} {self.seen}{fix}"
+
+
+@dataclass(frozen=True)
+class Probed:
+    """What one probe printed, and its exit status (124: it ran past PROBE_TIMEOUT_S)."""
+
+    output: str
+    status: int
+
+    @property
+    def answered(self) -> bool:
+        return self.status == 0
+
+
+def probe_script(profile: ClusterProfile) -> str:
+    """The bash the login node runs: each probe in a subshell under `timeout`, its output and status
+    printed after a marker line naming it."""
+    runtime = shlex.quote(profile.apptainer.command)
+    setup = "\n".join(["set +u", *profile.apptainer.setup]) if profile.apptainer.setup else ":"
+    # Each area's free space, the line led by its key; the path is the profile's, variables expanded.
+    areas = "\n".join(
+        f'printf "%s " {key}; df -Pk "{_expanding(path)}" 2>&1 | tail -1'
+        for key, path in sorted(profile.shared.items())
+    )
+    probes = {
+        "slurm": "sinfo --version",
+        "squeue": "squeue --me --noheader --format=%i",
+        "sacct": "sacct -X --noheader --parsable2 --format=JobID --starttime=now-1days",
+        "partitions": "sinfo --noheader --format='%P|%l|%G'",
+        "associations": 'sacctmgr --noheader --parsable2 show assoc user="$USER" format=Account,QOS',
+        "module": "type -t module",
+        "runtime": f"{setup}\ncommand -v {runtime} && {runtime} --version",
+        "userns": "cat /proc/sys/user/max_user_namespaces",
+        "fuse": "test -r /dev/fuse -a -w /dev/fuse && echo usable\n"
+        "command -v squashfuse_ll squashfuse || true",
+        "setuid": f"{setup}\n"
+        f'libexec=$({runtime} buildcfg 2>/dev/null | sed -n "s/^LIBEXECDIR=//p")\n'
+        'test -n "$libexec" && find "$libexec" -name starter-suid -perm -4000 2>/dev/null | head -1',
+        "areas": areas or ":",
+        "quota": 'quota -s 2>/dev/null || lfs quota -h -u "$USER" "$HOME" 2>/dev/null',
+    }
+    parts = []
+    for name, body in probes.items():
+        # A login shell's function (Lmod's `module`) is seen by `bash -l` only: each probe runs in one.
+        parts.append(
+            f"echo {_MARK} {name}\n"
+            f"timeout {PROBE_TIMEOUT_S} bash -lc {shlex.quote(body)} 2>&1 </dev/null\n"
+            f"echo {_MARK}-status $?"
+        )
+    return "\n".join(parts) + "\n"
+
+
+def _expanding(path: str) -> str:
+    """``path`` for the inside of double quotes: its $VARIABLES expand there, nothing else does."""
+    return re.sub(r'([\\"`])', r"\\\1", path)
+
+
+def parse_probes(text: str) -> dict[str, Probed]:
+    """The probes' outputs and statuses, by name, from the script's output."""
+    found: dict[str, Probed] = {}
+    name, lines = None, []
+    for line in text.splitlines():
+        if line.startswith(f"{_MARK}-status ") and name is not None:
+            found[name] = Probed("\n".join(lines).strip(), int(line.split()[-1]))
+            name, lines = None, []
+        elif line.startswith(f"{_MARK} "):
+            name, lines = line.split(maxsplit=1)[1], []
+        elif name is not None:
+            lines.append(line)
+    return found
+
+
+def examine(target: ssh.Target, profile: ClusterProfile) -> tuple[list[Finding], float]:
+    """The findings for ``profile``'s site at ``target``, and the seconds the probing took."""
+    started = time.monotonic()
+    done = ssh.run(
+        target,
+        ["bash", "-c", probe_script(profile)],
+        what=f"probe {target.address}",
+        hint="check the host, your SSH key and ~/.ssh/config (hpcbox doctor needs a shell there)",
+    )
+    return findings(profile, parse_probes(done.stdout)), time.monotonic() - started
+
+
+def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Finding]:
+    """Every check, in the order the table shows them."""
+    missing = Probed("", 127)
+    get = lambda name: probed.get(name, missing)  # noqa: E731
+    return [
+        _slurm(profile, get("slurm")),
+        _scheduler(get("squeue"), get("sacct")),
+        *_partitions(profile, get("partitions")),
+        _accounts(profile, get("associations")),
+        _runtime(profile, get("runtime"), get("module")),
+        _mounting(profile, get("userns"), get("fuse"), get("setuid")),
+        *_areas(profile, get("areas")),
+        _quota(get("quota")),
+    ]
+
+
+def _last_line(probed: Probed) -> str:
+    return probed.output.splitlines()[-1] if probed.output else f"exit status {probed.status}"
+
+
+def _slurm(profile: ClusterProfile, probed: Probed) -> Finding:
+    version = probed.output.split()[-1] if probed.answered and probed.output else ""
+    if not version:
+        return Finding(
+            FAILS, "slurm", f"`sinfo --version` failed ({_last_line(probed)})", "is Slurm's client there?"
+        )
+    if profile.slurm_version and not version.startswith(profile.slurm_version):
+        return Finding(DIFFERS, "slurm", f"Slurm {version}", f'[slurm] version = "{version}"')
+    return Finding(
+        OK, "slurm", f"Slurm {version}" + ("" if profile.slurm_version else " (the profile names none)")
+    )
+
+
+def _scheduler(squeue: Probed, sacct: Probed) -> Finding:
+    if not squeue.answered:
+        return Finding(FAILS, "scheduler", f"squeue does not answer ({_last_line(squeue)})", "ask the site")
+    if not sacct.answered:
+        return Finding(
+            DIFFERS,
+            "scheduler",
+            f"squeue answers; sacct does not ({_last_line(sacct)})",
+            "status reads squeue alone; report needs sacct",
+        )
+    return Finding(OK, "scheduler", "squeue and sacct answer (accounting on)")
+
+
+def _sinfo_partitions(probed: Probed) -> dict[str, tuple[int | None, str, bool]]:
+    """name -> (time limit in seconds or None, gres, default) from `sinfo --format=%P|%l|%G`."""
+    seen: dict[str, tuple[int | None, str, bool]] = {}
+    for line in probed.output.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) != 3:
+            continue
+        name, limit, gres = parts
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        seconds = None if limit.lower() in ("infinite", "unlimited", "n/a") else parse_time(limit, "sinfo")
+        gres_before = seen.get(name, (None, "", False))[1]
+        seen[name] = (
+            seconds,
+            ",".join(filter(None, (gres_before, gres if gres != "(null)" else ""))),
+            default,
+        )
+    return seen
+
+
+def _gpu_types(gres: str) -> set[str]:
+    """The types in gres such as `gpu:a100:4(S:0-1),gpu:v100:2` (an untyped `gpu:4` has none)."""
+    return {match for match in re.findall(r"gpu:([A-Za-z][\w.-]*):\d", gres)}
+
+
+def _partitions(profile: ClusterProfile, probed: Probed) -> list[Finding]:
+    if not probed.answered:
+        return [
+            Finding(FAILS, "partitions", f"sinfo failed ({_last_line(probed)})", "is Slurm's client there?")
+        ]
+    seen = _sinfo_partitions(probed)
+    # The Alliance's scheduler picks the partition (implicit): which one is the default is no fact there.
+    routed = any(p.implicit for p in profile.partitions)
+    out = []
+    for index, partition in enumerate(profile.partitions):
+        if partition.implicit:
+            picked = f"{partition.name}: the scheduler picks among the {len(seen)} partitions here"
+            out.append(Finding(OK, "partitions", picked))
+            continue
+        key = f"partitions[{index}]"
+        if partition.name not in seen:
+            out.append(
+                Finding(
+                    FAILS,
+                    "partitions",
+                    f"{partition.name}: not a partition here (sinfo has {', '.join(sorted(seen)) or 'none'})",
+                    f"{key}.name",
+                )
+            )
+            continue
+        limit, gres, default = seen[partition.name]
+        problems, fixes = [], []
+        if partition.max_time_s is not None and partition.max_time_s != limit:
+            shown = "none" if limit is None else _slurm_time(limit)
+            problems.append(f"time limit {shown}")
+            fixes.append(f'{key}.max_time = "{shown if limit is not None else "UNLIMITED"}"')
+        if partition.gpu_types is not None:
+            absent = sorted(set(partition.gpu_types) - _gpu_types(gres))
+            if absent:
+                problems.append(f"no {', '.join(absent)} GPUs (gres {gres or 'none'})")
+                fixes.append(f"{key}.gpu_types")
+        if (partition is profile.default_partition) != default and not routed:
+            problems.append("is the default" if default else "is not the default")
+            fixes.append(f"{key}.default")
+        if problems:
+            out.append(
+                Finding(DIFFERS, "partitions", f"{partition.name}: {'; '.join(problems)}", ", ".join(fixes))
+            )
+        else:
+            shown = "no limit" if limit is None else _slurm_time(limit)
+            out.append(Finding(OK, "partitions", f"{partition.name}: {shown}, gres {gres or 'none'}"))
+    return out
+
+
+def _slurm_time(seconds: int) -> str:
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def _accounts(profile: ClusterProfile, probed: Probed) -> Finding:
+    if not probed.answered:
+        return Finding(
+            DIFFERS, "accounts", f"sacctmgr does not answer ({_last_line(probed)})", "ask the site"
+        )
+    rows = [line.split("|") for line in probed.output.splitlines() if "|" in line]
+    accounts = sorted({row[0] for row in rows if row[0]})
+    qos = sorted({q for row in rows for q in row[1].split(",") if len(row) > 1 and q})
+    if not accounts:
+        verdict = FAILS if profile.account_required else DIFFERS
+        return Finding(verdict, "accounts", "you are in no account here", "ask the site for one")
+    seen = f"yours: {', '.join(accounts)}" + (f"; QOS {', '.join(qos)}" if qos else "")
+    if profile.accounts is not None and not set(accounts) <= set(profile.accounts):
+        return Finding(DIFFERS, "accounts", seen, f"accounting.accounts = {list(accounts)}")
+    return Finding(OK, "accounts", seen)
+
+
+def _runtime(profile: ClusterProfile, probed: Probed, module: Probed) -> Finding:
+    command = profile.apptainer.command
+    uses_module = any(line.split()[:1] == ["module"] for line in profile.apptainer.setup)
+    if uses_module and not module.answered:
+        return Finding(
+            FAILS, "runtime", "no `module` command here, which the profile's setup uses", "[apptainer] setup"
+        )
+    lines = probed.output.splitlines()
+    if not probed.answered or not lines:
+        after = " after the profile's setup" if profile.apptainer.setup else ""
+        return Finding(FAILS, "runtime", f"`{command}` does not run{after}", "[apptainer] command, setup")
+    path = next((line for line in lines if line.startswith("/")), command)
+    return Finding(OK, "runtime", f"{lines[-1]} ({path})")
+
+
+def _mounting(profile: ClusterProfile, userns: Probed, fuse: Probed, setuid: Probed) -> Finding:
+    """Whether an ordinary user's runtime can mount a SIF here: setuid, or user namespaces with FUSE."""
+    namespaces = userns.answered and userns.output.strip().isdigit() and int(userns.output.strip()) > 0
+    lines = fuse.output.splitlines()
+    fuse_usable = "usable" in lines
+    squashfuse = next((line for line in lines if line.startswith("/")), "")
+    suid = setuid.answered and bool(setuid.output.strip())
+    where = " (on the login node)"
+    if suid:
+        return Finding(OK, "mounting", f"setuid runtime: mounts a SIF without FUSE{where}")
+    if namespaces and fuse_usable and squashfuse:
+        if profile.apptainer.fuse is False:
+            return Finding(
+                DIFFERS,
+                "mounting",
+                f"user namespaces, FUSE and {squashfuse}{where}",
+                "[apptainer] fuse = true",
+            )
+        return Finding(OK, "mounting", f"user namespaces, FUSE and {squashfuse}{where}")
+    missing = [
+        what
+        for what, there in (
+            ("user namespaces", namespaces),
+            ("FUSE", fuse_usable),
+            ("squashfuse", squashfuse),
+        )
+        if not there
+    ]
+    seen = f"no {', '.join(missing)}{where}: jobs unpack the SIF to node scratch"
+    if not namespaces:
+        return Finding(
+            FAILS,
+            "mounting",
+            f"no user namespaces and no setuid runtime{where}",
+            "ask the site how to run Apptainer",
+        )
+    if profile.apptainer.fuse is not False:
+        return Finding(DIFFERS, "mounting", seen, "[apptainer] fuse = false")
+    return Finding(OK, "mounting", seen)
+
+
+def _areas(profile: ClusterProfile, probed: Probed) -> list[Finding]:
+    free = {}
+    for line in probed.output.splitlines():
+        parts = line.split()
+        # `<key> <filesystem> <blocks> <used> <available> <capacity> <mount>` from df -Pk (KiB)
+        if len(parts) >= 7 and parts[4].isdigit():
+            free[parts[0]] = int(parts[4]) * 1024
+    out = []
+    for key, path in sorted(profile.shared.items()):
+        if key in free:
+            out.append(Finding(OK, "storage", f"{key} {path}: {free[key] / 1e9:,.1f} GB free"))
+        else:
+            out.append(
+                Finding(DIFFERS, "storage", f"{key} {path}: not there (or not set) here", f"[storage] {key}")
+            )
+    return out
+
+
+def _quota(probed: Probed) -> Finding:
+    if not probed.answered or not probed.output:
+        return Finding(OK, "quota", "neither `quota` nor `lfs quota` answers: none known")
+    return Finding(OK, "quota", " ".join(probed.output.split())[:160])
+
+
+def render(profile: ClusterProfile, target: ssh.Target, found: list[Finding], seconds: float) -> str:
+    """The table, under a line naming the site and the time taken, and a last line with the verdict."""
+    failing = sum(finding.verdict == FAILS for finding in found)
+    differing = sum(finding.verdict == DIFFERS for finding in found)
+    verdict = (
+        f"{failing} check{'s' if failing != 1 else ''} would fail a job" if failing else "a job would run"
+    )
+    if differing:
+        verdict += f"; {differing} line{'s' if differing != 1 else ''} where the profile differs"
+    header = f"hpcbox doctor: {profile.name} at {target.address}, {seconds:.1f} s"
+    return "\n".join([header, *(finding.line() for finding in found), verdict]) + "\n"
+
+
+def failed(found: list[Finding]) -> bool:
+    return any(finding.verdict == FAILS for finding in found)
+
+
+def check(target: ssh.Target, profile: ClusterProfile) -> tuple[str, bool]:
+    """The doctor's table for ``profile`` at ``target``, and whether a job would fail there."""
+    if profile.lsf:
+        raise HpcboxError(f"{profile.name} uses LSF: hpcbox doctor speaks Slurm")
+    found, seconds = examine(target, profile)
+    return render(profile, target, found, seconds), failed(found)

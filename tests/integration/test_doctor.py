@@ -1,0 +1,100 @@
+"""`hpcbox doctor` against the real mini cluster: every probe answered by its login node over SSH.
+
+The session's cluster is what the `local` profile describes, so every line is ok. A host that never
+answers is one line within the command's bound. test_rehearsal runs it on a rehearsal of each
+site's profile, and test_container_software on nodes with another runtime or without FUSE.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from tests.fixtures.submitting import Setup
+from tests.integration.test_submit import dropping_port, invoke
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+DOCTOR_BOUND_S = 15  # the command's promise: each probe has 5 s, and SSH gives up connecting after 10
+
+
+def doctor(setup: Setup, *flags: str, env: dict[str, str] | None = None) -> tuple[object, float]:
+    started = time.monotonic()
+    done = invoke(setup, "doctor", *flags, env=env)
+    return done, time.monotonic() - started
+
+
+def verdicts(output: str) -> dict[str, list[str]]:
+    """The table's lines by verdict (ok, differs, fails)."""
+    found: dict[str, list[str]] = {}
+    for line in output.splitlines()[1:-1]:
+        found.setdefault(line.split()[0], []).append(line)
+    return found
+
+
+def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, minicluster):
+    done, took = doctor(setup, "--cluster=local")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(
+        f"hpcbox doctor: local at {minicluster.user}@127.0.0.1:{minicluster.login_port}"
+    )
+    assert lines[-1] == "a job would run", done.stdout
+    found = verdicts(done.stdout)
+    assert set(found) == {"ok"}, done.stdout
+    topics = [line.split()[1] for line in found["ok"]]
+    assert topics == [
+        "slurm", "scheduler", "partitions", "partitions", "accounts", "runtime", "mounting", "storage",
+        "storage", "quota",
+    ], done.stdout  # fmt: skip
+    text = done.stdout
+    assert "Slurm 24.11." in text and "squeue and sacct answer (accounting on)" in text
+    assert "cpu: no limit, gres gpu:2" in text and "gpu: no limit, gres gpu:2" in text
+    assert "yours: research" in text
+    assert "apptainer version 1.4" in text and "(/usr/bin/apptainer)" in text
+    assert "user namespaces, FUSE and /usr/bin/squashfuse" in text
+    assert took < DOCTOR_BOUND_S, took
+
+
+def test_a_host_that_never_answers_is_one_line_within_the_bound(setup: Setup, minicluster):
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(dropping_port())
+        done, took = doctor(setup, "--cluster=edi", "--host=127.0.0.1", f"--port={port}")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert "127.0.0.1" in errors[0] and done.stdout == "", done.stdout
+    assert took < DOCTOR_BOUND_S, took
+
+
+def test_a_profile_that_differs_from_the_site_gets_the_key_to_change(setup: Setup, minicluster, tmp_path):
+    """The user's own `local` profile (it shadows the shipped one) with a time limit the cluster does not
+    have, a GPU model it lacks and a partition it does not have: a line each, naming the key to change;
+    the missing partition would fail a job."""
+    from hpcbox.render import profiles
+
+    shipped = profiles.load_profile("local").source.read_text()
+    mine = shipped.replace('max_time = "INFINITE"', 'max_time = "1:00:00"', 1)
+    mine = mine.replace(
+        'gpu_types = []\nunknown = ["cpus_per_gpu"]\nnotes = "No CPU-per-GPU limit is configured."\n',
+        'gpu_types = ["a100"]\nunknown = ["cpus_per_gpu"]\n',
+        2,
+    )
+    facts = '["max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu"]'
+    mine += f'\n[[partitions]]\nname = "bigmem"\nunknown = {facts}\n'
+    own = tmp_path / "clusters"
+    own.mkdir()
+    (own / "local.toml").write_text(mine)
+    done, _ = doctor(setup, "--cluster=local", env={"HPCBOX_CLUSTERS_DIR": str(own)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = verdicts(done.stdout)
+    assert [" ".join(line.split()) for line in found["differs"]] == [
+        "differs partitions cpu: time limit none; no a100 GPUs (gres gpu:2) -> "
+        'partitions[0].max_time = "UNLIMITED", partitions[0].gpu_types',
+        "differs partitions gpu: no a100 GPUs (gres gpu:2) -> partitions[1].gpu_types",
+    ], done.stdout
+    assert [" ".join(line.split()) for line in found["fails"]] == [
+        "fails partitions bigmem: not a partition here (sinfo has cpu, gpu) -> partitions[2].name"
+    ], done.stdout
+    assert done.stdout.splitlines()[-1] == "1 check would fail a job; 2 lines where the profile differs"
