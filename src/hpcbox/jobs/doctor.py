@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from hpcbox.errors import HpcboxError
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.tools import ssh
-from hpcbox.units import parse_time
+from hpcbox.units import format_time, parse_time
 
 PROBE_TIMEOUT_S = 5  # each probe's limit on the login node: the whole doctor stays under 15 s
 _MARK = "@@hpcbox-probe"
@@ -221,7 +221,7 @@ def _partitions(profile: ClusterProfile, probed: Probed) -> list[Finding]:
         limit, gres, default = seen[partition.name]
         problems, fixes = [], []
         if partition.max_time_s is not None and partition.max_time_s != limit:
-            shown = "none" if limit is None else _slurm_time(limit)
+            shown = "none" if limit is None else format_time(limit)
             problems.append(f"time limit {shown}")
             fixes.append(f'{key}.max_time = "{shown if limit is not None else "UNLIMITED"}"')
         if partition.gpu_types is not None:
@@ -237,17 +237,9 @@ def _partitions(profile: ClusterProfile, probed: Probed) -> list[Finding]:
                 Finding(DIFFERS, "partitions", f"{partition.name}: {'; '.join(problems)}", ", ".join(fixes))
             )
         else:
-            shown = "no limit" if limit is None else _slurm_time(limit)
+            shown = "no limit" if limit is None else format_time(limit)
             out.append(Finding(OK, "partitions", f"{partition.name}: {shown}, gres {gres or 'none'}"))
     return out
-
-
-def _slurm_time(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{clock}" if days else clock
 
 
 def _accounts(profile: ClusterProfile, probed: Probed) -> Finding:
