@@ -261,8 +261,7 @@ def _accounts(profile: ClusterProfile, probed: Probed) -> Finding:
 
 def _runtime(profile: ClusterProfile, probed: Probed, module: Probed) -> Finding:
     command = profile.apptainer.command
-    uses_module = any(line.split()[:1] == ["module"] for line in profile.apptainer.setup)
-    if uses_module and not module.answered:
+    if profile.apptainer.loads_modules and not module.answered:
         return Finding(
             FAILS, "runtime", "no `module` command here, which the profile's setup uses", "[apptainer] setup"
         )

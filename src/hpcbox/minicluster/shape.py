@@ -223,7 +223,7 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         scratch_dir=VARIABLE_SCRATCH_DIR if scratch_variable else profile.node_scratch,
         scratch_variable=scratch_variable,
         site_areas=site_areas,
-        module_stub=any(line.split()[:1] == ["module"] for line in profile.apptainer.setup),
+        module_stub=profile.apptainer.loads_modules,
         generic=tuple(generic),
         runtime=profile.apptainer.command,
         fuse=profile.apptainer.fuse is not False,

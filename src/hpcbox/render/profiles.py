@@ -91,6 +91,11 @@ class Apptainer:
     # cluster for `local`), else a fast gzip every release reads.
     compression: SifCompression = DEFAULT_COMPRESSION
 
+    @property
+    def loads_modules(self) -> bool:
+        """Whether the setup loads environment modules (the site's `module` command must be there)."""
+        return any(line.split()[:1] == ["module"] for line in self.setup)
+
 
 @dataclass(frozen=True)
 class ClusterProfile:

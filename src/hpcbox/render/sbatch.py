@@ -618,7 +618,7 @@ def _run_trainer(
         scheduler=dialect.scheduler,
         launch=text,  # not indented: an argument may hold a newline, which indenting would change
         checkpointed=str(CHECKPOINTED_EXIT),
-        as_it_started=textwrap.indent(_USR1_AS_IT_STARTED, "    "),
+        as_it_started=textwrap.indent(_bash("usr1_as_it_started"), "    "),
         await_trainer=textwrap.indent(_await_trainer("trainer"), "    "),
     )
 
@@ -628,7 +628,7 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
     blocks = []
     for number, step in enumerate(run.steps, 1):
         launch = _launch(profile, resources, step.command, (), dialect)
-        started = f"{launch} &\ntrainer_pid=$!\n{_USR1_AS_IT_STARTED}\nawait_step {number}"
+        started = f"{launch} &\ntrainer_pid=$!\n{_bash('usr1_as_it_started')}\nawait_step {number}"
         body = textwrap.indent(started, "    ")
         blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
     return _bash(
@@ -640,12 +640,6 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
         await_step=textwrap.indent(_await_trainer("step"), "    "),
         blocks="\n".join(blocks),
     )
-
-
-# After a launch: a time limit's USR1 that came before `trainer_pid=$!` found no process to pass it to.
-_USR1_AS_IT_STARTED = (
-    "# A USR1 as it started found no process to pass it to.\nif [[ -n $time_up ]]; then\n    forward USR1\nfi"
-)
 
 
 def _await_trainer(what: str) -> str:

@@ -14,15 +14,19 @@ user=researcher
 
 log() { echo "hpcbox-node[$role]: $*" >&2; }
 
+# The cluster's shape (fake GPUs, scratch, site areas, QOS, runtime), also read by the site's prolog scripts.
+site_env() {
+    install -m 0644 "$init/node.env" /etc/hpcbox-site.env
+    # shellcheck source=/dev/null
+    . /etc/hpcbox-site.env
+}
+
 install_common() {
     install -d -m 0755 /etc/slurm
     install -m 0644 "$init/slurm.conf" /etc/slurm/slurm.conf
     install -m 0644 "$init/gres.conf" /etc/slurm/gres.conf
     if [ -f "$init/job_submit.lua" ]; then install -m 0644 "$init/job_submit.lua" /etc/slurm/job_submit.lua; fi
-    # The cluster's shape (fake GPUs, scratch, site areas, QOS), also read by the site's prolog scripts.
-    install -m 0644 "$init/node.env" /etc/hpcbox-site.env
-    # shellcheck source=/dev/null
-    . /etc/hpcbox-site.env
+    site_env
     install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
     install -d -o munge -g munge -m 0755 /run/munge
     install -o munge -g munge -m 0400 "$init/munge.key" /etc/munge/munge.key
@@ -89,10 +93,9 @@ compute() {
         rm -f "/dev/fakegpu$index"
         mknod -m 0666 "/dev/fakegpu$index" c 1 3
     done
-    container_software
+    users_software
     install -d -m 1777 "${HPCBOX_SCRATCH_DIR:?}"
     site_areas
-    if [ -n "$HPCBOX_MODULE_STUB" ]; then ln -sf /usr/local/lib/hpcbox-site/module.sh /usr/local/bin/module; fi
     exec slurmd -D
 }
 
@@ -125,6 +128,13 @@ container_software() {
     fi
 }
 
+# What users meet on a compute or login node: the container runtime, and a `module` stub where the
+# rehearsed site loads Apptainer with environment modules.
+users_software() {
+    container_software
+    if [ -n "$HPCBOX_MODULE_STUB" ]; then ln -sf /usr/local/lib/hpcbox-site/module.sh /usr/local/bin/module; fi
+}
+
 # The site's shared areas (/project, /scratch ...): folders on the shared data volume, linked from the
 # site's path on every node that mounts it.
 site_areas() {
@@ -155,15 +165,12 @@ login() {
     install -o "$user" -g "$user" -m 0600 "$init/authorized_keys" "$home/.ssh/authorized_keys"
     install -d -o "$user" -g "$user" -m 0755 "/data/$user"
     site_areas
-    container_software
-    if [ -n "$HPCBOX_MODULE_STUB" ]; then ln -sf /usr/local/lib/hpcbox-site/module.sh /usr/local/bin/module; fi
+    users_software
     exec /usr/sbin/sshd -D -e
 }
 
 if [ "$role" = software ]; then
-    install -m 0644 "$init/node.env" /etc/hpcbox-site.env
-    # shellcheck source=/dev/null
-    . /etc/hpcbox-site.env
+    site_env
     container_software
     exit 0
 fi
