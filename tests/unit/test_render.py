@@ -549,7 +549,7 @@ def test_a_program_that_is_not_ddp_runs_once_per_slurm_task(sandbox: Sandbox):
 
 # Stand-in for `apptainer exec` that runs the command after the SIF here, as the container would.
 STUB_APPTAINER_EXEC = r"""#!/usr/bin/env python3
-import json, os, pathlib, sys
+import json, os, pathlib, signal, sys
 
 args = sys.argv[1:]
 if args == ["--version"]:  # the job's check that the runtime runs on the node
@@ -763,6 +763,21 @@ def test_a_bad_sync_every_names_the_field(given: str, says: str):
 def test_no_syncer_when_sync_every_is_zero():
     text = render("local", ResourceRequest(job_name="x", sync_every="0")).text
     assert "syncer_pid=$!" not in text and "sleep 600" not in text
+
+
+def test_a_syncer_that_lost_its_first_term_is_still_stopped_and_the_job_ends(sandbox: Sandbox):
+    """A TERM that reaches the syncer as it starts, before its trap is set, is lost (the job was stopped
+    while staging: CI saw the job hang for the syncer's whole interval). A syncer that swallows the first
+    TERM stands in for it; clean_up's TERM each second ends it."""
+    script = sandbox.script(ResourceRequest(job_name="sync"), ("--epochs", "1"))
+    start = script.text.index('(\n    stop=""')
+    end = script.text.index("syncer_pid=$!")
+    stubborn = "(\n    trap 'trap - TERM' TERM\n    while :; do sleep 0.1; done\n) &\n"
+    script = dataclasses.replace(script, text=script.text[:start] + stubborn + script.text[end:])
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    assert json.loads((sandbox.run_dir / "metrics.jsonl").read_text()) == {"epoch": 1}
+    assert not list(sandbox.node_scratch.rglob("hpcbox-*"))
 
 
 def test_a_program_that_exits_while_the_signal_is_still_being_passed_on_keeps_its_status(sandbox: Sandbox):

@@ -75,8 +75,13 @@ clean_up() {
     if [[ -n $syncer_pid ]]; then
         # It finishes the copy it is making, if any, before this one starts. Polled: bash's `wait` for it
         # can block on the janitor step instead once Slurm has signalled the whole job, until KillWait.
-        kill "$syncer_pid" 2>/dev/null || true
+        # TERM goes again each second: one sent as the syncer started, before its own trap was set, is
+        # lost (bash resets the traps a subshell inherits), and it would sleep out its interval.
+        local polls=0
         while kill -0 "$syncer_pid" 2>/dev/null; do
+            if (( polls++ % 5 == 0 )); then
+                kill "$syncer_pid" 2>/dev/null || true
+            fi
             sleep 0.2
         done
         syncer_pid=""
