@@ -61,21 +61,37 @@ def hpcbox(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedPr
     )
 
 
-def switch(setup: Setup, cluster, runtime: str, fuse: str) -> float:
-    """`cluster.up` with another runtime and FUSE, which changes the running cluster in place: seconds."""
+def switch(
+    setup: Setup, cluster, runtime: str, fuse: str, squashfuse: str = "yes", zstd: str = "yes"
+) -> float:
+    """`cluster.up` with other node software, which changes the running cluster in place: seconds."""
     started = time.monotonic()
     up = hpcbox(
         "cluster.up", f"--name={cluster.name}", f"--port={cluster.spec.port}",
         f"--nodes={cluster.spec.nodes}",
         f"--slurm={cluster.spec.slurm}", f"--runtime={runtime}", f"--fuse={fuse}",
+        f"--squashfuse={squashfuse}", f"--zstd={zstd}",
         env=setup.env, cwd=setup.project_dir,
     )  # fmt: skip
     took = time.monotonic() - started
     assert up.returncode == 0, up.stdout + up.stderr
     assert "replacing" not in up.stdout, up.stdout
-    fuse_words = "with FUSE" if fuse == "yes" else "without FUSE"
-    assert f"compute nodes now run {runtime}, {fuse_words} (changed in place)" in up.stdout, up.stdout
+    words = "with FUSE" if fuse == "yes" else "without FUSE"
+    words += "".join(
+        f", without {what}" for what, there in (("squashfuse", squashfuse), ("zstd", zstd)) if there == "no"
+    )
+    assert f"compute nodes now run {runtime}, {words} (changed in place)" in up.stdout, up.stdout
     return took
+
+
+def sif_line(doctor_output: str) -> str:
+    return next(" ".join(line.split()) for line in doctor_output.splitlines() if line.split()[1:2] == ["sif"])
+
+
+def doctor_sif(setup: Setup, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """`hpcbox doctor --cluster=local`: its exit status and its `sif` line."""
+    done = invoke(setup, "doctor", "--cluster=local", env=env)
+    return done.returncode, sif_line(done.stdout)
 
 
 def submit_and_follow(setup: Setup, *flags: str) -> tuple[str, str]:
@@ -105,6 +121,14 @@ def runs_on_each_software(setup: Setup, cluster) -> None:
             assert mounting.split()[0] == "differs" and mounting.endswith("-> [apptainer] fuse = false"), (
                 mounting
             )
+            assert doctor.returncode == 1, doctor.stdout
+        if fuse == "no" and runtime == "apptainer":  # the profile's runtime: the probe SIFs run
+            # A SIF of the profile's compression does not mount; unpacked it runs.
+            assert re.fullmatch(
+                r"fails sif a zstd SIF \(the profile's\) does not mount on the login node: .+; unpacked it "
+                r"runs -> \[apptainer\] fuse = false",
+                sif_line(doctor.stdout),
+            ), doctor.stdout
         job_id, log = submit_and_follow(setup, f"--container={runtime}")
         assert "the trainer exited with status 0" in log and '"event": "done"' in log, log
         if fuse == "no":
@@ -140,3 +164,43 @@ def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_witho
     setup: Setup, minicluster
 ):
     runs_on_each_software(setup, minicluster)
+
+
+def test_a_squashfuse_without_zstd_or_none_is_found_by_the_doctor_and_jobs_run_the_sif_once_unpacked(
+    setup: Setup, minicluster, tmp_path: Path
+):
+    """Older squashfuse builds read no zstd, and a node image may have no squashfuse at all: the doctor's
+    probe SIFs find either on the login node, and a job where Apptainer would extract the SIF for each
+    process unpacks it once instead."""
+    switch(setup, minicluster, "apptainer", "yes", zstd="no")
+    assert doctor_sif(setup) == (
+        1,
+        "fails sif a zstd SIF (the profile's) does not mount on the login node: Squashfs image uses zstd "
+        "compression, this version supports only zlib, xz, lzo, lz4.; gzip, lzo, xz, lz4 mount "
+        '-> [apptainer] compression = "gzip:1"',
+    )
+    # The user's own `local` profile, with the compression the line names: every line ok.
+    from hpcbox.render import profiles
+
+    own = tmp_path / "clusters"
+    own.mkdir()
+    shipped = profiles.load_profile("local").source.read_text()
+    (own / "local.toml").write_text(shipped.replace('compression = "zstd:3"', 'compression = "gzip:1"', 1))
+    assert doctor_sif(setup, env={"HPCBOX_CLUSTERS_DIR": str(own)}) == (
+        0,
+        "ok sif a gzip SIF (the profile's) mounts on the login node; so do lzo, xz, lz4; zstd does not: "
+        "Squashfs image uses zstd compression, this version supports only zlib, xz, lzo, lz4.",
+    )
+
+    switch(setup, minicluster, "apptainer", "yes", squashfuse="no")
+    assert doctor_sif(setup) == (
+        1,
+        "fails sif a zstd SIF (the profile's) runs on the login node only extracted to a temporary folder, "
+        "each time -> [apptainer] fuse = false: jobs unpack it once to node scratch",
+    )
+    job_id, log = submit_and_follow(setup)
+    assert "hpcbox: a node cannot mount the SIF (Apptainer extracts it for each process)" in log, log
+    assert re.search(r"each node runs the SIF unpacked on its scratch, \S+/sif/unpacked \(\d+ s\)", log), log
+    assert "the trainer exited with status 0" in log, log
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout + status.stderr

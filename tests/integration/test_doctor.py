@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 
 import pytest
 
@@ -46,8 +47,8 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     assert set(found) == {"ok"}, done.stdout
     topics = [line.split()[1] for line in found["ok"]]
     assert topics == [
-        "slurm", "scheduler", "partitions", "partitions", "accounts", "runtime", "mounting", "storage",
-        "storage", "quota",
+        "slurm", "scheduler", "partitions", "partitions", "accounts", "runtime", "mounting", "sif",
+        "storage", "storage", "quota",
     ], done.stdout  # fmt: skip
     text = done.stdout
     assert "Slurm 24.11." in text and "squeue and sacct answer (accounting on)" in text
@@ -55,7 +56,32 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     assert "yours: research" in text
     assert "apptainer version 1.4" in text and "(/usr/bin/apptainer)" in text
     assert "user namespaces, FUSE and /usr/bin/squashfuse" in text
+    assert "a zstd SIF (the profile's) mounts on the login node; so do gzip, lzo, xz, lz4" in text
     assert took < DOCTOR_BOUND_S, took
+
+
+def test_the_probe_sifs_are_the_same_bytes_wherever_made_and_the_site_gets_each_once(
+    setup: Setup, minicluster, tmp_path
+):
+    from hpcbox.jobs.doctor import PROBE_SIFS
+    from hpcbox.sif import probe
+
+    made = [probe.probe_sifs("x86_64", probe.compressions(), cache=tmp_path / c, say=print) for c in "ab"]
+    assert [s.path.read_bytes() for s in made[0]] == [s.path.read_bytes() for s in made[1]]
+    assert all(s.path.stat().st_size < 64 * 1024 for s in made[0])  # kilobytes: the SIF's header, mostly
+
+    def stored() -> dict[str, str]:
+        """name -> inode of each probe SIF the login node keeps: an upload is a new file."""
+        listing = minicluster.ssh(f"stat -c '%n %i' {PROBE_SIFS}/*.sif", check=True).stdout
+        return dict(line.rsplit(" ", 1) for line in listing.splitlines())
+
+    first, _ = doctor(setup, "--cluster=local")
+    assert first.returncode == 0, first.stdout + first.stderr
+    before = stored()
+    assert {Path(name).name for name in before} == {s.name for s in made[0]}
+    again, _ = doctor(setup, "--cluster=local")
+    assert again.returncode == 0 and "making the probe SIFs" not in again.stderr, again.stderr
+    assert stored() == before
 
 
 def test_a_host_that_never_answers_is_one_line_within_the_bound(setup: Setup, minicluster):

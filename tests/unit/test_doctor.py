@@ -3,17 +3,28 @@ missing ones as what they are. Against a real login node: tests/integration/test
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
 
-from hpcbox.jobs.doctor import FAILS, OK, failed, findings, parse_probes, probe_script, render
+from hpcbox.jobs.doctor import (
+    DIFFERS,
+    FAILS,
+    OK,
+    Probed,
+    failed,
+    findings,
+    parse_probes,
+    probe_script,
+    render,
+)
 from hpcbox.render import profiles
 from hpcbox.tools import ssh
 
 PROBES = {
     "slurm", "squeue", "sacct", "partitions", "associations", "module", "runtime", "userns", "fuse",
-    "setuid", "areas", "quota",
+    "setuid", "areas", "quota", "machine", "probe_sifs",
 }  # fmt: skip
 
 
@@ -52,3 +63,84 @@ def test_a_storage_area_named_by_a_variable_is_expanded_where_the_probe_runs(tmp
     storage = {finding.seen.split()[0]: finding for finding in found if finding.topic == "storage"}
     assert storage["home"].verdict == OK and storage["home"].seen.endswith("GB free")
     assert storage["scratch"].verdict != OK and storage["scratch"].fix == "[storage] scratch"  # unset here
+
+
+def test_the_probe_program_is_a_static_true_this_machine_runs(tmp_path: Path):
+    import os
+    import platform
+
+    from hpcbox.sif import probe
+
+    program = tmp_path / "true"
+    program.write_bytes(probe.true_program(platform.machine()))
+    program.chmod(0o755)
+    assert subprocess.run([str(program)], env={}, check=False).returncode == 0
+    assert len(program.read_bytes()) < 200 and b"ld-linux" not in program.read_bytes()  # no loader
+    assert os.path.getsize(program) == len(probe.true_program(platform.machine()))
+
+
+# What Apptainer 1.4 printed on the mini cluster's login node, for the probe SIFs (test_container_software
+# gets each of these from the real runtime).
+ZSTD_REFUSED = (
+    "FATAL:   container creation failed: image driver mount failure: image driver squashfuse_ll instance "
+    "exited with error: squashfuse_ll exited: Squashfs image uses zstd compression, this version supports "
+    "only zlib, xz, lzo, lz4."
+)
+EXTRACTED = (
+    "INFO:    squashfuse not found, will not be able to mount SIF or other squashfs files\n"
+    "INFO:    Converting SIF file to temporary sandbox...\nINFO:    Cleaning up image..."
+)
+
+
+def sif_probes(mount: dict[str, tuple[int, str]], unpacks: bool = True) -> dict[str, Probed]:
+    probed = {"runtime": Probed("/usr/bin/apptainer\napptainer version 1.4.5", 0), "sifs": Probed("", 0)}
+    for algorithm in ("gzip", "zstd", "lzo", "xz", "lz4"):
+        status, output = mount.get(algorithm, (0, ""))
+        probed[f"mount:{algorithm}"] = Probed(output, status)
+        probed[f"unpack:{algorithm}"] = Probed("", 0 if unpacks else 255)
+    return probed
+
+
+def sif_finding(profile: profiles.ClusterProfile, probed: dict[str, Probed]):
+    return next(finding for finding in findings(profile, probed) if finding.topic == "sif")
+
+
+def test_a_profile_whose_compression_does_not_mount_where_another_does_fails_with_that_one():
+    local = profiles.load_profile("local")  # ships zstd:3
+    finding = sif_finding(local, sif_probes({"zstd": (255, ZSTD_REFUSED)}))
+    assert finding.verdict == FAILS and finding.fix == '[apptainer] compression = "gzip:1"'
+    assert finding.seen.endswith(
+        "does not mount on the login node: Squashfs image uses zstd compression, this version supports only "
+        "zlib, xz, lzo, lz4.; gzip, lzo, xz, lz4 mount"
+    )
+    fuse_false = dataclasses.replace(local, apptainer=dataclasses.replace(local.apptainer, fuse=False))
+    assert sif_finding(fuse_false, sif_probes({"zstd": (255, ZSTD_REFUSED)})).verdict == OK
+
+
+def test_a_sif_apptainer_extracts_for_each_run_fails_unless_the_profile_says_jobs_unpack():
+    local = profiles.load_profile("local")
+    everything = {algorithm: (0, EXTRACTED) for algorithm in ("gzip", "zstd", "lzo", "xz", "lz4")}
+    finding = sif_finding(local, sif_probes(everything))
+    assert finding.verdict == FAILS and finding.fix.startswith("[apptainer] fuse = false")
+    fuse_false = dataclasses.replace(local, apptainer=dataclasses.replace(local.apptainer, fuse=False))
+    assert sif_finding(fuse_false, sif_probes(everything)).verdict == OK
+
+
+def test_a_sif_that_neither_mounts_nor_unpacks_anywhere_sends_the_user_to_the_site():
+    local = profiles.load_profile("local")
+    nothing = {algorithm: (255, "FATAL:   no way") for algorithm in ("gzip", "zstd", "lzo", "xz", "lz4")}
+    finding = sif_finding(local, sif_probes(nothing, unpacks=False))
+    assert (finding.verdict, finding.fix) == (FAILS, "ask the site how to run a SIF there")
+    assert finding.seen.endswith("does not mount on the login node: no way, nor runs unpacked")
+
+
+def test_probe_sifs_that_could_not_be_made_are_a_line_saying_so_and_none_where_the_runtime_fails():
+    local = profiles.load_profile("local")
+    untried = {
+        "runtime": Probed("apptainer version 1.4.5", 0),
+        "sifs": Probed("no probe SIF for a riscv64", 1),
+    }
+    assert sif_finding(local, untried).verdict == DIFFERS
+    assert not [
+        finding for finding in findings(local, {"runtime": Probed("", 127)}) if finding.topic == "sif"
+    ]

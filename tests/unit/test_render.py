@@ -259,6 +259,8 @@ if args[0] == "exec" and args[2:] == ["true"]:  # the job's check that a node ca
     if os.environ.get("STUB_USR1_WHILE_STAGING"):  # to the job script, this one's parent's parent
         script = int(pathlib.Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
         os.kill(script, signal.SIGUSR1)
+    if os.environ.get("STUB_MOUNT_EXTRACTS"):  # Apptainer without squashfuse
+        print("INFO:    Converting SIF file to temporary sandbox...", file=sys.stderr)
     sys.exit(int(os.environ.get("STUB_MOUNT_FAILS", "0")))
 if args[0] == "build":  # unpacking: the sandbox, a folder holding the SIF's bytes
     pathlib.Path(args[-2]).mkdir()
@@ -558,6 +560,8 @@ if args[0] == "exec" and args[2:] == ["true"]:  # the job's check that a node ca
     if os.environ.get("STUB_USR1_WHILE_STAGING"):  # to the job script, this one's parent's parent
         script = int(pathlib.Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()[1])
         os.kill(script, signal.SIGUSR1)
+    if os.environ.get("STUB_MOUNT_EXTRACTS"):  # Apptainer without squashfuse
+        print("INFO:    Converting SIF file to temporary sandbox...", file=sys.stderr)
     sys.exit(int(os.environ.get("STUB_MOUNT_FAILS", "0")))
 if args[0] == "build":  # unpacking: the sandbox, a folder holding the SIF's bytes
     pathlib.Path(args[-2]).mkdir()
@@ -1088,6 +1092,16 @@ def test_a_node_that_cannot_mount_the_sif_runs_it_unpacked_on_its_scratch(sandbo
     assert "hpcbox: a node cannot run the SIF as it is" in output
     assert f"each node runs the SIF unpacked on its scratch, {sandbox.scratch_was}/sif/unpacked (" in output
     assert not sandbox.scratch_was.exists()  # the unpacked image goes with scratch
+
+
+def test_a_node_whose_apptainer_would_extract_the_sif_for_each_process_unpacks_it_once(sandbox: Sandbox):
+    """Apptainer without squashfuse runs a SIF by extracting it whole to a temporary folder, for every
+    process it starts: the try succeeds, and its message says so."""
+    sandbox.env["STUB_MOUNT_EXTRACTS"] = "1"
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="extracts"), ("--epochs", "1")))
+    assert status == 0, output
+    assert Path(run_image(sandbox.recorded_argv)) == sandbox.scratch_was / "sif" / "unpacked"
+    assert "hpcbox: a node cannot mount the SIF (Apptainer extracts it for each process)" in output
 
 
 def test_a_node_that_mounts_the_sif_runs_the_shipped_one(sandbox: Sandbox):

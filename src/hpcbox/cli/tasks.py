@@ -709,7 +709,7 @@ def doctor(c, cluster, via=None, host=None, port=None):
     target = jobs.connection_target(
         profile, load_project(), via=via, host=host, port=int(port) if port is not None else None
     )
-    table, failing = doctoring.check(target, profile)
+    table, failing = doctoring.check(target, profile, say=lambda line: print(line, file=sys.stderr))
     print(table, end="")
     if failing:
         raise SystemExit(1)
@@ -795,6 +795,10 @@ def _cluster_tasks() -> Collection:
             "fuse": "yes or no: whether Apptainer on the compute nodes can mount a SIF (FUSE for users); "
             "without, jobs unpack it (default: --like's profile, else yes). A running cluster changes "
             "runtime and FUSE in place",
+            "squashfuse": "yes or no: squashfuse on the nodes, with which Apptainer mounts a SIF "
+            "(default yes)",
+            "zstd": "yes or no: whether the nodes' squashfuse reads zstd, as older builds do not "
+            "(default yes)",
         }
     )
     @friendly
@@ -808,6 +812,8 @@ def _cluster_tasks() -> Collection:
         slurm=None,
         runtime=None,
         fuse=None,
+        squashfuse=None,
+        zstd=None,
     ):
         """Start the mini Slurm cluster (idempotent, from any project), shaped like a profile, and wait
         until it is idle."""
@@ -822,6 +828,8 @@ def _cluster_tasks() -> Collection:
             slurm=version,
             runtime=runtime,
             fuse=_yes_no("fuse", fuse),
+            squashfuse=_yes_no("squashfuse", squashfuse),
+            zstd=_yes_no("zstd", zstd),
         )
         cluster = minicluster.up(spec, _state(name), force=force, on_line=print)
         print(minicluster.status(cluster), end="")

@@ -7,6 +7,11 @@ where the site differs from the profile, the profile key to change or what to do
 job would die of (the command then exits 1); ``differs`` is a fact the profile has wrong or does not
 know; ``ok`` agrees. What only a compute node can tell (its FUSE, its scratch) is probed on the login
 node and said so: login and compute nodes usually share their software, not always.
+
+Then the login node runs a probe SIF of each compression hpcbox may ship (sif.probe: a few kilobytes,
+made here once, kept there under its content address): whether the site's runtime mounts a SIF of the
+profile's compression is known before a real one is built or uploaded. All of it goes through one SSH
+connection.
 """
 
 from __future__ import annotations
@@ -14,16 +19,22 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from hpcbox.errors import HpcboxError
+from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
 from hpcbox.render.profiles import ClusterProfile
+from hpcbox.sif import probe
+from hpcbox.sif.compression import SifCompression, fastest
 from hpcbox.tools import ssh
 from hpcbox.units import format_time, parse_time
 
 PROBE_TIMEOUT_S = 5  # each probe's limit on the login node: the whole doctor stays under 15 s
 _MARK = "@@hpcbox-probe"
+PROBE_SIFS = f"{DEFAULT_REMOTE_ROOT}/images/probe"  # under the login's home, named by content
+# What Apptainer says when it runs a SIF it cannot mount by extracting it to a folder first, every time.
+_EXTRACTED = "Converting SIF file to temporary sandbox"
 
 OK, DIFFERS, FAILS = "ok", "differs", "fails"
 
@@ -78,7 +89,13 @@ def probe_script(profile: ClusterProfile) -> str:
         'test -n "$libexec" && find "$libexec" -name starter-suid -perm -4000 2>/dev/null | head -1',
         "areas": areas or ":",
         "quota": 'quota -s 2>/dev/null || lfs quota -h -u "$USER" "$HOME" 2>/dev/null',
+        "machine": "uname -m",
+        "probe_sifs": f"ls {PROBE_SIFS} 2>/dev/null || true",
     }
+    return _probing(probes)
+
+
+def _probing(probes: Mapping[str, str]) -> str:
     parts = []
     for name, body in probes.items():
         # A login shell's function (Lmod's `module`) is seen by `bash -l` only: each probe runs in one.
@@ -88,6 +105,25 @@ def probe_script(profile: ClusterProfile) -> str:
             f"echo {_MARK}-status $?"
         )
     return "\n".join(parts) + "\n"
+
+
+def sif_script(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> str:
+    """The bash that runs each probe SIF (``sifs``: compression -> its path on the site) as a job would:
+    mounted, and where that fails, unpacked to a folder first (`build --sandbox`)."""
+    runtime = shlex.quote(profile.apptainer.command)
+    setup = "\n".join(["set +u", *profile.apptainer.setup]) if profile.apptainer.setup else ":"
+    probes = {}
+    for compression, path in sifs.items():
+        sif = shlex.quote(path)
+        run = f"{runtime} exec {sif} {probe.PROGRAM}"
+        probes[f"mount:{compression.algorithm}"] = f"{setup}\n{run}"
+        # Only where it does not mount (this tries again, 0.1 s): unpacking takes longer.
+        probes[f"unpack:{compression.algorithm}"] = (
+            f"{setup}\nif {run} >/dev/null 2>&1; then exit 0; fi\n"
+            f"d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT\n"
+            f'{runtime} -s build --sandbox "$d/sif" {sif} && {runtime} -s exec "$d/sif" {probe.PROGRAM}'
+        )
+    return _probing(probes)
 
 
 def _expanding(path: str) -> str:
@@ -110,16 +146,53 @@ def parse_probes(text: str) -> dict[str, Probed]:
     return found
 
 
-def examine(target: ssh.Target, profile: ClusterProfile) -> tuple[list[Finding], float]:
-    """The findings for ``profile``'s site at ``target``, and the seconds the probing took."""
-    started = time.monotonic()
-    done = ssh.run(
-        target,
+def examine(
+    connection: ssh.Connection, profile: ClusterProfile, *, say: Callable[[str], None] = print
+) -> list[Finding]:
+    """The findings for ``profile``'s site on the other end of ``connection``."""
+    probed = probes(connection, profile)
+    return findings(profile, {**probed, **_try_sifs(connection, profile, probed, say)})
+
+
+def probes(connection: ssh.Connection, profile: ClusterProfile) -> dict[str, Probed]:
+    """What the login node says to the probe script (the cheap part: no SIF is run)."""
+    done = connection.run(
         ["bash", "-c", probe_script(profile)],
-        what=f"probe {target.address}",
+        what=f"probe {connection.target.address}",
         hint="check the host, your SSH key and ~/.ssh/config (hpcbox doctor needs a shell there)",
     )
-    return findings(profile, parse_probes(done.stdout)), time.monotonic() - started
+    return parse_probes(done.stdout)
+
+
+def _try_sifs(
+    connection: ssh.Connection,
+    profile: ClusterProfile,
+    probed: Mapping[str, Probed],
+    say: Callable[[str], None],
+) -> dict[str, Probed]:
+    """The probe SIFs run on the login node, uploaded first where it lacks them; a `sifs` entry says
+    why none ran where they could not be made."""
+    if not probed.get("runtime", Probed("", 127)).answered:
+        return {}  # the runtime line fails already: nothing runs a SIF
+    machine = probed.get("machine", Probed("", 127))
+    if not machine.answered or machine.output not in probe.MACHINES:
+        return {"sifs": Probed(f"no probe SIF for a {machine.output or 'machine uname -m does not name'}", 1)}
+    wanted = [fastest(profile.apptainer.compression.algorithm), *probe.compressions()]
+    try:
+        made = probe.probe_sifs(machine.output, wanted, say=say)
+    except HpcboxError as failed:
+        return {"sifs": Probed(f"the probe SIFs could not be made here: {failed.message}", 1)}
+    there = set(probed.get("probe_sifs", Probed("", 0)).output.split())
+    missing = [sif for sif in made if sif.name not in there]
+    if missing:
+        connection.run(["mkdir", "-p", PROBE_SIFS], what=f"make {PROBE_SIFS} on {connection.target.address}")
+        for sif in missing:
+            connection.upload(sif.path, f"{PROBE_SIFS}/{sif.name}")
+    paths = {sif.compression: f"{PROBE_SIFS}/{sif.name}" for sif in made}
+    done = connection.run(
+        ["bash", "-c", sif_script(profile, paths)], what=f"run the probe SIFs on {connection.target.address}"
+    )
+    return {"sifs": Probed("", 0), **parse_probes(done.stdout)}
 
 
 def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Finding]:
@@ -133,6 +206,7 @@ def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Find
         _accounts(profile, get("associations")),
         _runtime(profile, get("runtime"), get("module")),
         _mounting(profile, get("userns"), get("fuse"), get("setuid")),
+        *([_sif(profile, probed)] if "sifs" in probed else []),
         *_areas(profile, get("areas")),
         _quota(get("quota")),
     ]
@@ -314,6 +388,56 @@ def _mounting(profile: ClusterProfile, userns: Probed, fuse: Probed, setuid: Pro
     return Finding(OK, "mounting", seen)
 
 
+def _sif_outcome(probed: Mapping[str, Probed], algorithm: str) -> tuple[str, str]:
+    """How a probe SIF of ``algorithm`` ran: "mounts", "extracts" (Apptainer extracted it to a folder
+    to run it, as it does each time where it has no squashfuse), "unpacks" (it did not mount; unpacked
+    first it ran) or "fails"; and, where it did not mount, the runtime's reason."""
+    mounted = probed.get(f"mount:{algorithm}", Probed("", 127))
+    if mounted.answered:
+        return ("extracts" if _EXTRACTED in mounted.output else "mounts"), ""
+    said = [line for line in mounted.output.splitlines() if "FATAL" in line or "ERROR" in line]
+    # Apptainer chains its reasons with ": "; the last is the cause (squashfuse's own words).
+    reason = " ".join((said[-1] if said else _last_line(mounted)).split()).rsplit(": ", 1)[-1]
+    if probed.get(f"unpack:{algorithm}", Probed("", 127)).answered:
+        return "unpacks", reason
+    return "fails", reason
+
+
+def _sif(profile: ClusterProfile, probed: Mapping[str, Probed]) -> Finding:
+    """Whether the site's runtime mounts a SIF of the compression the profile ships, as the probe SIFs
+    found. Where it does not and the profile does not say so (``fuse = false``), every job would unpack
+    or extract the SIF on each of its nodes (minutes and gigabytes for a CUDA SIF): the line fails, with
+    a compression that mounts where one does."""
+    if probed["sifs"].status != 0:
+        return Finding(DIFFERS, "sif", f"not tried: {probed['sifs'].output}", "run it where Docker runs")
+    shipped = profile.apptainer.compression.algorithm
+    outcomes = {
+        algorithm: _sif_outcome(probed, algorithm)
+        for algorithm in dict.fromkeys([shipped, *(c.algorithm for c in probe.compressions())])
+    }
+    outcome, reason = outcomes[shipped]
+    others = [a for a, (o, _) in outcomes.items() if o == "mounts" and a != shipped]
+    refused = [f"{a} does not: {r}" for a, (o, r) in outcomes.items() if o != "mounts" and a != shipped]
+    mine = f"a {shipped} SIF (the profile's)"
+    if outcome == "mounts":
+        rest = [*([f"so do {', '.join(others)}"] if others else []), *refused]
+        return Finding(OK, "sif", f"{mine} mounts on the login node" + "".join(f"; {part}" for part in rest))
+    if outcome == "extracts":
+        seen = f"{mine} runs on the login node only extracted to a temporary folder, each time"
+        if profile.apptainer.fuse is False:
+            return Finding(OK, "sif", f"{seen}: jobs unpack it once, as the profile says (fuse = false)")
+        return Finding(FAILS, "sif", seen, "[apptainer] fuse = false: jobs unpack it once to node scratch")
+    seen = f"{mine} does not mount on the login node: {reason}"
+    if outcome == "unpacks" and profile.apptainer.fuse is False:
+        return Finding(OK, "sif", f"{seen}; jobs unpack it, as the profile says (fuse = false)")
+    if others:
+        mounting = f"; {', '.join(others)} mount{'s' if len(others) == 1 else ''}"
+        return Finding(FAILS, "sif", seen + mounting, f'[apptainer] compression = "{fastest(others[0])}"')
+    if outcome == "unpacks":
+        return Finding(FAILS, "sif", f"{seen}; unpacked it runs", "[apptainer] fuse = false")
+    return Finding(FAILS, "sif", f"{seen}, nor runs unpacked", "ask the site how to run a SIF there")
+
+
 def _areas(profile: ClusterProfile, probed: Probed) -> list[Finding]:
     free = {}
     for line in probed.output.splitlines():
@@ -355,9 +479,13 @@ def failed(found: list[Finding]) -> bool:
     return any(finding.verdict == FAILS for finding in found)
 
 
-def check(target: ssh.Target, profile: ClusterProfile) -> tuple[str, bool]:
+def check(
+    target: ssh.Target, profile: ClusterProfile, *, say: Callable[[str], None] = print
+) -> tuple[str, bool]:
     """The doctor's table for ``profile`` at ``target``, and whether a job would fail there."""
     if profile.lsf:
         raise HpcboxError(f"{profile.name} uses LSF: hpcbox doctor speaks Slurm")
-    found, seconds = examine(target, profile)
-    return render(profile, target, found, seconds), failed(found)
+    started = time.monotonic()
+    with ssh.Connection(target) as connection:
+        found = examine(connection, profile, say=say)
+    return render(profile, target, found, time.monotonic() - started), failed(found)

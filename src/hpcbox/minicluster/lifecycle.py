@@ -66,7 +66,7 @@ def up(
     say = on_line or (lambda _line: None)
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
-    shape = shape.with_software(spec.runtime, spec.fuse)
+    shape = shape.with_software(**spec.software)
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
         current = find(spec.name, state_root)
@@ -146,10 +146,10 @@ def add_gpu_type(
 
 def _software_alone_differs(current: Cluster, wanted: tuple[ClusterSpec, str, ClusterShape]) -> bool:
     spec, image, shape = wanted
-    software = {"runtime": shape.runtime, "fuse": shape.fuse}
+    software = {name: getattr(shape, name) for name in spec.software}
     return (
         current.image == image
-        and dataclasses.replace(current.spec, runtime=spec.runtime, fuse=spec.fuse) == spec
+        and dataclasses.replace(current.spec, **spec.software) == spec
         and dataclasses.replace(current.shape, **software) == shape
     )
 
@@ -176,7 +176,8 @@ def _change_software(
     saved = {"spec": asdict(spec), "image": current.image, "shape": asdict(shape)}
     write_atomically(state_dir(state_root, spec.name) / "cluster.json", json.dumps(saved))
     fuse = "with FUSE" if shape.fuse else "without FUSE"
-    say(f"cluster {spec.name}: compute nodes now run {shape.runtime}, {fuse} (changed in place)")
+    tools = "".join(f", without {what}" for what in ("squashfuse", "zstd") if not getattr(shape, what))
+    say(f"cluster {spec.name}: compute nodes now run {shape.runtime}, {fuse}{tools} (changed in place)")
     wait_ready(changed, timeout_s)
     return changed
 

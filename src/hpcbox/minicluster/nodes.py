@@ -160,6 +160,13 @@ class ControllerNode(ClusterNode):
         return NodeReady("`scontrol ping` saying UP", is_up)
 
 
+# Apptainer as an ordinary user: user namespaces and FUSE (no --privileged here).
+_RUNTIME_OPTIONS: dict[str, Any] = {
+    "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
+    "devices": ["/dev/fuse:/dev/fuse:rwm"],
+}
+
+
 class ComputeNode(ClusterNode):
     """slurmd + Apptainer: ready when slurmctld reports this node idle."""
 
@@ -171,9 +178,7 @@ class ComputeNode(ClusterNode):
 
     def engine_options(self) -> dict[str, Any]:
         return {
-            # Apptainer as an ordinary user: user namespaces and FUSE (no --privileged here).
-            "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
-            "devices": ["/dev/fuse:/dev/fuse:rwm"],
+            **_RUNTIME_OPTIONS,
             # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the
             # user's processes root needs SYS_PTRACE, or sacct's MaxRSS stays empty. task/affinity
             # binds the user's tasks to their CPUs: without SYS_NICE no job starts ("task_g_set_affinity:
@@ -205,8 +210,8 @@ class LoginNode(ClusterNode):
 
     def engine_options(self) -> dict[str, Any]:
         # The compute nodes' container runtime and FUSE, as at a site whose nodes share their software:
-        # what `hpcbox doctor` finds here is what a job meets.
-        return {"devices": ["/dev/fuse:/dev/fuse:rwm"]}
+        # what `hpcbox doctor` finds here, and the SIFs it runs here, are what a job meets.
+        return dict(_RUNTIME_OPTIONS)
 
     def init_files(self) -> dict[str, tuple[bytes, int]]:
         secrets = self.cluster.secrets

@@ -57,6 +57,8 @@ class ClusterShape:
     # "singularity" alone, as at a site with SingularityCE (not in Debian: Apptainer's alias stands in).
     runtime: str = "apptainer"
     fuse: bool = True  # whether users' Apptainer can mount a SIF (FUSE); else jobs unpack it
+    squashfuse: bool = True  # squashfuse installed (Apptainer mounts a SIF with it, given FUSE)
+    zstd: bool = True  # squashfuse and unsquashfs read zstd (older builds do not)
     assumed: str = ""  # what the profile assumes of its site, in a line (profiles.assumptions)
     # Site areas named by a variable the site sets at login (Mila's $SCRATCH): a folder on the shared
     # data volume each, exported under that name by every node's login shell.
@@ -79,12 +81,11 @@ class ClusterShape:
         new = tuple(gpu_type for gpu_type in dict.fromkeys(added) if gpu_type not in self.gpu_types)
         return dataclasses.replace(self, gpu_types=self.gpu_types + new) if new else self
 
-    def with_software(self, runtime: str | None, fuse: bool | None) -> ClusterShape:
-        """This shape with the runtime and FUSE `cluster.up` asks for (None: the profile's)."""
+    def with_software(self, **asked: str | bool | None) -> ClusterShape:
+        """This shape with the node software `cluster.up` asks for (runtime, fuse, squashfuse, zstd;
+        None: as it is)."""
         return dataclasses.replace(
-            self,
-            runtime=self.runtime if runtime is None else runtime,
-            fuse=self.fuse if fuse is None else fuse,
+            self, **{name: value for name, value in asked.items() if value is not None}
         )
 
     @property
@@ -137,6 +138,11 @@ class ClusterShape:
         )
         fuse = "yes" if self.fuse else "no: a job unpacks the SIF to node scratch"
         lines.append(f"  container runtime: {runtime}; FUSE for users: {fuse}")
+        if not self.squashfuse or not self.zstd:
+            lacking = [
+                what for what, there in (("squashfuse", self.squashfuse), ("zstd", self.zstd)) if not there
+            ]
+            lines.append(f"  squashfs tools: no {' and no '.join(lacking)}")
         if self.module_stub:
             lines.append("  `module` is a stub that loads nothing: apptainer is on PATH")
         if self.generic:

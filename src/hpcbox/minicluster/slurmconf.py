@@ -158,6 +158,8 @@ def node_env(shape: ClusterShape) -> str:
         "MODULE_STUB": "1" if shape.module_stub else "",
         "RUNTIME": shape.runtime,
         "FUSE": "1" if shape.fuse else "",
+        "SQUASHFUSE": "1" if shape.squashfuse else "",
+        "ZSTD": "1" if shape.zstd else "",
     }
     return "".join(f"HPCBOX_{key}={shlex.quote(value)}\n" for key, value in values.items())
 

@@ -47,6 +47,10 @@ class ClusterSpec:
     # (None: as the profile says); changed on a running cluster in place (lifecycle.up).
     runtime: str | None = None
     fuse: bool | None = None
+    # What reads a SIF's squashfs on the nodes (None: all of it, as on every node image here): no
+    # squashfuse, as on a node image without the package; no zstd, as with squashfs tools built before it.
+    squashfuse: bool | None = None
+    zstd: bool | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -69,6 +73,11 @@ class ClusterSpec:
         for field in ("gpus_per_node", "cpus_per_node", "memory_mb_per_node"):
             if getattr(self, field) < 1:
                 raise HpcboxError(f"{field}: must be at least 1, got {getattr(self, field)}")
+
+    @property
+    def software(self) -> dict[str, str | bool | None]:
+        """The node software asked for, by ClusterShape field (None: as the profile has it)."""
+        return {"runtime": self.runtime, "fuse": self.fuse, "squashfuse": self.squashfuse, "zstd": self.zstd}
 
     @property
     def slurm_name(self) -> str:

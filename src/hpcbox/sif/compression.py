@@ -44,6 +44,12 @@ class SifCompression:
 DEFAULT = SifCompression("gzip", 1)
 
 
+def fastest(algorithm: str) -> SifCompression:
+    """``algorithm`` at its lowest level: what reads a squashfs depends on the algorithm, not the level."""
+    levels = _LEVELS[algorithm]
+    return SifCompression(algorithm, None if levels is None else levels[0])
+
+
 def parse_compression(text: str, field: str) -> SifCompression:
     """`ALGORITHM[:LEVEL]`, e.g. `zstd:3`; ``field`` names the option or profile key in the error."""
     algorithm, colon, level_text = text.strip().lower().partition(":")

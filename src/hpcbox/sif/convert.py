@@ -61,7 +61,7 @@ BUILD_DATE_LABEL = "org.label-schema.build-date"
 DEFINITION = "hpcbox.def"
 ARCHIVE = "image.tar"
 # SIF partition architecture codes (`apptainer sif add --partarch`).
-_PARTARCH = {
+PARTITION_ARCHITECTURES = {
     "386": 1,
     "amd64": 2,
     "arm": 3,
@@ -374,7 +374,7 @@ def _convert_fast(
     on_line: Callable[[str], None],
 ) -> None:
     epoch = created_epoch(raw)
-    arch = _PARTARCH.get(str(raw.get("Architecture") or "amd64"))
+    arch = PARTITION_ARCHITECTURES.get(str(raw.get("Architecture") or "amd64"))
     if arch is None:
         raise HpcboxError(
             f"image architecture {raw.get('Architecture')!r} has no SIF code", "use --path reference"

@@ -198,6 +198,10 @@ if ! tried=$(on_each_node apptainer exec "$sif" true 2>&1); then
     unpack=1
     echo "hpcbox: a node cannot run the SIF as it is:" \
         "$(grep -m1 -e FATAL -e ERROR <<<"$tried" || echo "${tried##*$'\n'}")" >&2
+elif grep -q "Converting SIF file to temporary sandbox" <<<"$tried"; then
+    # Apptainer without squashfuse: it extracts the whole SIF again for every process it starts.
+    unpack=1
+    echo "hpcbox: a node cannot mount the SIF (Apptainer extracts it for each process)" >&2
 fi
 if [[ -n $unpack ]]; then
     unpacking=$SECONDS

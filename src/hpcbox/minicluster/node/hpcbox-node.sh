@@ -126,6 +126,25 @@ container_software() {
     if [ -e /dev/fuse ]; then
         if [ -n "$HPCBOX_FUSE" ]; then chmod 666 /dev/fuse; else chmod 600 /dev/fuse; fi
     fi
+    squashfs_tools
+}
+
+# squashfuse, with which Apptainer mounts a SIF: the node image's own (kept in real/ whatever this node
+# has now, so that a change in place can go either way), none, or a stand-in that refuses zstd images.
+squashfs_tools() {
+    local real=/usr/local/lib/hpcbox-site/real name
+    mkdir -p "$real"
+    for name in squashfuse squashfuse_ll; do
+        if is_binary "/usr/bin/$name"; then mv -f "/usr/bin/$name" "$real/$name"; fi
+        rm -f "/usr/bin/$name"
+        if [ -z "$HPCBOX_SQUASHFUSE" ]; then
+            continue
+        elif [ -n "$HPCBOX_ZSTD" ]; then
+            cp -p "$real/$name" "/usr/bin/$name"
+        else
+            install -m 0755 /usr/local/lib/hpcbox-site/squashfuse-no-zstd.sh "/usr/bin/$name"
+        fi
+    done
 }
 
 # What users meet on a compute or login node: the container runtime, and a `module` stub where the
