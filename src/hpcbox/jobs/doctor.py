@@ -16,13 +16,18 @@ connection.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import re
 import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpcbox.errors import HpcboxError
+from hpcbox.files import slug, write_atomically
 from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.sif import probe
@@ -489,3 +494,38 @@ def check(
     with ssh.Connection(target) as connection:
         found = examine(connection, profile, say=say)
     return render(profile, target, found, time.monotonic() - started), failed(found)
+
+
+def first_look(
+    connection: ssh.Connection,
+    profile: ClusterProfile,
+    state_dir: Path,
+    *,
+    say: Callable[[str], None] = print,
+) -> list[Finding] | None:
+    """What `submit` asks of a site the first time it submits there with this profile: the doctor's
+    probe script alone (one round trip; no SIF is run, the job tries its own). Lines that are not ok are
+    said, not enforced: the login node answers for the compute nodes, which may differ. The answer is
+    remembered under ``state_dir`` for this profile (its content) and login; None where it was already.
+    """
+    key = hashlib.sha256(
+        f"{connection.target.address}\n{dataclasses.replace(profile, source=None)!r}".encode()
+    ).hexdigest()
+    remembered = state_dir / "doctor" / f"{slug(profile.name)}.json"
+    try:
+        if json.loads(remembered.read_text()).get("key") == key:
+            return None
+    except (OSError, ValueError, AttributeError):
+        pass  # not asked yet, or a damaged file: ask
+    found = findings(profile, probes(connection, profile))
+    flagged = [finding for finding in found if finding.verdict != OK]
+    for finding in flagged:
+        say(f"hpcbox: {finding.line()}")
+    if flagged:
+        say(
+            f"hpcbox: the site differs from profile {profile.name} above (its login node says so; asked once "
+            f"per profile and login): `hpcbox doctor --cluster={profile.name}` shows every check"
+        )
+    record = {"key": key, "address": connection.target.address, "lines": [f.line() for f in found]}
+    write_atomically(remembered, json.dumps(record, indent=1) + "\n")
+    return found

@@ -15,7 +15,7 @@ from hpcbox.build.image import CUDA_FLAVOURS, ENVIRONMENT, Image, build_image, l
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug
-from hpcbox.jobs import ship
+from hpcbox.jobs import doctor, ship
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.jobs.ledger import JobRecord, Ledger
 from hpcbox.project.config import ProjectConfig
@@ -121,6 +121,9 @@ def submit(
     started = time.monotonic()
     with ssh.Connection(target) as connection:
         connected = time.monotonic()
+        if not dry_run:
+            doctor.first_look(connection, profile, project.state_dir, say=say)
+        looked = time.monotonic()
         remote = ship.ship(
             connection,
             payload,
@@ -157,7 +160,8 @@ def submit(
         )
     timings = {
         "connect": round(connected - started, 3),
-        "ship": round(shipped - connected, 3),
+        "first_look": round(looked - connected, 3),
+        "ship": round(shipped - looked, 3),
         "sbatch": round(time.monotonic() - shipped, 3),
     }
     record = _record(
