@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.submitting import Setup
-from tests.integration.test_submit import SHORT, dropping_port, invoke
+from tests.integration.test_submit import dropping_port, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -124,37 +124,3 @@ def test_a_profile_that_differs_from_the_site_gets_the_key_to_change(setup: Setu
         "fails partitions bigmem: not a partition here (sinfo has cpu, gpu) -> partitions[2].name"
     ], done.stdout
     assert done.stdout.splitlines()[-1] == "1 check would fail a job; 2 lines where the profile differs"
-
-
-def test_the_first_submit_with_a_profile_says_where_the_site_differs_and_remembers_it(
-    setup: Setup, minicluster, tmp_path
-):
-    """`submit` runs the doctor's probe script once per profile and login: the lines that are not ok are
-    said (not enforced: the job is submitted), and the next submit asks nothing."""
-    from hpcbox.render import profiles
-
-    own = tmp_path / "clusters"
-    own.mkdir()
-    shipped = profiles.load_profile("local").source.read_text()
-    (own / "local.toml").write_text(shipped.replace('max_time = "INFINITE"', 'max_time = "1:00:00"', 1))
-    remembered = setup.project_dir / ".hpcbox" / "doctor" / "local.json"
-    remembered.unlink(missing_ok=True)
-    env = {"HPCBOX_CLUSTERS_DIR": str(own)}
-    flags = ("submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10")
-    jobs = []
-    for _ in range(2):
-        done = invoke(setup, *flags, "--", *SHORT, env=env)
-        assert done.returncode == 0, done.stdout + done.stderr
-        jobs.append(done.stdout.strip().splitlines()[-1])
-        said = [line for line in done.stderr.splitlines() if line.startswith("hpcbox: differs ")]
-        if len(jobs) == 1:
-            assert [" ".join(line.split()) for line in said] == [
-                'hpcbox: differs partitions cpu: time limit none -> partitions[0].max_time = "UNLIMITED"'
-            ], done.stderr
-            assert "`hpcbox doctor --cluster=local` shows every check" in done.stderr
-            assert remembered.exists()
-        else:
-            assert said == [] and "shows every check" not in done.stderr, done.stderr
-    for job_id in jobs:
-        followed = invoke(setup, "logs", "--follow", "-j", job_id)
-        assert "the trainer exited with status 0" in followed.stdout, followed.stdout

@@ -70,6 +70,10 @@ CASES = [
     (["status", "-j", "999999"], "job 999999 was not submitted from this project"),
     (["fetch"], "no job was submitted"),
     (["cancel", "-j", "42"], "job 42 was not submitted from this project"),
+    (["notebook", "--cluster=edi", "-j", "42"], "job: -j names the notebook to reach with --attach"),
+    (["notebook", "--cluster=edi", "--attach"], "no notebook was started on edi from this project"),
+    (["notebook", "--cluster=edi", "--attach", "-j", "42"], "job 42 on cluster edi was not submitted from"),
+    (["notebook", "--cluster=lsfsite"], "cluster: no profile named 'lsfsite'"),
     # images and SIFs
     (["build", "--flavour=rocm"], "unknown flavour 'rocm'"),
     (["sif", "--compression=brotli"], "--compression: unknown compression 'brotli'"),

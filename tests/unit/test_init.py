@@ -56,6 +56,7 @@ def test_init_adds_what_hpcbox_needs_and_says_what_it_added(flat_project: Path):
         "added docker/lock/apt-system.txt",
         "added docker/lock/apt-cpu.txt",
         "added docker/lock/apt-venv.txt",
+        "added docker/lock/apt-notebook.txt",
         "added pyproject.toml",
         "added tasks.py",
         "added .gitignore",

@@ -26,7 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Step, Steps
+from hpcbox.project.command import EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Step, Steps
 from hpcbox.render import profiles
 from hpcbox.render.bsub import renderer
 from hpcbox.render.resources import FieldError, ResourceRequest, request_for, resolve
@@ -270,6 +270,11 @@ pathlib.Path(os.environ["STUB_RECORD"]).write_text(json.dumps(args))
 scratch = next(a.split(":")[0] for a in args if a.endswith(":/scratch"))
 out = pathlib.Path(scratch, "out")
 pathlib.Path(os.environ["STUB_SCRATCH_SEEN"]).write_text(scratch)
+handed = {name: value for name, value in os.environ.items() if "ENV_JUPYTER_" in name}
+if handed:  # a notebook: what the container is given, and the runtime folder's mode
+    runtime = pathlib.Path(scratch, os.environ["APPTAINERENV_JUPYTER_RUNTIME_DIR"].removeprefix("/scratch/"))
+    handed["mode"] = oct(runtime.stat().st_mode & 0o777)
+    pathlib.Path(os.environ["STUB_RECORD"]).with_name("notebook.json").write_text(json.dumps(handed))
 mode = os.environ.get("STUB_MODE", "ok")
 (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
 
@@ -1102,6 +1107,26 @@ def test_a_node_whose_apptainer_would_extract_the_sif_for_each_process_unpacks_i
     assert status == 0, output
     assert Path(run_image(sandbox.recorded_argv)) == sandbox.scratch_was / "sif" / "unpacked"
     assert "hpcbox: a node cannot mount the SIF (Apptainer extracts it for each process)" in output
+
+
+def test_a_notebook_job_runs_jupyterlab_with_a_token_made_on_its_node_and_shown_nowhere(sandbox: Sandbox):
+    script = sandbox.script(ResourceRequest(job_name="nb"), (), command=NOTEBOOK)
+    assert shellcheck(script.text).stdout == ""
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    argv = sandbox.recorded_argv
+    assert argv[argv.index(str(sandbox.submit / "images" / "trainer.sif")) + 1 :] == [
+        "jupyter-lab", "--no-browser", "--ip=0.0.0.0", "--ServerApp.root_dir=/scratch",
+        "--FileContentsManager.preferred_dir=/scratch/out",
+    ]  # fmt: skip
+    handed = json.loads((sandbox.root / "notebook.json").read_text())
+    assert 20000 <= int(handed["APPTAINERENV_JUPYTER_PORT"]) < 50000
+    token = handed["APPTAINERENV_JUPYTER_TOKEN"]
+    assert len(token) == 48 and int(token, 16) >= 0  # 24 random bytes, in hex
+    assert handed["mode"] == "0o700"  # the runtime folder, which will hold the token: yours alone
+    assert token not in script.text and token not in output and token not in " ".join(argv)
+    again = sandbox.script(ResourceRequest(job_name="nb", container="singularity"), (), command=NOTEBOOK)
+    assert "SINGULARITYENV_JUPYTER_TOKEN=$(od" in again.text and "APPTAINERENV_" not in again.text
 
 
 def test_a_node_that_mounts_the_sif_runs_the_shipped_one(sandbox: Sandbox):

@@ -50,10 +50,14 @@ FLAVOURS: Mapping[str, Flavour] = {
 }
 # The registry base pinned by digest (`hpcbox lock` writes it where a registry is reachable).
 REGISTRY_BASE_LOCK = "lock/registry-base.toml"
-# Dockerfile stages `hpcbox build` can stop at: the full image, or the environment without the code.
+# Dockerfile stages `hpcbox build` can stop at: the full image, the environment without the code, or
+# that environment with JupyterLab (`hpcbox notebook`, and only for it).
 RUNTIME = "runtime"
 ENVIRONMENT = "environment"
-TARGETS = (RUNTIME, ENVIRONMENT)
+NOTEBOOK = "notebook"
+TARGETS = (RUNTIME, ENVIRONMENT, NOTEBOOK)
+# The notebook's own lock: in the notebook's context alone, so that it changes no other image's tag.
+NOTEBOOK_LOCK = "lock/apt-notebook.txt"
 DEFAULT_FLAVOUR = "cuda"
 # The flavours whose PyTorch uses GPUs: the only ones a job asking for GPUs may run in.
 CUDA_FLAVOURS = ("cuda",)
@@ -118,9 +122,18 @@ class BuildPlan:
         return self.ref.rpartition(":")[0]
 
     @property
+    def locks(self) -> tuple[str, ...]:
+        return target_locks(self.flavour, self.target)
+
+    @property
     def build_args(self) -> dict[str, str]:
         """What `docker build` is given: the base by its name here, since FROM needs one."""
         return {"FLAVOUR": self.flavour.name, "BASE_IMAGE": self.base, **_dated(self.source_date_epoch)}
+
+
+def target_locks(flavour: Flavour, target: str) -> tuple[str, ...]:
+    """The lock files (relative to the docker dir) an image of ``flavour`` built to ``target`` installs."""
+    return (*flavour.locks, NOTEBOOK_LOCK) if target == NOTEBOOK else flavour.locks
 
 
 def _dated(source_date_epoch: int | None) -> dict[str, str]:
@@ -196,10 +209,15 @@ def index_reachable(url: str, timeout_s: float = 5) -> bool:
 
 
 def build_context(
-    project: ProjectConfig, *, with_code: bool = True, locks: Mapping[str, bytes] | None = None
+    project: ProjectConfig,
+    *,
+    with_code: bool = True,
+    with_notebook: bool = False,
+    locks: Mapping[str, bytes] | None = None,
 ) -> bytes:
-    """The build context as a reproducible tarball: docker/ and (``with_code``) the project's code;
-    ``locks`` (path in the project → content) in place of the committed lock files."""
+    """The build context as a reproducible tarball: docker/ (the notebook's lock ``with_notebook``
+    only) and (``with_code``) the project's code; ``locks`` (path in the project → content) in place
+    of the committed lock files."""
     dockerfile = project.root / project.dockerfile
     if not dockerfile.is_file():
         raise HpcboxError(
@@ -210,6 +228,8 @@ def build_context(
         *project_files(project.root, project.docker_dir),
         *project_files(project.root, project.dockerfile),
     }
+    if not with_notebook:
+        paths.discard(f"{project.docker_dir}/{NOTEBOOK_LOCK}")
     files: dict[str, Path | bytes] = {relative: project.root / relative for relative in paths}
     files.update(locks or {})
     if with_code:
@@ -244,9 +264,9 @@ def project_files(root: Path, relative: str) -> Iterator[str]:
             yield path.relative_to(root).as_posix()
 
 
-def lock_hash(project: ProjectConfig, flavour: Flavour) -> str:
+def lock_hash(project: ProjectConfig, flavour: Flavour, target: str = RUNTIME) -> str:
     digest = hashlib.sha256()
-    for lock in flavour.locks:
+    for lock in target_locks(flavour, target):
         path = project.root / project.docker_dir / lock
         if not path.is_file():
             raise HpcboxError(
@@ -275,7 +295,7 @@ def plan_build(
     if target not in TARGETS:
         raise HpcboxError(f"unknown build target {target!r}", f"choose one of: {', '.join(TARGETS)}")
     chosen = resolve_flavour(flavour, offline)
-    context = build_context(project, with_code=target == RUNTIME)
+    context = build_context(project, with_code=target == RUNTIME, with_notebook=target == NOTEBOOK)
     base_lock = baseimage.project_lock(project.root, project.docker_dir)
     if base is not None:
         base_ref = base
@@ -329,7 +349,7 @@ def plan_build(
         base_id=base_image.id,
         context=context,
         content_hash="",
-        lock_hash=lock_hash(project, chosen),
+        lock_hash=lock_hash(project, chosen, target),
         ref=f"{repository}:",
         target=target,
         source_date_epoch=pinned.source_date_epoch if pinned else None,
@@ -363,14 +383,16 @@ def off_lock_plan(project: ProjectConfig, plan: BuildPlan, strict: bool) -> Buil
     docker_dir = project.root / project.docker_dir
     texts = {
         f"{project.docker_dir}/{lock}": (docker_dir / lock).read_text()
-        for lock in plan.flavour.locks
+        for lock in plan.locks
         if Path(lock).name.startswith("apt-")
     }
     moved = offlock.moved_in(plan.base, texts)
     every = (*plan.moved, *(pin for each in moved.values() for pin in each))
     offlock.refuse_if(every, strict, "image")
     locks = {path: offlock.follow(texts[path], moved[path]).encode() for path in texts if moved[path]}
-    context = build_context(project, with_code=plan.target == RUNTIME, locks=locks)
+    context = build_context(
+        project, with_code=plan.target == RUNTIME, with_notebook=plan.target == NOTEBOOK, locks=locks
+    )
     return _hashed(dataclasses.replace(plan, moved=every, off_lock_of=plan.content_hash), context)
 
 

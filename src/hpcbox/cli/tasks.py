@@ -363,9 +363,10 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
     return decorate
 
 
-def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None):
+def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None, command=None):
     """The profile and the checked resources for ``cluster``: the task's resource flags (its
-    ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs."""
+    ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs; ``command``: what the
+    job runs, if not the project's program."""
     from hpcbox.project.config import load_project
     from hpcbox.render import profiles, resources
 
@@ -383,7 +384,7 @@ def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None
     request = resources.request_for(
         cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
     )
-    return project, profile, resources.resolve(profile, request, ddp=project.run.ddp)
+    return project, profile, resources.resolve(profile, request, ddp=(command or project.run).ddp)
 
 
 def _sweep(cluster: str, path: str | None):
@@ -735,6 +736,64 @@ def shell(c, cluster, command=None, **resources):
     jobs.rehearse(profile, project, checked, via=record.via, say=say)
     with ssh.Connection(target) as connection:
         jobs.shell(connection, profile, checked, record, command, on_line=print)
+
+
+@job_task(
+    after="job",
+    help={
+        "attach": "reach the notebook job -j JOB (default: the last one) already running, from another "
+        "terminal or after a network drop",
+        "job": "with --attach: the notebook's job id",
+        "data": "the dataset to stage on node scratch (default: tool.hpcbox.data)",
+        "flavour": "image flavour (default: the one `hpcbox build` last made)",
+        "offline": "build on the Debian base bootstrapped here (no registry)",
+        "via": VIA_HELP,
+    },
+    leave_out=("array", "nodes", "ntasks_per_node"),
+    time="4:00:00",
+    job_name="hpcbox-notebook",
+)
+def notebook(
+    c, cluster, attach=False, job=None, data=None, flavour=None, offline=False, via=None, **resources
+):
+    """JupyterLab from the project's environment on a compute node, as a batch job, forwarded here; prints
+    its URL. Ctrl-C ends the job (what it wrote goes to its run folder)."""
+    from hpcbox import jobs
+    from hpcbox.build.image import NOTEBOOK as NOTEBOOK_TARGET
+    from hpcbox.jobs import notebook as notebooks
+    from hpcbox.project.command import NOTEBOOK
+    from hpcbox.project.config import load_project
+    from hpcbox.render import profiles
+    from hpcbox.tools import ssh
+
+    jobs.require_slurm(profiles.load_profile(cluster))
+    if attach:
+        project, record, target = _job(job or notebooks.last_notebook(load_project(), cluster), cluster)
+        notebooks.require_notebook(record)
+        with ssh.Connection(target) as connection:
+            notebooks.serve(connection, profiles.load_profile(record.cluster), record, say=say)
+        return
+    if job is not None:
+        raise FieldError(
+            "job", "-j names the notebook to reach with --attach", "add --attach, or leave out -j"
+        )
+    project, profile, checked = _resources(cluster, resources, command=NOTEBOOK)
+    notebooks.check_resources(checked)
+    target = jobs.connection_target(profile, project, via=via)
+    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
+    jobs.rehearse(profile, project, checked, via=via, say=say)
+    payload, environment = jobs.prepare_payload(
+        project, jobs.data_path(project, data), profile.apptainer.compression,
+        flavour=flavour, offline=offline, gpus=checked.gpus, target=NOTEBOOK_TARGET, say=say, on_line=say,
+    )  # fmt: skip
+    with ssh.Connection(target) as connection:
+        record = jobs.submit(
+            project, profile, target, checked, (), payload,
+            image=environment.ref, via=via, command=NOTEBOOK, connection=connection, say=say,
+        )  # fmt: skip
+        assert record is not None  # not a dry run
+        say(f"hpcbox: notebook job {record.job_id} submitted; log {record.log}")
+        notebooks.serve(connection, profile, record, say=say)
 
 
 # --- cluster (the mini Slurm-in-Docker cluster) ----------------------------------------------------

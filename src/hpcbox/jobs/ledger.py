@@ -43,6 +43,7 @@ class JobRecord:
     via: str | None = None  # "local": the cluster's job rehearsed on the mini cluster shaped like it
     sweep: tuple[tuple[str, ...], ...] = ()  # a sweep's points: array task i ran with sweep[i]
     resubmits: str | None = None  # the sweep job whose failed tasks this one runs again
+    notebook: bool = False  # JupyterLab (`hpcbox notebook`), not the project's program
 
     @property
     def is_array(self) -> bool:

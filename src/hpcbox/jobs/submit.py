@@ -4,6 +4,7 @@ the job recorded in the ledger."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from hpcbox.files import slug
 from hpcbox.jobs import doctor, ship
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.jobs.ledger import JobRecord, Ledger
+from hpcbox.project.command import NOTEBOOK, ContainerCommand
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render import logpaths
 from hpcbox.render.profiles import ClusterProfile
@@ -38,6 +40,7 @@ def prepare_payload(
     cache: Path | None = None,
     data_cache: Path | None = None,
     gpus: int = 0,
+    target: str = ENVIRONMENT,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> tuple[ship.Payload, Image]:
@@ -49,7 +52,8 @@ def prepare_payload(
     refuses a flavour without CUDA it did not name, before building where it can tell (one it named
     goes, and the trainer stops at the job's start unless told --device cpu). ``cache``: the SIF cache
     (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
-    directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data).
+    directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data). ``target``
+    NOTEBOOK: the environment with JupyterLab (`hpcbox notebook`).
     """
     from hpcbox.jobs.datasets import cache_dir
     from hpcbox.sif.convert import build_sif
@@ -76,7 +80,7 @@ def prepare_payload(
     dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
     code = ship.code_snapshot(project)
     environment = build_image(
-        project, flavour=flavour, offline=offline, base=base, target=ENVIRONMENT, say=say, on_line=on_line
+        project, flavour=flavour, offline=offline, base=base, target=target, say=say, on_line=on_line
     )
     if flavour is None:
         _require_cuda(environment.flavour, gpus, "the flavour this machine could build")
@@ -112,14 +116,18 @@ def submit(
     dry_run: bool = False,
     sweep: Sweep | None = None,
     resubmits: str | None = None,
+    command: ContainerCommand | None = None,
+    connection: ssh.Connection | None = None,
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
     """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
 
-    With a ``sweep`` the job is an array, a task per point (``resources.array`` names which)."""
+    With a ``sweep`` the job is an array, a task per point (``resources.array`` names which). ``command``:
+    what the job runs instead of the project's program (NOTEBOOK); ``connection``: one to ``target``
+    already open, to use (and leave open) rather than a connection of its own."""
     require_slurm(profile)
     started = time.monotonic()
-    with ssh.Connection(target) as connection:
+    with ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection:
         connected = time.monotonic()
         if not dry_run:
             doctor.first_look(connection, profile, project.state_dir, say=say)
@@ -143,7 +151,7 @@ def submit(
             sif_sha256=payload.sif_sha256,
             code_revision=inputs_revision(project.root, project.code),
         )
-        script = render_sbatch(profile, resources, inputs, trainer_args, project.run, sweep=sweep)
+        script = render_sbatch(profile, resources, inputs, trainer_args, command or project.run, sweep=sweep)
         stamp = datetime.now(UTC)
         script_name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
         if dry_run:
@@ -177,7 +185,13 @@ def submit(
         trainer_args,
         timings,
     )
-    record = replace(record, via=via, sweep=sweep.points if sweep else (), resubmits=resubmits)
+    record = replace(
+        record,
+        via=via,
+        sweep=sweep.points if sweep else (),
+        resubmits=resubmits,
+        notebook=command == NOTEBOOK,
+    )
     Ledger(project).add(record, script.text)
     return record
 

@@ -143,6 +143,24 @@ EXAMPLE_TRAINER = ContainerCommand(
     "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
 )
 
+# What a notebook job runs (`hpcbox notebook`, from the notebook stage of the image): JupyterLab,
+# reachable from the login node on the port and with the token the job script hands it, showing node
+# scratch (the dataset, and the output folder, where new notebooks go: it is copied back as a job's
+# results are).
+NOTEBOOK = ContainerCommand(
+    "program",
+    "jupyter-lab",
+    (
+        "--no-browser",
+        "--ip=0.0.0.0",
+        f"--ServerApp.root_dir={SCRATCH_MOUNT}",
+        f"--FileContentsManager.preferred_dir={OUTPUT_DIR}",
+    ),
+    launcher="srun",
+)
+# Where the notebook keeps its runtime files (the port and token among them), on node scratch.
+NOTEBOOK_RUNTIME_DIR = "tmp/jupyter"
+
 
 def command_from_table(
     table: Mapping[str, object],

@@ -27,6 +27,7 @@ DOCKER_FILES = (
     "lock/apt-system.txt",
     "lock/apt-cpu.txt",
     "lock/apt-venv.txt",
+    "lock/apt-notebook.txt",
 )
 TASKS_LINES = "from hpcbox.tasks import collection\n\nns = collection()\n"
 IGNORED = (".hpcbox/", "runs/")

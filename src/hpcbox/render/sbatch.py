@@ -22,7 +22,15 @@ from pathlib import Path
 
 from hpcbox.errors import FieldError
 from hpcbox.files import slug, write_atomically
-from hpcbox.project.command import CODE_MOUNT, EXAMPLE_TRAINER, SCRATCH_MOUNT, ContainerCommand, Steps
+from hpcbox.project.command import (
+    CODE_MOUNT,
+    EXAMPLE_TRAINER,
+    NOTEBOOK,
+    NOTEBOOK_RUNTIME_DIR,
+    SCRATCH_MOUNT,
+    ContainerCommand,
+    Steps,
+)
 from hpcbox.render import logpaths
 from hpcbox.render.options import RESOURCE_OPTIONS
 from hpcbox.render.profiles import ClusterProfile, assumptions
@@ -401,11 +409,6 @@ def _prelude(profile: ClusterProfile) -> str:
 
 def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect) -> str:
     job_key = dialect.array_key if resources.array else f"${{{dialect.job_id}}}"
-    scratch_variable = profile.node_scratch_variable
-    if scratch_variable:
-        node_scratch = f'"${{{scratch_variable}:?the site sets {scratch_variable} for every job}}"'
-    else:
-        node_scratch = shlex.quote(profile.node_scratch) + '/"${USER:-$(id -un)}"'
     return "\n".join(
         [
             f"submit_dir=${{{dialect.submit_dir}:-$PWD}}",
@@ -414,7 +417,7 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             f"dataset={_path(inputs.dataset)}",
             f'job_key="{job_key}"',
             f'run_dir={_path(inputs.runs_dir)}/"$job_key"',
-            f'job_scratch={node_scratch}/hpcbox-"{dialect.scratch_key}"',
+            f"job_scratch={job_scratch(profile, dialect)}",
             'trainer_pid=""',
             'sampler_pid=""',
             'syncer_pid=""',
@@ -425,6 +428,17 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             'time_up=""',
         ]
     )
+
+
+def job_scratch(profile: ClusterProfile, dialect: Dialect = SLURM) -> str:
+    """The job's folder on node scratch, as bash on the job's nodes expands it (in the job script, and
+    in any step of the job: `hpcbox notebook` reads the notebook's files there)."""
+    scratch_variable = profile.node_scratch_variable
+    if scratch_variable:
+        node_scratch = f'"${{{scratch_variable}:?the site sets {scratch_variable} for every job}}"'
+    else:
+        node_scratch = shlex.quote(profile.node_scratch) + '/"${USER:-$(id -un)}"'
+    return f'{node_scratch}/hpcbox-"{dialect.scratch_key}"'
 
 
 def _functions(
@@ -610,7 +624,7 @@ def _run_trainer(
 ) -> str:
     if isinstance(command, Steps):
         return _run_steps(profile, resources, command, dialect)
-    text = _before_launch(resources, command, dialect) + _launch(
+    text = _before_launch(profile, resources, command, dialect) + _launch(
         profile, resources, command, trainer_args, dialect, swept=swept
     )
     return _bash(
@@ -633,7 +647,7 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
         blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
     return _bash(
         "run_steps",
-        before=_before_launch(resources, run, dialect),
+        before=_before_launch(profile, resources, run, dialect),
         total=str(total),
         scheduler=dialect.scheduler,
         checkpointed=str(CHECKPOINTED_EXIT),
@@ -647,8 +661,24 @@ def _await_trainer(what: str) -> str:
     return _bash("await", what=what)
 
 
-def _before_launch(resources: Resources, command: ContainerCommand | Steps, dialect: Dialect) -> str:
-    """What the launch lines need first: the rendezvous for torchrun on several processes."""
+def _before_launch(
+    profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps, dialect: Dialect
+) -> str:
+    """What the launch lines need first: the notebook's token, the rendezvous for torchrun on several
+    processes."""
+    if command == NOTEBOOK:
+        # Apptainer hands APPTAINERENV_X to the container as X; Singularity, SINGULARITYENV_X.
+        runtime = _runtime(profile, resources)
+        prefix = "SINGULARITYENV_" if Path(runtime.split()[0]).name == "singularity" else "APPTAINERENV_"
+        return (
+            _bash(
+                "notebook_token",
+                prefix=prefix,
+                runtime_dir=NOTEBOOK_RUNTIME_DIR,
+                runtime_mount=f"{SCRATCH_MOUNT}/{NOTEBOOK_RUNTIME_DIR}",
+            )
+            + "\n"
+        )
     if resources.tasks == 1:
         return ""
     if command.ddp:

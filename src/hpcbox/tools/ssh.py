@@ -270,6 +270,13 @@ class Connection:
         """Run ``command`` (a shell string, or argv) on the remote side and capture its output."""
         return proc.run(self.argv(command), what=what, hint=hint, check=check, input_bytes=input_bytes)
 
+    def forward(self, local_port: int, host: str, port: int) -> None:
+        """Forward 127.0.0.1:``local_port`` here to ``host``:``port`` as the remote side reaches it, for
+        as long as the connection is open."""
+        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}"]
+        spec = f"127.0.0.1:{local_port}:{host}:{port}"
+        proc.run([*argv, "-O", "forward", "-L", spec, self.target.host], what=f"forward {spec}")
+
     def interactive(self, command: str) -> int:
         """Run ``command`` remotely on the user's own terminal (ssh -t); its exit status."""
         return proc.interactive(self.argv(command, tty=True))
