@@ -161,10 +161,12 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
 ):
     from hpcbox.tools import docker
 
+    # A store of its own on the cluster: test_submit's first submit finds the session's empty.
     first = Notebook(
-        setup, "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=30"
-    )
-    second = None
+        setup, "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=30",
+        "--remote-root=hpcbox-notebook",
+    )  # fmt: skip
+    second, job_id = None, None
     try:
         url = first.url(STARTS_WITHIN_S)
         job_id = re.search(r"notebook job (\d+) submitted", first.said)[1]
@@ -220,3 +222,5 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         first.close()
         if second is not None:
             second.close()
+        if job_id is not None:  # whatever failed, the notebook holds no node for the tests after it
+            minicluster.ssh(["scancel", job_id])

@@ -121,6 +121,66 @@ def test_own_project_init_lock_build_submit_fetch(
                 docker.remove_image(tag)
 
 
+# A notebook as researchers leave it: a shell escape, its computation, a plot.
+NOTEBOOK = {
+    "nbformat": 4, "nbformat_minor": 5, "metadata": {},
+    "cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# The mean of the numbers"]},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 1,
+         "source": ["!pip install numpy"]},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 2, "source": [
+            "import json, sys\n", "from pathlib import Path\n", "import numpy\n",
+            "data, out = Path(sys.argv[1]), Path(sys.argv[2])\n",
+            "numbers = numpy.loadtxt(data / 'numbers.txt')\n",
+        ]},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 3, "source": [
+            "import matplotlib.pyplot as plt\n", "plt.plot(numbers)\n", "plt.show()",
+        ]},
+        {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": 4, "source": [
+            "out.mkdir(parents=True, exist_ok=True)\n",
+            "(out / 'mean.json').write_text(json.dumps({'mean': float(numbers.mean())}))",
+        ]},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.cluster
+def test_a_notebook_becomes_the_program_a_job_runs(
+    run_id: str, minicluster, minicluster_state: Path, tmp_path: Path
+):
+    """`hpcbox init --from-notebook`: the notebook's code, less what a batch job cannot run, is the
+    program; submitted to the mini cluster, it computes on the staged data and its output comes home."""
+    root = tmp_path / "notebook-project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "numbers.txt").write_text("2\n4\n6\n")
+    (root / "analysis.ipynb").write_text(json.dumps(NOTEBOOK))
+    (root / "requirements.txt").write_text("numpy\n")
+    env = {
+        "HPCBOX_IMAGE_REPOSITORY": f"{run_id}/notebook-project",
+        "HPCBOX_MINICLUSTER": minicluster.name,
+        "HPCBOX_MINICLUSTER_STATE": str(minicluster_state),
+        "HPCBOX_CACHE": str(tmp_path / "cache"),
+    }
+    made = hpcbox(root, "init", "--from-notebook=analysis.ipynb", "--args={data_dir} {output_dir}", env=env)
+    assert "analysis.py: cell 2 kept out as comments: a shell escape" in made.stdout, made.stdout
+    assert "analysis.py: cell 4 kept out as comments: it shows a plot" in made.stdout, made.stdout
+    assert 'script = "analysis.py"' in (root / "pyproject.toml").read_text()
+    hpcbox(root, "lock", "--pip-only", env=env)
+    try:
+        submitted = hpcbox(
+            root, "submit", "--cluster=local", "--offline", "--data=data", "--time=10", env=env
+        )
+        job_id = submitted.stdout.strip().splitlines()[-1]
+        followed = hpcbox(root, "logs", "--follow", "-j", job_id, env=env)
+        assert "exited with status 0" in followed.stdout, followed.stdout
+        fetched = Path(hpcbox(root, "fetch", "-j", job_id, env=env).stdout.strip())
+        assert json.loads((fetched / "mean.json").read_text()) == {"mean": 4.0}
+    finally:
+        for image in docker.client().images.list(name=f"{run_id}/notebook-project*"):
+            for tag in image.tags:
+                docker.remove_image(tag)
+
+
 def test_pip_install_into_a_fresh_venv_gives_a_working_hpcbox_command(tmp_path: Path):
     source = tmp_path / "source"
     anywhere = shutil.ignore_patterns(".git", ".venv", ".hpcbox", "*.egg-info", "__pycache__")

@@ -80,6 +80,7 @@ CASES = [
     (["sif", "--image=hpcbox-missing/nothing:1", "--compression=zstd:99"], "--compression: "),
     (["verify", "--artifact=missing.sif"], "no SIF at missing.sif"),
     (["init", "--script=a.py", "--module=b"], "give one of --module, --script and --entry-point"),
+    (["init", "--from-notebook=missing.ipynb"], "--from-notebook: missing.ipynb does not exist"),
 ]  # fmt: skip
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -1251,6 +1252,15 @@ def test_steps_run_in_order_and_the_second_sees_what_the_first_wrote(sandbox: Sa
     assert list(sandbox.node_scratch.rglob("hpcbox-*")) == []
 
 
+def test_a_step_argument_holding_a_newline_reaches_the_step_as_written(sandbox: Sandbox):
+    steps = steps_sandbox(sandbox)
+    evaluate = dataclasses.replace(steps.steps[1].command, args=("line one\n  line two",))
+    steps = Steps((steps.steps[0], Step("evaluate", evaluate)))
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="steps"), (), steps))
+    assert status == 0, output
+    assert "evaluate line one\n  line two (saw train)\n" in (sandbox.run_dir / "steps.log").read_text()
+
+
 def test_a_failed_step_stops_the_job_with_its_status(sandbox: Sandbox):
     script = sandbox.script(ResourceRequest(job_name="steps"), (), steps_sandbox(sandbox))
     sandbox.env["STUB_TRAIN"] = "fail"
@@ -1317,7 +1327,7 @@ def test_several_processes_run_each_step_in_turn(launcher: str):
     text = render_sbatch(profile, resolve(profile, request, ddp=steps.ddp), INPUTS, (), steps).text
     assert shellcheck(text).stdout == ""
     assert text.count("rendezvous_port=") == (1 if launcher == "torchrun" else 0)  # set up once
-    one_line = text.replace(" \\\n        ", " ")
+    one_line = re.sub(r" \\\n +", " ", text)
     if launcher == "torchrun":
         assert '"$rendezvous_port" -m mypkg.fit --out /scratch/out &' in one_line
         assert '"$rendezvous_port" --no-python ev &' in one_line

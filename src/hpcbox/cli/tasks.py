@@ -196,6 +196,8 @@ def lock(c, base=None, mirror=None, pip_only=False, record=False):
         "dependencies": "requirements.txt, pyproject.toml or environment.yml (default: the first found)",
         "dockerfile": "where hpcbox's Dockerfile goes (default docker/Dockerfile)",
         "name": "the image's name (default: the project's)",
+        "from_notebook": "a Jupyter notebook of the project whose code becomes the program: NB.py beside "
+        "it (what a batch job cannot run kept out as comments)",
     },
 )
 @friendly
@@ -209,6 +211,7 @@ def init(
     dependencies=None,
     dockerfile="docker/Dockerfile",
     name=None,
+    from_notebook=None,
 ):
     """Set up hpcbox in this project: docker/, [tool.hpcbox] and tasks.py; never overwrites a file."""
     from hpcbox.project.init import apply, plan_init, program_from_flags
@@ -222,6 +225,7 @@ def init(
         dependencies=dependencies,
         dockerfile=dockerfile,
         name=name,
+        from_notebook=from_notebook,
     )
     for line in apply(root, plan) or ["nothing to add: hpcbox is set up here"]:
         print(f"hpcbox init: {line}")
@@ -748,13 +752,23 @@ def shell(c, cluster, command=None, **resources):
         "flavour": "image flavour (default: the one `hpcbox build` last made)",
         "offline": "build on the Debian base bootstrapped here (no registry)",
         "via": VIA_HELP,
+        "remote_root": "where hpcbox keeps SIFs, data and jobs on the cluster (default ~/hpcbox)",
     },
     leave_out=("array", "nodes", "ntasks_per_node"),
     time="4:00:00",
     job_name="hpcbox-notebook",
 )
 def notebook(
-    c, cluster, attach=False, job=None, data=None, flavour=None, offline=False, via=None, **resources
+    c,
+    cluster,
+    attach=False,
+    job=None,
+    data=None,
+    flavour=None,
+    offline=False,
+    via=None,
+    remote_root="hpcbox",
+    **resources,
 ):
     """JupyterLab from the project's environment on a compute node, as a batch job, forwarded here; prints
     its URL. Ctrl-C ends the job (what it wrote goes to its run folder)."""
@@ -789,7 +803,8 @@ def notebook(
     with ssh.Connection(target) as connection:
         record = jobs.submit(
             project, profile, target, checked, (), payload,
-            image=environment.ref, via=via, command=NOTEBOOK, connection=connection, say=say,
+            image=environment.ref, via=via, remote_root=remote_root, command=NOTEBOOK, connection=connection,
+            say=say,
         )  # fmt: skip
         assert record is not None  # not a dry run
         say(f"hpcbox: notebook job {record.job_id} submitted; log {record.log}")

@@ -180,12 +180,14 @@ def open_in_browser(url: str) -> bool:
 
 @contextmanager
 def detaching() -> Iterator[None]:
-    """SIGHUP and SIGTERM raise Detached in the block (Ctrl-C stays KeyboardInterrupt)."""
+    """SIGHUP and SIGTERM raise Detached in the block, and Ctrl-C KeyboardInterrupt, even where this
+    process was started with SIGINT ignored (in the background of a script, by nohup)."""
 
     def detach(signum: int, _frame: object) -> None:
         raise Detached(signal.Signals(signum).name)
 
     before = {signum: signal.signal(signum, detach) for signum in (signal.SIGHUP, signal.SIGTERM)}
+    before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:

@@ -461,6 +461,9 @@ def _all_running(cluster: Cluster) -> bool:
 
 def _check_port_free(port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As Docker binds it: a connection of the cluster just removed, closing (TIME_WAIT), does not
+        # hold the port; only something listening there does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as exc:

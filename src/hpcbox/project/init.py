@@ -17,6 +17,7 @@ from pathlib import Path
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.project.depsource import detect
+from hpcbox.project.notebook_script import convert
 from hpcbox.tables import load_toml
 
 # What init copies from hpcbox's own docker/: the stages and the system locks, pinned together with
@@ -76,13 +77,21 @@ def plan_init(
     dependencies: str | None = None,
     dockerfile: str = "docker/Dockerfile",
     name: str | None = None,
+    from_notebook: str | None = None,
 ) -> InitPlan:
-    """What `init` would add to the project at ``root``; refuses (HpcboxError) before anything is written."""
+    """What `init` would add to the project at ``root``; refuses (HpcboxError) before anything is written.
+
+    ``from_notebook``: a notebook in the project, whose script (beside it) becomes the program."""
     pyproject = root / "pyproject.toml"
     data = load_toml(pyproject) if pyproject.is_file() else {}
     configured = "hpcbox" in data.get("tool", {})
     additions: list[Addition] = []
     notes: list[str] = []
+    if from_notebook is not None:
+        script, kept_notes = _notebook_program(root, from_notebook, program, configured)
+        program = Program("script", script.path)
+        additions.append(script)
+        notes += kept_notes
 
     if configured:
         dockerfile = data["tool"]["hpcbox"].get("dockerfile", "docker/Dockerfile")
@@ -110,6 +119,7 @@ def plan_init(
             dependencies=dependencies,
             dockerfile=dockerfile,
             name=name,
+            planned=[addition.path for addition in additions],
         )
         additions.append(Addition("pyproject.toml", table, append=pyproject.is_file()))
         notes.append("next: `hpcbox lock --pip-only` (your dependencies, hashed), then `hpcbox build`")
@@ -160,12 +170,14 @@ def hpcbox_table(
     dependencies: str | None,
     dockerfile: str,
     name: str | None,
+    planned: Sequence[str] = (),
 ) -> str:
-    """The `[tool.hpcbox]` table for this project, as TOML text to add to pyproject.toml."""
+    """The `[tool.hpcbox]` table for this project, as TOML text to add to pyproject.toml; ``planned``:
+    the files this init adds (a notebook's script)."""
     project = name or project_name(root, pyproject)
     paths = list(code) or detect_code(root, program)
     for path in paths:
-        if not (root / path).exists():
+        if not (root / path).exists() and path not in planned:
             raise HpcboxError(
                 f"--code: {path} does not exist in {root}", "name a folder or file of your code"
             )
@@ -274,6 +286,35 @@ def program_from_flags(module: str | None, script: str | None, entry_point: str 
     if len(given) > 1:
         raise HpcboxError("give one of --module, --script and --entry-point", "a job runs one program")
     return Program(*given[0]) if given else None
+
+
+def _notebook_program(
+    root: Path, notebook: str, program: Program | None, configured: bool
+) -> tuple[Addition, list[str]]:
+    """The script of ``notebook`` (beside it) as an addition, and what to tell the user about it."""
+    if program is not None:
+        raise HpcboxError("--from-notebook names the program: leave out --module, --script and --entry-point")
+    path = (root / notebook).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise HpcboxError(
+            f"--from-notebook: {notebook} is outside the project", "copy it into the project first"
+        )
+    converted = convert(path, notebook)
+    if configured:
+        raise HpcboxError(
+            "hpcbox is set up here already: init does not change [tool.hpcbox.run]",
+            "convert the notebook with `jupyter nbconvert --to script` and set script = in [tool.hpcbox.run]",
+        )
+    script = path.with_suffix(".py").relative_to(root.resolve()).as_posix()
+    if (root / script).exists():
+        raise HpcboxError(f"--from-notebook: {script} exists: init does not overwrite it", "move it aside")
+    notes = [f"{script} is {notebook}'s program ({converted.code_cells} code cells)"]
+    notes += [f"{script}: cell {kept.cell} kept out as comments: {kept.why}" for kept in converted.kept_out]
+    notes.append(
+        f"{script} runs with node scratch as its working folder: read the dataset from the folder "
+        "--args gives as {data_dir}, write what to keep under {output_dir}"
+    )
+    return Addition(script, converted.text), notes
 
 
 def _toml(value: str | list[str]) -> str:

@@ -642,9 +642,9 @@ def _run_steps(profile: ClusterProfile, resources: Resources, run: Steps, dialec
     blocks = []
     for number, step in enumerate(run.steps, 1):
         launch = _launch(profile, resources, step.command, (), dialect)
-        started = f"{launch} &\ntrainer_pid=$!\n{_bash('usr1_as_it_started')}\nawait_step {number}"
-        body = textwrap.indent(started, "    ")
-        blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{body}\nfi")
+        # The launch is not indented: an argument may hold a newline, which indenting would change.
+        after = textwrap.indent(f"trainer_pid=$!\n{_bash('usr1_as_it_started')}\nawait_step {number}", "    ")
+        blocks.append(f"if start_step {number} {shlex.quote(step.name)}; then\n{launch} &\n{after}\nfi")
     return _bash(
         "run_steps",
         before=_before_launch(profile, resources, run, dialect),
