@@ -531,14 +531,9 @@ def submit(
         array = points.array(failed)
         say(f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}")
     project, profile, checked = _resources(cluster, resources, array)
-    target = jobs.connection_target(
-        profile, project, via=via, host=host, user=user, port=int(port) if port else None
-    )
-    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
-    jobs.rehearse(profile, project, checked, via=via, host=host, say=say)
-    payload, environment = jobs.prepare_payload(
-        project, jobs.data_path(project, data), profile.apptainer.compression,
-        flavour=flavour, offline=offline, gpus=checked.gpus, say=say,
+    target, payload, environment = _ready_to_ship(
+        project, profile, checked, data, flavour, offline,
+        via=via, host=host, user=user, port=int(port) if port else None,
     )  # fmt: skip
     record = jobs.submit(
         project, profile, target, checked, trainer_args, payload,
@@ -553,6 +548,23 @@ def submit(
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def _ready_to_ship(
+    project, profile, checked, data, flavour, offline, *, via, host=None, user=None, port=None, **stage
+):
+    """How to reach the cluster, its rehearsal made ready (via local), and what goes there: the image
+    (``stage``: prepare_payload's target and on_line), its SIF, the code and the dataset."""
+    from hpcbox import jobs
+
+    target = jobs.connection_target(profile, project, via=via, host=host, user=user, port=port)
+    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
+    jobs.rehearse(profile, project, checked, via=via, host=host, say=say)
+    payload, environment = jobs.prepare_payload(
+        project, jobs.data_path(project, data), profile.apptainer.compression,
+        flavour=flavour, offline=offline, gpus=checked.gpus, say=say, **stage,
+    )  # fmt: skip
+    return target, payload, environment
 
 
 def _job(job: str | None, cluster: str | None):
@@ -793,13 +805,9 @@ def notebook(
         )
     project, profile, checked = _resources(cluster, resources, command=NOTEBOOK)
     notebooks.check_resources(checked)
-    target = jobs.connection_target(profile, project, via=via)
-    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
-    jobs.rehearse(profile, project, checked, via=via, say=say)
-    payload, environment = jobs.prepare_payload(
-        project, jobs.data_path(project, data), profile.apptainer.compression,
-        flavour=flavour, offline=offline, gpus=checked.gpus, target=NOTEBOOK_TARGET, say=say, on_line=say,
-    )  # fmt: skip
+    target, payload, environment = _ready_to_ship(
+        project, profile, checked, data, flavour, offline, via=via, target=NOTEBOOK_TARGET, on_line=say
+    )
     with ssh.Connection(target) as connection:
         record = jobs.submit(
             project, profile, target, checked, (), payload,

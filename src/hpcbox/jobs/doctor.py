@@ -68,11 +68,13 @@ class Probed:
         return self.status == 0
 
 
+NOT_RUN = Probed("", 127)  # a probe the script did not run or report
+
+
 def probe_script(profile: ClusterProfile) -> str:
     """The bash the login node runs: each probe in a subshell under `timeout`, its output and status
     printed after a marker line naming it."""
-    runtime = shlex.quote(profile.apptainer.command)
-    setup = "\n".join(["set +u", *profile.apptainer.setup]) if profile.apptainer.setup else ":"
+    runtime, setup = _runtime_lines(profile)
     # Each area's free space, the line led by its key; the path is the profile's, variables expanded.
     areas = "\n".join(
         f'printf "%s " {key}; df -Pk "{_expanding(path)}" 2>&1 | tail -1'
@@ -100,6 +102,12 @@ def probe_script(profile: ClusterProfile) -> str:
     return _probing(probes)
 
 
+def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
+    """The profile's runtime command, quoted, and the bash of its setup (modules read unset variables)."""
+    setup = "\n".join(["set +u", *profile.apptainer.setup]) if profile.apptainer.setup else ":"
+    return shlex.quote(profile.apptainer.command), setup
+
+
 def _probing(probes: Mapping[str, str]) -> str:
     parts = []
     for name, body in probes.items():
@@ -115,8 +123,7 @@ def _probing(probes: Mapping[str, str]) -> str:
 def sif_script(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> str:
     """The bash that runs each probe SIF (``sifs``: compression -> its path on the site) as a job would:
     mounted, and where that fails, unpacked to a folder first (`build --sandbox`)."""
-    runtime = shlex.quote(profile.apptainer.command)
-    setup = "\n".join(["set +u", *profile.apptainer.setup]) if profile.apptainer.setup else ":"
+    runtime, setup = _runtime_lines(profile)
     probes = {}
     for compression, path in sifs.items():
         sif = shlex.quote(path)
@@ -177,9 +184,9 @@ def _try_sifs(
 ) -> dict[str, Probed]:
     """The probe SIFs run on the login node, uploaded first where it lacks them; a `sifs` entry says
     why none ran where they could not be made."""
-    if not probed.get("runtime", Probed("", 127)).answered:
+    if not probed.get("runtime", NOT_RUN).answered:
         return {}  # the runtime line fails already: nothing runs a SIF
-    machine = probed.get("machine", Probed("", 127))
+    machine = probed.get("machine", NOT_RUN)
     if not machine.answered or machine.output not in probe.MACHINES:
         return {"sifs": Probed(f"no probe SIF for a {machine.output or 'machine uname -m does not name'}", 1)}
     wanted = [fastest(profile.apptainer.compression.algorithm), *probe.compressions()]
@@ -202,8 +209,7 @@ def _try_sifs(
 
 def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Finding]:
     """Every check, in the order the table shows them."""
-    missing = Probed("", 127)
-    get = lambda name: probed.get(name, missing)  # noqa: E731
+    get = lambda name: probed.get(name, NOT_RUN)  # noqa: E731
     return [
         _slurm(profile, get("slurm")),
         _scheduler(get("squeue"), get("sacct")),
@@ -397,13 +403,13 @@ def _sif_outcome(probed: Mapping[str, Probed], algorithm: str) -> tuple[str, str
     """How a probe SIF of ``algorithm`` ran: "mounts", "extracts" (Apptainer extracted it to a folder
     to run it, as it does each time where it has no squashfuse), "unpacks" (it did not mount; unpacked
     first it ran) or "fails"; and, where it did not mount, the runtime's reason."""
-    mounted = probed.get(f"mount:{algorithm}", Probed("", 127))
+    mounted = probed.get(f"mount:{algorithm}", NOT_RUN)
     if mounted.answered:
         return ("extracts" if _EXTRACTED in mounted.output else "mounts"), ""
     said = [line for line in mounted.output.splitlines() if "FATAL" in line or "ERROR" in line]
     # Apptainer chains its reasons with ": "; the last is the cause (squashfuse's own words).
     reason = " ".join((said[-1] if said else _last_line(mounted)).split()).rsplit(": ", 1)[-1]
-    if probed.get(f"unpack:{algorithm}", Probed("", 127)).answered:
+    if probed.get(f"unpack:{algorithm}", NOT_RUN).answered:
         return "unpacks", reason
     return "fails", reason
 

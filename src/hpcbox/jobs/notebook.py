@@ -12,6 +12,7 @@ it; a closed terminal or a dropped network (SIGHUP, SIGTERM) leaves the job runn
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -32,7 +33,7 @@ from hpcbox.project.config import ProjectConfig
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.render.resources import Resources
 from hpcbox.render.sbatch import job_scratch
-from hpcbox.tools import ssh
+from hpcbox.tools import slurm, ssh
 
 START_TIMEOUT_S = 300  # from RUNNING until Jupyter answers: a first start unpacks nothing, yet is slow
 POLL_S = 2
@@ -89,22 +90,26 @@ def find_server(
     say: Callable[[str], None] = print,
 ) -> Server:
     """Jupyter's node, port and token, once the job runs and Jupyter has written its runtime file."""
-    said_pending = False
+    said_pending = []
+
+    def pending(found: slurm.JobState) -> None:
+        if found.state != "RUNNING" and not found.finished and not said_pending:
+            why = f" ({found.reason_in_words or found.reason})" if found.reason else ""
+            say(f"hpcbox: notebook job {record.job_id} is {found.state}{why}; waiting for a node")
+            said_pending.append(found)
+
     deadline = None
     while True:
-        found = follow.state(connection, record)
+        # However long the queue keeps it: a notebook waits for its node as long as you do.
+        found = follow.wait(
+            connection, record, until=lambda f: f.finished or f.state == "RUNNING", timeout_s=math.inf,
+            poll_s=POLL_S, on_change=pending,
+        )  # fmt: skip
         if found.finished:
             raise HpcboxError(
                 f"notebook job {record.job_id} ended ({found.state}) before Jupyter answered",
                 f"its log says why: `hpcbox logs -j {record.job_id}`",
             )
-        if found.state != "RUNNING":
-            if not said_pending:
-                why = f" ({found.reason_in_words or found.reason})" if found.reason else ""
-                say(f"hpcbox: notebook job {record.job_id} is {found.state}{why}; waiting for a node")
-                said_pending = True
-            time.sleep(POLL_S)
-            continue
         deadline = deadline or time.monotonic() + timeout_s
         node = found.nodes.split(",")[0]
         server = read_server(connection, profile, record, node)

@@ -176,7 +176,7 @@ def _change_software(
     saved = {"spec": asdict(spec), "image": current.image, "shape": asdict(shape)}
     write_atomically(state_dir(state_root, spec.name) / "cluster.json", json.dumps(saved))
     fuse = "with FUSE" if shape.fuse else "without FUSE"
-    tools = "".join(f", without {what}" for what in ("squashfuse", "zstd") if not getattr(shape, what))
+    tools = "".join(f", without {what}" for what in shape.lacking)
     say(f"cluster {spec.name}: compute nodes now run {shape.runtime}, {fuse}{tools} (changed in place)")
     wait_ready(changed, timeout_s)
     return changed

@@ -58,7 +58,7 @@ class ClusterShape:
     runtime: str = "apptainer"
     fuse: bool = True  # whether users' Apptainer can mount a SIF (FUSE); else jobs unpack it
     squashfuse: bool = True  # squashfuse installed (Apptainer mounts a SIF with it, given FUSE)
-    zstd: bool = True  # squashfuse and unsquashfs read zstd (older builds do not)
+    zstd: bool = True  # squashfuse reads zstd (older builds do not)
     assumed: str = ""  # what the profile assumes of its site, in a line (profiles.assumptions)
     # Site areas named by a variable the site sets at login (Mila's $SCRATCH): a folder on the shared
     # data volume each, exported under that name by every node's login shell.
@@ -87,6 +87,11 @@ class ClusterShape:
         return dataclasses.replace(
             self, **{name: value for name, value in asked.items() if value is not None}
         )
+
+    @property
+    def lacking(self) -> tuple[str, ...]:
+        """What of the nodes' squashfs tools this cluster leaves out: squashfuse, its zstd."""
+        return tuple(what for what in ("squashfuse", "zstd") if not getattr(self, what))
 
     @property
     def enforces_associations(self) -> bool:
@@ -138,11 +143,8 @@ class ClusterShape:
         )
         fuse = "yes" if self.fuse else "no: a job unpacks the SIF to node scratch"
         lines.append(f"  container runtime: {runtime}; FUSE for users: {fuse}")
-        if not self.squashfuse or not self.zstd:
-            lacking = [
-                what for what, there in (("squashfuse", self.squashfuse), ("zstd", self.zstd)) if not there
-            ]
-            lines.append(f"  squashfs tools: no {' and no '.join(lacking)}")
+        if self.lacking:
+            lines.append(f"  squashfs tools: no {' and no '.join(self.lacking)}")
         if self.module_stub:
             lines.append("  `module` is a stub that loads nothing: apptainer is on PATH")
         if self.generic:

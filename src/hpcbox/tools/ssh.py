@@ -239,8 +239,7 @@ class Connection:
     def __exit__(self, *exc_info: object) -> None:
         if self._dir is None:
             return
-        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}"]
-        proc.run([*argv, "-O", "exit", self.target.host], what="close the SSH connection", check=False)
+        self._control(["-O", "exit"], what="close the SSH connection", check=False)
         self._remove_dir()
 
     def _remove_dir(self) -> None:
@@ -273,9 +272,13 @@ class Connection:
     def forward(self, local_port: int, host: str, port: int) -> None:
         """Forward 127.0.0.1:``local_port`` here to ``host``:``port`` as the remote side reaches it, for
         as long as the connection is open."""
-        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}"]
         spec = f"127.0.0.1:{local_port}:{host}:{port}"
-        proc.run([*argv, "-O", "forward", "-L", spec, self.target.host], what=f"forward {spec}")
+        self._control(["-O", "forward", "-L", spec], what=f"forward {spec}")
+
+    def _control(self, request: list[str], *, what: str, check: bool = True) -> None:
+        """Ask the master connection itself (`ssh -O ...`)."""
+        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}"]
+        proc.run([*argv, *request, self.target.host], what=what, check=check)
 
     def interactive(self, command: str) -> int:
         """Run ``command`` remotely on the user's own terminal (ssh -t); its exit status."""
