@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from hpcbox import jobs, minicluster
 from hpcbox.errors import HpcboxError
+from hpcbox.jobs import draft
 from hpcbox.render import profiles
 from hpcbox.render.resources import resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
@@ -28,7 +30,7 @@ from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
 from tests.integration.test_doctor import verdicts
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
-from tests.integration.test_submit import SHORT, invoke
+from tests.integration.test_submit import SHORT, dropping_port, invoke
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -47,7 +49,7 @@ class Rehearsals:
         if self.current is not None and self.current.spec.like == profile:
             return self.current
         self.close()
-        spec = minicluster.spec_like(profile, name=f"{self.run_id}-like", nodes=2, port=free_port())
+        spec = minicluster.spec_like(profile, name=f"{self.run_id}-like", port=free_port())
         try:
             self.current = minicluster.up(spec, self.state)
         except BaseException:
@@ -110,9 +112,10 @@ def refuses_a_job_without_an_account(rehearsals, name: str) -> None:
 
 
 def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_like_it(
-    rehearsals, setup: Setup
+    rehearsals, setup: Setup, tmp_path: Path
 ):
-    """And `hpcbox doctor` finds each rehearsal as its profile describes the site, line by line."""
+    """And `hpcbox doctor` finds each rehearsal as its profile describes the site, line by line; and
+    `hpcbox profile.draft` drafts from it a profile that renders the profile's own script (as_told)."""
     # Alliance last: the next test runs on its shape.
     for name in sorted(SLURM_PROFILES, key=lambda profile: profile == "alliance"):
         cluster = rehearsals.like(name)
@@ -120,12 +123,77 @@ def test_every_profiles_own_script_passes_sbatch_test_only_on_a_cluster_shaped_l
         assert "to start at" in answer, f"{name}: {answer}"
         shown = minicluster.status(cluster)
         assert f"shaped like profile {name!r}" in shown
-        doctor = invoke(
-            setup, "doctor", f"--cluster={name}", "--via=local", env={"HPCBOX_MINICLUSTER": cluster.name}
-        )
+        env = {"HPCBOX_MINICLUSTER": cluster.name}
+        doctor = invoke(setup, "doctor", f"--cluster={name}", "--via=local", env=env)
         assert doctor.returncode == 0 and set(verdicts(doctor.stdout)) == {"ok"}, (
             doctor.stdout + doctor.stderr
         )
+        (tmp_path / name).mkdir()
+        path = tmp_path / name / f"{name}.toml"
+        drafted = invoke(setup, "profile.draft", "--via=local", "-o", str(path), "--probe-job", env=env)
+        assert drafted.returncode == 0, drafted.stdout + drafted.stderr
+        draft_tells_what_the_profile_knows(profiles.parse_profile_file(path), profiles.load_profile(name))
+        shipped = profiles.load_profile(name)
+        request = dataclasses.replace(
+            GOLDEN_REQUESTS[name], account=ACCOUNT if GOLDEN_REQUESTS[name].account else None
+        )
+        told = as_told(path, shipped)
+        inputs = JobInputs.defaults("trainer")
+        mine = render_sbatch(told, resolve(told, request), inputs, TRAINER_ARGS).text
+        assert mine == render_sbatch(shipped, resolve(shipped, request), inputs, TRAINER_ARGS).text, name
+
+
+def draft_tells_what_the_profile_knows(drafted: profiles.ClusterProfile, shipped: profiles.ClusterProfile):
+    """Each fact the shipped profile knows that a site reports, read back from the draft as the profile
+    has it: its partitions, their defaults, limits, GPUs and QOS, the account, QOS and GPU-type rules,
+    node scratch, the runtime."""
+    assert [p.name for p in drafted.partitions] == [p.name for p in shipped.partitions]
+    assert drafted.default_partition.name == shipped.default_partition.name
+    for mine, theirs in zip(drafted.partitions, shipped.partitions, strict=True):
+        for fact in ("max_time_s", "gpus_per_node", "cpus_per_gpu", "qos"):
+            if getattr(theirs, fact) is not None:
+                assert getattr(mine, fact) == getattr(theirs, fact), (shipped.name, theirs.name, fact)
+        if theirs.gpu_types is not None:
+            assert set(mine.gpu_types or ()) == set(theirs.gpu_types), (shipped.name, theirs.name)
+    rules = ("account_required", "qos_required", "gpu_type_required")
+    assert [getattr(drafted, rule) for rule in rules] == [getattr(shipped, rule) for rule in rules]
+    assumed = dict(shipped.assumed)
+    if "storage.node_scratch" not in assumed:
+        assert drafted.node_scratch == shipped.node_scratch
+    assert drafted.apptainer.command == shipped.apptainer.command
+
+
+def as_told(path: Path, shipped: profiles.ClusterProfile) -> profiles.ClusterProfile:
+    """The profile drafted at ``path`` with what its site could not tell taken from ``shipped``: the
+    conventions no Slurm reports (draft.CONVENTIONS, PARTITION_CONVENTIONS), what the draft names as
+    assumed, and the words for people (description, assumed, notes). A fact the shipped profile does
+    not know (not given, or in an `unknown`) is left out of the draft too. What is left is what the
+    site told, to render the same script as the shipped profile."""
+    mine = tomllib.loads(path.read_text())
+    theirs = tomllib.loads(shipped.source.read_text())
+
+    def take(key: str, into: dict, source: dict) -> None:
+        table, _, setting = key.rpartition(".")
+        where, there = (into.setdefault(table, {}), source.get(table, {})) if table else (into, source)
+        where.pop(setting, None)
+        if setting in there:
+            where[setting] = there[setting]
+
+    for key in (*draft.CONVENTIONS, *mine.get("assumed", []), "description", "assumed", "unknown"):
+        take(key, mine, theirs)
+    for name in theirs.get("unknown", []):
+        mine.pop(name, None)
+    for table, settings in list(mine.items()):
+        if isinstance(settings, dict):
+            for setting in [key for key in settings if key not in theirs.get(table, {})]:
+                del settings[setting]
+    places = {p["name"]: p for p in theirs["partitions"]}
+    for partition in mine["partitions"]:
+        for key in (*draft.PARTITION_CONVENTIONS, "notes", "unknown"):
+            take(key, partition, places[partition["name"]])
+        for fact in places[partition["name"]].get("unknown", []):
+            partition.pop(fact, None)
+    return profiles.parse_profile(mine, name=shipped.name, source=path)
 
 
 def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
@@ -298,3 +366,56 @@ def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):
     text = golden_script("m3")
     assert "#SBATCH --qos=desktopq" in text
     assert "qos" in refused(cluster, without(text, "--qos")).lower()
+
+
+def test_m3_takes_gpus_of_a_partitions_own_type_only_and_named(rehearsals):
+    """Each of M3's partitions holds its own GPU model on nodes of its own, and the site's filter refuses
+    a GPU request without a type, as M3 does (what profile.draft reads back as gpus.type_required)."""
+    cluster = rehearsals.like("m3")
+    text = golden_script("m3")
+    assert "#SBATCH --gres=gpu:P4:1" in text
+    with pytest.raises(HpcboxError) as caught:
+        slurm.test_only(cluster.ssh_target(), text.replace("gpu:P4:1", "gpu:1"))
+    assert "m3: name a GPU type" in caught.value.details, caught.value.details
+    elsewhere = refused(cluster, text.replace("gpu:P4:1", "gpu:V100:1")).lower()
+    assert "requested node configuration is not available" in elsewhere
+
+
+def test_a_draft_that_cannot_be_made_is_one_line_and_writes_nothing(rehearsals, setup: Setup, tmp_path: Path):
+    """A login host that never answers (within 15 s), one without Slurm's commands, a partition with no
+    nodes: one line each, and no file. Unnamed, a partition with no nodes is left out, and said so."""
+    cluster = rehearsals.like("m3")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    path = tmp_path / "site.toml"
+
+    def refused_draft(*args: str) -> tuple[str, float]:
+        started = time.monotonic()
+        done = invoke(setup, "profile.draft", "-o", str(path), *args, env=env)
+        took = time.monotonic() - started
+        assert done.returncode == 1 and done.stdout == "", done.stdout + done.stderr
+        # One error line (after the output of the ssh that failed, where one did), and no file.
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, done.stderr
+        assert not path.exists()
+        return errors[0], took
+
+    with dropping_port() as port:
+        said, took = refused_draft("--host=127.0.0.1", f"--port={port}")
+    assert took < 15 and said.endswith("Connection timed out"), (took, said)
+    empty = ["scontrol", "create", "PartitionName=hpcbox-empty", "MaxTime=30"]
+    assert cluster.exec("controller", empty).returncode == 0
+    try:
+        said, _ = refused_draft("--via=local", "--partitions=hpcbox-empty")
+        assert "partitions: 'hpcbox-empty' has no nodes" in said
+        kept = invoke(setup, "profile.draft", "-o", str(path), "--via=local", env=env)
+        assert kept.returncode == 0 and "left out, having no nodes: hpcbox-empty" in kept.stdout, kept.stderr
+        assert [p.name for p in profiles.parse_profile_file(path).partitions] == ["m3g", "m3h", "desktop"]
+        path.unlink()
+    finally:
+        cluster.exec("controller", ["scontrol", "delete", "PartitionName=hpcbox-empty"])
+    assert cluster.exec("login", ["mv", "/usr/bin/sinfo", "/usr/bin/sinfo.away"]).returncode == 0
+    try:
+        said, _ = refused_draft("--via=local")
+        assert "has no Slurm to draft a profile from: `sinfo --version` failed" in said
+    finally:
+        cluster.exec("login", ["mv", "/usr/bin/sinfo.away", "/usr/bin/sinfo"])

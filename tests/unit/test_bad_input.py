@@ -81,6 +81,13 @@ CASES = [
     (["verify", "--artifact=missing.sif"], "no SIF at missing.sif"),
     (["init", "--script=a.py", "--module=b"], "give one of --module, --script and --entry-point"),
     (["init", "--from-notebook=missing.ipynb"], "--from-notebook: missing.ipynb does not exist"),
+    # drafting a profile, before anything is reached
+    (["profile.draft", "-o", "site.toml"], "host: give one of --host (the site's login node) and --via"),
+    (["profile.draft", "-o", "site.txt", "--host=login.example.edu"], "output: 'site.txt' is not a profile"),
+    (["profile.draft", "-o", "pyproject.toml", "--host=login.example.edu"], "output: pyproject.toml exists"),
+    (["profile.draft", "-o", "missing/site.toml", "--host=h"], "output: missing is not a folder"),
+    (["profile.draft", "-o", "site.toml", "--via=local"], "the mini cluster hpcbox-local is not up"),
+    (["profile.draft", "-o", "site.toml", "--via=elsewhere"], "via: 'elsewhere' is not a place hpcbox"),
 ]  # fmt: skip
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -12,6 +13,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import slurmconf
 from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.spec import ClusterSpec
+from hpcbox.minicluster.spec import spec_like as minicluster_spec
 from hpcbox.tools import ssh
 
 
@@ -40,7 +42,7 @@ def test_slurm_conf_names_nodes_partitions_and_gpus():
 @pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])
 def test_gres_conf_gives_every_gpu_a_device_file(gpus, devices):
     expected = f"AutoDetect=off\nName=gpu File={devices}\n"
-    assert slurmconf.gres_conf(shape_like("carc", gpus_per_node=gpus)) == expected
+    assert slurmconf.gres_conf(ClusterSpec(like="carc"), shape_like("carc", gpus_per_node=gpus)) == expected
 
 
 def test_a_cluster_shaped_like_edi_has_its_partition_and_time_limit():
@@ -50,25 +52,67 @@ def test_a_cluster_shaped_like_edi_has_its_partition_and_time_limit():
 
 
 def test_typed_gpus_each_get_their_own_device_files():
+    """A type a job added (v100) goes to the partitions whose types edi's profile leaves unknown; its A40
+    partition keeps nodes with A40s alone."""
+    shape = shape_like("edi").with_gpu_types(("v100",))
+    assert shape.gpu_types == ("a40", "v100")
+    spec = ClusterSpec(like="edi")
+    text = slurmconf.slurm_conf(spec, shape)
+    assert "NodeName=node1 CPUs=2 RealMemory=2000 Gres=gpu:a40:2,gpu:v100:2 " in text
+    assert "NodeName=node2 CPUs=2 RealMemory=2000 Gres=gpu:a40:2 " in text
+    assert "PartitionName=PGR-Standard-Noble Nodes=node2 " in text
+    assert "PartitionName=PGR-Standard Nodes=node1 " in text
+    assert slurmconf.gres_conf(spec, shape).splitlines()[1:] == [
+        "NodeName=node1 Name=gpu Type=a40 File=/dev/fakegpu[0-1]",
+        "NodeName=node1 Name=gpu Type=v100 File=/dev/fakegpu[2-3]",
+        "NodeName=node2 Name=gpu Type=a40 File=/dev/fakegpu[0-1]",
+    ]
+    assert "HPCBOX_FAKE_GPUS=4\n" in slurmconf.node_env(shape)
+
+
+def test_partitions_whose_gpu_types_are_known_have_nodes_of_their_own():
+    """M3's partitions each hold one GPU model: a job on desktop gets a P4, as at the site, and an
+    untyped request there is one for a P4 (what a profile drafted from the rehearsal reads back)."""
     shape = shape_like("m3")
     assert shape.gpu_types == ("V100", "P100", "P4")
-    text = slurmconf.slurm_conf(ClusterSpec(like="m3"), shape)
-    assert "Gres=gpu:V100:2,gpu:P100:2,gpu:P4:2 " in text
-    assert slurmconf.gres_conf(shape).splitlines()[1:] == [
-        "Name=gpu Type=V100 File=/dev/fakegpu[0-1]",
-        "Name=gpu Type=P100 File=/dev/fakegpu[2-3]",
-        "Name=gpu Type=P4 File=/dev/fakegpu[4-5]",
+    spec = minicluster_spec("m3")
+    assert spec.nodes == 3
+    text = slurmconf.slurm_conf(spec, shape)
+    assert "NodeName=node1 CPUs=64 RealMemory=256000 Gres=gpu:V100:2 State=UNKNOWN" in text
+    assert "NodeName=node3 CPUs=64 RealMemory=256000 Gres=gpu:P4:2 State=UNKNOWN" in text
+    assert "PartitionName=desktop Nodes=node3 MaxTime=INFINITE AllowQos=desktopq State=UP" in text
+    assert slurmconf.gres_conf(spec, shape).splitlines()[1:] == [
+        "NodeName=node1 Name=gpu Type=V100 File=/dev/fakegpu[0-1]",
+        "NodeName=node2 Name=gpu Type=P100 File=/dev/fakegpu[0-1]",
+        "NodeName=node3 Name=gpu Type=P4 File=/dev/fakegpu[0-1]",
     ]
-    assert "HPCBOX_FAKE_GPUS=6\n" in slurmconf.node_env(shape)
+    assert "HPCBOX_FAKE_GPUS=2\n" in slurmconf.node_env(shape)
+    six = slurmconf.node_groups(dataclasses.replace(spec, nodes=7), shape)
+    assert [hosts for hosts, _, _ in six] == [
+        ("node1", "node2", "node3"),
+        ("node4", "node5"),
+        ("node6", "node7"),
+    ]
+    with pytest.raises(HpcboxError) as caught:
+        slurmconf.node_groups(dataclasses.replace(spec, nodes=2), shape)
+    assert caught.value.message.startswith("nodes: a cluster shaped like m3 needs at least 3 compute nodes")
+    assert "pass --nodes 3" in caught.value.hint
+
+
+def test_a_required_gpu_type_is_enforced_by_the_sites_filter():
+    lua = slurmconf.job_submit_lua(shape_like("m3"))
+    assert 'slurm.log_user("m3: name a GPU type, e.g. --gres=gpu:TYPE:N")' in lua
+    assert "untyped_gpus(job_desc.tres_per_node)" in lua
+    assert "untyped_gpus" not in slurmconf.job_submit_lua(shape_like("carc"))
 
 
 def test_a_required_account_and_a_partition_qos_are_enforced_by_slurm():
     shape = shape_like("m3")
-    values = conf_values(slurmconf.slurm_conf(ClusterSpec(like="m3"), shape))
+    values = conf_values(slurmconf.slurm_conf(ClusterSpec(like="m3", nodes=3), shape))
     assert values["AccountingStorageEnforce"] == "associations,limits,qos"
     assert values["JobSubmitPlugins"] == "lua"
-    assert "PartitionName=desktop Nodes=node1,node2 MaxTime=INFINITE AllowQos=desktopq State=UP" in (
-        slurmconf.slurm_conf(ClusterSpec(like="m3"), shape)
+    assert "PartitionName=desktop Nodes=node3 MaxTime=INFINITE AllowQos=desktopq State=UP" in (
+        slurmconf.slurm_conf(ClusterSpec(like="m3", nodes=3), shape)
     )
     lua = slurmconf.job_submit_lua(shape)
     assert "job_desc.account == nil" in lua and "ESLURM_INVALID_ACCOUNT" in lua
@@ -170,7 +214,7 @@ def test_a_gpu_type_added_to_a_shape_whose_profile_leaves_types_unknown():
     assert (both.gpu_types, both.gpus_per_node) == (("v100", "a100"), 4)
     spec = ClusterSpec(name="rehearsal", like="carc", added_gpu_types=("v100", "a100"))
     assert "Gres=gpu:v100:2,gpu:a100:2" in slurmconf.slurm_conf(spec, both)
-    assert slurmconf.gres_conf(both).splitlines()[1:] == [
+    assert slurmconf.gres_conf(spec, both).splitlines()[1:] == [
         "Name=gpu Type=v100 File=/dev/fakegpu[0-1]",
         "Name=gpu Type=a100 File=/dev/fakegpu[2-3]",
     ]

@@ -36,6 +36,7 @@ SHORT_FLAGS = {
     **{option.name: (option.short, option.sbatch) for option in RESOURCE_OPTIONS if option.short},
     "cluster": ("M", "--clusters"),
     "job": ("j", "--job"),  # squeue's
+    "output": ("o", "--output"),  # the file a command writes (profile.draft's), as sbatch's -o is
 }
 STRICT_LOCK_HELP = (
     "refuse to build past a pin Debian no longer serves (default: build with what it serves, labelled "
@@ -834,7 +835,7 @@ def _yes_no(field: str, value: str | None) -> bool | None:
 
 def _cluster_tasks() -> Collection:
     """The `cluster.*` tasks, kept in their own namespace (defined here so they stay off the top level)."""
-    from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_NODES, DEFAULT_PORT
+    from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
 
     def _state(name: str) -> Path:
         """The user's state root, where every project finds cluster ``name``'s keys (once this
@@ -863,7 +864,7 @@ def _cluster_tasks() -> Collection:
 
     @task(
         help={
-            "nodes": "compute nodes (default 2)",
+            "nodes": "compute nodes (default 2, or one per GPU layout where --like's partitions have more)",
             "name": "cluster name",
             "port": "login SSH port",
             "like": "shape it like this cluster profile (partitions, GPU types, accounts, scratch): a "
@@ -886,7 +887,7 @@ def _cluster_tasks() -> Collection:
     @friendly
     def up(
         c,
-        nodes=DEFAULT_NODES,
+        nodes=None,
         name=DEFAULT_NAME,
         port=DEFAULT_PORT,
         like="local",
@@ -905,7 +906,7 @@ def _cluster_tasks() -> Collection:
         spec = minicluster.spec_like(
             like,
             name=name,
-            nodes=int(nodes),
+            nodes=int(nodes) if nodes is not None else None,
             port=int(port),
             slurm=version,
             runtime=runtime,
@@ -954,8 +955,69 @@ def _cluster_tasks() -> Collection:
     return Collection("cluster", up=up, status=status, down=down, shell=shell)
 
 
+def _profile_tasks() -> Collection:
+    """The `profile.*` tasks: cluster profiles, from the site itself."""
+
+    @task(
+        help={
+            "host": "the site's login node (an alias of ~/.ssh/config too)",
+            "port": "its SSH port (default: ~/.ssh/config, else 22)",
+            "user": "your user there (default: ~/.ssh/config, else yours here)",
+            "output": "the profile file to write, NAME.toml (NAME becomes --cluster; never overwritten)",
+            "probe_job": "run a one-minute job on the default partition for what only a compute node "
+            "tells: node scratch, the runtime there, internet access",
+            "partitions": "only these partitions, comma-separated (default: every one with nodes)",
+            "via": "draft the mini cluster brought up here instead of --host: --via local",
+        },
+    )
+    @friendly
+    def draft(c, output, host=None, port=None, user=None, probe_job=False, partitions="", via=None):
+        """Write a cluster profile from what the site reports: partitions, limits, GPUs, accounts, QOS,
+        runtime; what it cannot tell is marked unknown or assumed."""
+        from hpcbox import jobs
+        from hpcbox.files import project_root
+        from hpcbox.jobs import draft as drafting
+        from hpcbox.tools import ssh
+
+        if (host is None) == (via is None):
+            raise FieldError(
+                "host",
+                "give one of --host (the site's login node) and --via local",
+                "e.g. --host login.example.edu",
+            )
+        if via is not None:
+            if via != "local":
+                raise FieldError("via", f"{via!r} is not a place hpcbox drafts from", "use --via local")
+            root = project_root()
+            target = jobs.running_mini_cluster(root / ".hpcbox" if root else None).ssh_target()
+        else:
+            target = ssh.Target(host, int(port) if port is not None else None, user)
+        named = tuple(name.strip() for name in partitions.split(",") if name.strip())
+        made = drafting.draft(
+            target,
+            Path(output),
+            probe_job=probe_job,
+            partitions=named,
+            say=lambda line: print(line, file=sys.stderr),
+        )
+        print(f"wrote {output}: partitions {', '.join(made.partitions)}")
+        if made.left_out:
+            print(f"left out, having no nodes: {', '.join(made.left_out)}")
+        if made.assumed:
+            print(f"assumed (a generic value, check it at the site): {', '.join(made.assumed)}")
+        print(f"unknown (neither checked nor rendered): {', '.join(made.unknown)}")
+        print(
+            "site conventions at hpcbox's defaults (no Slurm reports them): "
+            + ", ".join(drafting.CONVENTIONS)
+        )
+
+    return Collection("profile", draft=draft)
+
+
 def collection() -> Collection:
-    """Every hpcbox task, `cluster.*` in their own namespace: a project's tasks.py names it `ns`."""
+    """Every hpcbox task, `cluster.*` and `profile.*` in their own namespaces: a project's tasks.py
+    names it `ns`."""
     tasks = Collection.from_module(sys.modules[__name__])
     tasks.add_collection(_cluster_tasks())
+    tasks.add_collection(_profile_tasks())
     return tasks

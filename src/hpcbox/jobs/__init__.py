@@ -7,6 +7,7 @@ from hpcbox.jobs.connect import (
     on_mini_cluster,
     rehearse,
     require_slurm,
+    running_mini_cluster,
     say_rehearsal_slurm,
 )
 from hpcbox.jobs.fetch import fetch, local_run_dir, report
@@ -51,6 +52,7 @@ __all__ = [
     "rehearse",
     "report",
     "require_slurm",
+    "running_mini_cluster",
     "say_rehearsal_slurm",
     "shell",
     "state",

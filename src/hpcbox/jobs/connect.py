@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project.config import ProjectConfig
@@ -84,7 +85,7 @@ def rehearse(
         f"hpcbox: {profile.name}'s profile does not know its GPU types; the rehearsal adds {gpu_type} "
         "GPUs (its controller and compute nodes restart, about 20 s)"
     )
-    minicluster.add_gpu_type(running, gpu_type, _state_root(running.name, project), say=say)
+    minicluster.add_gpu_type(running, gpu_type, _state_root(running.name, project.state_dir), say=say)
 
 
 def say_rehearsal_slurm(
@@ -101,28 +102,35 @@ def say_rehearsal_slurm(
         say(line)
 
 
-def _state_root(name: str, project: ProjectConfig):
+def _state_root(name: str, project_state: Path | None) -> Path:
     from hpcbox import minicluster
 
     # Said on stderr, as every progress line of the commands that come here (their stdout is data).
-    return minicluster.shared_state(name, project.state_dir, say=lambda line: print(line, file=sys.stderr))
+    return minicluster.shared_state(name, project_state, say=lambda line: print(line, file=sys.stderr))
 
 
 def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
+    return running_mini_cluster(project.state_dir, like=profile.name)
+
+
+def running_mini_cluster(project_state: Path | None, *, like: str | None = None):
+    """The user's mini cluster (HPCBOX_MINICLUSTER names another), which must be up, and shaped like
+    profile ``like`` where one is given. ``project_state``: a checkout's .hpcbox, where an older hpcbox
+    kept its keys (adopted from there once)."""
     from hpcbox import minicluster
     from hpcbox.minicluster.spec import DEFAULT_NAME
 
     name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
-    running = minicluster.find(name, _state_root(name, project))
-    like = "" if profile.name == "local" else f" --like {profile.name}"
+    running = minicluster.find(name, _state_root(name, project_state))
+    shaped = "" if like in (None, "local") else f" --like {like}"
     if running is None:
         raise HpcboxError(
             f"the mini cluster {name} is not up",
-            f"start it with `hpcbox cluster.up{like}` (or run `hpcbox demo`)",
+            f"start it with `hpcbox cluster.up{shaped}` (or run `hpcbox demo`)",
         )
-    if running.spec.like != profile.name:
+    if like is not None and running.spec.like != like:
         raise HpcboxError(
-            f"the mini cluster {name} is shaped like {running.spec.like!r}, not {profile.name!r}",
-            f"reshape it with `hpcbox cluster.up{like}`",
+            f"the mini cluster {name} is shaped like {running.spec.like!r}, not {like!r}",
+            f"reshape it with `hpcbox cluster.up{shaped}`",
         )
     return running

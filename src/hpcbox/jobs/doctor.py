@@ -32,7 +32,7 @@ from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.sif import probe
 from hpcbox.sif.compression import SifCompression, fastest
-from hpcbox.tools import ssh
+from hpcbox.tools import slurm, ssh
 from hpcbox.units import format_time, parse_time
 
 PROBE_TIMEOUT_S = 5  # each probe's limit on the login node: the whole doctor stays under 15 s
@@ -99,7 +99,7 @@ def probe_script(profile: ClusterProfile) -> str:
         "machine": "uname -m",
         "probe_sifs": f"ls {PROBE_SIFS} 2>/dev/null || true",
     }
-    return _probing(probes)
+    return probing(probes)
 
 
 def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
@@ -108,13 +108,15 @@ def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
     return shlex.quote(profile.apptainer.command), setup
 
 
-def _probing(probes: Mapping[str, str]) -> str:
+def probing(probes: Mapping[str, str], *, timeout_s: int = PROBE_TIMEOUT_S) -> str:
+    """The bash that runs each of ``probes`` (name -> bash) in a login shell under ``timeout_s``, its
+    output after a marker line naming it and its status after that (parse_probes reads them back)."""
     parts = []
     for name, body in probes.items():
         # A login shell's function (Lmod's `module`) is seen by `bash -l` only: each probe runs in one.
         parts.append(
             f"echo {_MARK} {name}\n"
-            f"timeout {PROBE_TIMEOUT_S} bash -lc {shlex.quote(body)} 2>&1 </dev/null\n"
+            f"timeout {timeout_s} bash -lc {shlex.quote(body)} 2>&1 </dev/null\n"
             f"echo {_MARK}-status $?"
         )
     return "\n".join(parts) + "\n"
@@ -135,7 +137,7 @@ def sif_script(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> s
             f"d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT\n"
             f'{runtime} -s build --sandbox "$d/sif" {sif} && {runtime} -s exec "$d/sif" {probe.PROGRAM}'
         )
-    return _probing(probes)
+    return probing(probes)
 
 
 def _expanding(path: str) -> str:
@@ -275,7 +277,7 @@ def _sinfo_partitions(probed: Probed) -> dict[str, tuple[int | None, str, bool]]
 
 def _gpu_types(gres: str) -> set[str]:
     """The types in gres such as `gpu:a100:4(S:0-1),gpu:v100:2` (an untyped `gpu:4` has none)."""
-    return {match for match in re.findall(r"gpu:([A-Za-z][\w.-]*):\d", gres)}
+    return {gpu_type for gpu_type, _ in slurm.gpu_gres(gres) if gpu_type}
 
 
 def _partitions(profile: ClusterProfile, probed: Probed) -> list[Finding]:

@@ -35,7 +35,7 @@ from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import ClusterSecrets, generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
-from hpcbox.minicluster.slurmconf import config_files
+from hpcbox.minicluster.slurmconf import config_files, node_groups
 from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, legacy_state_dir, state_dir, state_root
 from hpcbox.tools import docker as engine
 
@@ -67,6 +67,7 @@ def up(
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
     shape = shape.with_software(**spec.software)
+    node_groups(spec, shape)  # too few nodes for its partitions' GPU layouts: refused before any build
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
         current = find(spec.name, state_root)

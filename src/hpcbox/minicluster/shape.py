@@ -1,7 +1,8 @@
 """The shape of a mini cluster: the Slurm a cluster profile describes, as far as the profile knows it.
 
 `hpcbox cluster.up --like edi` brings up a mini cluster configured from the `edi` profile: its
-partitions with their time limits and default, GPU gres with the profile's types, the account and QOS
+partitions with their time limits and default, GPU gres with the profile's types (a partition whose
+profile lists its types has nodes of its own with those alone, as at the site), the account and QOS
 rules as Slurm itself enforces them (associations in slurmdbd, a job_submit filter where an account is
 required), node scratch at the site's path (or in the variable the site sets per job), the site's
 shared areas and its Apptainer command. What the profile does not know gets a generic value, and
@@ -38,13 +39,18 @@ class ShapedPartition:
     max_time_minutes: int | None  # None: INFINITE (no limit, or none published)
     default: bool
     qos: str | None  # the only QOS the partition allows (M3's desktop: desktopq)
+    # The GPU types its profile lists for it (() untyped); None: not known, so its nodes have every type
+    # the shape has (ClusterShape.gpu_types).
+    gpu_types: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class ClusterShape:
     profile: str
     partitions: tuple[ShapedPartition, ...]
-    gpu_types: tuple[str, ...]  # empty: untyped gres (gpu:N)
+    # Every GPU type the profile names, and those rehearsal jobs added: the nodes of partitions whose
+    # types are not known have each of them (empty: untyped gres, gpu:N).
+    gpu_types: tuple[str, ...]
     gpus_per_type: int
     account_required: bool
     qos_required: bool
@@ -63,17 +69,36 @@ class ClusterShape:
     # Site areas named by a variable the site sets at login (Mila's $SCRATCH): a folder on the shared
     # data volume each, exported under that name by every node's login shell.
     area_variables: tuple[str, ...] = ()
+    # A job asking for GPUs must name their type (M3): the site's filter refuses `--gres=gpu:N`.
+    gpu_type_required: bool = False
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
         """The shape `dataclasses.asdict` saved (in the cluster's state, read back by `find`)."""
         fields = {key: tuple(value) if isinstance(value, list) else value for key, value in saved.items()}
-        fields["partitions"] = tuple(ShapedPartition(**p) for p in saved["partitions"])
+        fields["partitions"] = tuple(
+            ShapedPartition(
+                **{**p, "gpu_types": None if p.get("gpu_types") is None else tuple(p["gpu_types"])}
+            )
+            for p in saved["partitions"]
+        )
         return cls(**fields)
 
     @property
+    def node_groups(self) -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+        """(GPU types, partition names) of each group of nodes that share a GPU layout: a partition
+        with its own known types gets nodes with those alone; partitions whose types are not known share
+        nodes with every type the shape has."""
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for partition in self.partitions:
+            types = self.gpu_types if partition.gpu_types is None else partition.gpu_types
+            groups.setdefault(types, []).append(partition.name)
+        return tuple((types, tuple(names)) for types, names in groups.items())
+
+    @property
     def gpus_per_node(self) -> int:
-        return self.gpus_per_type * max(1, len(self.gpu_types))
+        """The most GPUs a node of this shape has (each node has the fake devices for that many)."""
+        return max(self.gpus_per_type * max(1, len(types)) for types, _ in self.node_groups)
 
     def with_gpu_types(self, added: Sequence[str]) -> ClusterShape:
         """This shape with GPUs of the ``added`` types too, as many of each per node as of its own.
@@ -101,7 +126,7 @@ class ClusterShape:
     @property
     def filters_submissions(self) -> bool:
         """A job_submit.lua filter refuses jobs without the account (or QOS) the site requires."""
-        return self.account_required or self.qos_required
+        return self.account_required or self.qos_required or self.gpu_type_required
 
     @property
     def qos(self) -> tuple[str, ...]:
@@ -115,10 +140,17 @@ class ClusterShape:
             extras = [limit, *(["default"] if p.default else []), *([f"QOS {p.qos} only"] if p.qos else [])]
             return f"{p.name} ({', '.join(extras)})"
 
+        def layout(types: tuple[str, ...]) -> str:
+            if types:
+                return f"typed gres, {self.gpus_per_type} of each type per node: {', '.join(types)}"
+            return f"untyped gres, {self.gpus_per_type} per node"
+
+        groups = self.node_groups
         gpus = (
-            f"typed gres, {self.gpus_per_type} of each type per node: {', '.join(self.gpu_types)}"
-            if self.gpu_types
-            else f"untyped gres, {self.gpus_per_type} per node"
+            layout(groups[0][0])
+            if len(groups) == 1
+            else "nodes of their own for "
+            + "; ".join(f"{', '.join(names)}: {layout(types)}" for types, names in groups)
         )
         scratch = (
             f"${self.scratch_variable} (a folder under {self.scratch_dir} per job)"
@@ -126,6 +158,8 @@ class ClusterShape:
             else self.scratch_dir
         )
         account = "required (a job without --account is refused)" if self.account_required else "default"
+        if self.gpu_type_required:
+            gpus += "; a GPU type required (a job asking for GPUs without one is refused)"
         lines = [
             f"shaped like profile {self.profile!r}",
             f"  partitions: {'; '.join(partition(p) for p in self.partitions)}",
@@ -188,13 +222,14 @@ def _profile_like(name: str) -> ClusterProfile:
 
 def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
     """The mini cluster ``profile`` describes; ``gpus_per_node`` where the profile does not say."""
-    generic = ["node sizes (CPUs, memory)", "every partition has every node and GPU type"]
+    generic = ["node sizes (CPUs, memory)"]
     partitions = tuple(
         ShapedPartition(
             p.name,
             None if p.max_time_s is None else math.ceil(p.max_time_s / 60),
             p is profile.default_partition,
             p.qos,
+            p.gpu_types,
         )
         for p in profile.partitions
     )
@@ -207,6 +242,8 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
     if profile.apptainer.fuse is None:
         generic.append("FUSE on compute nodes (there, and a job checks)")
     types = tuple(dict.fromkeys(t for p in profile.partitions for t in (p.gpu_types or ())))
+    if any(p.gpu_types is None for p in profile.partitions) and len(profile.partitions) > 1:
+        generic.append("partitions of unknown GPU types share nodes, with every type the profile names")
     # Each type gets the largest known count per node (a node with several types holds each of them).
     per_type = max((p.gpus_per_node for p in profile.partitions if p.gpus_per_node), default=gpus_per_node)
     scratch_variable = profile.node_scratch_variable
@@ -241,4 +278,5 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
             for path in profile.shared.values()
             if (match := _AREA_VARIABLE.match(path)) and match[1] not in _SET_BY_LOGIN
         ),
+        gpu_type_required=profile.gpu_type_required,
     )

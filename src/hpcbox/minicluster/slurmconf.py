@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 
+from hpcbox.errors import HpcboxError
 from hpcbox.minicluster.shape import SITE_AREAS_DIR, ClusterShape
 from hpcbox.minicluster.spec import ClusterSpec
 
@@ -77,15 +78,17 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
         settings["Epilog"] = f"{SITE_SCRIPTS}/epilog.sh"
     # Every task is told that the node's GPUs are placeholders (and, at some sites' shapes, its scratch).
     settings["TaskProlog"] = f"{SITE_SCRIPTS}/task-prolog.sh"
-    nodes = ",".join(spec.compute_hosts)
     lines = [f"{key}={value}" for key, value in settings.items()]
-    gres = ",".join(f"gpu:{t}:{shape.gpus_per_type}" for t in shape.gpu_types) or f"gpu:{shape.gpus_per_type}"
-    lines.append(
-        f"NodeName={nodes} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb_per_node} "
-        f"Gres={gres} State=UNKNOWN"
-    )
+    hosts_of = {}
+    for hosts, types, partitions in node_groups(spec, shape):
+        gres = ",".join(f"gpu:{t}:{shape.gpus_per_type}" for t in types) or f"gpu:{shape.gpus_per_type}"
+        lines.append(
+            f"NodeName={','.join(hosts)} CPUs={spec.cpus_per_node} RealMemory={spec.memory_mb_per_node} "
+            f"Gres={gres} State=UNKNOWN"
+        )
+        hosts_of.update(dict.fromkeys(partitions, ",".join(hosts)))
     for partition in shape.partitions:
-        words = [f"PartitionName={partition.name}", f"Nodes={nodes}"]
+        words = [f"PartitionName={partition.name}", f"Nodes={hosts_of[partition.name]}"]
         words += ["Default=YES"] if partition.default else []
         limit = partition.max_time_minutes
         words.append(f"MaxTime={'INFINITE' if limit is None else limit}")
@@ -94,35 +97,86 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     return "\n".join(lines) + "\n"
 
 
-def gres_conf(shape: ClusterShape) -> str:
+def node_groups(
+    spec: ClusterSpec, shape: ClusterShape
+) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    """(compute hosts, GPU types, partitions) of each of the shape's node groups: the spec's nodes
+    shared out in order, the first groups taking one more where they do not divide evenly."""
+    groups = shape.node_groups
+    if spec.nodes < len(groups):
+        layouts = "; ".join(f"{', '.join(names)}: {', '.join(types) or 'untyped'}" for types, names in groups)
+        raise HpcboxError(
+            f"nodes: a cluster shaped like {shape.profile} needs at least {len(groups)} compute nodes, "
+            f"one for each GPU layout of its partitions ({layouts}); {spec.nodes} asked for",
+            f"pass --nodes {len(groups)} or more (or leave --nodes out)",
+        )
+    share, extra = divmod(spec.nodes, len(groups))
+    hosts = iter(spec.compute_hosts)
+    return [
+        (tuple(next(hosts) for _ in range(share + (index < extra))), types, partitions)
+        for index, (types, partitions) in enumerate(groups)
+    ]
+
+
+def gres_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     # A file-less Count= is dropped by slurmd ("Ignoring file-less GPU"); each GPU needs a device
     # file, so hpcbox-node makes /dev/fakegpuN character devices (see node_env): with a device file
     # Slurm sets CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS to the GPUs a job was given, as at a site.
     lines = ["AutoDetect=off"]
     per_type = shape.gpus_per_type
-    for index, gpu_type in enumerate(shape.gpu_types or (None,)):
-        first, last = index * per_type, (index + 1) * per_type - 1
-        devices = f"/dev/fakegpu{first}" if first == last else f"/dev/fakegpu[{first}-{last}]"
-        lines.append(f"Name=gpu{f' Type={gpu_type}' if gpu_type else ''} File={devices}")
+    groups = node_groups(spec, shape)
+    for hosts, types, _ in groups:
+        # One group: the lines hold for every node. Several: each line names its group's nodes.
+        nodes = f"NodeName={','.join(hosts)} " if len(groups) > 1 else ""
+        for index, gpu_type in enumerate(types or (None,)):
+            first, last = index * per_type, (index + 1) * per_type - 1
+            devices = f"/dev/fakegpu{first}" if first == last else f"/dev/fakegpu[{first}-{last}]"
+            lines.append(f"{nodes}Name=gpu{f' Type={gpu_type}' if gpu_type else ''} File={devices}")
     return "\n".join(lines) + "\n"
 
 
+# Whether a job's GPU request (tres_per_node, per_job ...: "gres/gpu:2" or "gres/gpu:V100:2", with
+# "gres:" or no prefix in older releases) names no type.
+_UNTYPED_GPUS_LUA = """local function untyped_gpus(tres)
+    if tres == nil then
+        return false
+    end
+    for entry in string.gmatch(tres, "[^,]+") do
+        local gres = string.gsub(entry, "^gres[/:]", "")
+        if gres == "gpu" or string.match(gres, "^gpu:%d+$") then
+            return true
+        end
+    end
+    return false
+end
+
+"""
+
+
 def job_submit_lua(shape: ClusterShape) -> str:
-    """A job_submit filter refusing jobs without an account (or QOS), as sites that require one do."""
+    """A job_submit filter refusing jobs without an account (or QOS, or a GPU type), as sites that
+    require one do."""
     checks = []
     if shape.account_required:
-        checks.append(("account", "an account with --account", "ESLURM_INVALID_ACCOUNT"))
+        checks.append(("job_desc.account == nil", "an account with --account", "ESLURM_INVALID_ACCOUNT"))
     if shape.qos_required:
-        checks.append(("qos", "a QOS with --qos", "ESLURM_INVALID_QOS"))
+        checks.append(("job_desc.qos == nil", "a QOS with --qos", "ESLURM_INVALID_QOS"))
+    if shape.gpu_type_required:
+        untyped = " or ".join(
+            f"untyped_gpus(job_desc.tres_per_{per})" for per in ("node", "job", "task", "socket")
+        )
+        # slurm.ERROR: Slurm 22.05 gives Lua no ESLURM_ code for a bad GPU request.
+        checks.append((untyped, "a GPU type, e.g. --gres=gpu:TYPE:N", "ERROR"))
     body = "".join(
-        f"    if job_desc.{field} == nil then\n"
+        f"    if {condition} then\n"
         f'        slurm.log_user("{shape.profile}: name {what}")\n'
         f"        return slurm.{error}\n"
         "    end\n"
-        for field, what, error in checks
+        for condition, what, error in checks
     )
     return (
-        "function slurm_job_submit(job_desc, part_list, submit_uid)\n"
+        (_UNTYPED_GPUS_LUA if shape.gpu_type_required else "")
+        + "function slurm_job_submit(job_desc, part_list, submit_uid)\n"
         f"{body}"
         "    return slurm.SUCCESS\n"
         "end\n\n"
@@ -136,7 +190,7 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
     """Name -> (content, mode) of the configuration every node gets in /etc/hpcbox-init (secrets aside)."""
     files = {
         "slurm.conf": (slurm_conf(spec, shape).encode(), 0o644),
-        "gres.conf": (gres_conf(shape).encode(), 0o644),
+        "gres.conf": (gres_conf(spec, shape).encode(), 0o644),
         "node.env": (node_env(shape).encode(), 0o644),
     }
     if shape.filters_submissions:

@@ -109,12 +109,17 @@ class ClusterSpec:
         return f"{self.name}-data"
 
 
-def spec_like(profile: str, **settings: Any) -> ClusterSpec:
-    """A cluster shaped like ``profile``; a site's gets the rehearsal node sizes unless ``settings`` say."""
+def spec_like(profile: str, nodes: int | None = None, **settings: Any) -> ClusterSpec:
+    """A cluster shaped like ``profile``; a site's gets the rehearsal node sizes unless ``settings`` say,
+    and ``nodes`` defaults to DEFAULT_NODES, or one per GPU layout of its partitions where it has more."""
+    from hpcbox.minicluster.shape import shape_like
+
     sizes = {}
     if profile != "local":
         sizes = {"cpus_per_node": REHEARSAL_CPUS_PER_NODE, "memory_mb_per_node": REHEARSAL_MEMORY_MB_PER_NODE}
-    return ClusterSpec(like=profile, **{**sizes, **settings})
+    if nodes is None:
+        nodes = max(DEFAULT_NODES, len(shape_like(profile).node_groups))
+    return ClusterSpec(like=profile, nodes=nodes, **{**sizes, **settings})
 
 
 def role(host: str) -> str:

@@ -102,6 +102,15 @@ def test_only(target: ssh.Target, script_text: str) -> str:
     return (done.stderr or done.stdout).strip()
 
 
+# A GPU in a node's gres as sinfo prints it: gpu:a100:4(S:0-1), gpu:a100_3g.20gb:7, or untyped gpu:2.
+_GRES_GPU = re.compile(r"gpu(?::([A-Za-z][\w.-]*))?:(\d+)")
+
+
+def gpu_gres(gres: str) -> tuple[tuple[str, int], ...]:
+    """Each (type, count) of GPUs in gres such as `gpu:a100:4(S:0-1),gpu:v100:2`; "" for an untyped one."""
+    return tuple((gpu_type, int(count)) for gpu_type, count in _GRES_GPU.findall(gres))
+
+
 def parse_job_id(parsable: str) -> str:
     """The job id from `sbatch --parsable` output (`ID` or `ID;cluster`)."""
     first = parsable.strip().splitlines()[-1] if parsable.strip() else ""

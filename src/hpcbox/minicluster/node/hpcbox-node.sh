@@ -94,6 +94,7 @@ compute() {
         mknod -m 0666 "/dev/fakegpu$index" c 1 3
     done
     users_software
+    # Only the shape's scratch: a node of a site without node-local disk has no /disk/scratch either.
     install -d -m 1777 "${HPCBOX_SCRATCH_DIR:?}"
     site_areas
     exec slurmd -D

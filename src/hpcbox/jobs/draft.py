@@ -1,0 +1,594 @@
+"""`hpcbox profile.draft --host HOST -o FILE`: a cluster profile written from what the site reports.
+
+Over one SSH connection the login node answers a probe script (the doctor's way, each probe under its
+own time limit): Slurm's version, every partition as `scontrol show partition` prints it, the gres of
+each partition's nodes (`sinfo`), the user's associations (`sacctmgr`), the container runtime on PATH
+or as an environment module, the shared areas the login shell names. Then `sbatch --test-only` asks
+which of an account, a QOS and a GPU type the site refuses a job without. With a probe job, a
+one-minute job on the default partition tells what only a compute node can: the folder the site sets
+per job for node scratch (or the node-local disk), the runtime there, whether it reaches the internet.
+
+What the site did not tell is marked as the shipped profiles mark it: a partition fact not seen is in
+that partition's `unknown`; a setting hpcbox needs a value for gets a generic one, named in `assumed`
+(and so in every job script); the conventions no Slurm reports (CONVENTIONS) keep hpcbox's defaults
+under a comment that says so. The text is read back as a profile before it is written, and nothing is
+written on any error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import time
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.files import write_atomically
+from hpcbox.jobs.doctor import NOT_RUN, Probed, parse_probes, probing
+from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
+from hpcbox.render.profiles import parse_profile
+from hpcbox.tools import slurm, ssh
+
+# What a site's Slurm does not report, which a draft leaves at hpcbox's defaults for the user to set
+# from the site's documentation: top-level settings, then a partition's.
+CONVENTIONS = (
+    "gpus.request",
+    "gpus.max_mig_slices",
+    "accounting.account_hint",
+    "apptainer.options",
+    "apptainer.binds",
+    "apptainer.workdir_on_scratch",
+    "apptainer.sif_on_scratch",
+    "prelude",
+)
+PARTITION_CONVENTIONS = ("implicit", "preemptible", "default_gpu_type")
+# Where sites keep node-local disk for jobs, tried in this order after a folder set per job.
+SCRATCH_CANDIDATES = (
+    "/disk/scratch",
+    "/scratch_local",
+    "/local_scratch",
+    "/localscratch",
+    "/local/scratch",
+    "/scratch/local",
+    "/lscratch",
+)
+# File systems that are shared between nodes, not node-local (`stat -f -c %T` names them so).
+_SHARED_FILE_SYSTEMS = re.compile(r"^(nfs\d?|lustre|gpfs|beegfs|cifs|smb2?|ceph|fuse.*|9p|autofs|panfs)$")
+# Environment variables of a login shell that name a site's shared areas, by the profile key they fill.
+AREA_VARIABLES = {"project": "PROJECT", "scratch": "SCRATCH"}
+PROBE_JOB_DIR = f"{DEFAULT_REMOTE_ROOT}/probe"  # under the login's home
+PROBE_JOB_WAIT_S = 600  # a probe job not ended by then is cancelled: the draft is refused, not half made
+TEST_ONLY_TIMEOUT_S = 15
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MARK = "@@hpcbox-probe-job"
+
+
+@dataclass(frozen=True)
+class SeenPartition:
+    """A partition as `scontrol show partition --oneliner` and `sinfo` print it."""
+
+    name: str
+    default: bool
+    max_time: str | None  # as Slurm prints it (7-00:00:00); None: UNLIMITED
+    nodes: int
+    state: str
+    allow_qos: tuple[str, ...] | None  # None: ALL
+    gres: tuple[str, ...] = ()  # each node's
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t for gres in self.gres for t, _ in slurm.gpu_gres(gres) if t))
+
+    @property
+    def gpus_per_node(self) -> int:
+        return max((sum(n for _, n in slurm.gpu_gres(gres)) for gres in self.gres), default=0)
+
+    @property
+    def qos(self) -> str | None:
+        """The one QOS the partition allows (M3's desktop: desktopq), if it allows one alone."""
+        return self.allow_qos[0] if self.allow_qos is not None and len(self.allow_qos) == 1 else None
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the login node said."""
+
+    slurm_version: str
+    partitions: tuple[SeenPartition, ...]
+    accounts: tuple[str, ...]
+    default_account: str | None
+    qos: tuple[str, ...]
+    runtime: str | None  # "apptainer" or "singularity", on PATH
+    runtime_seen: str  # its path and version, for people
+    runtime_module: str | None  # an environment module of that name, where the runtime is not on PATH
+    modules: bool  # the site has a `module` command
+    areas: dict[str, str] = field(default_factory=dict)  # profile key -> "$VARIABLE"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What `sbatch --test-only` showed the site requires; None: it could not tell."""
+
+    account_required: bool | None
+    qos_required: bool | None
+    gpu_type_required: bool | None
+    said: tuple[str, ...] = ()  # the evidence, a line each, for the file's comments
+    flags: tuple[str, ...] = ()  # the account and QOS flags a job needs there
+
+
+@dataclass(frozen=True)
+class ComputeNode:
+    """What the probe job saw on a compute node."""
+
+    node: str
+    scratch: str | None  # "$VARIABLE" set per job, or a node-local folder; None: /tmp alone
+    scratch_seen: str
+    runtime: str | None
+    internet: bool | None
+
+
+def probe_script() -> str:
+    """The bash the login node runs (the doctor's markers and limits)."""
+    runtime = (
+        'for c in apptainer singularity; do if p=$(command -v $c); then echo "$c $p"; $c --version; '
+        "exit 0; fi; done; exit 1"
+    )
+    areas = " ".join(f'{key}="${{{name}-}}"' for key, name in AREA_VARIABLES.items())
+    probes = {
+        "slurm": "sinfo --version",
+        "partitions": "scontrol show partition --oneliner",
+        "gres": "sinfo --noheader --Node --format='%R|%N|%G'",
+        "associations": 'sacctmgr --noheader --parsable2 show assoc user="$USER" format=Account,QOS',
+        "default_account": 'sacctmgr --noheader --parsable2 show user "$USER" format=DefaultAccount',
+        "runtime": runtime,
+        "modules": "type -t module && { module -t avail apptainer singularity 2>&1; true; }",
+        "areas": f"printf '%s\\n' {areas}",
+    }
+    return probing(probes)
+
+
+def parse_partitions(scontrol: str, gres: str) -> tuple[SeenPartition, ...]:
+    """The partitions in `scontrol show partition --oneliner` output, with each node's gres from
+    `sinfo --Node --format=%R|%N|%G`."""
+    gres_of: dict[str, list[str]] = {}
+    for line in gres.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[2] not in ("", "(null)"):
+            gres_of.setdefault(parts[0], []).append(parts[2])
+    found = []
+    for line in scontrol.splitlines():
+        words = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "PartitionName" not in words:
+            continue
+        limit = words.get("MaxTime", "UNLIMITED")
+        allow_qos = words.get("AllowQos", "ALL")
+        found.append(
+            SeenPartition(
+                name=words["PartitionName"],
+                default=words.get("Default") == "YES",
+                max_time=None if limit.upper() in ("UNLIMITED", "INFINITE") else limit,
+                nodes=int(words["TotalNodes"]) if words.get("TotalNodes", "").isdigit() else 0,
+                state=words.get("State", "UNKNOWN"),
+                allow_qos=None if allow_qos == "ALL" else tuple(q for q in allow_qos.split(",") if q),
+                gres=tuple(gres_of.get(words["PartitionName"], ())),
+            )
+        )
+    return tuple(found)
+
+
+def read_site(probed: Mapping[str, Probed], address: str) -> Site:
+    """The site from the probe script's answers; a host without Slurm is refused in one line."""
+    get = lambda name: probed.get(name, NOT_RUN)  # noqa: E731
+    version = get("slurm").output.split()[-1] if get("slurm").answered and get("slurm").output else ""
+    if not version:
+        raise HpcboxError(
+            f"{address} has no Slurm to draft a profile from: `sinfo --version` failed "
+            f"({_last_line(get('slurm'))})",
+            "draft from the cluster's login node, where Slurm's commands are (--host)",
+        )
+    if not get("partitions").answered:
+        raise HpcboxError(
+            f"`scontrol show partition` failed on {address} ({_last_line(get('partitions'))})",
+            "ask the site: hpcbox reads the partitions from it",
+        )
+    associations = get("associations").output if get("associations").answered else ""
+    rows = [line.split("|") for line in associations.splitlines() if "|" in line]
+    accounts = tuple(dict.fromkeys(row[0] for row in rows if row[0]))
+    qos = tuple(dict.fromkeys(q for row in rows if len(row) > 1 for q in row[1].split(",") if q))
+    default_account = get("default_account").output.strip() if get("default_account").answered else ""
+    runtime_lines = get("runtime").output.splitlines() if get("runtime").answered else []
+    runtime, _, runtime_path = runtime_lines[0].partition(" ") if runtime_lines else (None, "", "")
+    module_lines = get("modules").output.splitlines() if get("modules").answered else []
+    listed = [line.strip().split("/")[0].removesuffix("(default)") for line in module_lines[1:]]
+    areas = dict(line.split("=", 1) for line in get("areas").output.splitlines() if "=" in line)
+    return Site(
+        slurm_version=version,
+        partitions=parse_partitions(get("partitions").output, get("gres").output),
+        accounts=accounts,
+        default_account=default_account.splitlines()[0] if default_account else (accounts or (None,))[0],
+        qos=qos,
+        runtime=runtime,
+        runtime_seen=", ".join([runtime_path, *runtime_lines[1:2]]),
+        runtime_module=next((name for name in ("apptainer", "singularity") if name in listed), None),
+        modules=bool(module_lines),
+        areas={
+            key: f"${AREA_VARIABLES[key]}" for key, value in areas.items() if key in AREA_VARIABLES and value
+        },
+    )
+
+
+def _last_line(probed: Probed) -> str:
+    return probed.output.splitlines()[-1] if probed.output else f"exit status {probed.status}"
+
+
+def choose(site: Site, named: Sequence[str]) -> tuple[tuple[SeenPartition, ...], tuple[SeenPartition, ...]]:
+    """The partitions to draft (``named``, else every one with nodes) and those left out for having
+    none. A named partition the site lacks, or one with no nodes, is refused."""
+    by_name = {p.name: p for p in site.partitions}
+    for name in named:
+        if name not in by_name:
+            raise FieldError(
+                "partitions",
+                f"{name!r} is not a partition here (allowed: {', '.join(by_name) or 'none'})",
+            )
+        if by_name[name].nodes == 0:
+            raise FieldError(
+                "partitions",
+                f"{name!r} has no nodes: no job can run there",
+                "leave it out; `sinfo` shows the partitions with nodes",
+            )
+    if named:
+        return tuple(by_name[name] for name in dict.fromkeys(named)), ()
+    chosen = tuple(p for p in site.partitions if p.nodes > 0)
+    if not chosen:
+        raise HpcboxError(
+            f"no partition here has nodes (scontrol lists {', '.join(by_name) or 'none'})",
+            "ask the site which partition to use",
+        )
+    return chosen, tuple(p for p in site.partitions if p.nodes == 0)
+
+
+def _default(partitions: Sequence[SeenPartition]) -> SeenPartition:
+    return next((p for p in partitions if p.default), partitions[0])
+
+
+def _test_only(partition: SeenPartition, flags: Sequence[str]) -> str:
+    qos = (
+        [f"--qos={partition.qos}"] if partition.qos and not any(f.startswith("--qos=") for f in flags) else []
+    )
+    argv = ["sbatch", "--test-only", f"--partition={partition.name}", "--time=1", "--ntasks=1"]
+    return shlex.join([*argv, *qos, *flags, "--job-name=hpcbox-draft", "--output=/dev/null", "--wrap=true"])
+
+
+def rules(connection: ssh.Connection, site: Site, partitions: Sequence[SeenPartition]) -> Rules:
+    """Which of an account, a QOS and a GPU type the site refuses a job without, by `sbatch
+    --test-only` (no job is made): the fewest flags it takes on the default partition, then an untyped
+    and a typed GPU request on a partition with typed GPUs."""
+    home = _default(partitions)
+    account = [f"--account={site.default_account}"] if site.default_account else []
+    qos = [f"--qos={site.qos[0]}"] if site.qos and not home.qos else []
+    tries = {"none": [], "account": account, "qos": qos, "both": [*account, *qos]}
+    tries = {name: flags for name, flags in tries.items() if name == "none" or flags}
+    answers = _ask(connection, {name: _test_only(home, flags) for name, flags in tries.items()})
+    taken = next((name for name in tries if answers[name].answered), None)
+    said = [f"sbatch --test-only on {home.name} with no account or QOS: {_verdict(answers['none'])}"]
+    if taken is None:
+        return Rules(None, None, None, tuple(said))
+    if taken != "none":
+        said.append(f"... with {' '.join(tries[taken])}: {_verdict(answers[taken])}")
+    flags = tuple(tries[taken])
+    typed = next((p for p in (home, *partitions) if p.gpu_types), None)
+    if typed is None:
+        type_required: bool | None = False  # no GPU type to name
+    else:
+        requests = {"untyped": "--gres=gpu:1", "typed": f"--gres=gpu:{typed.gpu_types[0]}:1"}
+        gpu = _ask(connection, {name: _test_only(typed, [*flags, r]) for name, r in requests.items()})
+        type_required = None if not gpu["typed"].answered else not gpu["untyped"].answered
+        said.append(f"... on {typed.name} with --gres=gpu:1: {_verdict(gpu['untyped'])}")
+        said.append(f"... with {requests['typed']}: {_verdict(gpu['typed'])}")
+    return Rules(taken in ("account", "both"), taken in ("qos", "both"), type_required, tuple(said), flags)
+
+
+def _ask(connection: ssh.Connection, commands: Mapping[str, str]) -> dict[str, Probed]:
+    done = connection.run(
+        ["bash", "-c", probing(commands, timeout_s=TEST_ONLY_TIMEOUT_S)],
+        what=f"ask sbatch --test-only on {connection.target.address}",
+    )
+    found = parse_probes(done.stdout)
+    return {name: found.get(name, NOT_RUN) for name in commands}
+
+
+def _verdict(probed: Probed) -> str:
+    if probed.answered:
+        return "taken"
+    said = "; ".join(line.strip().removeprefix("sbatch: error: ") for line in probed.output.splitlines())
+    return f"refused ({said or f'exit status {probed.status}'})"
+
+
+def probe_job_script(partition: SeenPartition, flags: Sequence[str]) -> str:
+    """A one-minute job printing what its compute node has: folders set per job (a variable whose value
+    holds the job id), node-local scratch folders with their file system, the runtime, the internet."""
+    lines = [
+        "#!/bin/bash",
+        "#SBATCH --job-name=hpcbox-draft",
+        f"#SBATCH --partition={partition.name}",
+        "#SBATCH --time=1",
+        "#SBATCH --ntasks=1",
+        "#SBATCH --output=draft-%j.out",
+        *(f"#SBATCH {flag}" for flag in ([f"--qos={partition.qos}"] if partition.qos else []) + list(flags)),
+        f'echo {_MARK} node "$(hostname -s)"',
+        "for name in $(compgen -e); do",
+        "    case $name in SLURM_JOB_ID | SLURM_JOBID | SLURM_ARRAY_JOB_ID) continue ;; esac",
+        "    value=${!name}",
+        '    if [[ $value == /* && $value == *"$SLURM_JOB_ID"* && -d $value ]]; then',
+        f'        echo {_MARK} jobdir "$name" "$value" "$(stat -f -c %T "$value")"',
+        "    fi",
+        "done",
+        f"for dir in {shlex.join(SCRATCH_CANDIDATES)}; do",
+        "    if [[ -d $dir && -w $dir ]]; then",
+        f'        echo {_MARK} dir "$dir" "$(stat -f -c %T "$dir")"',
+        "    fi",
+        "done",
+        "for c in apptainer singularity; do",
+        f'    if command -v "$c" >/dev/null; then echo {_MARK} runtime "$c"; break; fi',
+        "done",
+        "if timeout 5 bash -c '</dev/tcp/pypi.org/443' 2>/dev/null; then",
+        f"    echo {_MARK} internet yes",
+        "else",
+        f"    echo {_MARK} internet no",
+        "fi",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_probe_job(output: str) -> ComputeNode:
+    seen: dict[str, list[list[str]]] = {}
+    for line in output.splitlines():
+        if line.startswith(f"{_MARK} "):
+            word, *rest = line.split()[1:]
+            seen.setdefault(word, []).append(rest)
+    local = lambda fs: not _SHARED_FILE_SYSTEMS.match(fs)  # noqa: E731
+    per_job = sorted(
+        (rest for rest in seen.get("jobdir", []) if len(rest) == 3 and local(rest[2])),
+        key=lambda rest: (rest[0] != "SLURM_TMPDIR", rest[0] != "TMPDIR", rest[0]),
+    )
+    folders = [rest for rest in seen.get("dir", []) if len(rest) == 2 and local(rest[1])]
+    if per_job:
+        name, value, fs = per_job[0]
+        scratch, scratch_seen = f"${name}", f"${name}={value} ({fs}), set per job"
+    elif folders:
+        scratch, scratch_seen = folders[0][0], f"{folders[0][0]} ({folders[0][1]}), node-local"
+    else:
+        scratch, scratch_seen = None, "no node-local folder but /tmp"
+    internet = seen.get("internet", [[None]])[0][0]
+    return ComputeNode(
+        node=seen.get("node", [["?"]])[0][0],
+        scratch=scratch,
+        scratch_seen=scratch_seen,
+        runtime=seen.get("runtime", [[None]])[0][0],
+        internet=None if internet is None else internet == "yes",
+    )
+
+
+def run_probe_job(
+    connection: ssh.Connection,
+    partition: SeenPartition,
+    flags: Sequence[str],
+    *,
+    wait_s: float = PROBE_JOB_WAIT_S,
+    say: Callable[[str], None] = print,
+) -> ComputeNode:
+    """Submit the probe job, wait for it to end (cancelled if it has not within ``wait_s``, or on
+    Ctrl-C), read what it printed and remove its files."""
+    connection.run(
+        ["mkdir", "-p", PROBE_JOB_DIR], what=f"make {PROBE_JOB_DIR} on {connection.target.address}"
+    )
+    job_id = slurm.submit(connection, PROBE_JOB_DIR, "draft.sh", probe_job_script(partition, flags), ())
+    output = f"{PROBE_JOB_DIR}/draft-{job_id}.out"
+    say(f"hpcbox: probe job {job_id} on {partition.name} (one minute at most), waiting for it to end")
+    ended = False
+    try:
+        deadline, last = time.monotonic() + wait_s, None
+        while True:
+            state = slurm.job_state(connection, job_id)
+            if state is not None and state.finished:
+                ended = True
+                break
+            if state is not None and (state.state, state.reason) != last:
+                last = (state.state, state.reason)
+                why = f" ({state.reason})" if state.reason not in ("", "None") else ""
+                say(f"hpcbox: probe job {job_id}: {state.state}{why}")
+            if time.monotonic() > deadline:
+                raise HpcboxError(
+                    f"probe job {job_id} did not end within {wait_s:.0f} s (cancelled)",
+                    "try again when the queue is shorter, or draft without --probe-job",
+                )
+            time.sleep(2)
+        if state.state != "COMPLETED":
+            raise HpcboxError(f"probe job {job_id} ended {state.state}, not COMPLETED (its log: {output})")
+        printed = connection.run(["cat", output], what=f"read probe job {job_id}'s output").stdout
+    finally:
+        if not ended:  # given up on, Ctrl-C, or a connection lost: the job goes too
+            connection.run(["scancel", job_id], what=f"cancel probe job {job_id}", check=False)
+    connection.run(
+        ["rm", "-f", output, f"{PROBE_JOB_DIR}/scripts/draft.sh"], what="remove the probe job's files"
+    )
+    return parse_probe_job(printed)
+
+
+@dataclass(frozen=True)
+class Draft:
+    text: str
+    partitions: tuple[str, ...]
+    left_out: tuple[str, ...]
+    unknown: tuple[str, ...]  # top-level and partition facts not seen
+    assumed: tuple[str, ...]
+
+
+def compose(
+    target: ssh.Target,
+    site: Site,
+    partitions: Sequence[SeenPartition],
+    left_out: Sequence[SeenPartition],
+    found: Rules,
+    node: ComputeNode | None,
+    *,
+    today: str,
+) -> Draft:
+    """The profile's TOML, each fact with where it came from."""
+    assumed: list[str] = []
+    unknown: list[str] = []
+    out = [
+        f"# Drafted by `hpcbox profile.draft` from {target.address} on {today}, Slurm {site.slurm_version}"
+        + (f", with a probe job on {node.node}." if node else "."),
+        "# Set below: what the site reported. In `unknown`: what it could not tell, which hpcbox neither",
+        "# checks nor renders. In `assumed`: settings given a generic value, which every job script names.",
+        "# No Slurm reports a site's conventions: [gpus] request, [apptainer] options, binds,",
+        "# workdir_on_scratch and sif_on_scratch, a partition's implicit, preemptible and default_gpu_type.",
+        "# They keep hpcbox's defaults here: set them as the site's documentation says.",
+        f"description = {_toml(f'drafted from {target.host}')}",
+        'scheduler = "slurm"',
+    ]
+    if node is not None and node.internet is not None:
+        reached = "reached" if node.internet else "did not reach"
+        out.append(f"compute_internet = {_toml(node.internet)}  # the probe job {reached} pypi.org:443")
+    else:
+        unknown.append("compute_internet")
+    runtime = (node.runtime if node else None) or site.runtime
+    setup: list[str] = []
+    if runtime is None and site.runtime_module:
+        runtime, setup = site.runtime_module, [f"module load {site.runtime_module}"]
+    if runtime is None:
+        assumed.append("apptainer.command")
+    elif site.modules and not setup:
+        # On PATH in a login shell of a site with modules: whether a job's shell has it too is unseen.
+        assumed.append("apptainer.setup")
+    scratch = node.scratch if node else None
+    if scratch is None:
+        assumed.append("storage.node_scratch")
+    if found.account_required is None:
+        assumed += ["accounting.account_required", "accounting.qos_required"]
+    if found.gpu_type_required is None:
+        assumed.append("gpus.type_required")
+    if unknown:
+        out.append(f"unknown = {_toml(unknown)}")
+    if assumed:
+        out.append(f"assumed = {_toml(assumed)}")
+    out += ["", "[login]", f"host = {_toml(target.host)}"]
+    out += [f"port = {target.port}"] if target.port else []
+    out += [f"user = {_toml(target.user)}"] if target.user else []
+    out += ["", "[slurm]", f"version = {_toml(site.slurm_version)}  # sinfo --version"]
+    out += ["", "[gpus]", 'request = "gres"  # a convention: --gres=gpu:[TYPE:]N, which every Slurm takes']
+    out += [f"# {line}" for line in found.said if "gres=gpu" in line]
+    out.append(f"type_required = {_toml(bool(found.gpu_type_required))}")
+    out += ["", "[accounting]"]
+    out += [f"# {line}" for line in found.said if "gres=gpu" not in line]
+    out.append(f"account_required = {_toml(bool(found.account_required))}")
+    out.append(f"qos_required = {_toml(bool(found.qos_required))}")
+    if site.accounts:
+        out.append(
+            "# Yours when drafted (sacctmgr show assoc): take the line out to let jobs name any account."
+        )
+        out.append(f"accounts = {_toml(list(site.accounts))}")
+    if site.qos:
+        out.append(f"# Your QOS there: {', '.join(site.qos)}.")
+    out += ["", "[storage]"]
+    if node is not None:
+        out.append(f"# The probe job saw {node.scratch_seen}.")
+    out.append(f"node_scratch = {_toml(scratch or '/tmp')}")
+    for key, value in site.areas.items():
+        out.append(f"{key} = {_toml(value)}  # set by the login shell")
+    out += ["", "[apptainer]"]
+    if runtime is None:
+        out.append("# No apptainer or singularity on PATH or as a module on the login node.")
+    else:
+        where = "the probe job's node and the login node" if node and node.runtime else "the login node"
+        how = f"module {site.runtime_module}" if setup else (site.runtime_seen or "on PATH")
+        out.append(f"# Seen on {where}: {how}.")
+    out.append(f"command = {_toml(runtime or 'apptainer')}")
+    out.append(f"setup = {_toml(setup)}")
+    out.append(
+        "# Whether it mounts a SIF (FUSE) is each job's to find out; `hpcbox doctor` tries each compression."
+    )
+    drafted_unknown: list[str] = list(unknown)
+    for partition in partitions:
+        out += ["", "[[partitions]]", f"name = {_toml(partition.name)}"]
+        out += ["default = true"] if partition.default else []  # none: jobs name the first
+        out.append(f"max_time = {_toml(partition.max_time or 'UNLIMITED')}")
+        out.append(f"gpus_per_node = {partition.gpus_per_node}")
+        out.append(f"gpu_types = {_toml(list(partition.gpu_types))}")
+        if partition.qos:
+            out.append(f"qos = {_toml(partition.qos)}")
+        out.append('unknown = ["cpus_per_gpu"]')
+        drafted_unknown.append(f"partitions.{partition.name}.cpus_per_gpu")
+        gres = ", ".join(dict.fromkeys(partition.gres)) or "none"
+        nodes = f"{partition.nodes} node{'s' if partition.nodes != 1 else ''}"
+        out.append(f"notes = {_toml(f'{nodes}, {partition.state}; gres {gres}')}")
+    if left_out:
+        out += ["", f"# Left out, having no nodes: {', '.join(p.name for p in left_out)}."]
+    return Draft(
+        text="\n".join(out) + "\n",
+        partitions=tuple(p.name for p in partitions),
+        left_out=tuple(p.name for p in left_out),
+        unknown=tuple(drafted_unknown),
+        assumed=tuple(assumed),
+    )
+
+
+def _toml(value: object) -> str:
+    # JSON's strings, numbers, booleans and arrays of them are TOML's too.
+    return json.dumps(value)
+
+
+def check_output(path: Path) -> str:
+    """The profile name ``path`` gives; a path that would overwrite or could not be a profile is refused."""
+    if path.suffix != ".toml" or not _PROFILE_NAME.match(path.stem):
+        raise FieldError(
+            "output", f"{str(path)!r} is not a profile file name", "name it NAME.toml: NAME becomes --cluster"
+        )
+    if path.exists():
+        raise FieldError(
+            "output", f"{path} exists", "pick another name, or remove it first (nothing is overwritten)"
+        )
+    if not path.parent.is_dir():
+        raise FieldError(
+            "output", f"{path.parent} is not a folder", "make it first, or write the draft elsewhere"
+        )
+    return path.stem
+
+
+def draft(
+    target: ssh.Target,
+    output: Path,
+    *,
+    probe_job: bool = False,
+    partitions: Sequence[str] = (),
+    say: Callable[[str], None] = print,
+) -> Draft:
+    """Draft ``output`` from the site at ``target``: its text is a valid profile, written only when
+    everything asked for was seen."""
+    name = check_output(output)
+    with ssh.Connection(target) as connection:
+        done = connection.run(
+            ["bash", "-c", probe_script()],
+            what=f"probe {target.address}",
+            hint="check the host, your SSH key and ~/.ssh/config (hpcbox needs a shell there)",
+        )
+        site = read_site(parse_probes(done.stdout), target.address)
+        chosen, left_out = choose(site, partitions)
+        found = rules(connection, site, chosen)
+        node = run_probe_job(connection, _default(chosen), found.flags, say=say) if probe_job else None
+    made = compose(target, site, chosen, left_out, found, node, today=datetime.now(UTC).date().isoformat())
+    try:
+        parse_profile(tomllib.loads(made.text), name=name, source=output)
+    except (FieldError, tomllib.TOMLDecodeError) as exc:  # a site hpcbox cannot describe yet: say so
+        raise HpcboxError(f"the draft of {target.address} is not a valid profile: {exc}") from exc
+    if output.exists():
+        raise FieldError("output", f"{output} appeared meanwhile", "nothing was overwritten; draft again")
+    write_atomically(output, made.text, mode=0o644)
+    return made
