@@ -37,7 +37,9 @@ def main():
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--factor", type=float, default=1.0)
     args = parser.parse_args()
-    numbers = numpy.loadtxt(args.data / "numbers.txt")
+    # Its data where a dataset was staged; without one (an empty folder), numbers of its own.
+    given = args.data / "numbers.txt"
+    numbers = numpy.loadtxt(given) if given.exists() else numpy.arange(1, 11)
     result = {"mean": scale(float(numbers.mean()), args.factor), "numpy": numpy.__version__}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "result.json").write_text(json.dumps(result))
@@ -115,6 +117,16 @@ def test_own_project_init_lock_build_submit_fetch(
             and "-> unknown: python /code/train.py writes no metrics.jsonl" in (reported)
         ), reported
         assert "did not start" not in reported
+        # No dataset named: the job goes, its /scratch/data empty, and said so.
+        bare = hpcbox(own_project, "submit", "--cluster=local", "--offline", "--time=10", env=env)
+        assert "hpcbox: no dataset (--data, or data in [tool.hpcbox]): the job's /scratch/data is empty" in (
+            bare.stderr
+        )
+        hpcbox(own_project, "logs", "--follow", env=env)
+        status = hpcbox(own_project, "status", env=env)
+        assert status.stdout.startswith(f"job {bare.stdout.split()[-1]}: COMPLETED"), status.stdout
+        fetched = Path(hpcbox(own_project, "fetch", env=env).stdout.strip())
+        assert json.loads((fetched / "result.json").read_text())["mean"] == 5.5  # its own numbers, 1 to 10
     finally:
         for image in docker.client().images.list(name=f"{run_id}/own-project*"):
             for tag in image.tags:

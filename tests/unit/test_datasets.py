@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import socket
@@ -152,3 +153,34 @@ def test_what_the_archive_cannot_carry_is_refused(tmp_path: Path, make, says: st
     source = make_dataset(tmp_path / "data")
     make(source)
     assert says in refusal(source, tmp_path / "cache")
+
+
+def test_no_dataset_is_one_empty_archive_the_same_everywhere(tmp_path: Path):
+    """A job with no dataset stages the archive of no files: tar unpacks nothing from it, and two caches
+    (two machines) hold the same bytes, so it is sent to a cluster once."""
+    first, second = datasets.empty(tmp_path / "a"), datasets.empty(tmp_path / "b")
+    assert first.sha256 == second.sha256 == hashlib.sha256(first.path.read_bytes()).hexdigest()
+    assert first.path.read_bytes() == second.path.read_bytes() and first.path.stat().st_size == 10240
+    listed = subprocess.run(["tar", "-tf", str(first.path)], capture_output=True, text=True, check=True)
+    assert listed.stdout == ""
+    assert ship.dataset(None, tmp_path / "a").sha256 == first.sha256
+    assert [path.name for path in (tmp_path / "a" / "sha256").iterdir()] == [first.path.name]
+
+
+def test_a_job_with_no_dataset_goes_unless_it_runs_the_example_trainer(tmp_path: Path):
+    from hpcbox.jobs import data_path
+    from hpcbox.project.command import EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand
+    from hpcbox.project.config import load_project
+
+    project = dataclasses.replace(load_project(Path(__file__).resolve().parents[2]), data="")
+    said: list[str] = []
+    own = ContainerCommand("script", "train.py")
+    assert data_path(project, None, own, say=said.append) is None
+    assert data_path(project, None, NOTEBOOK, say=said.append) is None
+    assert (
+        said
+        == ["hpcbox: no dataset (--data, or data in [tool.hpcbox]): the job's /scratch/data is empty"] * 2
+    )
+    with pytest.raises(HpcboxError, match="data: no dataset given, and the example trainer reads one"):
+        data_path(project, None, EXAMPLE_TRAINER)
+    assert data_path(project, "some.tar", EXAMPLE_TRAINER) == Path("some.tar").resolve()

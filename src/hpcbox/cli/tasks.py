@@ -474,7 +474,7 @@ def _test_only(project, profile, via: str | None, text: str, checked: Resources)
     after="data",
     help={
         "data": "the dataset to stage on node scratch: one archive, or a directory (archived once, "
-        "content-addressed; default: tool.hpcbox.data)",
+        "content-addressed; default: tool.hpcbox.data; none: your own program's /scratch/data is empty)",
         "flavour": "image flavour (default: the one `hpcbox build` last made)",
         "offline": "build on the Debian base bootstrapped here (no registry)",
         "host": "login host or ~/.ssh/config alias (default: the profile's)",
@@ -533,7 +533,7 @@ def submit(
         say(f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}")
     project, profile, checked = _resources(cluster, resources, array)
     target, payload, environment = _ready_to_ship(
-        project, profile, checked, data, flavour, offline,
+        project, profile, checked, data, flavour, offline, program=project.run,
         via=via, host=host, user=user, port=int(port) if port else None,
     )  # fmt: skip
     record = jobs.submit(
@@ -552,17 +552,19 @@ def say(line: str) -> None:
 
 
 def _ready_to_ship(
-    project, profile, checked, data, flavour, offline, *, via, host=None, user=None, port=None, **stage
-):
+    project, profile, checked, data, flavour, offline, *,
+    program, via, host=None, user=None, port=None, **stage,
+):  # fmt: skip
     """How to reach the cluster, its rehearsal made ready (via local), and what goes there: the image
-    (``stage``: prepare_payload's target and on_line), its SIF, the code and the dataset."""
+    (``stage``: prepare_payload's target and on_line), its SIF, the code and the dataset (which
+    ``program``, the job's, may do without)."""
     from hpcbox import jobs
 
     target = jobs.connection_target(profile, project, via=via, host=host, user=user, port=port)
     jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
     jobs.rehearse(profile, project, checked, via=via, host=host, say=say)
     payload, environment = jobs.prepare_payload(
-        project, jobs.data_path(project, data), profile.apptainer.compression,
+        project, jobs.data_path(project, data, program, say=say), profile.apptainer.compression,
         flavour=flavour, offline=offline, gpus=checked.gpus, say=say, **stage,
     )  # fmt: skip
     return target, payload, environment
@@ -761,7 +763,8 @@ def shell(c, cluster, command=None, **resources):
         "attach": "reach the notebook job -j JOB (default: the last one) already running, from another "
         "terminal or after a network drop",
         "job": "with --attach: the notebook's job id",
-        "data": "the dataset to stage on node scratch (default: tool.hpcbox.data)",
+        "data": "the dataset to stage on node scratch (default: tool.hpcbox.data; none: /scratch/data is "
+        "empty)",
         "flavour": "image flavour (default: the one `hpcbox build` last made)",
         "offline": "build on the Debian base bootstrapped here (no registry)",
         "via": VIA_HELP,
@@ -807,8 +810,9 @@ def notebook(
     project, profile, checked = _resources(cluster, resources, command=NOTEBOOK)
     notebooks.check_resources(checked)
     target, payload, environment = _ready_to_ship(
-        project, profile, checked, data, flavour, offline, via=via, target=NOTEBOOK_TARGET, on_line=say
-    )
+        project, profile, checked, data, flavour, offline,
+        program=NOTEBOOK, via=via, target=NOTEBOOK_TARGET, on_line=say,
+    )  # fmt: skip
     with ssh.Connection(target) as connection:
         record = jobs.submit(
             project, profile, target, checked, (), payload,

@@ -94,6 +94,23 @@ def archive(directory: Path, cache: Path, say: Callable[[str], None] = print) ->
     return Archive(path, sha256, files, made=True)
 
 
+def empty(cache: Path) -> Archive:
+    """The archive of no files, for a job with no dataset: its node scratch's data folder stays empty,
+    and every job script stages its dataset the same way. 10 KiB, the same bytes everywhere."""
+    store = cache / "sha256"
+    store.mkdir(parents=True, exist_ok=True)
+    partial = partial_path(store / "empty.tar")
+    try:
+        with tarfile.open(partial, mode="w", format=tarfile.GNU_FORMAT):
+            pass
+        sha256 = file_sha256(partial)
+        path = store / f"{sha256}.tar"
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return Archive(path, sha256, 0, made=True)
+
+
 def manifest(directory: Path) -> tuple[_Entry, ...]:
     """Every entry under ``directory`` in name order; refuses what the archive cannot carry."""
     entries = []

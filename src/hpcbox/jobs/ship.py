@@ -109,8 +109,12 @@ def code_snapshot(project: ProjectConfig) -> CodeSnapshot:
     return CodeSnapshot(hashlib.sha256(tar).hexdigest(), gzip.compress(tar, mtime=0), len(files))
 
 
-def dataset(path: Path, cache: Path, say: Callable[[str], None] = print) -> Dataset:
-    """The dataset at ``path``: one archive as it is, or a directory archived into ``cache``."""
+def dataset(path: Path | None, cache: Path, say: Callable[[str], None] = print) -> Dataset:
+    """The dataset at ``path``: one archive as it is, or a directory archived into ``cache``; None: no
+    dataset, an empty archive (made in ``cache``)."""
+    if path is None:
+        made = datasets.empty(cache)
+        return Dataset(made.path, made.sha256)
     if path.is_dir():
         made = datasets.archive(path, cache, say)
         return Dataset(made.path, made.sha256)

@@ -19,7 +19,7 @@ from hpcbox.files import slug
 from hpcbox.jobs import doctor, ship
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.jobs.ledger import JobRecord, Ledger
-from hpcbox.project.command import NOTEBOOK, ContainerCommand
+from hpcbox.project.command import EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render import logpaths
 from hpcbox.render.profiles import ClusterProfile
@@ -32,7 +32,7 @@ from hpcbox.tools import slurm, ssh
 
 def prepare_payload(
     project: ProjectConfig,
-    data: Path,
+    data: Path | None,
     compression: SifCompression,
     *,
     flavour: str | None = None,
@@ -252,14 +252,24 @@ def log_paths(script: JobScript, submit_dir: str, job_id: str, user: str) -> tup
     return on_cluster(output), on_cluster(error) if error else None
 
 
-def data_path(project: ProjectConfig, given: str | None) -> Path:
+def data_path(
+    project: ProjectConfig,
+    given: str | None,
+    program: ContainerCommand | Steps,
+    *,
+    say: Callable[[str], None] = print,
+) -> Path | None:
     """The dataset, an archive or a directory: ``given`` (relative to here), else `tool.hpcbox.data`
-    (relative to the root)."""
+    (relative to the root). None where neither names one: a program of the project's own may need no
+    data (its /scratch/data is then empty, said in a line), the example trainer reads its dataset."""
     if given:
         return Path(given).expanduser().resolve()
     if project.data:
         return project.root / project.data
-    raise HpcboxError(
-        "data: no dataset given",
-        'pass --data PATH (one archive, or a directory), or set data = "PATH" in [tool.hpcbox]',
-    )
+    if program == EXAMPLE_TRAINER:
+        raise HpcboxError(
+            "data: no dataset given, and the example trainer reads one",
+            'pass --data PATH (one archive, or a directory), or set data = "PATH" in [tool.hpcbox]',
+        )
+    say("hpcbox: no dataset (--data, or data in [tool.hpcbox]): the job's /scratch/data is empty")
+    return None
