@@ -9,6 +9,7 @@ the messages are hpcbox's own one-line form, and the package takes no dependency
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
 from collections.abc import Iterable
@@ -17,7 +18,8 @@ from typing import Any
 
 from hpcbox.errors import FieldError, HpcboxError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# A name in a hpcbox file (a partition, a profile ...): letters, digits, ".", "_", "-".
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _KIND_WORDS = {
     str: "a string",
     int: "a whole number",
@@ -25,6 +27,11 @@ _KIND_WORDS = {
     list: "a list",
     dict: "a table",
 }
+
+
+def toml_value(value: str | bool | int | list[str]) -> str:
+    """``value`` as TOML writes it: JSON's strings, numbers, booleans and arrays of them are TOML's."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def load_toml(path: Path, field_name: str = "") -> dict[str, Any]:
@@ -91,7 +98,7 @@ class Table:
     def name(self, key: str, *, hint: str = "") -> str:
         """A name: letters, digits, '.', '_' or '-', starting with a letter or digit."""
         value = self.string(key, hint=hint)
-        if not _NAME.match(value):
+        if not NAME.match(value):
             raise FieldError(self.key(key), f"{value!r}: use letters, digits, '.', '_' or '-'", hint)
         return value
 

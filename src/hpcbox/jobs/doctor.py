@@ -67,6 +67,11 @@ class Probed:
     def answered(self) -> bool:
         return self.status == 0
 
+    @property
+    def last_line(self) -> str:
+        """What it said last, or its exit status where it said nothing: for a line of the table."""
+        return self.output.splitlines()[-1] if self.output else f"exit status {self.status}"
+
 
 NOT_RUN = Probed("", 127)  # a probe the script did not run or report
 
@@ -225,15 +230,11 @@ def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Find
     ]
 
 
-def _last_line(probed: Probed) -> str:
-    return probed.output.splitlines()[-1] if probed.output else f"exit status {probed.status}"
-
-
 def _slurm(profile: ClusterProfile, probed: Probed) -> Finding:
     version = probed.output.split()[-1] if probed.answered and probed.output else ""
     if not version:
         return Finding(
-            FAILS, "slurm", f"`sinfo --version` failed ({_last_line(probed)})", "is Slurm's client there?"
+            FAILS, "slurm", f"`sinfo --version` failed ({probed.last_line})", "is Slurm's client there?"
         )
     if profile.slurm_version and not version.startswith(profile.slurm_version):
         return Finding(DIFFERS, "slurm", f"Slurm {version}", f'[slurm] version = "{version}"')
@@ -244,12 +245,12 @@ def _slurm(profile: ClusterProfile, probed: Probed) -> Finding:
 
 def _scheduler(squeue: Probed, sacct: Probed) -> Finding:
     if not squeue.answered:
-        return Finding(FAILS, "scheduler", f"squeue does not answer ({_last_line(squeue)})", "ask the site")
+        return Finding(FAILS, "scheduler", f"squeue does not answer ({squeue.last_line})", "ask the site")
     if not sacct.answered:
         return Finding(
             DIFFERS,
             "scheduler",
-            f"squeue answers; sacct does not ({_last_line(sacct)})",
+            f"squeue answers; sacct does not ({sacct.last_line})",
             "status reads squeue alone; report needs sacct",
         )
     return Finding(OK, "scheduler", "squeue and sacct answer (accounting on)")
@@ -283,7 +284,7 @@ def _gpu_types(gres: str) -> set[str]:
 def _partitions(profile: ClusterProfile, probed: Probed) -> list[Finding]:
     if not probed.answered:
         return [
-            Finding(FAILS, "partitions", f"sinfo failed ({_last_line(probed)})", "is Slurm's client there?")
+            Finding(FAILS, "partitions", f"sinfo failed ({probed.last_line})", "is Slurm's client there?")
         ]
     seen = _sinfo_partitions(probed)
     # The Alliance's scheduler picks the partition (implicit): which one is the default is no fact there.
@@ -331,9 +332,7 @@ def _partitions(profile: ClusterProfile, probed: Probed) -> list[Finding]:
 
 def _accounts(profile: ClusterProfile, probed: Probed) -> Finding:
     if not probed.answered:
-        return Finding(
-            DIFFERS, "accounts", f"sacctmgr does not answer ({_last_line(probed)})", "ask the site"
-        )
+        return Finding(DIFFERS, "accounts", f"sacctmgr does not answer ({probed.last_line})", "ask the site")
     rows = [line.split("|") for line in probed.output.splitlines() if "|" in line]
     accounts = sorted({row[0] for row in rows if row[0]})
     qos = sorted({q for row in rows for q in row[1].split(",") if len(row) > 1 and q})
@@ -410,7 +409,7 @@ def _sif_outcome(probed: Mapping[str, Probed], algorithm: str) -> tuple[str, str
         return ("extracts" if _EXTRACTED in mounted.output else "mounts"), ""
     said = [line for line in mounted.output.splitlines() if "FATAL" in line or "ERROR" in line]
     # Apptainer chains its reasons with ": "; the last is the cause (squashfuse's own words).
-    reason = " ".join((said[-1] if said else _last_line(mounted)).split()).rsplit(": ", 1)[-1]
+    reason = " ".join((said[-1] if said else mounted.last_line).split()).rsplit(": ", 1)[-1]
     if probed.get(f"unpack:{algorithm}", NOT_RUN).answered:
         return "unpacks", reason
     return "fails", reason

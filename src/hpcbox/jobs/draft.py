@@ -17,10 +17,8 @@ written on any error.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,9 +27,11 @@ from pathlib import Path
 
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import write_atomically
+from hpcbox.jobs import follow
 from hpcbox.jobs.doctor import NOT_RUN, Probed, parse_probes, probing
 from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
 from hpcbox.render.profiles import parse_profile
+from hpcbox.tables import NAME, toml_value
 from hpcbox.tools import slurm, ssh
 
 # What a site's Slurm does not report, which a draft leaves at hpcbox's defaults for the user to set
@@ -64,7 +64,6 @@ AREA_VARIABLES = {"project": "PROJECT", "scratch": "SCRATCH"}
 PROBE_JOB_DIR = f"{DEFAULT_REMOTE_ROOT}/probe"  # under the login's home
 PROBE_JOB_WAIT_S = 600  # a probe job not ended by then is cancelled: the draft is refused, not half made
 TEST_ONLY_TIMEOUT_S = 15
-_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _MARK = "@@hpcbox-probe-job"
 
 
@@ -188,12 +187,12 @@ def read_site(probed: Mapping[str, Probed], address: str) -> Site:
     if not version:
         raise HpcboxError(
             f"{address} has no Slurm to draft a profile from: `sinfo --version` failed "
-            f"({_last_line(get('slurm'))})",
+            f"({get('slurm').last_line})",
             "draft from the cluster's login node, where Slurm's commands are (--host)",
         )
     if not get("partitions").answered:
         raise HpcboxError(
-            f"`scontrol show partition` failed on {address} ({_last_line(get('partitions'))})",
+            f"`scontrol show partition` failed on {address} ({get('partitions').last_line})",
             "ask the site: hpcbox reads the partitions from it",
         )
     associations = get("associations").output if get("associations").answered else ""
@@ -220,10 +219,6 @@ def read_site(probed: Mapping[str, Probed], address: str) -> Site:
             key: f"${AREA_VARIABLES[key]}" for key, value in areas.items() if key in AREA_VARIABLES and value
         },
     )
-
-
-def _last_line(probed: Probed) -> str:
-    return probed.output.splitlines()[-1] if probed.output else f"exit status {probed.status}"
 
 
 def choose(site: Site, named: Sequence[str]) -> tuple[tuple[SeenPartition, ...], tuple[SeenPartition, ...]]:
@@ -391,30 +386,31 @@ def run_probe_job(
     job_id = slurm.submit(connection, PROBE_JOB_DIR, "draft.sh", probe_job_script(partition, flags), ())
     output = f"{PROBE_JOB_DIR}/draft-{job_id}.out"
     say(f"hpcbox: probe job {job_id} on {partition.name} (one minute at most), waiting for it to end")
-    ended = False
+
+    def read() -> slurm.JobState:
+        found = slurm.job_state(connection, job_id)
+        if found is None:
+            raise HpcboxError(f"probe job {job_id} is known to neither squeue nor sacct")
+        return found
+
+    def said(found: slurm.JobState) -> None:
+        if not found.finished:
+            why = f" ({found.reason})" if found.reason not in ("", "None") else ""
+            say(f"hpcbox: probe job {job_id}: {found.state}{why}")
+
     try:
-        deadline, last = time.monotonic() + wait_s, None
-        while True:
-            state = slurm.job_state(connection, job_id)
-            if state is not None and state.finished:
-                ended = True
-                break
-            if state is not None and (state.state, state.reason) != last:
-                last = (state.state, state.reason)
-                why = f" ({state.reason})" if state.reason not in ("", "None") else ""
-                say(f"hpcbox: probe job {job_id}: {state.state}{why}")
-            if time.monotonic() > deadline:
-                raise HpcboxError(
-                    f"probe job {job_id} did not end within {wait_s:.0f} s (cancelled)",
-                    "try again when the queue is shorter, or draft without --probe-job",
-                )
-            time.sleep(2)
-        if state.state != "COMPLETED":
-            raise HpcboxError(f"probe job {job_id} ended {state.state}, not COMPLETED (its log: {output})")
-        printed = connection.run(["cat", output], what=f"read probe job {job_id}'s output").stdout
-    finally:
-        if not ended:  # given up on, Ctrl-C, or a connection lost: the job goes too
-            connection.run(["scancel", job_id], what=f"cancel probe job {job_id}", check=False)
+        found = follow.poll(read, job_id, timeout_s=wait_s, on_change=said)
+    except BaseException as exc:  # given up on, Ctrl-C, or a connection lost: the job goes too
+        connection.run(["scancel", job_id], what=f"cancel probe job {job_id}", check=False)
+        if isinstance(exc, HpcboxError):
+            raise HpcboxError(
+                f"probe job {job_id} cancelled: {exc.message}",
+                "try again when the queue is shorter, or draft without --probe-job",
+            ) from exc
+        raise
+    if found.state != "COMPLETED":
+        raise HpcboxError(f"probe job {job_id} ended {found.state}, not COMPLETED (its log: {output})")
+    printed = connection.run(["cat", output], what=f"read probe job {job_id}'s output").stdout
     connection.run(
         ["rm", "-f", output, f"{PROBE_JOB_DIR}/scripts/draft.sh"], what="remove the probe job's files"
     )
@@ -451,12 +447,12 @@ def compose(
         "# No Slurm reports a site's conventions: [gpus] request, [apptainer] options, binds,",
         "# workdir_on_scratch and sif_on_scratch, a partition's implicit, preemptible and default_gpu_type.",
         "# They keep hpcbox's defaults here: set them as the site's documentation says.",
-        f"description = {_toml(f'drafted from {target.host}')}",
+        f"description = {toml_value(f'drafted from {target.host}')}",
         'scheduler = "slurm"',
     ]
     if node is not None and node.internet is not None:
         reached = "reached" if node.internet else "did not reach"
-        out.append(f"compute_internet = {_toml(node.internet)}  # the probe job {reached} pypi.org:443")
+        out.append(f"compute_internet = {toml_value(node.internet)}  # the probe job {reached} pypi.org:443")
     else:
         unknown.append("compute_internet")
     runtime = (node.runtime if node else None) or site.runtime
@@ -476,33 +472,33 @@ def compose(
     if found.gpu_type_required is None:
         assumed.append("gpus.type_required")
     if unknown:
-        out.append(f"unknown = {_toml(unknown)}")
+        out.append(f"unknown = {toml_value(unknown)}")
     if assumed:
-        out.append(f"assumed = {_toml(assumed)}")
-    out += ["", "[login]", f"host = {_toml(target.host)}"]
+        out.append(f"assumed = {toml_value(assumed)}")
+    out += ["", "[login]", f"host = {toml_value(target.host)}"]
     out += [f"port = {target.port}"] if target.port else []
-    out += [f"user = {_toml(target.user)}"] if target.user else []
-    out += ["", "[slurm]", f"version = {_toml(site.slurm_version)}  # sinfo --version"]
+    out += [f"user = {toml_value(target.user)}"] if target.user else []
+    out += ["", "[slurm]", f"version = {toml_value(site.slurm_version)}  # sinfo --version"]
     out += ["", "[gpus]", 'request = "gres"  # a convention: --gres=gpu:[TYPE:]N, which every Slurm takes']
     out += [f"# {line}" for line in found.said if "gres=gpu" in line]
-    out.append(f"type_required = {_toml(bool(found.gpu_type_required))}")
+    out.append(f"type_required = {toml_value(bool(found.gpu_type_required))}")
     out += ["", "[accounting]"]
     out += [f"# {line}" for line in found.said if "gres=gpu" not in line]
-    out.append(f"account_required = {_toml(bool(found.account_required))}")
-    out.append(f"qos_required = {_toml(bool(found.qos_required))}")
+    out.append(f"account_required = {toml_value(bool(found.account_required))}")
+    out.append(f"qos_required = {toml_value(bool(found.qos_required))}")
     if site.accounts:
         out.append(
             "# Yours when drafted (sacctmgr show assoc): take the line out to let jobs name any account."
         )
-        out.append(f"accounts = {_toml(list(site.accounts))}")
+        out.append(f"accounts = {toml_value(list(site.accounts))}")
     if site.qos:
         out.append(f"# Your QOS there: {', '.join(site.qos)}.")
     out += ["", "[storage]"]
     if node is not None:
         out.append(f"# The probe job saw {node.scratch_seen}.")
-    out.append(f"node_scratch = {_toml(scratch or '/tmp')}")
+    out.append(f"node_scratch = {toml_value(scratch or '/tmp')}")
     for key, value in site.areas.items():
-        out.append(f"{key} = {_toml(value)}  # set by the login shell")
+        out.append(f"{key} = {toml_value(value)}  # set by the login shell")
     out += ["", "[apptainer]"]
     if runtime is None:
         out.append("# No apptainer or singularity on PATH or as a module on the login node.")
@@ -510,25 +506,25 @@ def compose(
         where = "the probe job's node and the login node" if node and node.runtime else "the login node"
         how = f"module {site.runtime_module}" if setup else (site.runtime_seen or "on PATH")
         out.append(f"# Seen on {where}: {how}.")
-    out.append(f"command = {_toml(runtime or 'apptainer')}")
-    out.append(f"setup = {_toml(setup)}")
+    out.append(f"command = {toml_value(runtime or 'apptainer')}")
+    out.append(f"setup = {toml_value(setup)}")
     out.append(
         "# Whether it mounts a SIF (FUSE) is each job's to find out; `hpcbox doctor` tries each compression."
     )
     drafted_unknown: list[str] = list(unknown)
     for partition in partitions:
-        out += ["", "[[partitions]]", f"name = {_toml(partition.name)}"]
+        out += ["", "[[partitions]]", f"name = {toml_value(partition.name)}"]
         out += ["default = true"] if partition.default else []  # none: jobs name the first
-        out.append(f"max_time = {_toml(partition.max_time or 'UNLIMITED')}")
+        out.append(f"max_time = {toml_value(partition.max_time or 'UNLIMITED')}")
         out.append(f"gpus_per_node = {partition.gpus_per_node}")
-        out.append(f"gpu_types = {_toml(list(partition.gpu_types))}")
+        out.append(f"gpu_types = {toml_value(list(partition.gpu_types))}")
         if partition.qos:
-            out.append(f"qos = {_toml(partition.qos)}")
+            out.append(f"qos = {toml_value(partition.qos)}")
         out.append('unknown = ["cpus_per_gpu"]')
         drafted_unknown.append(f"partitions.{partition.name}.cpus_per_gpu")
         gres = ", ".join(dict.fromkeys(partition.gres)) or "none"
         nodes = f"{partition.nodes} node{'s' if partition.nodes != 1 else ''}"
-        out.append(f"notes = {_toml(f'{nodes}, {partition.state}; gres {gres}')}")
+        out.append(f"notes = {toml_value(f'{nodes}, {partition.state}; gres {gres}')}")
     if left_out:
         out += ["", f"# Left out, having no nodes: {', '.join(p.name for p in left_out)}."]
     return Draft(
@@ -540,14 +536,9 @@ def compose(
     )
 
 
-def _toml(value: object) -> str:
-    # JSON's strings, numbers, booleans and arrays of them are TOML's too.
-    return json.dumps(value)
-
-
 def check_output(path: Path) -> str:
     """The profile name ``path`` gives; a path that would overwrite or could not be a profile is refused."""
-    if path.suffix != ".toml" or not _PROFILE_NAME.match(path.stem):
+    if path.suffix != ".toml" or not NAME.match(path.stem):
         raise FieldError(
             "output", f"{str(path)!r} is not a profile file name", "name it NAME.toml: NAME becomes --cluster"
         )

@@ -134,11 +134,26 @@ def wait(
     on_change: Callable[[slurm.JobState], None] | None = None,
 ) -> slurm.JobState:
     """Poll the job until ``until`` holds (default: it finished), telling ``on_change`` each new state."""
+    read = lambda: state(connection, record)  # noqa: E731
+    return poll(read, record.job_id, until=until, timeout_s=timeout_s, poll_s=poll_s, on_change=on_change)
+
+
+def poll(
+    read: Callable[[], slurm.JobState],
+    job_id: str,
+    *,
+    until: Callable[[slurm.JobState], bool] = lambda found: found.finished,
+    timeout_s: float = 3600,
+    poll_s: float = 2,
+    on_change: Callable[[slurm.JobState], None] | None = None,
+) -> slurm.JobState:
+    """Call ``read`` for job ``job_id``'s state every ``poll_s`` until ``until`` holds, telling
+    ``on_change`` each new state (wait's loop, for a job no ledger records)."""
     deadline = time.monotonic() + timeout_s
     last = None
     while True:
         try:
-            found = state(connection, record)
+            found = read()
         except slurm.AccountingSilent:
             # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
             if time.monotonic() > deadline:
@@ -151,7 +166,7 @@ def wait(
         if until(found):
             return found
         if time.monotonic() > deadline:
-            raise HpcboxError(f"job {record.job_id} is still {found.state} after {timeout_s:.0f} s")
+            raise HpcboxError(f"job {job_id} is still {found.state} after {timeout_s:.0f} s")
         time.sleep(poll_s)
 
 

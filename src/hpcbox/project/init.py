@@ -8,7 +8,6 @@ project's own where hpcbox's would go, before writing anything.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -18,7 +17,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.project.depsource import detect
 from hpcbox.project.notebook_script import convert
-from hpcbox.tables import load_toml
+from hpcbox.tables import load_toml, toml_value
 
 # What init copies from hpcbox's own docker/: the stages and the system locks, pinned together with
 # the Debian base. The pip locks are the project's own: `hpcbox lock --pip-only` writes them.
@@ -197,21 +196,21 @@ def hpcbox_table(
     lines = [
         "[tool.hpcbox]",
         "# Written by `hpcbox init`: what hpcbox builds, ships and runs (see hpcbox's docs/own-project.md).",
-        f"project = {_toml(project)}",
-        f"code = {_toml(paths)}",
-        f"dependencies = {_toml(dependencies)}",
+        f"project = {toml_value(project)}",
+        f"code = {toml_value(paths)}",
+        f"dependencies = {toml_value(dependencies)}",
     ]
     if dockerfile != "docker/Dockerfile":
         lines += [
-            f"dockerfile = {_toml(dockerfile)}",
-            f"docker_dir = {_toml(Path(dockerfile).parent.as_posix())}",
+            f"dockerfile = {toml_value(dockerfile)}",
+            f"docker_dir = {toml_value(Path(dockerfile).parent.as_posix())}",
         ]
     lines += [
         "",
         "[tool.hpcbox.run]",
         "# {data_dir}: the dataset on the node's scratch; {output_dir}: copied back by `hpcbox fetch`.",
-        f"{program.kind} = {_toml(program.target)}",
-        f"args = {_toml(list(program.args))}",
+        f"{program.kind} = {toml_value(program.target)}",
+        f"args = {toml_value(list(program.args))}",
     ]
     existing = (root / "pyproject.toml").read_text() if (root / "pyproject.toml").is_file() else ""
     # A blank line between the file's last table and this one.
@@ -315,8 +314,3 @@ def _notebook_program(
         "--args gives as {data_dir}, write what to keep under {output_dir}"
     )
     return Addition(script, converted.text), notes
-
-
-def _toml(value: str | list[str]) -> str:
-    """A TOML string or array of strings (JSON's string escapes are TOML's)."""
-    return json.dumps(value, ensure_ascii=False)

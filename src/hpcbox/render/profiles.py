@@ -42,7 +42,6 @@ APPTAINER_COMMANDS = ("apptainer", "singularity")
 # Paths inside the container that hpcbox binds itself (job scratch and the code snapshot).
 RESERVED_CONTAINER_PATHS = ("/scratch", "/code")
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _ENV_VAR = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*$")
 _PARTITION_FACTS = ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu")
 # A site's Slurm, as its release (23.02) or as `sinfo --version` prints it (23.02.7).
