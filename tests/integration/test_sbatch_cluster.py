@@ -364,6 +364,102 @@ def test_two_node_time_limit_checkpoints_requeues_and_resumes(job_dir: JobDir, t
     wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "ddp-limited", job_id))
 
 
+# Sends signal $3 (0: none) to the first process on this node whose command line matches $1, that
+# catches USR1 (bit 9 of SigCgt) and has $2 in its environment: its pid, or exit 1 after 5 minutes. Run
+# as root in the node's container: the phase a test wants is made, not waited for.
+STOP_WHEN_READY = r"""
+for _ in $(seq 3000); do
+    for pid in $(pgrep --full "$1"); do
+        caught=$(awk '/^SigCgt/ {print $2}' "/proc/$pid/status" 2>/dev/null) || continue
+        if [[ -n $caught ]] && (( (16#$caught >> 9) & 1 )) && grep -qzx -- "$2" "/proc/$pid/environ"; then
+            kill -s "$3" "$pid" && echo "$pid" && exit 0
+        fi
+    done
+    sleep 0.1
+done
+exit 1
+"""
+AGENT = "^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun "
+WORKER = "^([^ ]*/)?python[0-9.]* -u -m hpctrain train "  # torchrun starts each worker so
+
+
+def stop_when_ready(cluster, host: str, pattern: str, environ: str, signal: str = "STOP") -> str:
+    """Stops (or sends ``signal``, "0" for none) the job's process on ``host`` matching ``pattern``
+    once it catches USR1: its pid."""
+    done = cluster.exec(host, ["bash", "-c", STOP_WHEN_READY, "stop", pattern, environ, signal])
+    assert done.returncode == 0, done
+    return done.stdout.strip()
+
+
+def requeued_and_resumed(job_dir: JobDir, name: str, job_id: str) -> tuple[str, list[dict]]:
+    """The log once the requeued run has resumed (the job is then cancelled), and its start events."""
+    log = resumed_then_cancelled(job_dir, name, job_id)
+    assert f"requeueing job {job_id}" in log, log
+    starts = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": "start"')]
+    return log, starts
+
+
+def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_together_and_requeue(
+    job_dir: JobDir,
+):
+    """The time limit's USR1 while node1's torchrun waits in the rendezvous and node2's has not joined
+    (it is stopped there, then let go): each holds the signal, starts its workers all the same and
+    tells them at once, and the ranks stop together at their first step: 75, requeue, resume."""
+    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    job_id = job_dir.submit(
+        render_local(ResourceRequest(job_name="rdzv", time="10", **TWO_NODES), training), "rdzv.sh"
+    )
+    cluster = job_dir.cluster
+    try:
+        agent = stop_when_ready(cluster, "node2", AGENT, f"HPCBOX_JOB={job_id}")
+        stop_when_ready(cluster, "node1", AGENT, f"HPCBOX_JOB={job_id}", signal="0")  # it holds USR1
+        cluster.ssh(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+        time.sleep(3)  # the batch shell passes USR1 on to node1's torchrun, and to node2's, held stopped
+        cluster.exec("node2", ["kill", "-CONT", agent])
+        log, starts = requeued_and_resumed(job_dir, "rdzv", job_id)
+    finally:
+        cluster.ssh(["scancel", job_id])
+    held = "hpctrain.torchrun: SIGUSR1 came as the workers started; they stop at their first step"
+    assert log.count(held) == 2, log
+    assert "srun: error: node1: task 0: Exited with exit code 75" in log, log
+    assert "srun: error: node2: task 1: Exited with exit code 75" in log, log
+    preempted = metric_events(job_dir, job_id, "preempted")
+    assert (preempted[0]["epoch"], preempted[0]["step"]) == (1, 0), preempted  # nothing trained
+    assert [start["world_size"] for start in starts] == [2, 2], log
+    assert starts[-1]["resumed"]["checkpoint"] == preempted[0]["checkpoint"], log
+    wait_scratch_gone(cluster, job_id, log_of(job_dir, "rdzv", job_id))
+
+
+def test_two_nodes_with_a_rank_that_cannot_stop_end_in_time_and_resume_from_the_last_checkpoint(
+    job_dir: JobDir,
+):
+    """The time limit's USR1 while a rank cannot answer (node2's worker stopped mid-training, as one
+    stuck writing or waiting for a peer that is gone): rank 0 waits for it in a collective, so neither
+    checkpoints; half the margin after the signal each node's torchrun ends its workers and exits 75,
+    and the job is requeued before its limit and resumes from its last whole (epoch) checkpoint."""
+    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    job_id = job_dir.submit(
+        render_local(ResourceRequest(job_name="stuck", time="10", **TWO_NODES), training), "stuck.sh"
+    )
+    cluster = job_dir.cluster
+    try:
+        deadline = time.monotonic() + 600
+        while '"epoch": 2,' not in (log := log_of(job_dir, "stuck", job_id)()):
+            assert time.monotonic() < deadline, log
+            time.sleep(1)
+        stop_when_ready(cluster, "node2", WORKER, f"HPCBOX_JOB={job_id}")
+        cluster.ssh(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+        log, starts = requeued_and_resumed(job_dir, "stuck", job_id)
+    finally:
+        cluster.ssh(["scancel", job_id])
+    ended = "the workers did not stop within 30 s of SIGUSR1; ending them and exiting 75"
+    assert log.count(ended) == 2, log
+    assert not metric_events(job_dir, job_id, "preempted"), log  # no rank could checkpoint
+    resumed = starts[-1]["resumed"]
+    assert resumed["step"] == 0 and resumed["epoch"] >= 1, log  # an epoch's checkpoint
+    wait_scratch_gone(cluster, job_id, log_of(job_dir, "stuck", job_id))
+
+
 def test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints(
     job_dir: JobDir, time_driven_jobs
 ):

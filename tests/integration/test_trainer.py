@@ -312,10 +312,14 @@ def test_torchrun_passes_usr1_to_every_process_which_checkpoint_once_and_exit_75
     assert epoch_results(output) == epoch_results(trainer.workdir / "ddp-whole")
 
 
-def test_torchrun_signalled_while_it_starts_exits_75_for_a_requeue(trainer: TrainerRunner) -> None:
+def test_torchrun_signalled_while_it_starts_still_starts_its_workers_which_stop_at_their_first_step(
+    trainer: TrainerRunner,
+) -> None:
     """USR1 while the agent still imports torch (seconds on a busy node: a short job's time limit can
-    come then): held, and the agent exits 75 before starting any worker, where the signal's default
-    action would have ended it with no requeue. Sent once /proc shows the agent catches USR1, as a job
+    come then): held, and the workers start all the same and are told at once, so they stop together
+    at their first step and the agent exits 75. An agent that exited before starting its workers would
+    leave another node's workers waiting for peers that never come (issue 38: one node exited 75, the
+    other's ranks were killed, no requeue). Sent once /proc shows the agent catches USR1, as a job
     script's is sent at any moment; the agent is not PID 1 here (PID 1 ignores uncaught signals)."""
     argv = [*TWO_PROCESSES, *trainer.train_argv("early", "--workers", "0")[3:]]
     driver = (
@@ -329,8 +333,62 @@ def test_torchrun_signalled_while_it_starts_exits_75_for_a_requeue(trainer: Trai
     )
     result = trainer.run("python", "-c", driver, *argv)
     assert_ok(result, EXIT_REQUEUE)
-    assert "hpctrain.torchrun: SIGUSR1 came before the workers started; exiting 75" in result.stderr
-    assert not events(trainer.workdir / "early"), "no worker should have started"
+    assert "hpctrain.torchrun: SIGUSR1 came as the workers started; they stop at their first step" in (
+        result.stderr
+    )
+    assert "the workers checkpointed; exiting 75" in result.stderr
+    output = trainer.workdir / "early"
+    assert events(output, "start")[0]["world_size"] == 2
+    preempted = events(output, "preempted")
+    assert len(preempted) == 1 and (preempted[0]["epoch"], preempted[0]["step"]) == (1, 0), preempted
+    assert not events(output, "step"), "no step should have been trained"
+    resumed = trainer.run(*argv)
+    assert_ok(resumed)
+    assert events(output, "start")[-1]["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
+
+
+# Finds the worker of rank 1 by its environment (the image has no procps), stops it, prints its pid.
+STOP_RANK_1 = """
+import os, signal, sys
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if b"RANK=1" in environ and b"TORCHELASTIC_RUN_ID" in b" ".join(environ):
+        os.kill(int(pid), signal.SIGSTOP)
+        print(pid)
+        sys.exit(0)
+sys.exit("no worker of rank 1")
+"""
+
+
+def test_torchrun_ends_workers_that_do_not_stop_in_time_and_exits_75_with_the_last_whole_checkpoint(
+    trainer: TrainerRunner,
+) -> None:
+    """A rank that cannot answer the time limit's signal (stopped here, as one waiting in a collective
+    for a peer that is gone or stuck writing would be): HPCTRAIN_STOP_WITHIN_S after the signal the
+    agent kills its workers and exits 75, so the job is requeued, and the run resumes from the last
+    checkpoint written whole (epoch 1's), not from a half-written one."""
+    argv = (*TWO_PROCESSES, *trainer.train_argv("stuck", "--workers", "0")[3:])
+    container = trainer.start(*argv, env={"HPCTRAIN_STOP_WITHIN_S": "5"})
+    output = trainer.workdir / "stuck"
+    _wait_for_step(output, container, epoch=2)
+    # Rank 1's worker, stopped: rank 0 then waits for it in the next step's collective.
+    stopped = container.exec_run(["python", "-c", STOP_RANK_1])
+    assert stopped.exit_code == 0 and stopped.output.decode().strip().isdigit(), stopped.output
+    stopped_at = time.monotonic()
+    container.kill(signal="SIGUSR1")
+    finished = trainer.finish(container)
+    took = time.monotonic() - stopped_at
+    assert_ok(finished, EXIT_REQUEUE)
+    assert "the workers did not stop within 5 s of SIGUSR1; ending them and exiting 75" in finished.stderr
+    assert took < 60, took
+    assert not events(output, "preempted"), "no rank could have written a checkpoint"
+    resumed = trainer.run(*argv)
+    assert_ok(resumed)
+    assert events(output, "start")[-1]["resumed"]["checkpoint"] == "ckpt-e0001-s000000.pt"
+    assert [e["epoch"] for e in events(output, "epoch")][-1] == 3
 
 
 def test_a_worker_signalled_before_its_handlers_are_in_place_checkpoints_instead_of_dying(

@@ -723,6 +723,8 @@ def _launch(
         units.append(f"--env SLURM_CPUS_PER_TASK={resources.cpus_per_task or 1}")
     if multi_process and dialect.steps:
         units.append(f'--env "HPCBOX_JOB=${{{dialect.job_id}}}"')  # how signal_job tells the job's processes
+    if torchrun:
+        units.append(f"--env HPCTRAIN_STOP_WITHIN_S={stop_within_s(resources)}")
     units += [f"--pwd {SCRATCH_MOUNT}", '"$sif"']
     if torchrun:
         units += [*_torchrun(resources), *_command_units(command.torchrun_words(), command.resolved_args())]
@@ -757,13 +759,23 @@ def _binds(profile: ClusterProfile, resources: Resources) -> list[str]:
     return [*profile.apptainer.binds, *resources.container.binds]
 
 
+def stop_within_s(resources: Resources) -> int:
+    """Seconds the ranks have, once the time limit's signal came, to checkpoint and exit: half the
+    margin, the other half being the copy-back's. Each node's torchrun ends its workers still running
+    then and exits 75 (HPCTRAIN_STOP_WITHIN_S), so a rank that cannot answer (its peers gone, stuck in a
+    collective) costs the job its last minutes of training, never its requeue."""
+    return resources.signal_margin_s // 2
+
+
 def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
     """srun, one task per node with all the node's CPUs, and a shell there that knows its node's index.
 
     Not --kill-on-bad-exit: a node whose trainers checkpointed exits 75 moments before the others, and
     killing those would turn the step's 75 into a failure. A node that fails leaves the others waiting
-    in a collective: --wait ends them a minute after the first task exits. --mem=0 gives the step the
-    job's memory without taking it from the job, so that on_each_node can still start steps beside it.
+    in a collective: --wait ends them a minute after the first task exits, or once the ranks' time to
+    stop (`stop_within_s`) has passed, whichever is later: rank 0's node may still be writing the
+    checkpoint when the others have exited 75. --mem=0 gives the step the job's memory without taking
+    it from the job, so that on_each_node can still start steps beside it.
     """
     cpus = resources.ntasks_per_node * (resources.cpus_per_task or 1)
     # SLURM_NODEID is set on each node; --env passes it through Apptainer's --containall too.
@@ -775,7 +787,7 @@ def _per_node_launch(resources: Resources, apptainer_command: str) -> list[str]:
         f"--cpus-per-task={cpus}",
         "--mem=0",
         "--kill-on-bad-exit=0",
-        "--wait=60",
+        f"--wait={max(60, stop_within_s(resources) + 15)}",
         f"bash -c {shlex.quote(per_node)} per-node",
         shlex.quote(apptainer_command),
     ]

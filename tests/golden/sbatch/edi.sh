@@ -272,12 +272,12 @@ rendezvous_host=${job_nodes%%$'\n'*}
 rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
 # shellcheck disable=SC2016  # the per-node shell's and the trainer's arguments are meant literally
 srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=8 --mem=0 --kill-on-bad-exit=0 \
-    --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
+    --wait=165 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
     --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
-    --env SLURM_CPUS_PER_TASK=4 --env "HPCBOX_JOB=${SLURM_JOB_ID}" --pwd /scratch "$sif" \
-    python -m hpctrain.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=static \
-    --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
-    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
+    --env SLURM_CPUS_PER_TASK=4 --env "HPCBOX_JOB=${SLURM_JOB_ID}" --env HPCTRAIN_STOP_WITHIN_S=150 \
+    --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=1 --nproc-per-node=2 \
+    --rdzv-backend=static --master-addr="$rendezvous_host" --master-port="$rendezvous_port" \
+    -m hpctrain train --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
     'it'"'"'s $HOME and `date`' &
     trainer_pid=$!
     # A USR1 as it started found no process to pass it to.
