@@ -3,6 +3,7 @@ and the development ones (demo, lint, test, bench). `invoke --list` shows them."
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -65,6 +66,10 @@ def test(c, k=None, unit=False, lint_first=True):
         mkdocs += ["--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", site]
         c.run(shlex.join(mkdocs), pty=False, env={"NO_MKDOCS_2_WARNING": "1"})
     # Two workers: the integration tests keep one (see tests/conftest.py), the unit tests fill the other.
+    # Debian moves past the locks' pins between `invoke lock --record`s: the recorded-digests test then
+    # names the moved pins and passes here, so that this command passes on any day; CI's weekly run
+    # (.github/workflows/drift.yml) leaves it unset and fails.
+    os.environ.setdefault("HPCBOX_ALLOW_DRIFT", "1")
     args = [sys.executable, "-m", "pytest", "--numprocesses=2"]
     args.append("tests/unit" if unit else "tests")
     if k:
