@@ -18,7 +18,9 @@ from tests.integration.test_submit import dropping_port, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-DOCTOR_BOUND_S = 15  # the command's promise: each probe has 5 s, and SSH gives up connecting after 10
+# The command's promise: the probes run at once with 5 s for all, twice (facts, then the probe SIFs), each
+# round in one login shell; SSH gives up connecting after 10.
+DOCTOR_BOUND_S = 15
 
 
 def doctor(setup: Setup, *flags: str, env: dict[str, str] | None = None) -> tuple[object, float]:
@@ -92,6 +94,29 @@ def test_a_host_that_never_answers_is_one_line_within_the_bound(setup: Setup, mi
     assert done.returncode == 1 and len(errors) == 1, done.stderr
     assert "127.0.0.1" in errors[0] and done.stdout == "", done.stdout
     assert took < DOCTOR_BOUND_S, took
+
+
+def test_the_bound_holds_with_accounting_paused_and_a_login_shell_that_takes_2_s(setup: Setup, minicluster):
+    """slurmdbd frozen (sacct and sacctmgr wait on it) and a login profile that sleeps 2 s: the doctor
+    still answers within its bound, naming the probes that did not answer by the deadline."""
+    slow_login = "/etc/profile.d/zz-hpcbox-test-slow.sh"
+    minicluster.exec("login", ["sh", "-c", f"echo 'sleep 2' > {slow_login}"])
+    accounting = minicluster.node_container("accounting")
+    accounting.pause()
+    try:
+        done, took = doctor(setup, "--cluster=local")
+    finally:
+        accounting.unpause()
+        minicluster.exec("login", ["rm", "-f", slow_login])
+    assert took < DOCTOR_BOUND_S, (took, done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    scheduler = next(line for line in lines if line.split()[1:2] == ["scheduler"])
+    assert "no answer by the probes' deadline" in scheduler, done.stdout
+    accounts = next(line for line in lines if line.split()[1:2] == ["accounts"])
+    assert "no answer by the probes' deadline" in accounts, done.stdout
+    # What does not need accounting answered as ever.
+    assert any(line.startswith("ok") and " runtime " in line for line in lines), done.stdout
+    assert "a zstd SIF (the profile's) mounts on the login node" in done.stdout
 
 
 def test_a_profile_that_differs_from_the_site_gets_the_key_to_change(setup: Setup, minicluster, tmp_path):

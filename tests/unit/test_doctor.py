@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from hpcbox.jobs.doctor import (
@@ -16,7 +17,8 @@ from hpcbox.jobs.doctor import (
     failed,
     findings,
     parse_probes,
-    probe_script,
+    probe_commands,
+    probing,
     render,
 )
 from hpcbox.render import profiles
@@ -31,7 +33,11 @@ PROBES = {
 def run_here(profile: profiles.ClusterProfile, home: Path) -> str:
     environment = {"PATH": "/usr/bin:/bin", "HOME": str(home), "USER": "nobody"}
     done = subprocess.run(
-        ["bash", "-c", probe_script(profile)], capture_output=True, text=True, env=environment, timeout=120
+        ["bash", "-lc", probing(probe_commands(profile))],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -144,3 +150,23 @@ def test_probe_sifs_that_could_not_be_made_are_a_line_saying_so_and_none_where_t
     assert not [
         finding for finding in findings(local, {"runtime": Probed("", 127)}) if finding.topic == "sif"
     ]
+
+
+def test_the_probes_run_at_once_under_one_deadline_and_one_that_hangs_is_named_as_such(tmp_path: Path):
+    """Three probes of 2 s each and one that never ends, deadline 4 s: the script takes about 4 s (not
+    10), the three report, the hung one says it did not answer, and a function of the shell that runs
+    the script (Lmod's `module` is one, from the login profile) reaches every probe."""
+    probes = {f"slow{n}": f"sleep 2; echo done {n}" for n in range(3)}
+    probes["hangs"] = "echo started; exec sleep 600"
+    probes["function"] = "module"
+    script = "module() { echo module is a function here; }\n" + probing(probes, deadline_s=4)
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    probed = parse_probes(done.stdout)
+    assert [probed[f"slow{n}"].output for n in range(3)] == ["done 0", "done 1", "done 2"]
+    assert probed["function"].output == "module is a function here"
+    assert probed["hangs"].timed_out and not probed["hangs"].answered
+    assert probed["hangs"].last_line == "no answer by the probes' deadline (it said: started)"
+    assert 3.5 < took < 6.5, took

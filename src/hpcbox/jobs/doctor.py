@@ -1,7 +1,8 @@
 """`hpcbox doctor --cluster=NAME`: the site as its login node reports it, against its profile.
 
 One bash script goes to the login node over one SSH connection (as an argument: ssh reads no standard
-input), runs each probe under its own time limit and prints what each saw between markers; the checks
+input); one login shell there runs every probe at once under one deadline and prints what each saw
+between markers, a probe that did not answer in time named as such; the checks
 here read that and compare it with the profile. Each check is one line: a verdict, what was seen, and
 where the site differs from the profile, the profile key to change or what to do. ``fails`` is what a
 job would die of (the command then exits 1); ``differs`` is a fact the profile has wrong or does not
@@ -35,7 +36,10 @@ from hpcbox.sif.compression import SifCompression, fastest
 from hpcbox.tools import slurm, ssh
 from hpcbox.units import format_time, parse_time
 
-PROBE_TIMEOUT_S = 5  # each probe's limit on the login node: the whole doctor stays under 15 s
+# The deadline of each round of probes on the login node (they run at once): the facts, then the probe
+# SIFs. Beside them the command pays one SSH connection and one login shell a round, so it stays under
+# 15 s however slow the site's accounting or its login shell is.
+PROBE_DEADLINE_S = 5
 _MARK = "@@hpcbox-probe"
 PROBE_SIFS = f"{DEFAULT_REMOTE_ROOT}/images/probe"  # under the login's home, named by content
 # What Apptainer says when it runs a SIF it cannot mount by extracting it to a folder first, every time.
@@ -58,7 +62,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Probed:
-    """What one probe printed, and its exit status (124: it ran past PROBE_TIMEOUT_S)."""
+    """What one probe printed, and its exit status (124, or 137 once killed: it ran past the deadline)."""
 
     output: str
     status: int
@@ -68,17 +72,23 @@ class Probed:
         return self.status == 0
 
     @property
+    def timed_out(self) -> bool:
+        return self.status in (124, 137)
+
+    @property
     def last_line(self) -> str:
-        """What it said last, or its exit status where it said nothing: for a line of the table."""
+        """What it said last, or why it said nothing: for a line of the table."""
+        if self.timed_out:
+            said = f" (it said: {self.output.splitlines()[-1]})" if self.output else ""
+            return f"no answer by the probes' deadline{said}"
         return self.output.splitlines()[-1] if self.output else f"exit status {self.status}"
 
 
 NOT_RUN = Probed("", 127)  # a probe the script did not run or report
 
 
-def probe_script(profile: ClusterProfile) -> str:
-    """The bash the login node runs: each probe in a subshell under `timeout`, its output and status
-    printed after a marker line naming it."""
+def probe_commands(profile: ClusterProfile) -> dict[str, str]:
+    """The probes the login node runs for ``profile``: name -> bash."""
     runtime, setup = _runtime_lines(profile)
     # Each area's free space, the line led by its key; the path is the profile's, variables expanded.
     areas = "\n".join(
@@ -104,7 +114,7 @@ def probe_script(profile: ClusterProfile) -> str:
         "machine": "uname -m",
         "probe_sifs": f"ls {PROBE_SIFS} 2>/dev/null || true",
     }
-    return probing(probes)
+    return probes
 
 
 def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
@@ -113,22 +123,47 @@ def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
     return shlex.quote(profile.apptainer.command), setup
 
 
-def probing(probes: Mapping[str, str], *, timeout_s: int = PROBE_TIMEOUT_S) -> str:
-    """The bash that runs each of ``probes`` (name -> bash) in a login shell under ``timeout_s``, its
-    output after a marker line naming it and its status after that (parse_probes reads them back)."""
-    parts = []
-    for name, body in probes.items():
-        # A login shell's function (Lmod's `module`) is seen by `bash -l` only: each probe runs in one.
-        parts.append(
-            f"echo {_MARK} {name}\n"
-            f"timeout {timeout_s} bash -lc {shlex.quote(body)} 2>&1 </dev/null\n"
-            f"echo {_MARK}-status $?"
-        )
-    return "\n".join(parts) + "\n"
+def probing(probes: Mapping[str, str], *, deadline_s: int = PROBE_DEADLINE_S) -> str:
+    """The bash that runs every one of ``probes`` (name -> bash) at once, each in its own bash under
+    `timeout` with the one deadline, then prints each one's output after a marker line naming it and
+    its status after that (parse_probes reads them back). `ask` runs it in one login shell: a site's
+    `module` is a function its login profile defines, and its functions are exported to the probes."""
+    started = "\n".join(
+        f'( timeout -k 1 {deadline_s} bash -c {shlex.quote(body)} >"$probes/{number}" 2>&1 </dev/null\n'
+        f'  echo $? >"$probes/{number}.status" ) >/dev/null 2>&1 &'
+        for number, body in enumerate(probes.values())
+    )
+    reported = "\n".join(
+        f"echo {_MARK} {name}\n"
+        f'cat "$probes/{number}"\n'
+        f'echo {_MARK}-status "$(cat "$probes/{number}.status" 2>/dev/null || echo 124)"'
+        for number, name in enumerate(probes)
+    )
+    return (
+        "probes=$(mktemp -d) || exit 1\n"
+        "trap 'rm -rf \"$probes\"' EXIT\n"
+        'while read -r _ _ function; do export -f "$function"; done < <(declare -F)\n'
+        f"{started}\nwait\n{reported}\n"
+    )
 
 
-def sif_script(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> str:
-    """The bash that runs each probe SIF (``sifs``: compression -> its path on the site) as a job would:
+def ask(
+    connection: ssh.Connection,
+    probes: Mapping[str, str],
+    *,
+    what: str,
+    hint: str = "",
+    deadline_s: int = PROBE_DEADLINE_S,
+) -> dict[str, Probed]:
+    """Each of ``probes`` as the login node at the other end of ``connection`` answers it (NOT_RUN for
+    one the script did not report), in one login shell, within ``deadline_s`` and a second more."""
+    done = connection.run(["bash", "-lc", probing(probes, deadline_s=deadline_s)], what=what, hint=hint)
+    found = parse_probes(done.stdout)
+    return {name: found.get(name, NOT_RUN) for name in probes}
+
+
+def sif_commands(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> dict[str, str]:
+    """The probes that run each probe SIF (``sifs``: compression -> its path on the site) as a job would:
     mounted, and where that fails, unpacked to a folder first (`build --sandbox`)."""
     runtime, setup = _runtime_lines(profile)
     probes = {}
@@ -142,7 +177,7 @@ def sif_script(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> s
             f"d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT\n"
             f'{runtime} -s build --sandbox "$d/sif" {sif} && {runtime} -s exec "$d/sif" {probe.PROGRAM}'
         )
-    return probing(probes)
+    return probes
 
 
 def _expanding(path: str) -> str:
@@ -174,13 +209,13 @@ def examine(
 
 
 def probes(connection: ssh.Connection, profile: ClusterProfile) -> dict[str, Probed]:
-    """What the login node says to the probe script (the cheap part: no SIF is run)."""
-    done = connection.run(
-        ["bash", "-c", probe_script(profile)],
+    """What the login node says to the probes (the cheap part: no SIF is run)."""
+    return ask(
+        connection,
+        probe_commands(profile),
         what=f"probe {connection.target.address}",
         hint="check the host, your SSH key and ~/.ssh/config (hpcbox doctor needs a shell there)",
     )
-    return parse_probes(done.stdout)
 
 
 def _try_sifs(
@@ -204,14 +239,18 @@ def _try_sifs(
     there = set(probed.get("probe_sifs", Probed("", 0)).output.split())
     missing = [sif for sif in made if sif.name not in there]
     if missing:
-        connection.run(["mkdir", "-p", PROBE_SIFS], what=f"make {PROBE_SIFS} on {connection.target.address}")
+        # The user's alone, as everything hpcbox makes under its root (jobs/store.py's Access).
+        connection.run(
+            f"umask 077 && mkdir -p {shlex.quote(PROBE_SIFS)}",
+            what=f"make {PROBE_SIFS} on {connection.target.address}",
+        )
         for sif in missing:
             connection.upload(sif.path, f"{PROBE_SIFS}/{sif.name}")
     paths = {sif.compression: f"{PROBE_SIFS}/{sif.name}" for sif in made}
-    done = connection.run(
-        ["bash", "-c", sif_script(profile, paths)], what=f"run the probe SIFs on {connection.target.address}"
+    tried = ask(
+        connection, sif_commands(profile, paths), what=f"run the probe SIFs on {connection.target.address}"
     )
-    return {"sifs": Probed("", 0), **parse_probes(done.stdout)}
+    return {"sifs": Probed("", 0), **tried}
 
 
 def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Finding]:

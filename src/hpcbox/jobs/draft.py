@@ -28,7 +28,7 @@ from pathlib import Path
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.jobs import follow
-from hpcbox.jobs.doctor import NOT_RUN, Probed, parse_probes, probing
+from hpcbox.jobs.doctor import NOT_RUN, Probed, ask
 from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
 from hpcbox.render.profiles import parse_profile
 from hpcbox.tables import NAME, toml_value
@@ -131,8 +131,8 @@ class ComputeNode:
     internet: bool | None
 
 
-def probe_script() -> str:
-    """The bash the login node runs (the doctor's markers and limits)."""
+def probe_commands() -> dict[str, str]:
+    """The probes the login node runs (the doctor's way: at once, in one login shell, one deadline)."""
     runtime = (
         'for c in apptainer singularity; do if p=$(command -v $c); then echo "$c $p"; $c --version; '
         "exit 0; fi; done; exit 1"
@@ -148,7 +148,7 @@ def probe_script() -> str:
         "modules": "type -t module && { module -t avail apptainer singularity 2>&1; true; }",
         "areas": f"printf '%s\\n' {areas}",
     }
-    return probing(probes)
+    return probes
 
 
 def parse_partitions(scontrol: str, gres: str) -> tuple[SeenPartition, ...]:
@@ -290,12 +290,12 @@ def rules(connection: ssh.Connection, site: Site, partitions: Sequence[SeenParti
 
 
 def _ask(connection: ssh.Connection, commands: Mapping[str, str]) -> dict[str, Probed]:
-    done = connection.run(
-        ["bash", "-c", probing(commands, timeout_s=TEST_ONLY_TIMEOUT_S)],
+    return ask(
+        connection,
+        commands,
         what=f"ask sbatch --test-only on {connection.target.address}",
+        deadline_s=TEST_ONLY_TIMEOUT_S,
     )
-    found = parse_probes(done.stdout)
-    return {name: found.get(name, NOT_RUN) for name in commands}
 
 
 def _verdict(probed: Probed) -> str:
@@ -380,8 +380,10 @@ def run_probe_job(
 ) -> ComputeNode:
     """Submit the probe job, wait for it to end (cancelled if it has not within ``wait_s``, or on
     Ctrl-C), read what it printed and remove its files."""
+    # The user's alone, as everything hpcbox makes under its root (jobs/store.py's Access).
     connection.run(
-        ["mkdir", "-p", PROBE_JOB_DIR], what=f"make {PROBE_JOB_DIR} on {connection.target.address}"
+        f"umask 077 && mkdir -p {shlex.quote(PROBE_JOB_DIR)}",
+        what=f"make {PROBE_JOB_DIR} on {connection.target.address}",
     )
     job_id = slurm.submit(connection, PROBE_JOB_DIR, "draft.sh", probe_job_script(partition, flags), ())
     output = f"{PROBE_JOB_DIR}/draft-{job_id}.out"
@@ -565,12 +567,13 @@ def draft(
     everything asked for was seen."""
     name = check_output(output)
     with ssh.Connection(target) as connection:
-        done = connection.run(
-            ["bash", "-c", probe_script()],
+        probed = ask(
+            connection,
+            probe_commands(),
             what=f"probe {target.address}",
             hint="check the host, your SSH key and ~/.ssh/config (hpcbox needs a shell there)",
         )
-        site = read_site(parse_probes(done.stdout), target.address)
+        site = read_site(probed, target.address)
         chosen, left_out = choose(site, partitions)
         found = rules(connection, site, chosen)
         node = run_probe_job(connection, _default(chosen), found.flags, say=say) if probe_job else None
