@@ -57,7 +57,7 @@ CASES = [
     (["sbatch", "--cluster=edi", "--home=relative"], "home: 'relative': use absolute paths"),
     (["sbatch", "--cluster=edi", "--bind=/a:/b:/c:/d"], "bind: '/a:/b:/c:/d': '/c:/d' is not a bind option"),
     # site rules
-    (["sbatch", "--cluster=m3", "--partition=desktop"], "account: cluster 'm3' requires an account"),
+    (["sbatch", "--cluster=carc", "--account=$(id)"], "account: '$(id)' is not a Slurm account name"),
     (["submit", "--cluster=dtu"], "dtu uses LSF: hpcbox renders its bsub script"),
     (["sbatch", "--cluster=edi", "--check"], "--check cannot reach cluster 'edi'"),
     # what a submit needs, before anything is sent

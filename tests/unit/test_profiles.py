@@ -303,8 +303,11 @@ def test_what_a_profile_assumes_is_named_in_its_job_scripts_and_its_rehearsal():
     from hpcbox.render.sbatch import JobInputs, render_sbatch
 
     carc = profiles.load_profile("carc")
-    assert carc.assumed == (("storage.node_scratch", '"/tmp"'),)
-    line = 'assumed for carc, not published by the site (check them there): storage.node_scratch = "/tmp"'
+    assert carc.assumed == (("storage.node_scratch", '"/tmp"'), ("accounting.account_required", "true"))
+    line = (
+        "assumed for carc, not published by the site (check them there): "
+        'storage.node_scratch = "/tmp"; accounting.account_required = true'
+    )
     assert profiles.assumptions(carc) == line
     checked = resolve(carc, ResourceRequest(job_name="j", account="a_1"))
     assert f"\n# {line}\n" in render_sbatch(carc, checked, JobInputs.defaults("trainer")).text

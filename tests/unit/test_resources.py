@@ -188,6 +188,47 @@ def test_missing_required_account(site):
     assert "def-<PI>" in error.message
 
 
+@pytest.mark.parametrize(
+    ("rule", "changed", "request_", "field"),
+    [
+        ("accounting.account_required", {}, {}, "account"),
+        ("accounting.qos_required", {"qos_required": True}, {}, "qos"),
+        ("gpus.type_required", {"gpu_type_required": True}, {"gpus": 1, "partition": "gpu"}, "gpu_type"),
+    ],
+)  # fmt: skip
+def test_a_rule_the_profile_marks_assumed_warns_and_lets_the_job_through(
+    site, rule, changed, request_, field
+):
+    """A rule typed from a site's docs but not verified must never refuse a job the site would run: the
+    same request that a stated rule refuses goes through with one line saying what the site decides."""
+    if rule != "accounting.account_required":
+        changed = {**changed, "account_required": False}
+    stated = dataclasses.replace(site, **changed)
+    refused = _field_of(stated, ResourceRequest(job_name="train", **request_))
+    assert refused.field == field
+    assumed = dataclasses.replace(stated, assumed=(*stated.assumed, (rule, "true")))
+    checked = resolve(assumed, ResourceRequest(job_name="train", **request_))
+    assert len(checked.unverified) == 1, checked.unverified
+    line = checked.unverified[0]
+    assert line.startswith(refused.message.split(" (allowed: ")[0]), (line, refused.message)
+    assert f"({rule} is under `assumed`: the site does not publish it)" in line
+    assert "\n" not in line and "the site's sbatch decides" in line
+    met = {"account": "x", "qos": "q", **({"gpu_type": "a100"} if "gpus" in request_ else {})}
+    assert resolve(stated, ResourceRequest(job_name="train", **met, **request_)).unverified == ()
+
+
+def test_the_shipped_profiles_refuse_on_no_rule_they_only_assume():
+    """m3's account and GPU type and carc's account come from their docs' examples, not a stated rule."""
+    for name, rules in {"m3": ("accounting.account_required", "gpus.type_required"),
+                        "carc": ("accounting.account_required",)}.items():  # fmt: skip
+        profile = profiles.load_profile(name)
+        assert set(rules) <= set(dict(profile.assumed)), name
+        gpu = next((p.name for p in profile.partitions if p.gpu_types and len(p.gpu_types) > 1), None)
+        request = ResourceRequest(job_name="train", **({"gpus": 1, "partition": gpu} if gpu else {}))
+        checked = resolve(profile, request)
+        assert len(checked.unverified) == len(rules) if gpu else 1, (name, checked.unverified)
+
+
 def test_required_gpu_type_is_asked_for():
     # A site of several models that requires one (none of the shipped profiles: M3's partitions have
     # one model each, which fills in).

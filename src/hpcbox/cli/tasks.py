@@ -389,7 +389,10 @@ def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None
     request = resources.request_for(
         cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
     )
-    return project, profile, resources.resolve(profile, request, ddp=(command or project.run).ddp)
+    checked = resources.resolve(profile, request, ddp=(command or project.run).ddp)
+    for line in checked.unverified:
+        print(f"hpcbox: warning: {line}", file=sys.stderr)
+    return project, profile, checked
 
 
 def _sweep(cluster: str, path: str | None):

@@ -161,6 +161,9 @@ class Resources:
     log: str | None = None  # sbatch --output pattern; None: hpcbox's default under the log folder
     error_log: str | None = None  # sbatch --error pattern; None: stderr goes to the log
     container: ContainerOptions = ContainerOptions()
+    # The profile's rules marked assumed (typed from docs, not verified) that this job does not meet: a
+    # line each, said as a warning. The job goes to the site as it is; its sbatch decides.
+    unverified: tuple[str, ...] = ()
 
     @property
     def tasks(self) -> int:
@@ -182,7 +185,8 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
     ntasks = ddp_processes(gpus, ntasks) if ddp and gpus else ntasks or 1
     if profile.lsf:
         _lsf_request(profile, request, nodes=nodes, processes=ntasks, ddp=ddp)
-    gpu_type = _gpu_type(profile, partition, gpus, request.gpu_type)
+    unverified: list[str] = []
+    gpu_type = _gpu_type(profile, partition, gpus, request.gpu_type, unverified)
     _mig_slices(profile, gpu_type, gpus * nodes)
     if partition.gpus_per_node is not None and gpus > partition.gpus_per_node:
         raise FieldError(
@@ -216,8 +220,8 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
         time_s=time_s,
         nodes=nodes,
         ntasks_per_node=ntasks,
-        account=_account(profile, request.account),
-        qos=_qos(profile, partition, request.qos),
+        account=_account(profile, request.account, unverified),
+        qos=_qos(profile, partition, request.qos, unverified),
         array=_array(request.array),
         mail_user=_mail_user(request.mail_user),
         mail_type=_mail_type(request.mail_type, request.mail_user),
@@ -228,6 +232,19 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
         log=_log("log", request.log, request.array),
         error_log=_log("error_log", request.error_log, request.array),
         container=_container(profile, request),
+        unverified=tuple(unverified),
+    )
+
+
+def _rule_not_met(profile: ClusterProfile, key: str, refusal: FieldError, unverified: list[str]) -> None:
+    """A job that does not meet the profile's rule ``key``: refused where the profile states the rule as
+    the site's, let through with a line in ``unverified`` where the profile marks it assumed (a rule no
+    site document states must never refuse a job the site would run)."""
+    if key not in dict(profile.assumed):
+        raise refusal
+    unverified.append(
+        f"{refusal.message.split(' (allowed: ')[0]}, by the profile's assumption ({key} is under `assumed`: "
+        "the site does not publish it); the job goes as it is, and the site's sbatch decides"
     )
 
 
@@ -397,7 +414,9 @@ def _max_restarts(value: int | None) -> int:
     return restarts
 
 
-def _gpu_type(profile: ClusterProfile, partition: Partition, gpus: int, gpu_type: str | None) -> str | None:
+def _gpu_type(
+    profile: ClusterProfile, partition: Partition, gpus: int, gpu_type: str | None, unverified: list[str]
+) -> str | None:
     if not gpus:
         if gpu_type:
             raise FieldError("gpu_type", f"{gpu_type!r} given without any GPUs", "add --gpus N")
@@ -407,11 +426,13 @@ def _gpu_type(profile: ClusterProfile, partition: Partition, gpus: int, gpu_type
         gpu_type = partition.default_gpu_type
         if gpu_type is None and profile.gpu_type_required:
             if partition.gpu_types is None or len(partition.gpu_types) != 1:
-                raise FieldError(
+                refusal = FieldError(
                     "gpu_type",
                     f"cluster {profile.name!r} needs a GPU type (allowed on {partition.name!r}: {allowed})",
                     "pass --gpu-type TYPE",
                 )
+                _rule_not_met(profile, "gpus.type_required", refusal, unverified)
+                return None
             gpu_type = partition.gpu_types[0]
         return gpu_type
     if not _WORD.match(gpu_type):
@@ -466,16 +487,17 @@ def _mig_slices(profile: ClusterProfile, gpu_type: str | None, slices: int) -> N
         )
 
 
-def _account(profile: ClusterProfile, account: str | None) -> str | None:
+def _account(profile: ClusterProfile, account: str | None, unverified: list[str]) -> str | None:
     if account is None:
         if profile.account_required:
             example = f", e.g. {profile.account_hint}" if profile.account_hint else ""
-            raise FieldError(
+            refusal = FieldError(
                 "account",
                 f"cluster {profile.name!r} requires an account "
                 f"(allowed: a Slurm account you belong to{example})",
                 "pass --account, set SBATCH_ACCOUNT, or set account in [tool.hpcbox.resources.<cluster>]",
             )
+            _rule_not_met(profile, "accounting.account_required", refusal, unverified)
         return None
     if not _WORD.match(account):
         raise FieldError("account", f"{account!r} is not a Slurm account name")
@@ -489,14 +511,17 @@ def _account(profile: ClusterProfile, account: str | None) -> str | None:
     return account
 
 
-def _qos(profile: ClusterProfile, partition: Partition, qos: str | None) -> str | None:
+def _qos(profile: ClusterProfile, partition: Partition, qos: str | None, unverified: list[str]) -> str | None:
     if partition.qos and qos not in (None, partition.qos):
         raise FieldError(
             "qos", f"partition {partition.name!r} requires qos {partition.qos!r} (allowed: {partition.qos})"
         )
     qos = qos or partition.qos
     if qos is None and profile.qos_required:
-        raise FieldError("qos", f"cluster {profile.name!r} requires a QOS", "pass --qos, or set SBATCH_QOS")
+        refusal = FieldError(
+            "qos", f"cluster {profile.name!r} requires a QOS", "pass --qos, or set SBATCH_QOS"
+        )
+        _rule_not_met(profile, "accounting.qos_required", refusal, unverified)
     if qos is not None and not _WORD.match(qos):
         raise FieldError("qos", f"{qos!r} is not a QOS name")
     return qos

@@ -19,7 +19,7 @@
 # sif: images/trainer.sif
 # sif sha256: 0000000000000000000000000000000000000000000000000000000000000000
 # code revision: 0123456789abcdef0123456789abcdef01234567
-# assumed for carc, not published by the site (check them there): storage.node_scratch = "/tmp"
+# assumed for carc, not published by the site (check them there): storage.node_scratch = "/tmp"; accounting.account_required = true
 
 set -euo pipefail
 

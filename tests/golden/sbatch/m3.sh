@@ -18,7 +18,7 @@
 # sif: images/trainer.sif
 # sif sha256: 0000000000000000000000000000000000000000000000000000000000000000
 # code revision: 0123456789abcdef0123456789abcdef01234567
-# assumed for m3, not published by the site (check them there): storage.node_scratch = "/tmp"; apptainer.command = "apptainer"
+# assumed for m3, not published by the site (check them there): storage.node_scratch = "/tmp"; apptainer.command = "apptainer"; accounting.account_required = true; gpus.type_required = true
 
 set -euo pipefail
 
