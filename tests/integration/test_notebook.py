@@ -156,6 +156,23 @@ def port_answers(url: str) -> bool:
         return False
 
 
+# The addresses Jupyter's server listens on, on its node: the TCP sockets of the jupyter-lab process in
+# /proc/net/tcp (state 0A, LISTEN), each address written back from the kernel's little-endian hex.
+JUPYTER_LISTENS_ON = r"""
+pid=$(pgrep --full --oldest '^[^ ]*python[0-9.]* [^ ]*jupyter-lab ') || exit 1
+declare -A mine
+for fd in /proc/"$pid"/fd/*; do
+    target=$(readlink "$fd") && [[ $target =~ ^socket:\[([0-9]+)\]$ ]] && mine[${BASH_REMATCH[1]}]=1
+done
+while read -r _ address _ state _ _ _ _ _ inode _; do
+    if [[ $state == 0A && -n ${mine[$inode]:-} ]]; then
+        a=${address%%:*}
+        printf '%d.%d.%d.%d\n' "0x${a:6:2}" "0x${a:4:2}" "0x${a:2:2}" "0x${a:0:2}"
+    fi
+done < <(tail -n +2 /proc/net/tcp)
+"""
+
+
 def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_and_ctrl_c_ends_it(
     setup: Setup, minicluster, browser: str
 ):
@@ -192,6 +209,11 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         version, code, data = printed.splitlines()
         assert version.startswith(locked_torch_version()), printed
         assert "hpctrain" in code and "manifest.json" in data, printed
+        # Jupyter listens on node1's own address (where the login node's forward reaches it), not on
+        # every interface of the node.
+        listening = minicluster.exec("node1", ["bash", "-c", JUPYTER_LISTENS_ON]).stdout.split()
+        node1 = minicluster.exec("node1", ["hostname", "-i"]).stdout.split()[0]
+        assert listening and set(listening) == {node1}, (listening, node1)
         api(url, "/api/contents/out/kept.ipynb", "PUT", {"type": "notebook", "content": {
             "cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}})  # fmt: skip
 

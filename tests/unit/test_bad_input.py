@@ -130,6 +130,19 @@ def test_bad_input_is_one_line_and_leaves_nothing(project: Path, args: list[str]
     assert files(project) == before  # no script, no ledger entry, no state of any kind
 
 
+def test_a_host_that_does_not_resolve_is_one_line_and_its_hint(project: Path, tmp_path: Path):
+    """ssh's own line is the error's: not said again with ssh's command line before it."""
+    done = hpcbox(
+        project, ["profile.draft", "-o", str(tmp_path / "site.toml"), "--host=no-such-host.invalid"]
+    )
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(
+        "error: failed to connect to no-such-host.invalid: ssh: "
+    ), done.stderr
+    assert lines[1].startswith("  hint: ") and not (tmp_path / "site.toml").exists()
+
+
 def test_cases_cover_at_least_25_kinds_of_bad_input():
     assert len(CASES) >= 25
 

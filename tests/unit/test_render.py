@@ -275,6 +275,8 @@ handed = {name: value for name, value in os.environ.items() if "ENV_JUPYTER_" in
 if handed:  # a notebook: what the container is given, and the runtime folder's mode
     runtime = pathlib.Path(scratch, os.environ["APPTAINERENV_JUPYTER_RUNTIME_DIR"].removeprefix("/scratch/"))
     handed["mode"] = oct(runtime.stat().st_mode & 0o777)
+    config = pathlib.Path(scratch, os.environ["APPTAINERENV_JUPYTER_CONFIG_PATH"].removeprefix("/scratch/"))
+    handed["config"] = json.loads((config / "jupyter_server_config.json").read_text())
     pathlib.Path(os.environ["STUB_RECORD"]).with_name("notebook.json").write_text(json.dumps(handed))
 mode = os.environ.get("STUB_MODE", "ok")
 (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
@@ -1117,7 +1119,7 @@ def test_a_notebook_job_runs_jupyterlab_with_a_token_made_on_its_node_and_shown_
     assert status == 0, output
     argv = sandbox.recorded_argv
     assert argv[argv.index(str(sandbox.submit / "images" / "trainer.sif")) + 1 :] == [
-        "jupyter-lab", "--no-browser", "--ip=0.0.0.0", "--ServerApp.root_dir=/scratch",
+        "jupyter-lab", "--no-browser", "--ServerApp.root_dir=/scratch",
         "--FileContentsManager.preferred_dir=/scratch/out",
     ]  # fmt: skip
     handed = json.loads((sandbox.root / "notebook.json").read_text())
@@ -1125,6 +1127,8 @@ def test_a_notebook_job_runs_jupyterlab_with_a_token_made_on_its_node_and_shown_
     token = handed["APPTAINERENV_JUPYTER_TOKEN"]
     assert len(token) == 48 and int(token, 16) >= 0  # 24 random bytes, in hex
     assert handed["mode"] == "0o700"  # the runtime folder, which will hold the token: yours alone
+    # It listens on the node's own address (its Slurm name), where the login node's forward reaches it.
+    assert handed["config"] == {"ServerApp": {"ip": "node1"}}  # the sandbox's SLURMD_NODENAME
     assert token not in script.text and token not in output and token not in " ".join(argv)
     again = sandbox.script(ResourceRequest(job_name="nb", container="singularity"), (), command=NOTEBOOK)
     assert "SINGULARITYENV_JUPYTER_TOKEN=$(od" in again.text and "APPTAINERENV_" not in again.text

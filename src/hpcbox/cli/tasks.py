@@ -75,7 +75,7 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
         except HpcboxError as exc:
             if os.environ.get("HPCBOX_DEBUG"):
                 raise
-            if exc.details:
+            if _details_add_to(exc):
                 print(exc.details, file=sys.stderr)
             print(f"error: {exc.message}", file=sys.stderr)
             if exc.hint:
@@ -83,6 +83,14 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(1)
 
     return wrapper
+
+
+def _details_add_to(exc: HpcboxError) -> bool:
+    """Whether ``exc``'s details (a failed program's command line and its last lines) say more than its
+    one line does: a program whose one line of output is the error's own (ssh that cannot resolve a
+    host) is said once."""
+    said = [line for line in exc.details.splitlines() if line.strip() and not line.startswith("$ ")]
+    return any(line.strip() not in exc.message for line in said)
 
 
 # --- build (issue: foundation and build) ------------------------------------------------------

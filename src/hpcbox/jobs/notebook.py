@@ -11,12 +11,14 @@ it; a closed terminal or a dropped network (SIGHUP, SIGTERM) leaves the job runn
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,8 +26,10 @@ import webbrowser
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.jobs import follow
 from hpcbox.jobs.ledger import JobRecord, Ledger
 from hpcbox.project.command import NOTEBOOK_RUNTIME_DIR
@@ -173,12 +177,23 @@ def forward(connection: ssh.Connection, server: Server, *, timeout_s: float = 30
         time.sleep(0.5)
 
 
-def open_in_browser(url: str) -> bool:
-    """Open ``url`` where a graphical browser is at hand (a display, or macOS); whether it was."""
+def open_in_browser(url: str, folder: Path) -> bool:
+    """Open ``url`` where a graphical browser is at hand (a display, or macOS); whether it was. The
+    browser is given a page of ``folder`` (yours alone) that leads to ``url``, as Jupyter's own redirect
+    file does: the token stays off the browser's command line, which every user of this machine sees."""
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or sys.platform == "darwin"):
         return False
+    page = folder / "open-jupyterlab.html"
+    link = html.escape(url, quote=True)
+    write_atomically(
+        page,
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="0;url={link}"><title>JupyterLab</title></head>\n'
+        f'<body><p>On to <a href="{link}">JupyterLab</a>.</p></body></html>\n',
+        mode=0o600,
+    )
     try:
-        return webbrowser.open(url)
+        return webbrowser.open(page.as_uri())
     except webbrowser.Error:
         return False
 
@@ -211,12 +226,12 @@ def serve(
     """Reach the notebook of ``record``, print its URL (``show``), and stay until the job ends, Ctrl-C
     ends it, or the terminal goes (the job stays)."""
     again = f"hpcbox notebook --attach -j {record.job_id}"
-    with detaching():
+    with detaching(), tempfile.TemporaryDirectory(prefix="hpcbox-notebook-") as private:
         try:
             server = find_server(connection, profile, record, say=say)
             url = forward(connection, server)
             show(url)
-            opened = open_in_browser(url)
+            opened = open_in_browser(url, Path(private))
             say(
                 f"hpcbox: JupyterLab of job {record.job_id} on {server.node}"
                 + (", opened in your browser" if opened else "")

@@ -152,14 +152,15 @@ NOTEBOOK = ContainerCommand(
     "jupyter-lab",
     (
         "--no-browser",
-        "--ip=0.0.0.0",
         f"--ServerApp.root_dir={SCRATCH_MOUNT}",
         f"--FileContentsManager.preferred_dir={OUTPUT_DIR}",
     ),
     launcher="srun",
 )
-# Where the notebook keeps its runtime files (the port and token among them), on node scratch.
+# Where the notebook keeps its runtime files (the port and token among them), on node scratch; and the
+# job's Jupyter configuration (the address it listens on), found through JUPYTER_CONFIG_PATH.
 NOTEBOOK_RUNTIME_DIR = "tmp/jupyter"
+NOTEBOOK_CONFIG_DIR = "tmp/jupyter-config"
 
 
 def command_from_table(

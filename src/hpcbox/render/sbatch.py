@@ -26,6 +26,7 @@ from hpcbox.project.command import (
     CODE_MOUNT,
     EXAMPLE_TRAINER,
     NOTEBOOK,
+    NOTEBOOK_CONFIG_DIR,
     NOTEBOOK_RUNTIME_DIR,
     SCRATCH_MOUNT,
     ContainerCommand,
@@ -676,6 +677,8 @@ def _before_launch(
                 prefix=prefix,
                 runtime_dir=NOTEBOOK_RUNTIME_DIR,
                 runtime_mount=f"{SCRATCH_MOUNT}/{NOTEBOOK_RUNTIME_DIR}",
+                config_dir=NOTEBOOK_CONFIG_DIR,
+                config_mount=f"{SCRATCH_MOUNT}/{NOTEBOOK_CONFIG_DIR}",
             )
             + "\n"
         )
