@@ -21,15 +21,22 @@ SBATCH = "tests/integration/test_sbatch_cluster.py"
 SUBMIT = "tests/integration/test_submit.py"
 
 SCENARIOS = {
-    "time limit: USR1 → checkpoint → requeue → resume (1, 2 nodes) → as if never stopped; --max-restarts": [
+    "time limit (Slurm's USR1): checkpoint → requeue → resume, 1 and 2 nodes; --max-restarts bounds it": [
         f"{SBATCH}::test_time_limit_checkpoints_requeues_and_resumes",
-        f"{SBATCH}::test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_never_stopped",
         f"{SBATCH}::test_two_node_time_limit_checkpoints_requeues_and_resumes",
         f"{SBATCH}::test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints",
     ],
-    "over its --mem: killed as a site kills it, named out of memory with the --mem to ask, no scratch left": [
-        "tests/integration/test_minicluster.py::test_a_job_over_its_memory_is_killed_by_slurm_as_a_site_kills_it",
-        f"{SUBMIT}::test_a_job_over_its_memory_is_killed_says_so_and_leaves_no_scratch",
+    "USR1 sent by hand mid-training: requeued, completes with the figures of a run never stopped": [
+        f"{SBATCH}::test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_never_stopped",
+    ],
+    "USR1 by hand to 2 nodes, one not yet in the rendezvous or one rank stopped: requeued, resumed": [
+        f"{SBATCH}::test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_together_and_requeue",
+        f"{SBATCH}::test_two_nodes_with_a_rank_that_cannot_stop_end_in_time_and_resume_from_the_last_checkpoint",
+    ],
+    "over its --mem, a spike too: OUT_OF_MEMORY (cgroup), named with the --mem to ask, no scratch left": [
+        "tests/integration/test_minicluster.py::test_a_job_over_its_memory_ends_out_of_memory_as_at_a_cgroup_site",
+        "tests/integration/test_minicluster.py::test_a_spike_freed_at_once_is_stopped_too_where_sampling_would_miss_it",
+        f"{SUBMIT}::test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch",
     ],
     "GPUs it cannot use (cpu environment): refused before anything is sent, or stopped before it trains": [
         f"{SUBMIT}::test_a_gpu_job_in_the_cpu_environment_is_refused_or_stops_at_its_start",
@@ -61,12 +68,13 @@ SCENARIOS = {
     "the cluster's disk full: one line before anything is sent, nothing left": [
         f"{SUBMIT}::test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly",
     ],
-    "uploads at once: each succeeds; one new SIF needed twice goes up once; a bad basis never a bad SIF": [
+    "two uploads of one new file at once (threads, the store's lock): one goes up; bad basis, right SIF": [
         "tests/integration/test_upload.py::test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once",
         "tests/integration/test_upload.py::test_a_tampered_or_unreadable_basis_still_gives_the_right_file",
     ],
-    "bad input to submit: one line, exit 1, no job, no ledger entry": [
+    "bad input to submit: one line, exit 1, no ledger entry; a request Slurm refuses: no job, no entry": [
         f"{SUBMIT}::test_bad_input_is_one_line_and_changes_nothing",
+        f"{SUBMIT}::test_sbatch_refusal_shows_slurms_message_and_records_nothing",
     ],
     "secrets: none in an image layer, SIF, script, ledger entry or log": [
         f"{SUBMIT}::test_no_image_sif_script_ledger_or_log_holds_a_secret",
@@ -102,6 +110,7 @@ def run() -> list[dict]:
                 "note": "not held: " + ", ".join(test.split("::")[-1] for test in missed)
                 if missed
                 else "all held",
+                "checks": {test.split("::")[-1]: _held(test, outcomes) for test in tests},
             }
         )
     return rows

@@ -4,7 +4,8 @@ rewrites the documents' figure blocks from the files as they are.
 
 A benchmark module exposes `run() -> list[dict]`; each row has metric, value, unit, and optionally a
 target (text such as "< 3 s") and a note. Results carry the machine they were measured on, since
-numbers only compare within one run on one machine.
+numbers only compare within one run on one machine, and the commit they were measured at (`-dirty`
+where the checkout had uncommitted changes), which every figure block shows.
 
 A document (README.md, any page under docs/) quotes a figure table between `<!-- bench:NAME -->` and
 `<!-- /bench:NAME -->`: NAME is a benchmark (its bench/results/NAME.json) or `digests` (the recorded
@@ -20,6 +21,7 @@ import json
 import os
 import platform
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -56,6 +58,7 @@ def run_one(name: str) -> dict:
     result = {
         "benchmark": name,
         "started": started.isoformat(timespec="seconds"),
+        "commit": measured_at(),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -67,6 +70,17 @@ def run_one(name: str) -> dict:
     (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     write_docs()
     return result
+
+
+def measured_at() -> str:
+    """The checkout's commit, `-dirty` where it has uncommitted changes to tracked files."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return f"{commit}-dirty" if changed else commit
 
 
 def write_docs() -> list[Path]:
@@ -95,8 +109,14 @@ def docs_blocks(text: str, digests: Path = DIGESTS) -> str:
 
 
 def table(result: dict) -> str:
+    commit = result.get("commit")
+    at = (
+        f"at commit {commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}"
+        if commit
+        else ("at a commit it does not record (measured before results named theirs)")
+    )
     lines = [
-        f"`bench/results/{result['benchmark']}.json`: measured {result['started']} on "
+        f"`bench/results/{result['benchmark']}.json`: measured {result['started']} {at} on "
         f"{result['machine']['cpus']} CPUs.",
         "",
         "| metric | value | unit | target | note |",
