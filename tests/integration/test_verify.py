@@ -6,6 +6,7 @@ The full-size case (this repository's cpu environment rebuilt from nothing) is t
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -23,6 +24,7 @@ from hpcbox.build.image import ENVIRONMENT, LABEL_REVISION, build_image
 from hpcbox.project.config import load_project
 from hpcbox.sif.compression import parse_compression
 from hpcbox.sif.convert import build_sif
+from hpcbox.sif.verify import DIGESTS_FILE, Digests
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import Apptainer
 from tests.fixtures.git import git
@@ -117,7 +119,7 @@ def test_a_sif_and_an_image_built_from_a_commit_verify_identical_and_a_changed_f
 
 
 def test_a_commit_to_the_readme_alone_leaves_the_environment_sif_byte_identical(
-    tiny, tmp_path, apptainer_helper
+    tiny, tmp_path, apptainer_helper, request
 ):
     """The cluster's SIF records the last commit of docker/, not the tree's: after a commit that touches
     only the README, the environment image rebuilt from nothing (removed, no build cache: a teammate's
@@ -165,6 +167,25 @@ def test_a_commit_to_the_readme_alone_leaves_the_environment_sif_byte_identical(
     done = _verify(tiny, str(after.path))
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith(f"identical: {after.path} is what commit {first[:12]} builds"), done.stdout
+    assert "recorded:" not in done.stdout  # tiny records no digests
+
+    # Recorded (as `lock --record` writes them, from this build), verify says the SIF is those bytes; a
+    # digests.toml naming other bytes for the same commit is said too, and the rebuild still decides.
+    recorded = Digests(first, "cpu", "zstd:3", image.id, image.content_hash, "0" * 64, after.sha256,
+                       after.size, "converter")  # fmt: skip
+    (tiny / DIGESTS_FILE).write_text(recorded.to_toml("2026-11-27"))
+    request.addfinalizer(lambda: (tiny / DIGESTS_FILE).unlink(missing_ok=True))
+    done = _verify(tiny, str(after.path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        f"recorded: it is the cpu environment digests.toml records (sif_sha256 {after.sha256})"
+    ), done.stdout
+    other = dataclasses.replace(recorded, sif_sha256="f" * 64)
+    (tiny / DIGESTS_FILE).write_text(other.to_toml("2026-11-27"))
+    done = _verify(tiny, str(after.path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    differs = "recorded: it is not the cpu environment digests.toml records: sif_sha256"
+    assert done.stdout.splitlines()[-1].startswith(f"{differs} {after.sha256} != {'f' * 64}"), done.stdout
 
 
 def test_a_sif_from_another_converter_says_so_before_the_files(

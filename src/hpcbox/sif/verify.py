@@ -227,6 +227,7 @@ class Verdict:
     differences: tuple[str, ...]
     digest: str  # the SIF's sha256, or the image's content hash
     off_lock: str = ""  # the artifact's off-lock label: what its commit's locks no longer gave
+    recorded: str = ""  # where it is the environment digests.toml records: whether it is those bytes
 
     @property
     def identical(self) -> bool:
@@ -239,10 +240,12 @@ class Verdict:
                 f"off-lock: {self.artifact} was built past pins Debian had moved ({self.off_lock}); the "
                 "rebuild follows what Debian serves now"
             ]
+        recorded = [self.recorded] if self.recorded else []
         if self.identical:
             return [
                 *off_lock,
                 f"identical: {self.artifact} is what commit {self.revision[:12]} builds ({self.digest})",
+                *recorded,
             ]
         count = len(self.differences)
         head = f"differs: {self.artifact} is not what commit {self.revision[:12]} builds ({count} difference"
@@ -250,7 +253,31 @@ class Verdict:
         shown = [f"  {line}" for line in self.differences[:SHOWN]]
         if count > SHOWN:
             shown.append(f"  ... and {count - SHOWN} more")
-        return [*off_lock, head, *shown]
+        return [*off_lock, head, *shown, *recorded]
+
+
+def against_recorded(origin: Provenance, digest: str, root: Path) -> str:
+    """A line saying whether the artifact (its provenance, and ``digest``: a SIF's sha256, or an image's
+    content hash) is the bytes digests.toml records, where it is the environment recorded there: its
+    revision, flavour and, for a SIF, compression. Empty for any other artifact, or with no digests.toml."""
+    try:
+        recorded = read_digests(root)
+    except HpcboxError:
+        return ""
+    is_sif = bool(origin.compression)
+    if (origin.revision, origin.flavour) != (recorded.revision, recorded.flavour) or (
+        is_sif and origin.compression != recorded.compression
+    ):
+        return ""
+    field, expected = (
+        ("sif_sha256", recorded.sif_sha256) if is_sif else ("content_hash", recorded.content_hash)
+    )
+    if digest == expected:
+        return f"recorded: it is the {recorded.flavour} environment {DIGESTS_FILE} records ({field} {digest})"
+    return (
+        f"recorded: it is not the {recorded.flavour} environment {DIGESTS_FILE} records: {field} {digest} != "
+        f"{expected} (the same commit built other bytes elsewhere: `hpcbox lock --record` after checking why)"
+    )
 
 
 def verify(
@@ -297,8 +324,9 @@ def _verify_sif(
             image, compression=compression, cache=scratch / "sif", say=lambda _: None, on_line=on_line or say
         )
         digest = file_sha256(path)
+        recorded = against_recorded(origin, digest, project.root)
         if digest == again.sha256:
-            return Verdict(str(path), origin.revision, (), f"sha256 {digest}", origin.off_lock)
+            return Verdict(str(path), origin.revision, (), f"sha256 {digest}", origin.off_lock, recorded)
         say("hpcbox: the SIFs differ; comparing them object by object and file by file ...")
         differences = _sif_differences(path, again.path, tool, scratch)
         converter_now = _sif_labels(again.path, tool).get(convert.LABEL_CONVERTER, "")
@@ -310,7 +338,7 @@ def _verify_sif(
                 f"this hpcbox converts with {converter_now}",
                 *differences,
             )
-    return Verdict(str(path), origin.revision, differences, f"sha256 {digest}", origin.off_lock)
+    return Verdict(str(path), origin.revision, differences, f"sha256 {digest}", origin.off_lock, recorded)
 
 
 def _verify_image(
@@ -325,7 +353,12 @@ def _verify_image(
         say("hpcbox: comparing the two root filesystems file by file ...")
         differences = tuple(_differences(image_files(image_id), image_files(image.id)))
     return Verdict(
-        ref, origin.revision, differences, f"content hash {origin.content_hash[:12]}", origin.off_lock
+        ref,
+        origin.revision,
+        differences,
+        f"content hash {origin.content_hash[:12]}",
+        origin.off_lock,
+        against_recorded(origin, origin.content_hash, project.root),
     )
 
 
