@@ -10,7 +10,11 @@ end through the commands a user types: `invoke submit --cluster NAME --via local
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 import tomllib
 import uuid
@@ -22,6 +26,7 @@ import pytest
 from hpcbox import jobs, minicluster
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs import draft
+from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
@@ -30,7 +35,7 @@ from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
 from tests.integration.test_doctor import verdicts
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
-from tests.integration.test_submit import SHORT, dropping_port, invoke
+from tests.integration.test_submit import SHORT, SWEEP_SCRIPT, dropping_port, finished, invoke
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -299,6 +304,57 @@ def test_a_rehearsal_of_another_shape_or_place_is_one_line_and_submits_nothing(r
         assert len(errors) == 1 and message in errors[0], done.stderr
     queued = cluster.ssh(["squeue", "--noheader"]).stdout
     assert queued.strip() == ""
+
+
+def test_a_rehearsals_failed_points_run_again_on_the_rehearsal_unless_a_flag_says_elsewhere(
+    rehearsals, setup: Setup, tmp_path: Path, run_id: str
+):
+    """`--resubmit-failed` of a sweep rehearsed with `--via local` reads the failed points on the mini
+    cluster and sends their rerun there too, without `--via local` again: the job's record says where
+    it ran. A --host saying otherwise is refused in one line, and nothing is submitted."""
+    cluster = rehearsals.like("edi")
+    project_dir = tmp_path / "sweep"
+    shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
+    (project_dir / "src" / "hpctrain" / "sweep_point.py").write_text(SWEEP_SCRIPT)
+    pyproject = project_dir / "pyproject.toml"
+    own_run = '[tool.hpcbox.run]\nscript = "src/hpctrain/sweep_point.py"\nargs = ["{output_dir}"]\n'
+    pyproject.write_text(re.sub(r"\[tool\.hpcbox\.run\]\n(?:[^\[\n].*\n)*", own_run, pyproject.read_text()))
+    gate = f"/home/researcher/{run_id}-rehearsal-gate"
+    (project_dir / "sweep.toml").write_text(
+        f'[[points]]\nindex = 0\n[[points]]\nindex = 1\nneeds = "{gate}"\n'
+    )
+    env = {**os.environ, **setup.env, "HPCBOX_MINICLUSTER": cluster.name}
+
+    def hpcbox(*args: str) -> subprocess.CompletedProcess[str]:
+        flags = ("--cluster=edi", f"--data={setup.data}", "--flavour=cpu", "--cpus=1", "--mem=1G", "--time=5")
+        return subprocess.run(
+            [sys.executable, "-m", "hpcbox", "submit", *flags, *args],
+            cwd=project_dir, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    done = hpcbox("--via=local", "--sweep=sweep.toml")
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.split()[-1]
+    ledger = jobs.Ledger(load_project(project_dir))
+    assert finished(cluster, ledger.find(first)).state == "FAILED"  # point 1 finds no gate
+
+    queued = job_ids(cluster)
+    refused = hpcbox(f"--resubmit-failed={first}", "--host=mlp.inf.ed.ac.uk")
+    assert refused.returncode == 1 and refused.stdout == ""
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        f"error: host: job {first} ran on the mini cluster (edi-via-local); --host mlp.inf.ed.ac.uk says "
+        "otherwise"
+    ], refused.stderr
+    assert job_ids(cluster) == queued and len(ledger.all()) == 1
+
+    cluster.ssh(["touch", gate], check=True)
+    again = hpcbox(f"--resubmit-failed={first}")  # no --via local: the record says where it ran
+    assert again.returncode == 0, again.stderr
+    assert f"1 of 2 tasks of job {first} again: 1" in again.stderr
+    second = ledger.find(again.stdout.split()[-1], "edi-via-local")
+    assert (second.cluster, second.via, second.resubmits) == ("edi", "local", first)
+    assert finished(cluster, second).state == "COMPLETED"
 
 
 @pytest.mark.parametrize(

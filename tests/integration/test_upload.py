@@ -1,7 +1,8 @@
 """The cluster's store over SSH to the mini cluster's login node: a changed environment goes up as a
 delta (real rsync against a basis on the cluster), uploads of one file at once go up once (a real
 flock there), a basis that cannot be trusted or read still gives the right file (sha256sum there),
-and `hpcbox prune` lists and removes what no kept job needs.
+and `hpcbox prune` lists and removes what no kept job needs, and never what a job Slurm still holds
+needs, whichever checkout queued it.
 
 Runs after test_submit.py (file order): the session's project has jobs and its SIF on the cluster.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import tarfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -18,18 +20,22 @@ from pathlib import Path
 import pytest
 
 from hpcbox import jobs
+from hpcbox.build import baseimage
+from hpcbox.build.lock import candidate_versions
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.jobs import ship, store
 from hpcbox.tools import ssh
 from tests.fixtures.submitting import Setup
-from tests.integration.test_submit import finished, invoke, log_of, submit
+from tests.integration.test_submit import finished, invoke, local_resources, log_of, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-# One Debian package more in the cpu environment: what a user's "add one dependency" looks like. Its
-# pin is held like any other (the snapshot archive serves it once Debian's mirror moves on).
-ADDED_PACKAGE = "python3-tqdm=4.67.1-5"
+REPO = Path(__file__).resolve().parents[2]
+
+# One Debian package more in the cpu environment: what a user's "add one dependency" looks like, pinned
+# at the version the mirror serves today (as `invoke lock` would pin it), so that the test knows no date.
+ADDED_PACKAGE = "python3-tqdm"
 LONG = ("--epochs", "200", "--steps-per-epoch", "500", "--workers", "0")
 SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
 
@@ -48,7 +54,7 @@ def delta_jobs(setup: Setup, minicluster):
     lock = setup.project_dir / "docker" / "lock" / "apt-cpu.txt"
     main = setup.project_dir / "src" / "hpctrain" / "__main__.py"
     lock_text, main_text = lock.read_text(), main.read_text()
-    lock.write_text(lock_text + ADDED_PACKAGE + "\n")
+    lock.write_text(lock_text + f"{ADDED_PACKAGE}={served_today(ADDED_PACKAGE)}\n")
     main.write_text(
         "import sys, tqdm\nprint('imported tqdm', tqdm.__version__, file=sys.stderr)\n" + main_text
     )
@@ -60,6 +66,17 @@ def delta_jobs(setup: Setup, minicluster):
     assert running is not None and added is not None
     yield DeltaJobs(running, added)
     minicluster.ssh(["scancel", running.job_id])
+
+
+def served_today(package: str) -> str:
+    """The version of ``package`` Debian's mirror serves for the pinned base today."""
+    base = baseimage.ensure_base(lock=baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME))
+    return candidate_versions(base.ref, (package,))[package]
+
+
+def upstream(debian_version: str) -> str:
+    """1:4.67.1-5+b1 -> 4.67.1: the version the package's own Python module reports."""
+    return debian_version.split(":", 1)[-1].rsplit("-", 1)[0]
 
 
 def remote_sha256(minicluster, path: str) -> str:
@@ -80,7 +97,10 @@ def test_one_added_package_sends_under_one_percent_of_the_sif_and_the_job_import
     final = finished(minicluster, after)
     log = log_of(minicluster, after)
     assert final.state == "COMPLETED", log
-    assert "imported tqdm 4.67.1" in log
+    installed = minicluster.ssh(
+        ["apptainer", "exec", after.sif, "dpkg-query", "-W", "-f", "${Version}", ADDED_PACKAGE], check=True
+    ).stdout.strip()
+    assert f"imported tqdm {upstream(installed)}" in log, (installed, log)
     index = minicluster.ssh(f"cat {after.sif.rsplit('/', 2)[0]}/index/*", check=True).stdout
     uses = [store.StoredUse.from_line(line) for line in index.splitlines()]
     mine = [use for use in uses if use and use.name == after.sif.rsplit("/", 1)[1]]
@@ -244,7 +264,7 @@ def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
     last = jobs.Ledger(setup.project()).all()[-1]
     kept = {delta_jobs.running.sif, last.sif}  # the running job's, and the last job's (the next basis)
     assert not kept & set(listed)
-    assert "jobs kept (the last 1, and any still queued or running)" in dry.stdout
+    assert "jobs of this checkout's ledger kept (the last 1, and any still queued or running)" in dry.stdout
     assert "run again with --yes" in dry.stderr
 
     done = invoke(setup, "prune", "--cluster", "local", "--keep", "1", "--yes")
@@ -264,3 +284,74 @@ def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
     assert state.stdout.strip() == "RUNNING"
     again = invoke(setup, "prune", "--cluster", "local", "--keep", "1")
     assert "nothing to prune" in again.stdout
+
+
+def _second_checkout(setup: Setup, tmp_path: Path) -> Setup:
+    """Another checkout of the session's project (a laptop's and a workstation's, two worktrees): the
+    same project and files, and a ledger of its own, empty."""
+    copy = tmp_path / "second-checkout"
+    shutil.copytree(setup.project_dir, copy, ignore=shutil.ignore_patterns(".hpcbox", "runs", "__pycache__"))
+    return dataclasses.replace(setup, project_dir=copy)
+
+
+def _exists(minicluster, *paths: str) -> bool:
+    return minicluster.ssh(" && ".join(f"test -e {path}" for path in paths)).returncode == 0
+
+
+def test_prune_from_a_second_checkout_keeps_what_a_job_queued_from_the_first_needs(
+    setup: Setup, minicluster, run_id: str, tmp_path: Path
+):
+    # A code snapshot of its own, so that no other job of the session uses it.
+    marker = setup.project_dir / "src" / "hpctrain" / f"_prune_{uuid.uuid4().hex[:8]}.py"
+    marker.write_text(f"# {run_id}: a code snapshot only this test's job uses\n")
+    try:
+        queued = submit(
+            setup, minicluster, profile_and_resources=local_resources(extra=("--begin=now+3600",))
+        )
+    finally:
+        marker.unlink()
+    assert queued is not None
+    plain_dir = f"{run_id}-plain-{uuid.uuid4().hex[:8]}"
+    plain = ""
+    try:
+        root = queued.submit_dir.rsplit("/", 1)[0]
+        needs = (
+            queued.sif,
+            f"{queued.submit_dir}/code/{queued.code_snapshot[:16]}",
+            f"{store.folder(root, 'dataset')}/{queued.dataset_sha256}.tar",
+        )
+        assert _exists(minicluster, *needs)
+        second = _second_checkout(setup, tmp_path)
+        done = invoke(second, "prune", "--cluster", "local", "--yes")
+        assert done.returncode == 0, done.stderr
+        held = next(line for line in done.stdout.splitlines() if "jobs Slurm still holds for you" in line)
+        assert queued.job_id in held.rsplit(": ", 1)[1].split(", "), done.stdout
+        assert "0 jobs of this checkout's ledger kept" in done.stdout
+        assert "cannot tell" not in done.stdout and needs[1] not in done.stdout
+        assert _exists(minicluster, *needs), done.stdout
+
+        minicluster.ssh(["scontrol", "update", f"JobId={queued.job_id}", "StartTime=now"], check=True)
+        final = finished(minicluster, queued)
+        assert (final.state, final.exit_code) == ("COMPLETED", "0:0"), log_of(minicluster, queued)
+
+        # Once the job is over, nothing holds its code snapshot: the second checkout would remove it.
+        after = invoke(second, "prune", "--cluster", "local")
+        assert after.returncode == 0, after.stderr
+        assert needs[1] in after.stdout, after.stdout
+
+        # A job of the same user that hpcbox did not write could use any file: nothing is removed.
+        plain = minicluster.ssh(
+            f"mkdir -p {plain_dir} && cd {plain_dir} && printf '#!/bin/sh\\nsleep 600\\n' > job.sh && "
+            f"sbatch --parsable --hold --job-name={run_id}-plain job.sh",
+            check=True,
+        ).stdout.strip()
+        assert plain.isdigit(), plain
+        kept = invoke(second, "prune", "--cluster", "local", "--yes")
+        assert kept.returncode == 0, kept.stderr
+        assert f"{plain} (its script is not one hpcbox rendered)" in kept.stdout, kept.stdout
+        assert "nothing to prune: Slurm holds jobs of yours whose files hpcbox cannot tell" in kept.stdout
+        assert not [line for line in kept.stdout.splitlines() if line.startswith("  ")]
+        assert _exists(minicluster, *needs)
+    finally:
+        minicluster.ssh(["scancel", queued.job_id, *([plain] if plain.isdigit() else [])])
+        minicluster.ssh(["rm", "-rf", plain_dir])

@@ -63,6 +63,9 @@ CASES = [
     # what a submit needs, before anything is sent
     (["submit", "--cluster=edi", "--data=missing.tar", "--dry-run"], "data: "),
     (["submit", "--cluster=edi", "--via=elsewhere"], "via: 'elsewhere' is not a place to rehearse a job"),
+    (["submit", "--cluster=edi", "--host=-oProxyCommand=id"], "host: '-oProxyCommand=id' begins with '-'"),
+    (["doctor", "--cluster=edi", "--host=-oProxyCommand=id"], "host: '-oProxyCommand=id' begins with '-'"),
+    (["profile.draft", "-o", "site.toml", "--host=-oProxyCommand=id"], "host: '-oProxyCommand=id' begins"),
     (["submit", "--cluster=local", "--data=missing.tar"], "the mini cluster hpcbox-local is not up"),
     (["submit", "--cluster=edi", "--gpus=2", "--offline", "--data=pyproject.toml"],
      "environment is the cpu flavour (the flavour --offline builds unless told)"),

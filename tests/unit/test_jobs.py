@@ -12,6 +12,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox import jobs
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.jobs import ship
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
@@ -413,3 +414,106 @@ def test_a_connection_sshd_drops_before_the_key_exchange_is_tried_again(
             pass
         assert says in failed.value.message
     assert int((tmp_path / "count").read_text()) == attempts
+
+
+# --- where a job ran, and where a command about it goes ------------------------------------------
+
+
+def test_an_address_reads_back_as_host_user_and_port():
+    for target in (
+        ssh.Target("login.example.org"),
+        ssh.Target("edi", 2222, "s123"),
+        ssh.Target("127.0.0.1", 40001, "researcher"),
+        ssh.Target("::1", 2222, "me"),
+        ssh.Target("fe80::1"),
+    ):
+        assert jobs.connect.parse_address(target.address) == (target.host, target.user, target.port)
+
+
+def test_a_rehearsals_rerun_goes_to_the_rehearsal_and_a_flag_that_says_otherwise_is_refused():
+    rehearsal = dataclasses.replace(
+        record("12", cluster="edi"), via="local", host="researcher@127.0.0.1:40001"
+    )
+    assert jobs.place_of(rehearsal) == jobs.place_of(rehearsal, via="local") == jobs.Place(via="local")
+    for flag, value in (("host", "login.inf.ed.ac.uk"), ("user", "s123"), ("port", 22)):
+        with pytest.raises(FieldError) as refused:
+            jobs.place_of(rehearsal, **{flag: value})
+        assert refused.value.field == flag
+        assert refused.value.message.startswith(f"{flag}: job 12 ran on the mini cluster (edi-via-local)")
+        assert "\n" not in refused.value.message and "a rerun goes where its job ran" in refused.value.hint
+    # `local` itself is the mini cluster too, unless it was sent elsewhere with --host
+    assert jobs.place_of(record("13")) == jobs.Place()
+    with pytest.raises(FieldError, match="host: job 13 ran on the mini cluster"):
+        jobs.place_of(record("13"), host="gpu.example.org")
+    elsewhere = dataclasses.replace(record("14"), host="researcher@gpu.example.org:2222")
+    assert jobs.place_of(elsewhere) == jobs.Place(host="gpu.example.org", user="researcher", port=2222)
+
+
+def test_a_sites_rerun_goes_to_the_login_node_it_ran_on_never_to_a_rehearsal():
+    site = dataclasses.replace(record("12", cluster="edi"), host="s123@login.inf.ed.ac.uk")
+    there = jobs.Place(host="login.inf.ed.ac.uk", user="s123")
+    assert jobs.place_of(site) == there
+    assert jobs.place_of(site, host="login.inf.ed.ac.uk", user="s123", port=22) == there  # agreeing flags
+    with pytest.raises(FieldError) as refused:
+        jobs.place_of(site, via="local")
+    assert refused.value.field == "via"
+    assert refused.value.message == (
+        "via: job 12 ran on s123@login.inf.ed.ac.uk, not on the mini cluster (--via local)"
+    )
+    assert "submit them anew with --sweep and --via local" in refused.value.hint
+    for flag, value in (("host", "login2.inf.ed.ac.uk"), ("user", "someone"), ("port", 2222)):
+        with pytest.raises(FieldError) as refused:
+            jobs.place_of(site, **{flag: value})
+        assert refused.value.message == (
+            f"{flag}: job 12 ran on s123@login.inf.ed.ac.uk; --{flag} {value} says otherwise"
+        )
+    # A target made from the place is the one the job was sent to.
+    target = jobs.connection_target(profiles.load_profile("edi"), None, host=there.host, user=there.user)  # type: ignore[arg-type]
+    assert target.address == site.host
+
+
+def test_a_rerun_that_names_another_place_is_one_line_before_anything_is_built_or_sent(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "demo"\n')
+    site = dataclasses.replace(
+        record("12", cluster="edi"),
+        host="s123@login.inf.ed.ac.uk",
+        resources={"job_name": "sweep", "array": "0-1"},
+        sweep=(("--lr", "0.1"), ("--lr", "0.2")),
+    )
+    jobs.Ledger(load_project(tmp_path)).add(site, "#!/bin/sh\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "submit", "--cluster=edi", "--resubmit-failed=12", "--via=local"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0] == (
+        "error: via: job 12 ran on s123@login.inf.ed.ac.uk, not on the mini cluster (--via local)"
+    ), done.stderr
+    assert len(done.stderr.splitlines()) == 2 and done.stdout == ""  # the line and its hint
+    assert sorted(p.name for p in (tmp_path / ".hpcbox").iterdir()) == ["jobs"]  # nothing built
+
+
+@pytest.mark.parametrize(("flag", "value"), [("host", "-oProxyCommand=touch /tmp/x"), ("user", "-lroot")])
+def test_a_login_flag_that_ssh_would_read_as_an_option_is_refused(flag: str, value: str):
+    with pytest.raises(FieldError) as refused:
+        jobs.connection_target(profiles.load_profile("edi"), None, **{flag: value})  # type: ignore[arg-type]
+    assert refused.value.field == flag and "begins with '-'" in refused.value.message
+    with pytest.raises(FieldError):
+        ssh.Target(**{"host": "edi", flag: value})  # and no Target is ever made of one
+
+
+def test_the_master_connection_outlives_a_killed_command_for_a_bounded_time_only(monkeypatch):
+    """ControlPersist=yes kept a killed command's master (and a notebook's forward) logged in forever;
+    the bound counts idle time only (tests/integration/test_ssh_master.py: against the real sshd)."""
+    started: list[list[str]] = []
+    monkeypatch.setattr(ssh.proc, "run", lambda argv, **_: started.append(list(argv)))
+    with ssh.Connection(ssh.Target("edi")):
+        pass
+    master = started[0]
+    assert "ControlMaster=yes" in master and "-f" in master
+    assert [arg for arg in master if arg.startswith("ControlPersist=")] == [
+        f"ControlPersist={ssh.CONTROL_PERSIST_S}"
+    ]
+    assert 60 <= ssh.CONTROL_PERSIST_S <= 600

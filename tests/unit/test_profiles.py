@@ -336,3 +336,47 @@ def test_whether_nodes_have_fuse_is_known_either_way_or_left_out(user_dir: Path)
         assert site.apptainer.fuse is fuse
     assert profiles.load_profile("edi").apptainer.fuse is None  # not published: each job finds out
     assert _error_for(user_dir, MINIMAL + "[apptainer]\nfuse = 'yes'\n").field == "apptainer.fuse"
+
+
+def test_a_store_is_private_unless_the_profile_shares_it_with_a_group(user_dir: Path):
+    assert profiles.load_profile("edi").store == profiles.StoreSettings(group=None)
+    (user_dir / "shared.toml").write_text(MINIMAL + '[store]\ngroup = "hpc-users_1"\n')
+    assert profiles.load_profile("shared").store.group == "hpc-users_1"
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ('[store]\ngroup = "-R"\n', "store.group"),  # would be an option of chgrp's
+        ('[store]\ngroup = "1500"\n', "store.group"),  # a gid, not a name
+        ('[store]\ngroup = "hpc users"\n', "store.group"),
+        ("[store]\ngroup = 1500\n", "store.group"),
+        ('[store]\nmode = "0750"\n', "store.mode"),
+    ],
+)
+def test_a_store_group_must_be_a_group_name(user_dir: Path, table: str, field: str):
+    error = _error_for(user_dir, MINIMAL + table)
+    assert error.field == field and "\n" not in error.message
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "says"),
+    [
+        (
+            ('host = "login.example.org"', 'host = "-oProxyCommand=touch /tmp/x"'),
+            "login.host",
+            "begins with '-'",
+        ),
+        (
+            ('host = "login.example.org"', 'host = "login.example.org"\nuser = "-lroot"'),
+            "login.user",
+            "begins",
+        ),
+        (('host = "login.example.org"', 'host = "login example.org"'), "login.host", "contains spaces"),
+    ],
+)
+def test_a_login_that_ssh_would_read_as_an_option_is_refused(
+    user_dir: Path, change: tuple[str, str], field: str, says: str
+):
+    error = _error_for(user_dir, MINIMAL.replace(*change))
+    assert error.field == field and says in error.message

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import grp
+import gzip
+import io
+import os
+import shlex
+import stat
 import subprocess
+import tarfile
+from pathlib import Path
 
-from hpcbox.jobs import prune, store
+import pytest
+
+from hpcbox.errors import FieldError
+from hpcbox.jobs import prune, ship, store
+from hpcbox.tools import proc
 
 
 def use(
@@ -80,7 +92,9 @@ def test_prunes_plan_for_people_names_each_file_with_its_size():
         index_entries=(),
     )
     assert prune.describe(plan, keep=None) == [
-        "2 jobs kept (those that ended in the last 30 days, and any still queued or running)",
+        "Slurm holds no job of yours",
+        "2 jobs of this checkout's ledger kept (those that ended in the last 30 days, and any still queued "
+        "or running)",
         "  sif           514.1 MB  /h/hpcbox/images/sha256/a.sif",
         "2 files in the store belong to other projects, or to none hpcbox knows: left alone",
     ]
@@ -99,3 +113,97 @@ def test_a_jobs_files_are_found_in_this_store_only_and_only_while_it_has_them():
     }
     assert store.used_by("/elsewhere/images/sha256/a.sif", "beef", stored, root) == {"dataset": "beef.tar"}
     assert store.used_by(f"{root}/images/sha256/gone.sif", "", stored, root) == {}
+
+
+# --- who may read the store (Access) ---------------------------------------------------------------
+
+
+class Here:
+    """A `Connection` whose remote side is this machine's sh (what ship's commands run in there)."""
+
+    class target:
+        address = "login.example"
+
+    def run(self, command, *, what, check=True, hint="", input_bytes=None) -> proc.Completed:
+        text = command if isinstance(command, str) else shlex.join(command)
+        return proc.run(["sh", "-c", text], what=what, check=check, input_bytes=input_bytes)
+
+
+def mode(path: Path) -> str:
+    return oct(stat.S_IMODE(path.stat().st_mode))[2:]
+
+
+def code_snapshot(*files: tuple[str, int]) -> ship.CodeSnapshot:
+    """A snapshot of ``files`` (name, mode), as the archive brings them (0644 and 0755, whatever here)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, file_mode in files:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = 3, file_mode
+            tar.addfile(info, io.BytesIO(b"x=1"))
+    return ship.CodeSnapshot("c0de" * 16, gzip.compress(buffer.getvalue()), len(files))
+
+
+def test_the_store_is_the_users_alone_by_default_and_a_looser_one_is_tightened(tmp_path: Path):
+    root = tmp_path / "hpcbox"
+    # A store an earlier hpcbox made under umask 022: readable by every user of a 0755 home.
+    (root / "images" / "sha256").mkdir(parents=True, mode=0o755)
+    old_sif = root / "images" / "sha256" / "old.sif"
+    old_sif.write_bytes(b"sif")
+    for path in (root, root / "images", root / "images" / "sha256"):
+        path.chmod(0o755)
+    old_sif.chmod(0o644)
+    access = store.Access()
+    Here().run(store.folders_script(str(root), "trainer", access), what="make the folders")
+    folders = [p for p in (root, *root.rglob("*")) if p.is_dir()]
+    assert {p.relative_to(root).as_posix() for p in folders} >= {
+        ".", "images/sha256", "images/index", "data/sha256", "data/index", "trainer/code", "trainer/logs",
+    }  # fmt: skip
+    assert {mode(p) for p in folders} == {"700"}
+    use = store.StoredUse("sif", "old.sif", "trainer")
+    Here().run(
+        store.record_script(str(root), [use], access) + " && " + access.settle([str(old_sif)]),
+        what="record",
+    )
+    assert mode(root / "images" / "index" / use.entry) == "600"
+    assert mode(old_sif) == "600"
+    ship._upload_code(
+        Here(), code_snapshot(("pkg/a.py", 0o644), ("run.sh", 0o755)), f"{root}/trainer/code/c", access
+    )
+    code = root / "trainer" / "code" / "c"
+    assert (mode(code), mode(code / "pkg"), mode(code / "pkg" / "a.py"), mode(code / "run.sh")) == (
+        "700", "700", "600", "700",
+    )  # fmt: skip
+
+
+def test_a_store_shared_with_a_group_is_the_groups_and_readable_by_it_only(tmp_path: Path):
+    group = grp.getgrgid(os.getgid()).gr_name
+    access = store.Access(group)
+    assert (access.umask, access.folder_mode, access.file_mode) == ("027", "2750", "640")
+    root = tmp_path / "hpcbox"
+    Here().run(store.folders_script(str(root), "trainer", access), what="make the folders")
+    folders = [p for p in (root, *root.rglob("*")) if p.is_dir()]
+    assert {mode(p) for p in folders} == {"2750"}
+    assert {p.stat().st_gid for p in folders} == {os.getgid()}
+    use = store.StoredUse("dataset", "d.tar", "trainer")
+    Here().run(store.record_script(str(root), [use], access), what="record")
+    assert mode(root / "data" / "index" / use.entry) == "640"
+    ship._upload_code(
+        Here(), code_snapshot(("a.py", 0o644), ("run.sh", 0o755)), f"{root}/trainer/code/c", access
+    )
+    code = root / "trainer" / "code" / "c"
+    assert (mode(code), mode(code / "a.py"), mode(code / "run.sh")) == ("2750", "640", "750")
+    code.chmod(0o755)  # an earlier, looser snapshot: tightened where a job uses it, execute bits kept
+    (code / "a.py").chmod(0o666)
+    Here().run(access.settle([str(code)], recursive=True), what="settle")
+    assert (mode(code)[-3:], mode(code / "a.py"), mode(code / "run.sh")) == ("750", "640", "750")
+
+
+def test_a_store_group_the_user_is_not_in_is_one_line_naming_the_setting(tmp_path: Path):
+    layout = ship._Layout(str(tmp_path / "hpcbox"), "trainer", None)  # type: ignore[arg-type]
+    with pytest.raises(FieldError) as refused:
+        ship._make_folders(Here(), layout, store.Access("hpcbox-no-such-group"))
+    assert refused.value.field == "store.group"
+    assert "not in group 'hpcbox-no-such-group' on login.example" in refused.value.message
+    assert "\n" not in refused.value.message and "nothing was sent" in refused.value.hint
+    assert not (tmp_path / "hpcbox").exists()  # refused before anything is made

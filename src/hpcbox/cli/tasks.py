@@ -523,6 +523,7 @@ def submit(
 
     jobs.require_slurm(profiles.load_profile(cluster))
     trainer_args, points, array = _trainer_args(c.remainder), _sweep(cluster, sweep), None
+    port = int(port) if port else None
     if points:
         array = points.array()
     if resubmit_failed is not None:
@@ -533,7 +534,12 @@ def submit(
             )
         project = load_project()
         original = jobs.Ledger(project).find(resubmit_failed, cluster)
-        target = jobs.connection_target(profiles.load_profile(cluster), project, via=original.via)
+        # The rerun goes where the job ran (a rehearsal stays one), whatever flags are left out.
+        place = jobs.place_of(original, via=via, host=host, user=user, port=port)
+        via, host, user, port = place.via, place.host, place.user, place.port
+        target = jobs.connection_target(
+            profiles.load_profile(cluster), project, via=via, host=host, user=user, port=port
+        )
         with ssh.Connection(target) as connection:
             failed = jobs.failed_tasks(connection, original)
         if not failed:
@@ -545,7 +551,7 @@ def submit(
     project, profile, checked = _resources(cluster, resources, array)
     target, payload, environment = _ready_to_ship(
         project, profile, checked, data, flavour, offline, program=project.run,
-        via=via, host=host, user=user, port=int(port) if port else None,
+        via=via, host=host, user=user, port=port,
     )  # fmt: skip
     record = jobs.submit(
         project, profile, target, checked, trainer_args, payload,
@@ -589,7 +595,11 @@ def _job(job: str | None, cluster: str | None):
 
     project = load_project()
     record = jobs.Ledger(project).find(job, cluster)
-    target = jobs.connection_target(profiles.load_profile(record.cluster), project, via=record.via)
+    place = jobs.place_of(record)  # where the job ran: its rehearsal, or the login node it was sent to
+    target = jobs.connection_target(
+        profiles.load_profile(record.cluster), project, via=place.via, host=place.host, user=place.user,
+        port=place.port,
+    )  # fmt: skip
     return project, record, target
 
 

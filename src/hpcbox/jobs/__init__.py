@@ -3,8 +3,10 @@ fetch, the efficiency report, cancel, and a shell beside it. The commands (hpcbo
 below; each module holds one part of the job's life."""
 
 from hpcbox.jobs.connect import (
+    Place,
     connection_target,
     on_mini_cluster,
+    place_of,
     rehearse,
     require_slurm,
     running_mini_cluster,
@@ -34,6 +36,7 @@ __all__ = [
     "CANCEL_GRACE_S",
     "JobRecord",
     "Ledger",
+    "Place",
     "array_state",
     "cancel",
     "connection_target",
@@ -48,6 +51,7 @@ __all__ = [
     "logs",
     "on_mini_cluster",
     "overview",
+    "place_of",
     "prepare_payload",
     "rehearse",
     "report",

@@ -5,13 +5,18 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.jobs.ledger import JobRecord
 from hpcbox.project.config import ProjectConfig
-from hpcbox.render.profiles import ClusterProfile
+from hpcbox.render.profiles import ClusterProfile, check_login_word
 from hpcbox.render.resources import Resources
 from hpcbox.tools import ssh
+
+# Where the mini cluster's login node listens (minicluster.Cluster.ssh_target), whatever its port.
+MINI_CLUSTER_HOST = "127.0.0.1"
 
 
 def require_slurm(profile: ClusterProfile) -> None:
@@ -49,12 +54,80 @@ def connection_target(
         raise FieldError(
             "via", f"{via!r} is not a place to rehearse a job", "use --via local (the mini cluster)"
         )
+    check_login_word("host", host)
+    check_login_word("user", user)
     if on_mini_cluster(profile, via, host):
         return _mini_cluster(profile, project).ssh_target()
     login = profile.login
     # Port 22 is ssh's own default: leave it out so that a Port in ~/.ssh/config still applies.
     default_port = login.port if login.port != 22 else None
     return ssh.Target(host or login.host, port or default_port, user or login.user)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a job ran, as connection_target's flags say it: a rehearsal (``via``), or a login node
+    (``host``, ``user``, ``port``; None: the profile's, or ~/.ssh/config's); all None: the profile's
+    login, or the mini cluster for `local`."""
+
+    via: str | None = None
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+
+
+def parse_address(address: str) -> tuple[str, str | None, int | None]:
+    """``ssh.Target.address`` read back: the host, the user and the port where it names them."""
+    user, _, rest = address.rpartition("@")
+    host, port = rest, None
+    if rest.startswith("["):  # an IPv6 address with a port: [::1]:2222
+        inside, _, after = rest[1:].partition("]")
+        host, port = inside, int(after[1:]) if after[1:].isdigit() else None
+    elif rest.count(":") == 1 and rest.rsplit(":", 1)[1].isdigit():
+        host, port = rest.rsplit(":", 1)[0], int(rest.rsplit(":", 1)[1])
+    return host, user or None, port
+
+
+def place_of(
+    record: JobRecord,
+    *,
+    via: str | None = None,
+    host: str | None = None,
+    user: str | None = None,
+    port: int | None = None,
+) -> Place:
+    """Where a command about job ``record`` goes (its rerun's submit, its status, logs...): where the
+    record says the job ran, a rehearsal on the mini cluster or the login node it was sent to. A flag
+    given that says otherwise is refused in one line naming it; one that agrees changes nothing."""
+    ran_host, ran_user, ran_port = parse_address(record.host)
+    on_mini = record.via is not None or (record.cluster == "local" and ran_host == MINI_CLUSTER_HOST)
+    leave_out = "leave it out: a rerun goes where its job ran"
+    if on_mini:
+        where = f"the mini cluster ({record.where})"
+        given = {"host": host, "user": user, "port": port}
+        for flag, value in given.items():
+            if value is not None:
+                raise FieldError(
+                    flag,
+                    f"job {record.job_id} ran on {where}; --{flag} {value} says otherwise",
+                    f"{leave_out}; to run its points at the site, submit them anew with --sweep",
+                )
+        return Place(via=record.via)
+    if via is not None:
+        raise FieldError(
+            "via",
+            f"job {record.job_id} ran on {record.host}, not on the mini cluster (--via {via})",
+            f"{leave_out}; to rehearse its points, submit them anew with --sweep and --via {via}",
+        )
+    ran = {"host": ran_host, "user": ran_user, "port": ran_port}
+    # Port 22 and no port name the same port (connection_target leaves 22 to ~/.ssh/config).
+    given = {"host": host, "user": user, "port": None if port == 22 and ran_port is None else port}
+    for flag, value in given.items():
+        if value is not None and value != ran[flag]:
+            raise FieldError(
+                flag, f"job {record.job_id} ran on {record.host}; --{flag} {value} says otherwise", leave_out
+            )
+    return Place(host=ran_host, user=ran_user, port=ran_port)
 
 
 def rehearse(

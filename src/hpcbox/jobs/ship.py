@@ -11,7 +11,10 @@ project of the user there, small things per project:
 
 A content-addressed file is uploaded under a hidden temporary name (rsync --partial: an interrupted
 upload resumes), its sha256 checked on the cluster, and only then renamed into place: a half or
-corrupted upload is never used. Files hpcbox creates there are written with umask 022.
+corrupted upload is never used. What hpcbox makes there is the user's alone, or shared read-only with
+the profile's `[store] group` (store.Access): every command that writes runs under the store's umask,
+rsync gives an upload its mode, and the folders, and the files a job uses, are given their access at
+every submit, so a store made with looser modes is tightened where it is used.
 
 A new SIF or dataset goes up as a delta: the stored file it most likely shares blocks with (store.py
 picks it: this project's last job's, else the index's newest of the same flavour and compression) is
@@ -33,12 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.build.image import code_files
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.jobs import datasets, store
 from hpcbox.jobs.ledger import JobRecord
 from hpcbox.project.config import ProjectConfig
-from hpcbox.tools import docker, ssh
+from hpcbox.tools import docker, proc, ssh
 
 DEFAULT_REMOTE_ROOT = "hpcbox"
 _DATA_SUFFIXES = (".tar.gz", ".tar.zst", ".tar.xz", ".tar.bz2", ".tgz", ".tar")
@@ -206,13 +209,14 @@ def ship(
     *,
     root: str = DEFAULT_REMOTE_ROOT,
     previous: JobRecord | None = None,
+    access: store.Access = store.PRIVATE,
     dry_run: bool = False,
     say: Callable[[str], None] = print,
 ) -> Remote:
     """Send what the cluster lacks of ``payload``; with ``dry_run``, only say what would be sent.
 
     ``previous``: this project's last job on the cluster, whose SIF and dataset are the first choice of
-    basis for a delta upload."""
+    basis for a delta upload. ``access``: who may read what is there (the user alone by default)."""
     relative = _Layout(root, project, payload)
     probe = _probe(connection, relative, root)
     layout = _Layout(remote_root(probe.home, root), project, payload)
@@ -237,6 +241,12 @@ def ship(
             store.StoredUse("dataset", payload.dataset.remote_name, project, used_at=now),
         ),
     }
+    if not dry_run:
+        # No room for a file that must go up: said before anything is made there.
+        for name, upload in uploads.items():
+            if not probe.present[name]:
+                _check_room(upload, probe.free_bytes[name])
+        _make_folders(connection, layout, access)
     # What this project's last job here used: the first choice of basis.
     last_used = (
         store.used_by(previous.sif, previous.dataset_sha256, probe.store, layout.root) if previous else {}
@@ -251,22 +261,27 @@ def ship(
             size = f"{upload.size:,} bytes"
             say(f"hpcbox: would upload the {name} {upload.local} ({size}){how} to {upload.remote}")
             continue
-        total += _upload_stored(connection, upload, basis, probe.free_bytes[name], say)
+        total += _upload_stored(connection, upload, basis, probe.free_bytes[name], say, access=access)
         sent.append(name)
-    if not dry_run:
-        # Every use, not only uploads: the index says which project still needs a file, and which
-        # of this project's files is the newest, the next delta's basis.
-        connection.run(
-            store.record_script(layout.root, [upload.use for upload in uploads.values()]),
-            what=f"record the files this job uses in the index on {connection.target.address}",
-        )
     if probe.present["code"]:
         say(f"hpcbox: the cluster has this code snapshot already ({payload.code.name})")
     elif dry_run:
         say(f"hpcbox: would upload the code snapshot ({payload.code.files} files) to {layout.code_dir}")
     else:
-        total += _upload_code(connection, payload.code, layout.code_dir)
+        total += _upload_code(connection, payload.code, layout.code_dir, access)
         sent.append("code")
+    if not dry_run:
+        # Every use, not only uploads: the index says which project still needs a file, and which
+        # of this project's files is the newest, the next delta's basis. The files the job uses get
+        # their access, those an earlier hpcbox left readable to others included.
+        record = store.record_script(layout.root, [upload.use for upload in uploads.values()], access)
+        settle = access.settle([layout.sif, layout.dataset])
+        settle += " && " + access.settle([layout.code_dir], recursive=True)
+        _run_settling(
+            connection,
+            f"{record} && {settle}",
+            what=f"record the files this job uses in the index on {connection.target.address}",
+        )
     return Remote(
         host=connection.target.address,
         user=probe.user,
@@ -276,6 +291,40 @@ def ship(
         dataset=layout.dataset,
         sent=tuple(sent),
         bytes_sent=total,
+    )
+
+
+def _make_folders(connection: ssh.Connection, layout: _Layout, access: store.Access) -> None:
+    """The store's folders and the project's, with their access (store.folders_script); a store group
+    the login user is not in is one line naming the setting, before anything is sent."""
+    script = store.folders_script(layout.root, layout.project, access)
+    done = _run_settling(connection, script, what=f"make hpcbox's folders in {layout.root}", refuse=(3,))
+    if done.returncode == 3:
+        groups = next(
+            (line.split("\t", 1)[1] for line in done.stdout.splitlines() if line.startswith("notmember\t")),
+            "",
+        )
+        raise FieldError(
+            "store.group",
+            f"you are not in group {access.group!r} on {connection.target.address}, so "
+            "hpcbox cannot share the store with it",
+            f"name one of your groups there ({groups or 'see `id -Gn` on the login node'}), or leave out "
+            "[store] group for a store that is yours alone; nothing was sent",
+        )
+
+
+def _run_settling(
+    connection: ssh.Connection, script: str, *, what: str, refuse: tuple[int, ...] = ()
+) -> proc.Completed:
+    """Run ``script``, which gives files their access (store.Access.settle: exit 4 where chgrp or
+    chmod refuses); a failure is one line with the cluster's own words."""
+    done = connection.run(script, what=what, check=False)
+    if done.returncode == 0 or done.returncode in refuse:
+        return done
+    said = (done.stderr or done.stdout).strip().splitlines()
+    raise HpcboxError(
+        f"failed to {what}: {said[-1] if said else f'exit status {done.returncode}'}",
+        "the store's files must be yours to change; check the folder's owner and modes on the login node",
     )
 
 
@@ -302,17 +351,18 @@ def _upload_stored(
     basis: str | None,
     free_bytes: int,
     say: Callable[[str], None],
+    *,
+    access: store.Access = store.PRIVATE,
 ) -> int:
     """Upload one content-addressed file, as a delta against ``basis`` (a name in the same folder)
-    where there is one; the bytes that went over the wire."""
+    where there is one, with ``access``; the bytes that went over the wire."""
     folder, name = upload.remote.rsplit("/", 1)
-    if free_bytes < upload.size:
-        raise _no_room(upload, folder, f"{free_bytes / 1e6:,.0f} MB free")
+    _check_room(upload, free_bytes)
 
     def waiting() -> None:
         say(f"hpcbox: another submit is uploading this {upload.kind}; waiting for it")
 
-    with connection.lock(f"{folder}/.{name}.lock", on_wait=waiting):
+    with connection.lock(f"{folder}/.{name}.lock", on_wait=waiting, umask=access.umask):
         start = _start_upload(connection, folder, name, basis)
         if start == "present":
             say(f"hpcbox: the cluster has the {upload.kind} now (another submit uploaded it)")
@@ -327,12 +377,12 @@ def _upload_stored(
         else:
             say(f"hpcbox: uploading the {upload.kind} ({upload.size / 1e6:,.1f} MB) to {upload.remote}")
         against_basis = start in ("linked", "copied", "resume")
-        transfer = _send(connection, upload, folder, name, against_basis=against_basis)
-        right = _settle(connection, folder, name, upload.sha256, upload.local.name)
+        transfer = _send(connection, upload, folder, name, against_basis=against_basis, access=access)
+        right = _settle(connection, folder, name, upload.sha256, upload.local.name, access)
         if not right and against_basis:
             say(f"hpcbox: the {upload.kind} built on the cluster's copy did not check out; sending it whole")
-            retry = _send(connection, upload, folder, name, against_basis=False)
-            right = _settle(connection, folder, name, upload.sha256, upload.local.name)
+            retry = _send(connection, upload, folder, name, against_basis=False, access=access)
+            right = _settle(connection, folder, name, upload.sha256, upload.local.name, access)
             transfer = ssh.Transfer(transfer.sent + retry.sent, transfer.received + retry.received)
         if not right:
             raise HpcboxError(
@@ -374,13 +424,25 @@ def _start_upload(connection: ssh.Connection, folder: str, name: str, basis: str
 
 
 def _send(
-    connection: ssh.Connection, upload: _Upload, folder: str, name: str, *, against_basis: bool
+    connection: ssh.Connection,
+    upload: _Upload,
+    folder: str,
+    name: str,
+    *,
+    against_basis: bool,
+    access: store.Access,
 ) -> ssh.Transfer:
     partial = f"{folder}/.{name}.partial"
     big = upload.size > 50_000_000
     progress = ssh.progress_printer(upload.size, against_basis=against_basis) if big else None
     try:
-        return connection.upload(upload.local, partial, on_progress=progress, against_basis=against_basis)
+        return connection.upload(
+            upload.local,
+            partial,
+            on_progress=progress,
+            against_basis=against_basis,
+            chmod=access.rsync_chmod,
+        )
     except HpcboxError as failed:
         full = next((sign for sign in _NO_ROOM if sign in failed.details), None)
         if full is None:
@@ -388,6 +450,11 @@ def _send(
         # Kept for a resumed upload, the part that arrived would only hold on to the space that ran out.
         connection.run(["rm", "-f", "--", partial], what=f"remove {partial}", check=False)
         raise _no_room(upload, folder, full) from failed
+
+
+def _check_room(upload: _Upload, free_bytes: int) -> None:
+    if free_bytes < upload.size:
+        raise _no_room(upload, upload.remote.rsplit("/", 1)[0], f"{free_bytes / 1e6:,.0f} MB free")
 
 
 def _no_room(upload: _Upload, folder: str, why: str) -> HpcboxError:
@@ -398,7 +465,9 @@ def _no_room(upload: _Upload, folder: str, why: str) -> HpcboxError:
     )
 
 
-def _settle(connection: ssh.Connection, folder: str, name: str, sha256: str, what: str) -> bool:
+def _settle(
+    connection: ssh.Connection, folder: str, name: str, sha256: str, what: str, access: store.Access
+) -> bool:
     """Move the upload of ``name`` into place in ``folder`` if its sha256 is right: whether the right
     file is in place now. A wrong upload is removed; a wrong file is never moved into place.
 
@@ -408,9 +477,10 @@ def _settle(connection: ssh.Connection, folder: str, name: str, sha256: str, wha
     """
     temporary, final = shlex.quote(f".{name}.partial"), shlex.quote(name)
     right = f"printf '%s  %s\\n' {sha256} {{}} | sha256sum --check --status"
+    group = f"chgrp {shlex.quote(access.group)} {temporary} 2>/dev/null; " if access.group else ""
     check = (
         f"cd {shlex.quote(folder)} && "
-        f"if {right.format(temporary)}; then chmod 0644 {temporary} 2>/dev/null; "
+        f"if {right.format(temporary)}; then {group}chmod {access.file_mode} {temporary} 2>/dev/null; "
         f"mv -f {temporary} {final} 2>/dev/null; fi; "
         f"if {right.format(final)}; then :; else rm -f {temporary}; exit 3; fi"
     )
@@ -423,14 +493,17 @@ def _settle(connection: ssh.Connection, folder: str, name: str, sha256: str, wha
     return done.returncode == 0
 
 
-def _upload_code(connection: ssh.Connection, code: CodeSnapshot, code_dir: str) -> int:
+def _upload_code(
+    connection: ssh.Connection, code: CodeSnapshot, code_dir: str, access: store.Access = store.PRIVATE
+) -> int:
     parent = code_dir.rsplit("/", 1)[0]
     # Unpacked beside its final place and renamed whole; a concurrent submit of the same snapshot wins
-    # the rename and this one's copy is dropped.
+    # the rename and this one's copy is dropped. tar applies the umask to the archive's modes: each
+    # file keeps its owner's bits, execute included, and gets the store's group bits.
     command = (
-        f"umask 022 && mkdir -p {shlex.quote(parent)} && "
+        f"umask {access.umask} && mkdir -p {shlex.quote(parent)} && "
         f"incoming=$(mktemp -d {shlex.quote(parent)}/.incoming-XXXXXX) && "
-        'tar -xzf - -C "$incoming" && chmod 0755 "$incoming" && '
+        f'tar --no-same-permissions -xzf - -C "$incoming" && chmod {access.folder_mode} "$incoming" && '
         f'{{ mv -T "$incoming" {shlex.quote(code_dir)} 2>/dev/null || rm -rf "$incoming"; }}'
     )
     connection.run(command, what="upload the code snapshot", input_bytes=code.archive)

@@ -8,6 +8,13 @@ picks its basis from it (the newest SIF of the same project, flavour and compres
 prune` reads it to know which files another project still uses. It is one small file per (stored file,
 project), `<kind's folder>/index/<file>@<project>`, each written whole under a unique temporary name
 and renamed into place, so that two submits at once never leave half an entry or lose one another's.
+
+What hpcbox puts there is the user's alone (`Access`): folders 0700, files 0600, written under umask
+077, since a home directory is often readable by every user of the site. A profile's `[store] group`
+shares it with one group, read only: the group owns it (set-group-id folders, so what is made in them
+later is the group's too), folders 2750, files 0640, umask 027. A store made with looser modes is
+tightened where hpcbox touches it: its folders at every submit, a job's SIF, dataset and code snapshot
+when a job uses them, the index entries it writes.
 """
 
 from __future__ import annotations
@@ -21,6 +28,61 @@ from hpcbox.files import slug
 
 # The store's folders under the remote root, by what they hold.
 FOLDERS = {"sif": "images", "dataset": "data"}
+# A project's folders under the remote root: its code snapshots, and its submit directory's own.
+PROJECT_FOLDERS = ("code", "scripts", "logs", "runs")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may read what hpcbox puts on the cluster: the user alone, or with ``group`` that group's
+    members too (read only); nobody else, either way."""
+
+    group: str | None = None
+
+    @property
+    def umask(self) -> str:
+        return "027" if self.group else "077"
+
+    @property
+    def folder_mode(self) -> str:
+        return "2750" if self.group else "700"
+
+    @property
+    def file_mode(self) -> str:
+        return "640" if self.group else "600"
+
+    @property
+    def rsync_chmod(self) -> str:
+        """rsync's --chmod for an upload: the modes above, whatever the local file's are."""
+        return f"D{self.folder_mode},F{self.file_mode}"
+
+    def settle(self, paths: Iterable[str], *, folders: bool = False, recursive: bool = False) -> str:
+        """Shell that gives each of ``paths`` that is the user's own this access (group, then mode); a
+        missing path, or another user's (a shared root's), is left as it is. ``recursive``: a folder
+        and everything in it, each file keeping its own execute bit."""
+        if recursive:
+            modes = "g+rX,g-w,o=" if self.group else "go="
+            change = f'chgrp -R {shlex.quote(self.group)} "$p" && ' if self.group else ""
+            change += f'chmod -R {modes} "$p"'
+        else:
+            change = f'chgrp {shlex.quote(self.group)} "$p" && ' if self.group else ""
+            change += f'chmod {self.folder_mode if folders else self.file_mode} "$p"'
+        quoted = " ".join(shlex.quote(path) for path in paths)
+        return f'for p in {quoted}; do if test -O "$p"; then {change} || exit 4; fi; done'
+
+    def check_script(self) -> str:
+        """Shell that fails (exit 3, `notmember<TAB>the user's groups`) where the login user is not in
+        the group: chgrp would refuse every file."""
+        if self.group is None:
+            return ":"
+        return (
+            f"if ! id -Gn | tr ' ' '\\n' | grep -qxF -- {shlex.quote(self.group)}; then "
+            'printf "notmember\\t%s\\n" "$(id -Gn)"; exit 3; fi'
+        )
+
+
+# The default: the user's alone.
+PRIVATE = Access()
 
 
 @dataclass(frozen=True)
@@ -116,9 +178,22 @@ def parse_listing(lines: Iterable[str]) -> Store:
     return Store(files, tuple(uses))
 
 
-def record_script(root: str, uses: Iterable[StoredUse]) -> str:
-    """Shell that writes each index entry whole: a unique temporary name, then a rename."""
-    commands = ["umask 022"]
+def folders_script(root: str, project: str, access: Access = PRIVATE) -> str:
+    """Shell that makes the store's folders and a project's (code, scripts, logs, runs) under the
+    store's umask and gives every one of them its access, a looser one made before included; exit 3
+    where the login user is not in the store's group (`Access.check_script`)."""
+    folders = [root]
+    for kind in FOLDERS:
+        folders += [f"{root}/{FOLDERS[kind]}", folder(root, kind), index_folder(root, kind)]
+    folders += [f"{root}/{project}", *(f"{root}/{project}/{name}" for name in PROJECT_FOLDERS)]
+    make = f"umask {access.umask} && mkdir -p -- {' '.join(shlex.quote(path) for path in folders)}"
+    return f"{access.check_script()} && {make} && {access.settle(folders, folders=True)}"
+
+
+def record_script(root: str, uses: Iterable[StoredUse], access: Access = PRIVATE) -> str:
+    """Shell that writes each index entry whole: a unique temporary name, then a rename (under the
+    store's umask, so that the entry has its access)."""
+    commands = [f"umask {access.umask}"]
     for use in uses:
         index = index_folder(root, use.kind)
         entry = f"{index}/{use.entry}"

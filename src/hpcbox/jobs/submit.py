@@ -16,7 +16,7 @@ from hpcbox.build.image import CUDA_FLAVOURS, ENVIRONMENT, Image, build_image, l
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug
-from hpcbox.jobs import doctor, ship
+from hpcbox.jobs import doctor, ship, store
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.jobs.ledger import JobRecord, Ledger
 from hpcbox.project.command import EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
@@ -138,6 +138,7 @@ def submit(
             project.name,
             root=remote_root,
             previous=_last_job_on(project, target),
+            access=store.Access(profile.store.group),
             dry_run=dry_run,
             say=say,
         )

@@ -46,6 +46,9 @@ _ENV_VAR = re.compile(r"^\$[A-Za-z_][A-Za-z0-9_]*$")
 _PARTITION_FACTS = ("max_time", "gpus_per_node", "gpu_types", "cpus_per_gpu")
 # A site's Slurm, as its release (23.02) or as `sinfo --version` prints it (23.02.7).
 _SLURM_VERSION = re.compile(r"^\d{2}\.\d{2}(\.\d+)?$")
+# A group's name as groupadd and the sites' directories take it: a letter or '_' first (a number is a
+# gid, not a name), then letters, digits, '.', '_' or '-' (a Samba machine group's '$' at its end).
+_GROUP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,255}\$?$")
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,13 @@ class Login:
     host: str
     port: int = 22
     user: str | None = None
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """`[store]`: who besides the user may read what hpcbox keeps on the cluster (jobs/store.py)."""
+
+    group: str | None = None  # the group that may read it, read only; None: the user alone
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,7 @@ class ClusterProfile:
     slurm_version: str | None = None
     # Settings given a generic value, not the site's published one: ("storage.node_scratch", '"/tmp"').
     assumed: tuple[tuple[str, str], ...] = ()
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     @property
     def lsf(self) -> bool:
@@ -210,11 +221,14 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
     scheduler = reader.choice("scheduler", SCHEDULERS, default="slurm")
     login_table = reader.table("login")
     login = Login(
-        host=login_table.string("host"),
+        host=check_login_word(login_table.key("host"), login_table.string("host")),
         port=login_table.integer("port", default=22, minimum=1),
-        user=login_table.optional_string("user"),
+        user=check_login_word(login_table.key("user"), login_table.optional_string("user")),
     )
     login_table.reject_extra(what="profile setting")
+    store_table = reader.table("store", required=False)
+    store = StoreSettings(group=check_group(store_table.key("group"), store_table.optional_string("group")))
+    store_table.reject_extra(what="profile setting")
     gpus = reader.table("gpus")
     accounting = reader.table("accounting", required=False)
     storage = reader.table("storage")
@@ -285,6 +299,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         scheduler=scheduler,
         slurm_version=slurm_version,
         assumed=_assumed(reader, data),
+        store=store,
     )
     for table in (reader, gpus, accounting):
         table.reject_extra(what="profile setting")
@@ -368,6 +383,33 @@ def _partition(table: Table) -> Partition:
         raise FieldError(f"{table.where}.default_gpu_type", "is not one of the partition's gpu_types")
     table.reject_extra({"unknown", "notes"}, what="profile setting")
     return partition
+
+
+def check_login_word(field_name: str, value: str | None) -> str | None:
+    """A login host or user as ssh and rsync take it: one word, never one that would read as an option."""
+    if value is None:
+        return None
+    if value.startswith("-"):
+        what = field_name.rsplit(".", 1)[-1]
+        raise FieldError(
+            field_name,
+            f"{value!r} begins with '-', which ssh would read as an option, not a {what}",
+            "give the login node's name (or a ~/.ssh/config alias) and put ssh options in ~/.ssh/config",
+        )
+    if any(char.isspace() or unicodedata.category(char) == "Cc" for char in value):
+        raise FieldError(field_name, f"{value!r} contains spaces or control characters")
+    return value
+
+
+def check_group(field_name: str, value: str | None) -> str | None:
+    """A group's name, as `chgrp` takes it (see _GROUP_NAME)."""
+    if value is not None and not _GROUP_NAME.match(value):
+        raise FieldError(
+            field_name,
+            f"{value!r} is not a group name: a letter or '_' first, then letters, digits, '.', '_' or '-'",
+            "give the group's name as `id -Gn` on the login node prints it",
+        )
+    return value
 
 
 def check_bind(field_name: str, spec: str) -> str:

@@ -5,11 +5,12 @@ Parsing of their output is kept in pure functions beside the calls, so it is tes
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import re
 import shlex
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -261,14 +262,66 @@ def accounting_silent(done: proc.Completed) -> bool:
     return done.returncode == 124 or any(sign in done.stderr for sign in _NO_DATABASE)
 
 
-def unfinished_jobs(connection: ssh.Connection) -> set[str]:
-    """The ids of the login user's jobs Slurm still holds (pending, running, completing, ...): an
-    array's by its own id. A failure raises: a caller deciding what a job still needs cannot guess."""
+@dataclass(frozen=True)
+class HeldJob:
+    """A job of the login user's that Slurm still holds (pending, running, completing, ...), with the
+    batch script slurmctld keeps for it."""
+
+    job_id: str  # an array's own id (%F): its tasks share one script
+    script: str | None  # None where scontrol gave none (an srun or salloc job, a permission, an error)
+    problem: str = ""  # scontrol's message then
+
+
+# One squeue, then one `scontrol write batch_script` per job (an array's tasks share one script).
+_HELD_JOBS = r"""held=$(squeue --noheader --user="$(id -un)" --format='%F|%A') || exit 1
+held_line() {
+    printf 'held\t%s\t%s\t%s\n' "$1" "$2" "$(printf '%s' "$3" | base64 | tr -d '\n')"
+}
+printf '%s\n' "$held" | sort -t '|' -k 1,1 -u | while IFS='|' read -r array job; do
+    test -n "$job" || continue
+    if script=$(scontrol write batch_script "$job" - 2>/dev/null); then
+        held_line "$array" script "$script"
+    else
+        held_line "$array" none "$(scontrol write batch_script "$job" - 2>&1 >/dev/null | head -n 1)"
+    fi
+done"""
+
+
+def held_jobs_script() -> str:
+    """Shell that prints each job Slurm holds for the login user, one line per array with its batch
+    script as `scontrol write batch_script` gives it, in base64: `held<TAB>id<TAB>script<TAB>...`, or
+    `held<TAB>id<TAB>none<TAB>scontrol's message`. All in one command; where squeue fails, the command
+    exits 1 with squeue's message (what a job needs is never guessed)."""
+    return _HELD_JOBS
+
+
+def parse_held_jobs(lines: Iterable[str]) -> tuple[HeldJob, ...]:
+    """The jobs in the `held` lines of ``held_jobs_script``'s output; other lines are ignored."""
+    held = []
+    for line in lines:
+        tag, _, rest = line.partition("\t")
+        if tag != "held":
+            continue
+        job_id, how, encoded = [*rest.split("\t"), "", ""][:3]
+        try:
+            text = base64.b64decode(encoded, validate=True).decode("utf-8", errors="replace")
+        except ValueError:
+            held.append(HeldJob(job_id, None, "its script came back damaged"))
+            continue
+        if how == "script":
+            held.append(HeldJob(job_id, text))
+        else:
+            held.append(HeldJob(job_id, None, text.strip() or "scontrol gave no script"))
+    return tuple(held)
+
+
+def held_jobs(connection: ssh.Connection) -> tuple[HeldJob, ...]:
+    """The login user's jobs Slurm still holds, each with its batch script (one round trip). A failure
+    of squeue raises: a caller deciding what a job still needs cannot guess."""
     done = connection.run(
-        'squeue --noheader --user="$(id -un)" --format=%F',
-        what="ask squeue which of your jobs are still queued or running",
+        held_jobs_script(), what="ask Slurm which of your jobs it still holds, and their scripts"
     )
-    return {line.strip() for line in done.stdout.splitlines() if line.strip()}
+    return parse_held_jobs(done.stdout.splitlines())
 
 
 def end_times(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, str]:

@@ -6,7 +6,9 @@ ProxyJump, Kerberos and site aliases work as they do for them. Host keys are alw
 (StrictHostKeyChecking=yes; a host not yet trusted is refused, never silently added).
 
 A `Connection` opens one master connection (ControlMaster) and runs every later ssh and rsync of the
-command through it: a site with two-factor login asks once per hpcbox command.
+command through it: a site with two-factor login asks once per hpcbox command. The command closes it
+at its end; one killed outright (SIGKILL, a lost terminal) leaves it behind for CONTROL_PERSIST_S
+at most, counted from when the last session or forwarded connection through it ended.
 """
 
 from __future__ import annotations
@@ -23,13 +25,20 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.tools import proc
 
 INSTALL_HINT = "install the OpenSSH client (`apt-get install openssh-client`)"
 RSYNC_HINT = "install rsync here (`apt-get install rsync`) and make sure the cluster has it too"
 # Within this many seconds a host that does not answer is reported, never waited on for longer.
 CONNECT_TIMEOUT_S = 10
+# How long a master connection stays with nothing going through it (ssh's ControlPersist): a command
+# that is killed cannot close it, and it must not stay open, logged in, forever. Only idle time counts:
+# a session (`logs --follow`, a shell) or a connection through a forward (a notebook's browser) keeps
+# it, and hpcbox's waits ask the cluster every few seconds. A command that leaves it idle for longer
+# (the doctor's probe SIFs, where their helper image must be built first) makes its next ssh connect
+# on its own: a key logs in again, a two-factor login cannot in batch mode.
+CONTROL_PERSIST_S = 300
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,19 @@ class Target:
     known_hosts: Path | None = None
     connect_timeout_s: int = CONNECT_TIMEOUT_S
 
+    def __post_init__(self) -> None:
+        # ssh, scp and rsync would read either as an option (`-oProxyCommand=...`): never passed on.
+        for name, value in (("host", self.host), ("user", self.user)):
+            if value is not None and value.startswith("-"):
+                raise FieldError(name, f"{value!r} begins with '-', which ssh would read as an option")
+
     @property
     def address(self) -> str:
+        """user@host:port, each part where it is given ([host]:port for an IPv6 address)."""
         user = f"{self.user}@" if self.user else ""
+        host = f"[{self.host}]" if ":" in self.host and self.port else self.host
         port = f":{self.port}" if self.port else ""
-        return f"{user}{self.host}{port}"
+        return f"{user}{host}{port}"
 
 
 def options(target: Target, *, interactive: bool = False) -> list[str]:
@@ -214,7 +231,7 @@ class Connection:
         interactive = sys.stdin.isatty()
         argv = [proc.require("ssh", INSTALL_HINT), *options(self.target, interactive=interactive)]
         argv += ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes"]
-        argv += ["-o", "ControlPersist=yes", "-f", "-N", self.target.host]
+        argv += ["-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", self.target.host]
         try:
             for attempt in range(1, CONNECT_ATTEMPTS + 1):
                 try:
@@ -320,8 +337,11 @@ class Connection:
         *,
         on_progress: Callable[[str], None] | None = None,
         against_basis: bool = False,
+        chmod: str = "D700,F600",
     ) -> Transfer:
-        """rsync ``source`` (a file, or a folder's contents with a trailing /) to ``remote_path``.
+        """rsync ``source`` (a file, or a folder's contents with a trailing /) to ``remote_path``, with
+        the modes ``chmod`` (rsync's --chmod; by default the user's alone) and the group a new file
+        gets there (the user's, or a set-group-id folder's), whatever its mode and group are here.
 
         --partial keeps what arrived of an interrupted upload, so the next try sends only the rest.
         Whatever is at ``remote_path`` already is rsync's basis: only the blocks it lacks are sent.
@@ -332,17 +352,21 @@ class Connection:
         time as ``source``: compare the contents always.
         """
         name = str(source) + ("/" if source.is_dir() else "")
+        extra = ["--no-group", f"--chmod={chmod}", *(["--ignore-times"] if against_basis else [])]
         return self._rsync(
             [name],
             f"{self.target.host}:{remote_path}",
             what=f"upload {source.name} to {self.target.address}",
             on_progress=on_progress,
-            extra=("--ignore-times",) if against_basis else (),
+            extra=extra,
         )
 
     @contextlib.contextmanager
-    def lock(self, path: str, *, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
-        """Hold an exclusive flock(1) on the remote file ``path`` (created if missing) for the block.
+    def lock(
+        self, path: str, *, on_wait: Callable[[], None] | None = None, umask: str = "077"
+    ) -> Iterator[None]:
+        """Hold an exclusive flock(1) on the remote file ``path`` (created if missing, as its folder,
+        under ``umask``) for the block.
 
         The lock lives in a remote shell that ends when its stdin closes: leaving the block, or this
         process or its connection dying, releases it. ``on_wait`` is called once if another holder
@@ -350,7 +374,8 @@ class Connection:
         """
         folder = path.rsplit("/", 1)[0] if "/" in path else "."
         script = (
-            f"umask 022 && mkdir -p {shlex.quote(folder)} && exec 9>>{shlex.quote(path)} || exit 1; "
+            f"umask {shlex.quote(umask)} && mkdir -p {shlex.quote(folder)} && exec 9>>{shlex.quote(path)} "
+            "|| exit 1; "
             "if command -v flock >/dev/null 2>&1; then flock -n 9 || { echo waiting; flock 9; }; fi; "
             "echo locked; exec cat >/dev/null"
         )
