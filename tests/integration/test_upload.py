@@ -50,7 +50,9 @@ class DeltaJobs:
 def delta_jobs(setup: Setup, minicluster):
     """A long job in the session's environment, then a short one after one package was added to it and
     the trainer made to import that package; the long one is cancelled at the end."""
-    running = submit(setup, minicluster, LONG)
+    # Its limit well past the module's length (the second build alone can take minutes on a busy
+    # machine): at 10 minutes it could be requeued at its limit, no longer RUNNING, mid-module.
+    running = submit(setup, minicluster, LONG, profile_and_resources=local_resources(time="60"))
     lock = setup.project_dir / "docker" / "lock" / "apt-cpu.txt"
     main = setup.project_dir / "src" / "hpctrain" / "__main__.py"
     lock_text, main_text = lock.read_text(), main.read_text()
