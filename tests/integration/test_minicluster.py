@@ -163,23 +163,33 @@ def test_memory_a_job_held_is_recorded_as_its_max_rss(minicluster):
     assert 200 <= max_rss_mib <= 300, out
 
 
-def test_a_job_over_its_memory_is_killed_by_slurm_as_a_site_kills_it(minicluster):
-    # 400 MiB touched against --mem=200M: Slurm's accounting (OverMemoryKill, sampled each second)
-    # kills the step, where a site with cgroups would; without enforcement this job would complete.
-    grow = (
-        "python3 -c 'import time\nblocks = []\nfor _ in range(40):\n"
-        "    blocks.append(bytearray(10 * 1024 * 1024)); time.sleep(0.05)\ntime.sleep(10)'"
-    )
-    job_id = submit(minicluster, grow, "--mem=200M", "--output=mem-%j.out")
+# 400 MiB touched, 10 MiB at a time, against --mem=200M; then the job script goes on.
+GROW = (
+    "python3 -c 'import time\nblocks = []\nfor _ in range(40):\n"
+    "    blocks.append(bytearray(10 * 1024 * 1024)); time.sleep(0.05)\ntime.sleep(10)'; "
+    "echo script-went-on-after=$?"
+)
+
+
+def test_a_job_over_its_memory_ends_out_of_memory_as_at_a_cgroup_site(minicluster):
+    # The job's memory cgroup (ConstrainRAMSpace) lets no process past --mem: the kernel kills the one
+    # that passes it, at once, the job script goes on (as at a cgroup site), and Slurm ends the job
+    # OUT_OF_MEMORY. Without enforcement this job would complete.
+    assert minicluster.shape.cgroups, "this engine gives the nodes no cgroups: see test_without_cgroups_..."
+    job_id = submit(minicluster, GROW, "--mem=200M", "--output=mem-%j.out")
     row = accounting(minicluster, job_id)
-    assert (row["State"], row["ExitCode"]) == ("FAILED", "0:9")
+    assert (row["State"], row["ExitCode"]) == ("OUT_OF_MEMORY", "0:125")
     log = minicluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
-    assert "exceeded memory limit" in log and "being killed" in log, log
-    peak = minicluster.ssh(
-        ["sacct", "-j", f"{job_id}.batch", "--noheader", "--parsable2", "--units=K", "--format=MaxRSS"],
-        check=True,
-    ).stdout.strip()
-    assert 200 * 1024 < float(peak.rstrip("K")) < 400 * 1024, peak  # past --mem, stopped before the end
+    assert "script-went-on-after=137" in log, log  # SIGKILL for the process alone
+    assert re.search(rf"Detected \d+ oom.kill event.* in StepId={job_id}\.batch", log), log
+
+
+def test_a_spike_freed_at_once_is_stopped_too_where_sampling_would_miss_it(minicluster):
+    # 300 MiB touched and freed at once against --mem=100M: gone before a sample of the accounting
+    # (every second) could see it, but not past the cgroup.
+    spike = "python3 -c 'block = bytearray(300 * 1024 * 1024); del block'; sleep 3"
+    job_id = submit(minicluster, spike, "--mem=100M", "--output=/dev/null")
+    assert accounting(minicluster, job_id)["State"] == "OUT_OF_MEMORY"
 
 
 def test_each_job_runs_on_the_cpus_it_was_given_and_no_more(minicluster):
@@ -198,23 +208,78 @@ def test_each_job_runs_on_the_cpus_it_was_given_and_no_more(minicluster):
     assert parse_cpu_time(cpu) <= int(elapsed) + 1, times
 
 
-def test_a_gpu_job_is_told_the_gpus_it_was_given_as_at_a_site(minicluster):
-    # Two one-GPU jobs at once on one node get its two GPUs, each told its own in CUDA_VISIBLE_DEVICES
-    # and SLURM_JOB_GPUS (Slurm sets them for the fake GPUs' device files); a CPU job is told none.
-    show = 'echo "${CUDA_VISIBLE_DEVICES-none} ${SLURM_JOB_GPUS-none} $HPCBOX_PLACEHOLDER_GPUS"; sleep 4'
-    options = ("--partition=gpu", "--gres=gpu:1", "--nodelist=node1", "--output=vis-%j.out")
-    first = submit(minicluster, show, *options, wait=False)
-    second = submit(minicluster, show, *options, wait=False)
-    cpu_only = submit(minicluster, show, "--output=vis-%j.out", wait=False)
+# What a job was told of its GPUs, and what it met opening each of the node's GPU device files: the
+# fake devices have no driver, so one a job may open says ENXIO ("No such device or address"); one its
+# cgroup denies says EPERM ("Operation not permitted").
+SHOW_GPUS = (
+    'echo "${CUDA_VISIBLE_DEVICES-none} ${SLURM_JOB_GPUS-none} $HPCBOX_PLACEHOLDER_GPUS"; '
+    "python3 -c 'import errno, glob, os\n"
+    'for path in sorted(glob.glob("/dev/fakegpu*")):\n'
+    '    try:\n        os.close(os.open(path, os.O_RDONLY)); met = "opened"\n'
+    "    except OSError as exc:\n        met = errno.errorcode[exc.errno]\n"
+    '    print(f"{path}={met}")\'; sleep 4'
+)
+
+
+def gpus_seen(cluster, *options: str) -> dict[str, list[str]]:
+    """Two one-GPU jobs at once on node1 and a CPU job there: job id -> the words SHOW_GPUS printed."""
+    gpu = ("--partition=gpu", "--gres=gpu:1", "--nodelist=node1", "--output=vis-%j.out", *options)
+    jobs = [submit(cluster, SHOW_GPUS, *gpu, wait=False) for _ in range(2)]
+    jobs.append(submit(cluster, SHOW_GPUS, "--nodelist=node1", "--output=vis-%j.out", wait=False))
     told = {}
-    for job_id in (first, second, cpu_only):
-        assert accounting(minicluster, job_id, timeout_s=120)["State"] == "COMPLETED"
-        told[job_id] = minicluster.ssh(f"cat vis-{job_id}.out", check=True).stdout.split()
-    assert sorted([told[first][0], told[second][0]]) == ["0", "1"], told
-    assert told[first][0] == told[first][1] and told[second][0] == told[second][1], told
-    assert told[cpu_only][:2] == ["none", "none"], told
-    # and that its GPUs are placeholders (the node's task prolog): a CUDA build trains on the CPU here.
-    assert {told[job_id][2] for job_id in told} == {"1"}, told
+    for job_id in jobs:
+        assert accounting(cluster, job_id, timeout_s=120)["State"] == "COMPLETED"
+        told[job_id] = cluster.ssh(f"cat vis-{job_id}.out", check=True).stdout.split()
+    return told
+
+
+def test_a_gpu_job_sees_only_its_gpus_as_at_a_site_that_constrains_devices(minicluster):
+    # Two one-GPU jobs at once on one node get its two GPUs: SLURM_JOB_GPUS names each its own, and, as
+    # at a site with ConstrainDevices, each sees its one GPU as CUDA device 0. Each can open its own
+    # GPU's device file and not the other's; a CPU job opens none. And their GPUs are placeholders (the
+    # node's task prolog): a CUDA build trains on the CPU here.
+    assert minicluster.shape.cgroups, "this engine gives the nodes no cgroups: see test_without_cgroups_..."
+    first, second, cpu_only = gpus_seen(minicluster).values()
+    assert sorted([first[1], second[1]]) == ["0", "1"], (first, second)
+    assert first[0] == second[0] == "0", (first, second)
+    for seen in (first, second):
+        own = f"/dev/fakegpu{seen[1]}"
+        other = f"/dev/fakegpu{1 - int(seen[1])}"
+        assert sorted(seen[3:]) == sorted([f"{own}=ENXIO", f"{other}=EPERM"]), seen
+    assert cpu_only[:2] == ["none", "none"], cpu_only
+    assert cpu_only[3:] == ["/dev/fakegpu0=EPERM", "/dev/fakegpu1=EPERM"], cpu_only
+    assert {seen[2] for seen in (first, second, cpu_only)} == {"1"}
+
+
+def test_without_cgroups_slurms_accounting_kills_a_job_over_its_memory_and_gpus_are_only_told(
+    run_id, docker_engine, minicluster_state
+):
+    """What the mini cluster does on an engine that gives its nodes no cgroups (cgroup v2, rootless):
+    Slurm's accounting samples each step's RSS every second and kills the whole step past --mem (FAILED
+    0:9, the job script with it); a job is told its GPUs but can open every GPU device file."""
+    from hpcbox import minicluster as mc
+
+    spec = mc.ClusterSpec(name=f"{run_id}-mc-nocg", nodes=1, cpus_per_node=3, port=free_port(), cgroups=False)
+    try:
+        cluster = mc.up(spec, minicluster_state)
+        assert not cluster.shape.cgroups
+        job_id = submit(cluster, GROW, "--mem=200M", "--output=mem-%j.out")
+        row = accounting(cluster, job_id)
+        assert (row["State"], row["ExitCode"]) == ("FAILED", "0:9")
+        log = cluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
+        assert "exceeded memory limit" in log and "being killed" in log, log
+        assert "script-went-on-after" not in log, log  # the whole batch step went
+        peak = cluster.ssh(
+            ["sacct", "-j", f"{job_id}.batch", "--noheader", "--parsable2", "--units=K", "--format=MaxRSS"],
+            check=True,
+        ).stdout.strip()
+        assert 200 * 1024 < float(peak.rstrip("K")) < 400 * 1024, peak  # past --mem, stopped before the end
+        first, second, cpu_only = gpus_seen(cluster).values()
+        assert sorted([first[0], second[0]]) == ["0", "1"] and first[0] == first[1], (first, second)
+        opened = ["/dev/fakegpu0=opened", "/dev/fakegpu1=opened"]
+        assert first[3:] == second[3:] == cpu_only[3:] == opened, (first, second, cpu_only)
+    finally:
+        mc.down(spec.name, minicluster_state)
 
 
 def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, minicluster_state):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
 from tests.integration.test_doctor import verdicts
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
-from tests.integration.test_submit import SHORT, SWEEP_SCRIPT, dropping_port, finished, invoke
+from tests.integration.test_submit import SHORT, dropping_port, finished, invoke, sweep_project
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -313,12 +312,7 @@ def test_a_rehearsals_failed_points_run_again_on_the_rehearsal_unless_a_flag_say
     cluster and sends their rerun there too, without `--via local` again: the job's record says where
     it ran. A --host saying otherwise is refused in one line, and nothing is submitted."""
     cluster = rehearsals.like("edi")
-    project_dir = tmp_path / "sweep"
-    shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
-    (project_dir / "src" / "hpctrain" / "sweep_point.py").write_text(SWEEP_SCRIPT)
-    pyproject = project_dir / "pyproject.toml"
-    own_run = '[tool.hpcbox.run]\nscript = "src/hpctrain/sweep_point.py"\nargs = ["{output_dir}"]\n'
-    pyproject.write_text(re.sub(r"\[tool\.hpcbox\.run\]\n(?:[^\[\n].*\n)*", own_run, pyproject.read_text()))
+    project_dir = sweep_project(setup, tmp_path / "sweep")
     gate = f"/home/researcher/{run_id}-rehearsal-gate"
     (project_dir / "sweep.toml").write_text(
         f'[[points]]\nindex = 0\n[[points]]\nindex = 1\nneeds = "{gate}"\n'

@@ -21,6 +21,7 @@ import pytest
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
 from tests.integration.test_container_software import hpcbox, runs_on_each_software
+from tests.integration.test_minicluster import GROW, accounting, gpus_seen, submit
 from tests.integration.test_submit import SHORT, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -85,6 +86,23 @@ def test_it_comes_up_idle_running_slurm_22_05_with_the_same_configuration(minicl
     assert "researcher|" in minicluster.ssh(["sacctmgr", "-n", "-P", "show", "user", "researcher"]).stdout
     # `cluster.up` ends with the cluster's status, its Slurm first.
     assert re.search(r"(?m)^Slurm 22\.05\.\d+ on every node \(`sinfo --version`\)$", SAID["up"]), SAID["up"]
+
+
+def test_its_nodes_enforce_memory_and_gpu_devices_with_cgroups_as_24_11s_do(minicluster):
+    # 22.05's cgroup/v1 plugins on the same node containers: over --mem the process is killed at once
+    # and the job ends OUT_OF_MEMORY; a one-GPU job sees its GPU as device 0 and opens no other.
+    assert minicluster.shape.cgroups and "enforced: CPUs, memory and GPU devices by cgroups" in SAID["up"]
+    job_id = submit(minicluster, GROW, "--mem=200M", "--output=mem-%j.out")
+    assert accounting(minicluster, job_id)["State"] == "OUT_OF_MEMORY"
+    log = minicluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
+    assert "script-went-on-after=137" in log and "oom-kill event" in log, log
+    first, second, cpu_only = gpus_seen(minicluster).values()
+    assert first[0] == second[0] == "0" and sorted([first[1], second[1]]) == ["0", "1"], (first, second)
+    for seen in (first, second):
+        assert sorted(seen[3:]) == sorted(
+            [f"/dev/fakegpu{seen[1]}=ENXIO", f"/dev/fakegpu{1 - int(seen[1])}=EPERM"]
+        )
+    assert cpu_only[3:] == ["/dev/fakegpu0=EPERM", "/dev/fakegpu1=EPERM"], cpu_only
 
 
 def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(

@@ -222,6 +222,31 @@ def test_a_cgroups_out_of_memory_is_named_even_below_the_sampled_peak():
     assert killed.in_words() == "out of memory at --mem=300M: ask for at least --mem=512M"
 
 
+def test_a_job_its_cgroup_killed_at_the_limit_is_named_out_of_memory_though_no_sample_saw_it():
+    # Real, from the mini cluster's cgroups (a cgroup site's ending): the kernel killed burn.py at
+    # --mem=300M before any accounting sample saw more than 4M, and Slurm ended it OUT_OF_MEMORY.
+    built = efficiency.build_report(sacct("oom"), None, None)
+    assert (built.state, built.exit_code) == ("OUT_OF_MEMORY", "0:125")
+    memory = {f.name: f for f in built.figures}["memory"]
+    assert memory.value == "reached the 300M asked (last sampled 3.9M: killed between samples)"
+    assert memory.verdict == "ran out of memory at 300M: ask for at least --mem=512M"
+    assert built.cause == "out of memory at --mem=300M: ask for at least --mem=512M"
+    heading = efficiency.format_report(built).splitlines()[0]
+    assert heading == f"job 1 (rpt-oom): OUT_OF_MEMORY, exit code 0:125: {built.cause}"
+
+
+def test_a_cgroups_out_of_memory_with_no_maxrss_at_all_is_still_named():
+    # Hand-made from oom.sacct: no sample at all (a job shorter than one), where the report would
+    # otherwise say the peak is unknown.
+    rows = sacct("oom")
+    rows[1]["MaxRSS"] = ""
+    built = efficiency.build_report(rows, None, None)
+    memory = {f.name: f for f in built.figures}["memory"]
+    assert memory.value == "reached the 300M asked (no sample recorded: killed between samples)"
+    assert memory.verdict == "ran out of memory at 300M: ask for at least --mem=512M"
+    assert built.cause == "out of memory at --mem=300M: ask for at least --mem=512M"
+
+
 @pytest.mark.parametrize("name", ["failed", "cancelled", "timeout", "steps", "pending", "short"])
 def test_jobs_that_stayed_within_their_memory_were_not_killed_for_it(name):
     assert efficiency.memory_kill(sacct(name)) is None

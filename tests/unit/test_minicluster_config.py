@@ -33,10 +33,78 @@ def test_slurm_conf_names_nodes_partitions_and_gpus():
     assert "PartitionName=cpu Nodes=node1,node2,node3 Default=YES MaxTime=INFINITE State=UP" in text
     assert "PartitionName=gpu Nodes=node1,node2,node3 MaxTime=INFINITE State=UP" in text
     # The local mini cluster enforces no accounts and sets no per-job scratch; it enforces a job's
-    # CPUs and memory, and its task prolog tells jobs that its GPUs are placeholders.
+    # CPUs, memory and GPU devices with cgroups, and its task prolog tells jobs that its GPUs are
+    # placeholders.
     assert not {"AccountingStorageEnforce", "JobSubmitPlugins", "Prolog", "Epilog"} & set(values)
-    assert (values["TaskPlugin"], values["JobAcctGatherParams"]) == ("task/affinity", "OverMemoryKill")
+    assert (values["ProctrackType"], values["TaskPlugin"]) == (
+        "proctrack/cgroup",
+        "task/cgroup,task/affinity",
+    )
+    assert "JobAcctGatherParams" not in values  # no accounting kill beside the cgroup's
     assert values["TaskProlog"].endswith("/task-prolog.sh")
+
+
+def test_cgroups_constrain_memory_cores_and_gpu_devices_in_the_nodes_own_v1_tree():
+    shape = shape_like("local")
+    files = slurmconf.config_files(ClusterSpec(), shape)
+    assert conf_values(files["cgroup.conf"][0].decode()) == {
+        "CgroupPlugin": "cgroup/v1",
+        "ConstrainCores": "yes",
+        "ConstrainRAMSpace": "yes",
+        "ConstrainDevices": "yes",
+    }
+    assert "HPCBOX_CGROUPS=1\n" in files["node.env"][0].decode()
+
+
+def test_without_cgroups_slurms_accounting_enforces_memory_and_binding_the_cpus():
+    shape = dataclasses.replace(shape_like("local"), cgroups=False)
+    files = slurmconf.config_files(ClusterSpec(), shape)
+    values = conf_values(files["slurm.conf"][0].decode())
+    assert (values["ProctrackType"], values["TaskPlugin"]) == ("proctrack/linuxproc", "task/affinity")
+    assert (values["JobAcctGatherType"], values["JobAcctGatherParams"]) == (
+        "jobacct_gather/linux",
+        "OverMemoryKill",
+    )
+    assert "cgroup.conf" not in files and "HPCBOX_CGROUPS=''\n" in files["node.env"][0].decode()
+    assert ClusterShape.from_dict(json.loads(json.dumps(asdict(shape)))) == shape
+    assert any(
+        "memory by Slurm's accounting (over --mem: killed within a second, FAILED 0:9" in line
+        for line in shape.describe()
+    )
+
+
+class _Engine:
+    def __init__(self, info: dict) -> None:
+        self._info = info
+
+    def info(self) -> dict:
+        return self._info
+
+
+@pytest.mark.parametrize(
+    ("info", "asked", "cgroups"),
+    [
+        ({"CgroupVersion": "1", "SecurityOptions": ["name=seccomp,profile=default"]}, None, True),
+        ({"CgroupVersion": "2", "SecurityOptions": []}, None, False),
+        ({"CgroupVersion": "1", "SecurityOptions": ["name=rootless"]}, None, False),
+        ({"CgroupVersion": "1"}, False, False),
+        ({"CgroupVersion": "2"}, False, False),
+    ],
+)
+def test_the_nodes_get_cgroups_where_the_engine_can_give_them(monkeypatch, info, asked, cgroups):
+    from hpcbox.minicluster import lifecycle
+
+    monkeypatch.setattr(lifecycle.engine, "client", lambda: _Engine(info))
+    assert lifecycle.cgroups_for(asked) is cgroups
+
+
+def test_cgroups_asked_of_an_engine_that_cannot_give_them_is_one_line(monkeypatch):
+    from hpcbox.minicluster import lifecycle
+
+    monkeypatch.setattr(lifecycle.engine, "client", lambda: _Engine({"CgroupVersion": "2"}))
+    with pytest.raises(HpcboxError) as caught:
+        lifecycle.cgroups_for(True)
+    assert caught.value.message.startswith("cgroups: this Docker engine (cgroup v2) cannot give")
 
 
 @pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])

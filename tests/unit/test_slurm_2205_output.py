@@ -120,6 +120,15 @@ def test_a_job_killed_for_memory_is_named_out_of_memory():
     )
 
 
+def test_a_job_its_cgroup_killed_is_named_out_of_memory_as_on_24_11():
+    # The same job on 22.05 nodes enforcing with cgroups: OUT_OF_MEMORY 0:125, below any sample.
+    built = report("oom")
+    assert (built.state, built.exit_code) == ("OUT_OF_MEMORY", "0:125")
+    assert built.cause == "out of memory at --mem=300M: ask for at least --mem=512M"
+    memory = {f.name: f for f in built.figures}["memory"]
+    assert memory.value == "reached the 300M asked (last sampled 3.5M: killed between samples)"
+
+
 @pytest.mark.parametrize("name", ["failed", "cancelled", "timeout", "steps", "pending", "short", "requeued"])
 def test_jobs_within_their_memory_were_not_killed_for_it(name):
     assert efficiency.memory_kill(rows(name)) is None

@@ -246,9 +246,11 @@ class MemoryKill:
 
 def memory_kill(sacct_rows: list[dict[str, str]]) -> MemoryKill | None:
     """Whether the job (sacct's job line and its steps, with State, NCPUS, NNodes, ReqMem and MaxRSS)
-    was stopped for its memory: OUT_OF_MEMORY from a cgroup, or, where Slurm enforces --mem by its
-    own accounting (JobAcctGatherParams=OverMemoryKill, the mini cluster's way), a job that did not
-    complete with a step whose sampled peak passed its request: such a kill ends FAILED or CANCELLED."""
+    was stopped for its memory: OUT_OF_MEMORY from a cgroup (a cgroup site's ending, and the mini
+    cluster's), or, where Slurm enforces --mem by its own accounting (JobAcctGatherParams=
+    OverMemoryKill: sites without cgroups, and the mini cluster on an engine that gives its nodes none),
+    a job that did not complete with a step whose sampled peak passed its request: such a kill ends
+    FAILED (0:9) or CANCELLED."""
     jobs = [row for row in sacct_rows if "." not in row["JobID"]]
     if not jobs or _not_started(jobs[0]):
         return None
@@ -268,7 +270,8 @@ def memory_figure(job: dict[str, str], steps: list[dict[str, str]]) -> Figure:
     if _not_started(job):
         return _unknown("memory", "the job has not started")
     peaks = [parse_size(step["MaxRSS"]) for step in steps if step["MaxRSS"]]
-    if not peaks:
+    killed = memory_kill([job, *steps])
+    if not peaks and killed is None:
         if job["State"] == "RUNNING":
             return _unknown("memory", "the job is still running (sacct records MaxRSS when a step ends)")
         return _unknown(
@@ -276,17 +279,25 @@ def memory_figure(job: dict[str, str], steps: list[dict[str, str]]) -> Figure:
             "no MaxRSS recorded (the job was shorter than one accounting sample, or the cluster "
             "does not gather memory use)",
         )
-    peak = max(peaks)
+    peak = max(peaks, default=0)
     nodes = int(job["NNodes"] or 1)
     request = parse_req_mem(job["ReqMem"], int(job["NCPUS"]), nodes)
     suggestion = f"--mem={format_request(suggest_mem(peak))}" + (" per node" if nodes > 1 else "")
     if request.per_node == 0:
+        if not peaks:
+            return _unknown(
+                "memory", "no MaxRSS recorded, and it asked for all of the node's memory (--mem=0)"
+            )
         value = f"peak {format_size(peak)}, asked for all of the node's memory (--mem=0)"
         return Figure("memory", value, f"ask for {suggestion}")
     asked = format_request(request.per_node) + (" per node" if nodes > 1 else "")
     form = f" ({job['ReqMem'].removesuffix('c')} per CPU)" if request.form == "cpu" else ""
     value = f"peak {format_size(peak)} of {asked} asked{form} ({peak / request.per_node:.0%})"
-    killed = memory_kill([job, *steps])
+    if killed is not None and peak < request.per_node:
+        # A cgroup kills a process at the limit itself, between the accounting's samples (every few
+        # seconds at most sites, every second on the mini cluster): what was sampled is below it.
+        sampled = f"last sampled {format_size(peak)}" if peaks else "no sample recorded"
+        value = f"reached the {asked} asked{form} ({sampled}: killed between samples)"
     if killed is not None:
         per_node = " per node" if nodes > 1 else ""
         return Figure(

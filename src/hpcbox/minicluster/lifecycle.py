@@ -66,7 +66,7 @@ def up(
     say = on_line or (lambda _line: None)
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
-    shape = shape.with_software(**spec.software)
+    shape = dataclasses.replace(shape.with_software(**spec.software), cgroups=cgroups_for(spec.cgroups))
     node_groups(spec, shape)  # too few nodes for its partitions' GPU layouts: refused before any build
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
@@ -98,6 +98,25 @@ def up(
             _remove(spec.name, state_root)
             raise
         return cluster
+
+
+def cgroups_for(asked: bool | None) -> bool:
+    """Whether the compute nodes enforce with cgroups: as ``asked``, else where the engine can give
+    them cgroups of their own. That is a cgroup v1 engine that is not rootless: each compute node gets
+    a cgroup namespace of its own and CAP_SYS_ADMIN to make its controllers writable (nodes.py), so
+    slurmd's cgroups go under the node container's own. Not on cgroup v2: Slurm's cgroup/v2 plugin in
+    a node container has not been tried (no such engine to try it on)."""
+    info = engine.client().info()
+    version = str(info.get("CgroupVersion") or "?")
+    rootless = any("rootless" in option for option in info.get("SecurityOptions") or ())
+    possible = version == "1" and not rootless
+    if asked and not possible:
+        raise HpcboxError(
+            f"cgroups: this Docker engine ({'rootless, ' if rootless else ''}cgroup v{version}) cannot give "
+            "the mini cluster's nodes cgroups of their own (cgroup v1 engines only, not rootless)",
+            "bring it up without cgroups: Slurm's accounting then enforces --mem (FAILED 0:9)",
+        )
+    return possible if asked is None else asked
 
 
 def add_gpu_type(
@@ -423,7 +442,10 @@ def _why_replaced(
     changes = [f"{key} {now.get(key)} -> {asked[key]}" for key in fields if now.get(key) != asked[key]]
     if current.image != image:
         changes.append(f"node image {current.image} -> {image}")
-    if current.shape != shape and current.spec.like == spec.like:
+    if current.shape.cgroups != shape.cgroups:
+        changes.append(f"cgroups {current.shape.cgroups} -> {shape.cgroups}")
+    same_cgroups = dataclasses.replace(current.shape, cgroups=shape.cgroups)
+    if same_cgroups != shape and current.spec.like == spec.like:
         changes.append(f"profile {spec.like} changed")
     return ", ".join(changes) or "not all of its containers are running"
 

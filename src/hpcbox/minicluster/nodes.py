@@ -177,14 +177,20 @@ class ComputeNode(ClusterNode):
         self.shared_volumes()
 
     def engine_options(self) -> dict[str, Any]:
-        return {
-            **_RUNTIME_OPTIONS,
-            # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the
-            # user's processes root needs SYS_PTRACE, or sacct's MaxRSS stays empty. task/affinity
-            # binds the user's tasks to their CPUs: without SYS_NICE no job starts ("task_g_set_affinity:
-            # Operation not permitted").
-            "cap_add": ["SYS_PTRACE", "SYS_NICE"],
-        }
+        # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the user's
+        # processes root needs SYS_PTRACE, or sacct's MaxRSS stays empty. task/affinity binds the
+        # user's tasks to their CPUs: without SYS_NICE no job starts ("task_g_set_affinity: Operation
+        # not permitted").
+        options = {**_RUNTIME_OPTIONS, "cap_add": ["SYS_PTRACE", "SYS_NICE"]}
+        if self.cluster.shape.cgroups:
+            # slurmd's cgroups (slurmconf.enforcement): a cgroup namespace of the node's own, whose
+            # root is the container's cgroup, so that each node's Slurm tree is apart from the others'
+            # and /proc/<pid>/cgroup names the paths Slurm made; SYS_ADMIN for hpcbox-node to make its
+            # controllers writable (Docker mounts them read-only; --privileged fails here) and to let
+            # the node's cgroup open its fake GPU devices.
+            options["cap_add"] = [*options["cap_add"], "SYS_ADMIN"]
+            options["cgroupns"] = "private"
+        return options
 
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:

@@ -31,6 +31,13 @@ SITE_AREAS_DIR = "/data/site"
 _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 _AREA_VARIABLE = re.compile(r"^\$([A-Z][A-Z0-9_]*)$")
 _SET_BY_LOGIN = ("HOME", "USER")  # every node's login sets these already
+# How the compute nodes hold a job to its request (ClusterShape.cgroups), as `cluster.status` says it.
+ENFORCEMENT = {
+    True: "CPUs, memory and GPU devices by cgroups, as at a cgroup site (over --mem: OUT_OF_MEMORY at "
+    "once; a job opens only its own GPUs)",
+    False: "CPUs by binding, memory by Slurm's accounting (over --mem: killed within a second, FAILED "
+    "0:9; OUT_OF_MEMORY at a cgroup site); GPUs only by CUDA_VISIBLE_DEVICES (no cgroups on this engine)",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,11 @@ class ClusterShape:
     area_variables: tuple[str, ...] = ()
     # A job asking for GPUs must name their type (M3): the site's filter refuses `--gres=gpu:N`.
     gpu_type_required: bool = False
+    # The compute nodes hold each job to its CPUs, memory and GPU devices with cgroups, as most sites
+    # do (a job over --mem ends OUT_OF_MEMORY, a job opens only its own GPUs); False where the engine
+    # gives the nodes no cgroups of their own: Slurm's accounting kills it (FAILED 0:9) within a second
+    # (slurmconf.enforcement). Not the profile's to say: `up` sets it from the engine (lifecycle).
+    cgroups: bool = True
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
@@ -177,6 +189,7 @@ class ClusterShape:
         )
         fuse = "yes" if self.fuse else "no: a job unpacks the SIF to node scratch"
         lines.append(f"  container runtime: {runtime}; FUSE for users: {fuse}")
+        lines.append(f"  enforced: {ENFORCEMENT[self.cgroups]}")
         if self.lacking:
             lines.append(f"  squashfs tools: no {' and no '.join(self.lacking)}")
         if self.module_stub:

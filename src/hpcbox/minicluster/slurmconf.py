@@ -37,16 +37,7 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
         "SlurmdUser": "root",
         "StateSaveLocation": "/var/lib/slurm/slurmctld",
         "SlurmdSpoolDir": "/var/lib/slurm/slurmd",
-        # Containers have no delegated cgroup tree: processes are tracked by parent, and what sites
-        # enforce with cgroups is enforced the way Slurm does without them. CPUs: each task is bound
-        # to the CPUs it was given (sched_setaffinity; the nodes have CAP_SYS_NICE for it). Memory:
-        # a step whose sampled RSS passes its --mem is killed; sampled every second, so a job is
-        # stopped within a second or so of passing its limit, as a cgroup would stop it at once.
-        "ProctrackType": "proctrack/linuxproc",
-        "TaskPlugin": "task/affinity",
-        "JobAcctGatherType": "jobacct_gather/linux",
-        "JobAcctGatherFrequency": "task=1",
-        "JobAcctGatherParams": "OverMemoryKill",
+        **enforcement(shape),
         "SelectType": "select/cons_tres",
         "SelectTypeParameters": "CR_Core_Memory",
         "DefMemPerCPU": "500",
@@ -95,6 +86,43 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
         words += [f"AllowQos={partition.qos}"] if partition.qos else []
         lines.append(" ".join([*words, "State=UP"]))
     return "\n".join(lines) + "\n"
+
+
+def enforcement(shape: ClusterShape) -> dict[str, str]:
+    """How the compute nodes hold a job to its request: with cgroups, as most sites do, or, where the
+    engine gives the nodes no cgroups of their own, the way Slurm does without them.
+
+    cgroups (cgroup.conf): each job's processes are tracked in its cgroup; its tasks are held to the
+    CPUs (cpuset, and bound by task/affinity as well, as Slurm's docs advise) and the memory it was
+    given, and may open only the GPU device files it was given. A process that passes --mem is killed
+    by the kernel at once and the job ends OUT_OF_MEMORY.
+
+    Without: processes are tracked by parent; each task is bound to its CPUs (sched_setaffinity; the
+    nodes have CAP_SYS_NICE for it); a step whose RSS, sampled every second, passes its --mem is
+    killed whole (job script included), and the job ends FAILED 0:9. A spike freed within the second
+    goes unseen, and every job can open every GPU device file.
+    """
+    accounting = {"JobAcctGatherType": "jobacct_gather/linux", "JobAcctGatherFrequency": "task=1"}
+    if shape.cgroups:
+        return {"ProctrackType": "proctrack/cgroup", "TaskPlugin": "task/cgroup,task/affinity", **accounting}
+    return {
+        "ProctrackType": "proctrack/linuxproc",
+        "TaskPlugin": "task/affinity",
+        **accounting,
+        "JobAcctGatherParams": "OverMemoryKill",
+    }
+
+
+def cgroup_conf() -> str:
+    """cgroup.conf of a cluster whose nodes enforce with cgroups: the nodes' own cgroup v1 tree
+    (hpcbox-node makes it writable), RAM, cores and GPU devices constrained as at a cgroup site."""
+    settings = {
+        "CgroupPlugin": "cgroup/v1",
+        "ConstrainCores": "yes",
+        "ConstrainRAMSpace": "yes",
+        "ConstrainDevices": "yes",
+    }
+    return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
 def node_groups(
@@ -193,6 +221,8 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
         "gres.conf": (gres_conf(spec, shape).encode(), 0o644),
         "node.env": (node_env(shape).encode(), 0o644),
     }
+    if shape.cgroups:
+        files["cgroup.conf"] = (cgroup_conf().encode(), 0o644)
     if shape.filters_submissions:
         files["job_submit.lua"] = (job_submit_lua(shape).encode(), 0o644)
     return files
@@ -200,7 +230,7 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
 
 def node_env(shape: ClusterShape) -> str:
     """Shell assignments hpcbox-node reads: the fake GPU devices, scratch, site areas, QOS, stubs, the
-    container runtime and FUSE."""
+    container runtime and FUSE, and whether the nodes enforce with cgroups."""
     values = {
         "FAKE_GPUS": str(shape.gpus_per_node),
         "SCRATCH_DIR": shape.scratch_dir,
@@ -214,6 +244,7 @@ def node_env(shape: ClusterShape) -> str:
         "FUSE": "1" if shape.fuse else "",
         "SQUASHFUSE": "1" if shape.squashfuse else "",
         "ZSTD": "1" if shape.zstd else "",
+        "CGROUPS": "1" if shape.cgroups else "",
     }
     return "".join(f"HPCBOX_{key}={shlex.quote(value)}\n" for key, value in values.items())
 

@@ -51,6 +51,9 @@ class ClusterSpec:
     # squashfuse, as on a node image without the package; no zstd, as with squashfs tools built before it.
     squashfuse: bool | None = None
     zstd: bool | None = None
+    # Whether the compute nodes enforce each job's CPUs, memory and GPU devices with cgroups (None: where
+    # the engine can give them cgroups of their own, cgroup v1 and not rootless; lifecycle.cgroups_for).
+    cgroups: bool | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name)

@@ -25,6 +25,11 @@ install_common() {
     install -d -m 0755 /etc/slurm
     install -m 0644 "$init/slurm.conf" /etc/slurm/slurm.conf
     install -m 0644 "$init/gres.conf" /etc/slurm/gres.conf
+    if [ -f "$init/cgroup.conf" ]; then
+        install -m 0644 "$init/cgroup.conf" /etc/slurm/cgroup.conf
+    else
+        rm -f /etc/slurm/cgroup.conf
+    fi
     if [ -f "$init/job_submit.lua" ]; then install -m 0644 "$init/job_submit.lua" /etc/slurm/job_submit.lua; fi
     site_env
     install -d -o munge -g munge -m 0700 /etc/munge /var/lib/munge /var/log/munge
@@ -87,17 +92,46 @@ controller() {
 }
 
 compute() {
-    # Fake GPU devices, with no GPU behind them. Character devices (a copy of /dev/null's numbers),
-    # not plain files: Slurm sets CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS only for a device file.
-    for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
-        rm -f "/dev/fakegpu$index"
-        mknod -m 0666 "/dev/fakegpu$index" c 1 3
-    done
+    if [ -n "${HPCBOX_CGROUPS:-}" ]; then node_cgroups; fi
+    fake_gpus
     users_software
     # Only the shape's scratch: a node of a site without node-local disk has no /disk/scratch either.
     install -d -m 1777 "${HPCBOX_SCRATCH_DIR:?}"
     site_areas
     exec slurmd -D
+}
+
+# Slurm's cgroups (cgroup.conf): the node has a cgroup namespace of its own whose root is its container's
+# cgroup, mounted read-only by Docker; with CAP_SYS_ADMIN the controllers Slurm uses become writable, and
+# slurmd makes each job's cgroups under them, apart from every other node's.
+node_cgroups() {
+    local controller
+    for controller in cpuset memory devices freezer; do
+        if ! mount -o remount,bind,rw "/sys/fs/cgroup/$controller"; then
+            log "cannot make /sys/fs/cgroup/$controller writable: this engine gives the node no cgroup v1" \
+                "controllers of its own; bring the cluster up without cgroups"
+            exit 1
+        fi
+    done
+}
+
+# Fake GPU devices, with no GPU behind them. Character devices, not plain files: Slurm sets
+# CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS only for a device file. With cgroups, each has numbers of its
+# own (major 120, one Linux keeps for local use: no driver, so opening one says "No such device or
+# address") which the node's cgroup may open, and Slurm's ConstrainDevices lets a job open only those it
+# was given ("Operation not permitted" for the others). Without, each is a copy of /dev/null that any
+# job can open.
+fake_gpus() {
+    local index
+    for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
+        rm -f "/dev/fakegpu$index"
+        if [ -n "${HPCBOX_CGROUPS:-}" ]; then
+            mknod -m 0666 "/dev/fakegpu$index" c 120 "$index"
+            echo "c 120:$index rwm" >/sys/fs/cgroup/devices/devices.allow
+        else
+            mknod -m 0666 "/dev/fakegpu$index" c 1 3
+        fi
+    done
 }
 
 # The container runtime users find, as node.env says (`hpcbox-node software` applies a new one in place).
