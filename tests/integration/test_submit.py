@@ -47,11 +47,11 @@ def local_resources(**given):
     return profile, resolve(profile, ResourceRequest(**{"job_name": "submit-test", "time": "10", **given}))
 
 
-def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None, data=None):
-    project = setup.project()
-    profile, checked = profile_and_resources or local_resources()
-    payload, environment = jobs.prepare_payload(
-        project,
+def session_payload(setup: Setup, profile, data=None):
+    """The session project's payload for ``profile`` (the cpu environment, built offline, the session's
+    SIF cache) and its environment image."""
+    return jobs.prepare_payload(
+        setup.project(),
         data or setup.data,
         profile.apptainer.compression,
         flavour="cpu",
@@ -60,6 +60,12 @@ def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, tar
         say=lambda _: None,
         on_line=lambda _: None,
     )
+
+
+def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None, data=None):
+    project = setup.project()
+    profile, checked = profile_and_resources or local_resources()
+    payload, environment = session_payload(setup, profile, data)
     return jobs.submit(
         project,
         profile,

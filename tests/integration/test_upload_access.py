@@ -9,13 +9,12 @@ import shlex
 
 import pytest
 
-from hpcbox import jobs
 from hpcbox.errors import FieldError
 from hpcbox.jobs import ship, store
 from hpcbox.render import profiles
 from hpcbox.tools import ssh
 from tests.fixtures.submitting import Setup
-from tests.integration.test_submit import SHORT, finished, log_of, submit
+from tests.integration.test_submit import SHORT, finished, log_of, session_payload, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -123,16 +122,7 @@ def test_a_store_shared_with_a_group_is_read_by_its_members_only_and_written_by_
     profile = profiles.load_profile("local")
     access = store.Access(GROUP)
     project = setup.project()
-    payload, _ = jobs.prepare_payload(
-        project,
-        setup.data,
-        profile.apptainer.compression,
-        flavour="cpu",
-        offline=True,
-        cache=setup.sif_cache,
-        say=lambda _: None,
-        on_line=lambda _: None,
-    )
+    payload, _ = session_payload(setup, profile)
     with ssh.Connection(minicluster.ssh_target()) as connection:
         with pytest.raises(FieldError) as refused:  # a group the user is not in: nothing is sent
             ship.ship(

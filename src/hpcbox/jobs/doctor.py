@@ -30,6 +30,7 @@ from pathlib import Path
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug, write_atomically
 from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
+from hpcbox.jobs.store import PRIVATE
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.sif import probe
 from hpcbox.sif.compression import SifCompression, fastest
@@ -239,9 +240,9 @@ def _try_sifs(
     there = set(probed.get("probe_sifs", Probed("", 0)).output.split())
     missing = [sif for sif in made if sif.name not in there]
     if missing:
-        # The user's alone, as everything hpcbox makes under its root (jobs/store.py's Access).
+        # The user's alone, as everything hpcbox makes under its root.
         connection.run(
-            f"umask 077 && mkdir -p {shlex.quote(PROBE_SIFS)}",
+            f"umask {PRIVATE.umask} && mkdir -p {shlex.quote(PROBE_SIFS)}",
             what=f"make {PROBE_SIFS} on {connection.target.address}",
         )
         for sif in missing:

@@ -30,6 +30,7 @@ from hpcbox.files import write_atomically
 from hpcbox.jobs import follow
 from hpcbox.jobs.doctor import NOT_RUN, Probed, ask
 from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
+from hpcbox.jobs.store import PRIVATE
 from hpcbox.render.profiles import parse_profile
 from hpcbox.tables import NAME, toml_value
 from hpcbox.tools import slurm, ssh
@@ -380,9 +381,9 @@ def run_probe_job(
 ) -> ComputeNode:
     """Submit the probe job, wait for it to end (cancelled if it has not within ``wait_s``, or on
     Ctrl-C), read what it printed and remove its files."""
-    # The user's alone, as everything hpcbox makes under its root (jobs/store.py's Access).
+    # The user's alone, as everything hpcbox makes under its root.
     connection.run(
-        f"umask 077 && mkdir -p {shlex.quote(PROBE_JOB_DIR)}",
+        f"umask {PRIVATE.umask} && mkdir -p {shlex.quote(PROBE_JOB_DIR)}",
         what=f"make {PROBE_JOB_DIR} on {connection.target.address}",
     )
     job_id = slurm.submit(connection, PROBE_JOB_DIR, "draft.sh", probe_job_script(partition, flags), ())
