@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from hpcbox.errors import HpcboxError
 
 _BLOCK = 4 << 20
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -47,6 +54,29 @@ def partial_path(target: Path) -> Path:
     """Where to write ``target`` before renaming it into place: beside it (a rename within one
     filesystem is atomic), hidden, and this process's own."""
     return target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(3).hex()}.partial")
+
+
+@contextlib.contextmanager
+def one_at_a_time(name: str, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """Hold this user's machine-wide lock ``name`` (flock, freed when the process ends however it ends):
+    two hpcbox commands started together on a bare engine make a shared image once, the second then
+    finding it made. ``on_wait`` is called once when another holds it."""
+    folder = Path(tempfile.gettempdir()) / f"hpcbox-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    # Under a shared /tmp, another user's folder (or link) of that name would hold our locks.
+    seen = folder.lstat()
+    if not stat.S_ISDIR(seen.st_mode) or seen.st_uid != os.getuid() or seen.st_mode & 0o077:
+        raise HpcboxError(
+            f"{folder} is not a private folder of this user's",
+            "remove it (hpcbox keeps only its locks there) and run the command again",
+        )
+    with open(folder / f"{slug(name)}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def slug(name: str) -> str:

@@ -21,6 +21,7 @@ is tagged.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -44,7 +45,7 @@ from pathlib import Path
 
 from hpcbox.build import offlock
 from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256
+from hpcbox.files import file_sha256, one_at_a_time
 from hpcbox.tools import docker, proc
 
 # apt's words for a pinned version its mirror no longer serves (a point release replaced it, or sid
@@ -181,11 +182,34 @@ def ensure_base(
     """
     suite = _known_suite(lock.suite if lock else suite)
     target = ref or base_ref(suite, lock)
+    if not force and (made := _made(target, suite, strict)) is not None:
+        return made
+    waiting = functools.partial(say, f"hpcbox: another hpcbox is bootstrapping {target}; waiting for it")
+    with one_at_a_time(f"base {target}", on_wait=waiting):
+        if not force and (made := _made(target, suite, strict)) is not None:
+            return made
+        return _make_base(suite, target, lock, mirror, strict, lock_name, on_line, say)
+
+
+def _made(target: str, suite: str, strict: bool) -> BaseImage | None:
     existing = docker.image(target)
-    if existing is not None and not force:
-        moved = offlock.from_labels(existing.labels)
-        offlock.refuse_if(moved, strict, f"base image ({target} is off-lock)")
-        return BaseImage(target, existing.id, suite, created=False, moved=moved)
+    if existing is None:
+        return None
+    moved = offlock.from_labels(existing.labels)
+    offlock.refuse_if(moved, strict, f"base image ({target} is off-lock)")
+    return BaseImage(target, existing.id, suite, created=False, moved=moved)
+
+
+def _make_base(
+    suite: str,
+    target: str,
+    lock: BaseLock | None,
+    mirror: str | None,
+    strict: bool,
+    lock_name: str,
+    on_line: Callable[[str], None] | None,
+    say: Callable[[str], None],
+) -> BaseImage:
     epoch = lock.source_date_epoch if lock else int(time.time())
     moved: tuple[offlock.MovedPin, ...] = ()
     say(f"hpcbox: bootstrapping the Debian {suite} base image {target} with mmdebstrap (once)")

@@ -3,6 +3,7 @@ of its inputs (the Slurm version among them)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from hpcbox.build import baseimage
 from hpcbox.errors import HpcboxError
+from hpcbox.files import one_at_a_time
 from hpcbox.minicluster import versions
 from hpcbox.tools import docker
 
@@ -65,9 +67,24 @@ def ensure_image(
     base = baseimage.ensure_base(SUITE, say=say)
     args = build_args(slurm)
     ref = f"{REPOSITORY}:{content_hash(context, base.id, args)}"
-    existing = docker.image(ref)
-    if existing is not None:
+    if (existing := docker.image(ref)) is not None:
         return NodeImage(ref, existing.id, built=False)
+    waiting = functools.partial(say, f"hpcbox: another hpcbox is building {ref}; waiting for it")
+    with one_at_a_time(f"node image {ref}", on_wait=waiting):
+        if (existing := docker.image(ref)) is not None:
+            return NodeImage(ref, existing.id, built=False)
+        return _build(context, ref, base, args, slurm, no_cache, say)
+
+
+def _build(
+    context: Path,
+    ref: str,
+    base: baseimage.BaseImage,
+    args: dict[str, str],
+    slurm: str,
+    no_cache: bool,
+    say: Callable[[str], None],
+) -> NodeImage:
     say(f"hpcbox: building the mini cluster's node image {ref}, Slurm {slurm} (once per change of its files)")
     docker.build(
         docker.context_tar({p.relative_to(context).as_posix(): p for p in context.rglob("*") if p.is_file()}),

@@ -16,7 +16,7 @@ from pathlib import Path
 from hpcbox.build import baseimage, offlock
 from hpcbox.build.lock import simulated_installs
 from hpcbox.errors import HpcboxError
-from hpcbox.files import write_atomically
+from hpcbox.files import one_at_a_time, write_atomically
 from hpcbox.project.init import docker_template
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import ENGINE_HINT, ENGINES, Apptainer, host_program
@@ -134,13 +134,29 @@ def ensure_helper(
     """The helper image (Apptainer + squashfs-tools from Debian, the SIF writers pinned), built from
     Debian's mirror if missing: from the snapshot archive once a pin moved, else off-lock (refused when
     ``strict``)."""
+    if (made := _made_helper(strict)) is not None:
+        return made
+
+    def waiting() -> None:
+        say("hpcbox: another hpcbox is building the Apptainer helper image; waiting for it")
+
+    with one_at_a_time("apptainer helper", on_wait=waiting):
+        return _made_helper(strict) or _make_helper(strict, on_line, say)
+
+
+def _made_helper(strict: bool) -> str | None:
     ref = helper_ref()
     existing = docker.image(ref)
     if existing is None and (stand_in := offlock.stand_in(ref, HELPER_REPOSITORY)) is not None:
         ref, existing = stand_in
-    if existing is not None:
-        offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
-        return ref
+    if existing is None:
+        return None
+    offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
+    return ref
+
+
+def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Callable[[str], None]) -> str:
+    ref = helper_ref()
     base = baseimage.ensure_base(lock=helper_base_lock(), strict=strict, on_line=on_line, say=say)
     files: dict[str, Path | bytes] = dict(_helper_files())
 
