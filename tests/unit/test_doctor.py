@@ -99,11 +99,14 @@ EXTRACTED = (
 
 
 def sif_probes(mount: dict[str, tuple[int, str]], unpacks: bool = True) -> dict[str, Probed]:
+    """Each probe SIF's probe as the probe script reports it: the mount's output, and where it failed,
+    the unpacking's marker line and its status (3: unpacked, it ran)."""
     probed = {"runtime": Probed("/usr/bin/apptainer\napptainer version 1.4.5", 0), "sifs": Probed("", 0)}
     for algorithm in ("gzip", "zstd", "lzo", "xz", "lz4"):
         status, output = mount.get(algorithm, (0, ""))
-        probed[f"mount:{algorithm}"] = Probed(output, status)
-        probed[f"unpack:{algorithm}"] = Probed("", 0 if unpacks else 255)
+        if status not in (0, 124):
+            output, status = f"{output}\nhpcbox-probe-unpacking", 3 if unpacks else 1
+        probed[f"sif:{algorithm}"] = Probed(output, status)
     return probed
 
 
@@ -121,6 +124,21 @@ def test_a_profile_whose_compression_does_not_mount_where_another_does_fails_wit
     )
     fuse_false = dataclasses.replace(local, apptainer=dataclasses.replace(local.apptainer, fuse=False))
     assert sif_finding(fuse_false, sif_probes({"zstd": (255, ZSTD_REFUSED)})).verdict == OK
+
+
+def test_a_sif_probe_that_did_not_answer_by_the_deadline_is_unknown_not_a_failure():
+    """A busy login node, not a runtime that cannot mount: what Apptainer printed before the deadline
+    (a warning) is no reason, and no unpacking was tried."""
+    local = profiles.load_profile("local")
+    late = (124, "WARNING: gocryptfs not found, will not be able to use gocryptfs")
+    finding = sif_finding(local, sif_probes({"zstd": late}))
+    assert (
+        finding.verdict == DIFFERS and finding.fix == "run the doctor again when the login node is less busy"
+    )
+    assert finding.seen == (
+        "a zstd SIF (the profile's): no answer by the probes' deadline (it said: WARNING: gocryptfs not "
+        "found, will not be able to use gocryptfs)"
+    )
 
 
 def test_a_sif_apptainer_extracts_for_each_run_fails_unless_the_profile_says_jobs_unpack():

@@ -163,6 +163,13 @@ def ask(
     return {name: found.get(name, NOT_RUN) for name in probes}
 
 
+# Where a probe SIF did not mount, its probe says so on a line of its own and unpacks it (exit 3 if that
+# ran): one process per compression, not a mount and an unpack beside it, which doubled the load on the
+# login node, and a busy one then answered none by the deadline.
+_UNPACKING = "hpcbox-probe-unpacking"
+_UNPACKED = 3
+
+
 def sif_commands(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) -> dict[str, str]:
     """The probes that run each probe SIF (``sifs``: compression -> its path on the site) as a job would:
     mounted, and where that fails, unpacked to a folder first (`build --sandbox`)."""
@@ -170,13 +177,16 @@ def sif_commands(profile: ClusterProfile, sifs: Mapping[SifCompression, str]) ->
     probes = {}
     for compression, path in sifs.items():
         sif = shlex.quote(path)
-        run = f"{runtime} exec {sif} {probe.PROGRAM}"
-        probes[f"mount:{compression.algorithm}"] = f"{setup}\n{run}"
-        # Only where it does not mount (this tries again, 0.1 s): unpacking takes longer.
-        probes[f"unpack:{compression.algorithm}"] = (
-            f"{setup}\nif {run} >/dev/null 2>&1; then exit 0; fi\n"
-            f"d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT\n"
-            f'{runtime} -s build --sandbox "$d/sif" {sif} && {runtime} -s exec "$d/sif" {probe.PROGRAM}'
+        probes[f"sif:{compression.algorithm}"] = "\n".join(
+            [
+                setup,
+                f"if {runtime} exec {sif} {probe.PROGRAM}; then exit 0; fi",
+                f"echo {_UNPACKING}",
+                "d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT",
+                f'{runtime} -s build --sandbox "$d/sif" {sif} && {runtime} -s exec "$d/sif" {probe.PROGRAM} '
+                f"&& exit {_UNPACKED}",
+                "exit 1",
+            ]
         )
     return probes
 
@@ -443,15 +453,23 @@ def _mounting(profile: ClusterProfile, userns: Probed, fuse: Probed, setuid: Pro
 def _sif_outcome(probed: Mapping[str, Probed], algorithm: str) -> tuple[str, str]:
     """How a probe SIF of ``algorithm`` ran: "mounts", "extracts" (Apptainer extracted it to a folder
     to run it, as it does each time where it has no squashfuse), "unpacks" (it did not mount; unpacked
-    first it ran) or "fails"; and, where it did not mount, the runtime's reason."""
-    mounted = probed.get(f"mount:{algorithm}", NOT_RUN)
-    if mounted.answered:
-        return ("extracts" if _EXTRACTED in mounted.output else "mounts"), ""
-    said = [line for line in mounted.output.splitlines() if "FATAL" in line or "ERROR" in line]
+    first it ran), "fails" or "unanswered" (not by the deadline); and, where it did not mount, the
+    runtime's reason."""
+    tried = probed.get(f"sif:{algorithm}", NOT_RUN)
+    if tried.answered:
+        return ("extracts" if _EXTRACTED in tried.output else "mounts"), ""
+    mounting, unpacking, _ = tried.output.partition(_UNPACKING)
+    if not unpacking:
+        # Stopped while mounting: a busy login node, not a runtime that cannot; nothing is known.
+        return ("unanswered" if tried.timed_out else "fails"), tried.last_line
+    said = [line for line in mounting.splitlines() if "FATAL" in line or "ERROR" in line]
+    last = said[-1] if said else (mounting.strip().splitlines() or ["no reason given"])[-1]
     # Apptainer chains its reasons with ": "; the last is the cause (squashfuse's own words).
-    reason = " ".join((said[-1] if said else mounted.last_line).split()).rsplit(": ", 1)[-1]
-    if probed.get(f"unpack:{algorithm}", NOT_RUN).answered:
+    reason = " ".join(last.split()).rsplit(": ", 1)[-1]
+    if tried.status == _UNPACKED:
         return "unpacks", reason
+    if tried.timed_out:
+        return "fails", f"{reason} (unpacked, it did not run by the probes' deadline)"
     return "fails", reason
 
 
@@ -479,6 +497,10 @@ def _sif(profile: ClusterProfile, probed: Mapping[str, Probed]) -> Finding:
         if profile.apptainer.fuse is False:
             return Finding(OK, "sif", f"{seen}: jobs unpack it once, as the profile says (fuse = false)")
         return Finding(FAILS, "sif", seen, "[apptainer] fuse = false: jobs unpack it once to node scratch")
+    if outcome == "unanswered":
+        return Finding(
+            DIFFERS, "sif", f"{mine}: {reason}", "run the doctor again when the login node is less busy"
+        )
     seen = f"{mine} does not mount on the login node: {reason}"
     if outcome == "unpacks" and profile.apptainer.fuse is False:
         return Finding(OK, "sif", f"{seen}; jobs unpack it, as the profile says (fuse = false)")
