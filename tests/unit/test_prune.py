@@ -5,9 +5,12 @@ scontrol, for a second checkout whose ledger knows none of the held jobs."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import posixpath
 import shlex
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -233,3 +236,135 @@ def test_a_held_job_whose_files_cannot_be_told_keeps_everything_and_is_named(clu
         "slurm_job_batch_script error: Job has no batch script)"
     )
     assert not any(line.startswith("  ") for line in said)
+
+
+# --- what unfinished uploads left -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def held(lock: Path) -> Iterator[None]:
+    """``lock`` held here, as an upload running on the login node holds its lock (flock on an open file)."""
+    with lock.open("a") as file:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+
+
+def leftovers(cluster: LocalConnection) -> dict[str, str]:
+    """What two interrupted uploads left (a SIF's part with rsync's temporary beside it, and a
+    dataset's part whose lock file is gone), a part an upload is writing now, and an unfinished code
+    snapshot folder of this project: their paths."""
+    sifs, data = "hpcbox/images/sha256", "hpcbox/data/sha256"
+    return {
+        "part": put(cluster, f"{sifs}/.{'e' * 64}.sif.partial", 3_000_000),
+        "temporary": put(cluster, f"{sifs}/.{'e' * 64}.sif.partial.Ab12Cd", 1_000_000),
+        "lock": put(cluster, f"{sifs}/.{'e' * 64}.sif.lock", 0),
+        "data part": put(cluster, f"{data}/.{'f' * 64}.tar.partial", 2_000_000),
+        "running": put(cluster, f"{sifs}/.{'9' * 64}.sif.partial", 4_000_000),
+        "running lock": put(cluster, f"{sifs}/.{'9' * 64}.sif.lock", 0),
+        "incoming": put(cluster, "hpcbox/trainer/code/.incoming-Xy12Zw/", 500),
+    }
+
+
+def test_what_unfinished_uploads_left_is_listed_and_removed_under_their_locks_which_stay(
+    cluster, monkeypatch
+):
+    paths = a_store_two_checkouts_use(cluster)
+    old_lock = put(cluster, f"hpcbox/images/sha256/.{OLD_SHA}.sif.lock", 0)  # the old SIF's upload's
+    left = leftovers(cluster)
+    queue(cluster, {})
+    with held(Path(left["running lock"])):
+        plan = prune.plan(cluster, "trainer", [], root="hpcbox", keep=0)
+        assert cluster.commands == 1  # the locks are looked at in the same round trip
+        said = prune.describe(plan, keep=0)
+        unfinished = sorted(item.path for item in plan.removable if item.unfinished)
+        assert unfinished == sorted([left["part"], left["temporary"], left["data part"]])
+        assert f"  sif             3.0 MB  unfinished upload: {left['part']}" in said
+        assert f"  dataset         2.0 MB  unfinished upload: {left['data part']}" in said
+        assert (
+            "unfinished upload kept, an upload of it is running now (it holds its lock): "
+            f"{left['running']} (4.0 MB)"
+        ) in said
+        # The code snapshot's folder has no lock: one that changed in the last hour could be a submit's.
+        assert (
+            "unfinished upload kept, it changed in the last 60 min: a submit may be sending it: "
+            f"{left['incoming']} (0.0 MB)"
+        ) in said
+        removed = prune.apply(cluster, plan, say=said.append)
+    assert {item.path for item in removed} == {item.path for item in plan.removable}
+    gone = {name for name, path in {**paths, **left}.items() if not Path(path).exists()}
+    assert gone == {"old sif", "old code", "sif", "code", "part", "temporary", "data part"}
+    # No lock file is removed, the removed SIF's included; one the dataset's part had lost is made again.
+    locks = sorted(str(p) for p in (cluster.home / "hpcbox").rglob(".*.lock"))
+    made = str(Path(left["data part"]).with_name(f".{'f' * 64}.tar.lock"))
+    assert locks == sorted([old_lock, left["lock"], left["running lock"], made])
+    assert Path(left["running"]).stat().st_size == 4_000_000
+    assert not [line for line in said if line.startswith("hpcbox: kept")]  # kept by the plan already
+
+    # An hour on, the code snapshot's folder goes too (the age in minutes, here none).
+    monkeypatch.setattr(prune, "INCOMING_MIN_AGE_MIN", 0)
+    later = prune.plan(cluster, "trainer", [], root="hpcbox", keep=0)
+    assert [item.path for item in later.removable] == [left["running"], left["incoming"]]
+    prune.apply(cluster, later)
+    assert not Path(left["incoming"]).exists() and not Path(left["running"]).exists()
+    assert prune.describe(prune.plan(cluster, "trainer", [], root="hpcbox", keep=0), keep=0)[-1].startswith(
+        "nothing to prune"
+    )
+
+
+def test_a_part_whose_upload_took_its_lock_after_the_plan_is_kept_and_said(cluster):
+    a_store_two_checkouts_use(cluster)
+    left = leftovers(cluster)
+    queue(cluster, {})
+    plan = prune.plan(cluster, "trainer", [], root="hpcbox", keep=0)
+    assert left["running"] in [item.path for item in plan.removable]  # its lock was free
+    said: list[str] = []
+    with held(Path(left["lock"])):  # a submit resumes the interrupted upload, after the plan
+        removed = prune.apply(cluster, plan, say=said.append)
+    assert sorted(said) == [
+        f"hpcbox: kept {left['part']} (3.0 MB): an upload of it is running now (it holds its lock)",
+        f"hpcbox: kept {left['temporary']} (1.0 MB): an upload of it is running now (it holds its lock)",
+    ]
+    assert Path(left["part"]).exists() and Path(left["temporary"]).exists()
+    assert not Path(left["running"]).exists() and not Path(left["data part"]).exists()
+    assert {item.path for item in removed} == {item.path for item in plan.removable} - {
+        left["part"],
+        left["temporary"],
+    }
+
+
+def test_held_jobs_whose_files_cannot_be_told_keep_every_stored_file_but_not_what_uploads_left(cluster):
+    a_store_two_checkouts_use(cluster)
+    left = leftovers(cluster)
+    queue(cluster, {"50": "#!/bin/sh\nsleep 600\n"})
+    plan = prune.plan(cluster, "trainer", [], root="hpcbox", keep=0)
+    assert all(item.unfinished for item in plan.removable) and plan.removable
+    assert left["part"] in [item.path for item in plan.removable]
+    assert prune.describe(plan, keep=0)[-1] == (
+        "only unfinished uploads to prune: Slurm holds jobs of yours whose files hpcbox cannot tell, "
+        "which could use any file here: 50 (its script is not one hpcbox rendered)"
+    )
+
+
+def test_the_plan_for_people_marks_unfinished_uploads_and_says_why_one_is_kept():
+    plan = prune.Plan(
+        (
+            prune.Removable("sif", "/h/hpcbox/images/sha256/a.sif", 514_129_920),
+            prune.Removable(
+                "sif",
+                "/h/hpcbox/images/sha256/.b.sif.partial",
+                312_000_000,
+                unfinished=True,
+                lock="/h/hpcbox/images/sha256/.b.sif.lock",
+            ),
+        ),
+        kept_jobs=(),
+        left_alone=0,
+        index_entries=(),
+        unfinished_kept=(("/h/hpcbox/data/sha256/.d.tar.partial", 2_500_000, prune.RUNNING),),
+    )
+    assert prune.describe(plan, keep=None)[2:] == [
+        "  sif           514.1 MB  /h/hpcbox/images/sha256/a.sif",
+        "  sif           312.0 MB  unfinished upload: /h/hpcbox/images/sha256/.b.sif.partial",
+        "unfinished upload kept, an upload of it is running now (it holds its lock): "
+        "/h/hpcbox/data/sha256/.d.tar.partial (2.5 MB)",
+    ]

@@ -10,6 +10,7 @@ import shlex
 import stat
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,80 @@ def test_index_entries_are_written_whole_under_a_unique_name_and_the_listing_rea
     parsed = store.parse_listing(listed.stdout.splitlines())
     assert parsed.files == {"sif": {"a.sif": 7}, "dataset": {}}
     assert sorted(parsed.uses, key=lambda u: u.kind) == sorted(entries, key=lambda u: u.kind)
+
+
+def test_the_listing_of_a_store_whose_index_folders_are_empty_ends_well(tmp_path):
+    """What a first submit whose upload failed leaves (folders, no entry): the probe's next commands run
+    after the listing in one SSH command, and a failed listing left every later submit stuck."""
+    root = tmp_path / "hpcbox"
+    for kind in store.FOLDERS:
+        Path(store.index_folder(str(root), kind)).mkdir(parents=True)
+    listed = subprocess.run(
+        ["sh", "-c", store.listing_script(str(root)) + "; echo $?"], capture_output=True, text=True
+    )
+    assert listed.stdout.splitlines() == ["0"]
+    assert store.parse_listing([]).files == {"sif": {}, "dataset": {}}
+
+
+def test_the_listing_reports_what_uploads_left_hidden_and_tells_each_kind_apart(tmp_path):
+    """An interrupted SIF upload's part, rsync's and cp's temporaries beside it, a dataset's part, the
+    locks, and a code snapshot's unfinished folder: each with its size and its upload's lock."""
+    root = tmp_path / "hpcbox"
+    sifs, data = Path(store.folder(str(root), "sif")), Path(store.folder(str(root), "dataset"))
+    for folder, files in {
+        sifs: {"a.sif": 7, ".a.sif.lock": 0, ".b.sif.partial": 5, ".b.sif.partial.Ab12Cd": 3,
+               ".c.sif.copy.4242": 2, ".b.sif.lock": 0, ".hpcbox-filler": 9, ".b.sif.partial.toolong": 1},
+        data: {".d.tar.partial": 4},
+        Path(store.index_folder(str(root), "sif")): {".a.sif@trainer.123": 1},
+        root / "trainer" / "code" / ".incoming-Xy12Zw" / "pkg": {"a.py": 3000},
+        root / "trainer" / "code" / "0123456789abcdef": {"a.py": 1},
+    }.items():  # fmt: skip
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, size in files.items():
+            (folder / name).write_bytes(b"x" * size)
+    listed = subprocess.run(
+        ["sh", "-c", store.listing_script(str(root), "trainer") + "; echo $?"],
+        capture_output=True,
+        text=True,
+    )
+    *lines, status = listed.stdout.splitlines()
+    assert status == "0", listed.stderr
+    parsed = store.parse_listing(lines)
+    assert parsed.files == {"sif": {"a.sif": 7}, "dataset": {}}
+    found = {(item.kind, item.name): (item.size, item.what, item.lock) for item in parsed.leftovers}
+    incoming = found.pop(("code", ".incoming-Xy12Zw"))
+    assert found == {
+        ("sif", ".a.sif.lock"): (0, "lock", ".a.sif.lock"),
+        ("sif", ".b.sif.lock"): (0, "lock", ".b.sif.lock"),
+        ("sif", ".b.sif.partial"): (5, "partial", ".b.sif.lock"),
+        ("sif", ".b.sif.partial.Ab12Cd"): (3, "temporary", ".b.sif.lock"),
+        ("sif", ".c.sif.copy.4242"): (2, "copy", ".c.sif.lock"),
+        ("dataset", ".d.tar.partial"): (4, "partial", ".d.tar.lock"),
+    }
+    assert incoming[1:] == ("incoming", None) and incoming[0] >= 3000  # what it takes on the disk
+    now = time.time()
+    assert all(now - 60 < item.changed <= now + 1 for item in parsed.leftovers)
+    # Without a project, only the store's own (the probe of every submit).
+    alone = subprocess.run(["sh", "-c", store.listing_script(str(root))], capture_output=True, text=True)
+    assert {item.kind for item in store.parse_listing(alone.stdout.splitlines()).leftovers} == {
+        "sif",
+        "dataset",
+    }
+
+
+def test_a_listing_line_of_no_known_leftover_is_ignored():
+    lines = [
+        "unfinished\tsif\tx\t1.5\t.b.sif.partial",  # no size
+        "unfinished\tsif\t1\t1.5\tb.sif",  # not hidden
+        "unfinished\tsif\t1\t1.5\t.b.sif",  # hidden, but not an upload's
+        "unfinished\tcode\t1\t1.5\t../.incoming-x",
+        "unfinished\tcode\t1\t1.5\t0123456789abcdef",
+        "unfinished\tother\t1\t1.5\t.b.sif.partial",
+        "unfinished\tsif\t1",
+    ]
+    assert store.parse_listing(lines).leftovers == ()
+    (one,) = store.parse_listing(["unfinished\tdataset\t12\t\t.d.tar.gz.partial"]).leftovers
+    assert (one.size, one.changed, one.what, one.lock) == (12, 0.0, "partial", ".d.tar.gz.lock")
 
 
 def test_prunes_plan_for_people_names_each_file_with_its_size():

@@ -721,11 +721,12 @@ def prune(c, cluster, keep=None, yes=False, via=None, remote_root="hpcbox"):
             connection, project.name, records, root=remote_root, keep=int(keep) if keep is not None else None
         )
         print("\n".join(pruning.describe(plan, keep=keep)))
-        if yes:
-            pruning.apply(connection, plan)
-    if plan.removable:
+        removed = pruning.apply(connection, plan, say=say) if yes else ()
+    if yes and removed:
+        say(f"hpcbox: deleted {len(removed)} files, {sum(r.size for r in removed) / 1e6:,.1f} MB")
+    elif plan.removable and not yes:
         what = f"{len(plan.removable)} files, {plan.size / 1e6:,.1f} MB"
-        say(f"hpcbox: deleted {what}" if yes else f"hpcbox: run again with --yes to delete these {what}")
+        say(f"hpcbox: run again with --yes to delete these {what}")
 
 
 @task(

@@ -460,8 +460,8 @@ def _check_room(upload: _Upload, free_bytes: int) -> None:
 def _no_room(upload: _Upload, folder: str, why: str) -> HpcboxError:
     return HpcboxError(
         f"the cluster has no room for {upload.local.name} ({upload.size / 1e6:,.0f} MB) in {folder}: {why}",
-        "free space there (`hpcbox prune --cluster=NAME` lists the files no recent job uses) or ask for "
-        "more quota; nothing was submitted",
+        "free space there (`hpcbox prune --cluster=NAME` lists the files no recent job uses, and what "
+        "unfinished uploads left) or ask for more quota; nothing was submitted",
     )
 
 

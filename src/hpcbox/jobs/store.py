@@ -20,6 +20,7 @@ when a job uses them, the index entries it writes.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -131,12 +132,70 @@ def index_folder(root: str, kind: str) -> str:
     return f"{root}/{FOLDERS[kind]}/index"
 
 
+# What an upload leaves beside the file NAME it makes (ship.py), hidden: the lock every upload of NAME
+# holds for its whole duration (`.NAME.lock`, empty), the part rsync --partial keeps where an upload
+# stops (`.NAME.partial`, as big as what arrived), rsync's own temporary that it writes and renames
+# to that name (`.NAME.partial.XXXXXX`), and the copy of a basis that was not ours to link
+# (`.NAME.copy.PID`); a code snapshot is unpacked in `<project>/code/.incoming-XXXXXX` and renamed
+# into place. Each pattern gives NAME; a code snapshot's folder has none (its upload takes no lock).
+_LEFTOVERS = {
+    "lock": re.compile(r"\.(.+)\.lock"),
+    "partial": re.compile(r"\.(.+)\.partial"),
+    "temporary": re.compile(r"\.(.+)\.partial\.[A-Za-z0-9]{6}"),
+    "copy": re.compile(r"\.(.+)\.copy\.[0-9]+"),
+}
+INCOMING = ".incoming-"
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A hidden file an upload left in the store's folder of ``kind`` (or, of kind "code", a folder in
+    the project's code folder): an upload's lock, or what an upload that was interrupted or failed, or
+    is running now, wrote."""
+
+    kind: str  # "sif", "dataset" or "code"
+    name: str  # its own (hidden) name in its folder
+    size: int  # bytes (a folder's: what its files take on the disk)
+    changed: float  # seconds since the epoch, by the cluster's clock: its last change (ctime), a
+    # folder's the newest of anything in it. Not the mtime: rsync gives its files the local file's, tar
+    # the archive's.
+
+    @property
+    def what(self) -> str:
+        """ "lock", "partial", "temporary", "copy", "incoming" (a code snapshot's folder), or "" for a
+        name of none of these forms."""
+        if self.kind == "code":
+            return "incoming" if self.name.startswith(INCOMING) else ""
+        return next((what for what, pattern in _LEFTOVERS.items() if pattern.fullmatch(self.name)), "")
+
+    @property
+    def lock(self) -> str | None:
+        """The name of the lock (in the same folder) that an upload which writes this holds; None for a
+        code snapshot's folder, which no lock guards."""
+        found = _LEFTOVERS[self.what].fullmatch(self.name) if self.what in _LEFTOVERS else None
+        return f".{found.group(1)}.lock" if found else None
+
+    @classmethod
+    def from_fields(cls, kind: str, size: str, changed: str, name: str) -> Leftover | None:
+        """The leftover a listing line names; None for anything else."""
+        known = cls(kind, name, 0, 0.0)
+        if kind not in (*FOLDERS, "code") or "/" in name or not known.what or not size.isdigit():
+            return None
+        try:
+            when = float(changed)
+        except ValueError:
+            when = 0.0
+        return cls(kind, name, int(size), when)
+
+
 @dataclass(frozen=True)
 class Store:
-    """What the probe saw of the store: each kind's files with their sizes, and the index."""
+    """What the probe saw of the store: each kind's files with their sizes, the index, and what uploads
+    left beside them (hidden)."""
 
     files: Mapping[str, Mapping[str, int]]  # kind -> name -> size in bytes
     uses: tuple[StoredUse, ...]
+    leftovers: tuple[Leftover, ...] = ()
 
     def has(self, kind: str, name: str) -> bool:
         return name in self.files.get(kind, {})
@@ -145,19 +204,32 @@ class Store:
         return {use.project for use in self.uses if use.kind == kind and use.name == name}
 
 
-def listing_script(root: str) -> str:
-    """Shell that prints the store's files (`stored<TAB>kind<TAB>size<TAB>name`) and its index entries
-    (`index<TAB>entry`), hidden files (uploads in progress, locks) left out."""
+def listing_script(root: str, project: str | None = None) -> str:
+    """Shell that prints the store's files (`stored<TAB>kind<TAB>size<TAB>name`), its index entries
+    (`index<TAB>entry`) and what uploads left beside the files, hidden (`unfinished<TAB>kind<TAB>size
+    <TAB>changed<TAB>name`: see Leftover); with ``project``, also what its code snapshots' uploads left
+    (kind `code`). It ends with status 0 on any store, an index folder with no entry in it (a first
+    upload's failure leaves one) included, as the commands run after it in one SSH command need."""
     lines = []
+    hidden = "-name '.*.lock' -o -name '.*.partial' -o -name '.*.partial.??????' -o -name '.*.copy.*'"
     for kind in FOLDERS:
         files, index = shlex.quote(folder(root, kind)), shlex.quote(index_folder(root, kind))
         lines.append(
             f"if test -d {files}; then find {files} -maxdepth 1 -type f ! -name '.*' "
-            f"-printf 'stored\\t{kind}\\t%s\\t%f\\n'; fi"
+            f"-printf 'stored\\t{kind}\\t%s\\t%f\\n' -o -type f \\( {hidden} \\) "
+            f"-printf 'unfinished\\t{kind}\\t%s\\t%C@\\t%f\\n'; fi"
         )
         lines.append(
             f"if test -d {index}; then for f in {index}/*; do "
-            'test -f "$f" && printf "index\\t%s\\n" "$(head -c 4096 "$f")"; done; fi'
+            'test -f "$f" || continue; printf "index\\t%s\\n" "$(head -c 4096 "$f")"; done; fi'
+        )
+    if project is not None:
+        code = shlex.quote(f"{root}/{project}/code")
+        lines.append(
+            f'if test -d {code}; then for d in {code}/{INCOMING}*; do test -d "$d" || continue; '
+            'k=$(du -sk -- "$d" 2>/dev/null | cut -f1); '
+            "printf 'unfinished\\tcode\\t%s\\t%s\\t%s\\n' \"$((${k:-0} * 1024))\" "
+            '"$(find "$d" -printf \'%C@\\n\' 2>/dev/null | sort -n | tail -n 1)" "${d##*/}"; done; fi'
         )
     return "; ".join(lines)
 
@@ -165,6 +237,7 @@ def listing_script(root: str) -> str:
 def parse_listing(lines: Iterable[str]) -> Store:
     files: dict[str, dict[str, int]] = {kind: {} for kind in FOLDERS}
     uses: list[StoredUse] = []
+    leftovers: list[Leftover] = []
     for line in lines:
         tag, _, rest = line.partition("\t")
         if tag == "stored":
@@ -175,7 +248,11 @@ def parse_listing(lines: Iterable[str]) -> Store:
             use = StoredUse.from_line(rest)
             if use is not None and use.kind in files:
                 uses.append(use)
-    return Store(files, tuple(uses))
+        elif tag == "unfinished" and rest.count("\t") >= 3:
+            leftover = Leftover.from_fields(*rest.split("\t", 3))
+            if leftover is not None:
+                leftovers.append(leftover)
+    return Store(files, tuple(uses), tuple(leftovers))
 
 
 def folders_script(root: str, project: str, access: Access = PRIVATE) -> str:
