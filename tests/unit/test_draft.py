@@ -46,7 +46,8 @@ def test_partitions_as_scontrol_and_sinfo_print_them():
     assert (m3h.default, m3h.gpu_types) == (False, ("P100",))
     assert (desktop.qos, desktop.gpu_types) == ("desktopq", ("P4",))
     *_, empty = seen("m3-empty.scontrol")
-    assert (empty.name, empty.nodes, empty.max_time, empty.gres) == ("hpcbox-empty", 0, "00:30:00", ())
+    # No sinfo line for a partition without nodes: its gres are not seen, not none.
+    assert (empty.name, empty.nodes, empty.max_time, empty.gres) == ("hpcbox-empty", 0, "00:30:00", None)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def test_partitions_as_scontrol_and_sinfo_print_them():
     ],
 )
 def test_gpu_types_and_counts_from_a_nodes_gres(gres: str, types, per_node: int):
-    partition = draft.SeenPartition("p", False, None, 1, "UP", None, (gres,))
+    partition = draft.SeenPartition("p", False, None, 1, "UP", (), (gres,))
     assert (partition.gpu_types, partition.gpus_per_node) == (types, per_node)
 
 
@@ -215,3 +216,37 @@ def test_an_output_that_would_overwrite_or_is_no_profile_is_refused(tmp_path: Pa
     assert caught.value.field == "output" and says in caught.value.message
     assert (tmp_path / "there.toml").read_text() == "kept"
     assert draft.check_output(tmp_path / "new-site.toml") == "new-site"
+
+
+@pytest.mark.parametrize(
+    ("hostlist", "names"),
+    [
+        ("n[388-392,423-427]", {f"n{i}" for i in (*range(388, 393), *range(423, 428))}),
+        ("g32[1-3],g338", {"g321", "g322", "g323", "g338"}),
+        ("r07c[07-09,53]", {"r07c07", "r07c08", "r07c09", "r07c53"}),
+        ("rack[1-2]-n[01-02]", {"rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"}),
+        ("node1", {"node1"}),
+        ("(null)", set()),
+    ],
+)
+def test_node_names_of_a_hostlist_as_scontrol_prints_it(hostlist: str, names: set[str]):
+    assert draft.hostnames(hostlist) == names
+
+
+def test_a_site_whose_every_partition_is_closed_to_the_user_is_refused_in_one_line():
+    scontrol = (DATA / "m3.scontrol").read_text().replace("AllowGroups=ALL", "AllowGroups=m3staff")
+    found = site(partitions=Probed(scontrol, 0))
+    with pytest.raises(HpcboxError) as caught:
+        draft.choose(found, ())
+    assert caught.value.message == (
+        "no partition here is open to you (m3g: AllowGroups=m3staff, and your groups were not asked; "
+        "m3h: AllowGroups=m3staff, and your groups were not asked; "
+        "desktop: AllowGroups=m3staff, and your groups were not asked)"
+    )
+    # Named, one is drafted all the same, its list in its notes.
+    chosen, left_out = draft.choose(found, ("m3g",))
+    made = draft.compose(TARGET, found, chosen, left_out, draft.Rules(False, False, False), None, today="d")
+    assert (
+        tomllib.loads(made.text)["partitions"][0]["notes"]
+        == "1 node, UP; gres gpu:V100:2; AllowGroups=m3staff"
+    )

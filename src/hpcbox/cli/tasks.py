@@ -992,7 +992,7 @@ def _profile_tasks() -> Collection:
             "output": "the profile file to write, NAME.toml (NAME becomes --cluster; never overwritten)",
             "probe_job": "run a one-minute job on the default partition for what only a compute node "
             "tells: node scratch, the runtime there, internet access",
-            "partitions": "only these partitions, comma-separated (default: every one with nodes)",
+            "partitions": "only these partitions, comma-separated (default: those with nodes, open to you)",
             "via": "draft the mini cluster brought up here instead of --host: --via local",
         },
     )
@@ -1029,6 +1029,8 @@ def _profile_tasks() -> Collection:
         print(f"wrote {output}: partitions {', '.join(made.partitions)}")
         if made.left_out:
             print(f"left out, having no nodes: {', '.join(made.left_out)}")
+        if made.closed:
+            print(f"left out, their access lists may keep you out (see {output}): {', '.join(made.closed)}")
         if made.assumed:
             print(f"assumed (a generic value, check it at the site): {', '.join(made.assumed)}")
         print(f"unknown (neither checked nor rendered): {', '.join(made.unknown)}")

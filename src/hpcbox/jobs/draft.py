@@ -11,8 +11,9 @@ per job for node scratch (or the node-local disk), the runtime there, whether it
 What the site did not tell is marked as the shipped profiles mark it: a partition fact not seen is in
 that partition's `unknown`; a setting hpcbox needs a value for gets a generic one, named in `assumed`
 (and so in every job script); the conventions no Slurm reports (CONVENTIONS) keep hpcbox's defaults
-under a comment that says so. The text is read back as a profile before it is written, and nothing is
-written on any error.
+under a comment that says so. A partition whose access lists (AllowAccounts, AllowGroups, ...) may keep
+the user out is drafted only when named, and its lists are said either way. The text is read back as a
+profile before it is written, and nothing is written on any error.
 """
 
 from __future__ import annotations
@@ -62,10 +63,28 @@ SCRATCH_CANDIDATES = (
 _SHARED_FILE_SYSTEMS = re.compile(r"^(nfs\d?|lustre|gpfs|beegfs|cifs|smb2?|ceph|fuse.*|9p|autofs|panfs)$")
 # Environment variables of a login shell that name a site's shared areas, by the profile key they fill.
 AREA_VARIABLES = {"project": "PROJECT", "scratch": "SCRATCH"}
+# A partition's access lists as scontrol prints them: who may use it (groups, accounts), under which QOS.
+ACCESS_SETTINGS = ("AllowGroups", "AllowAccounts", "DenyAccounts", "AllowQos", "DenyQos")
+# The PreemptModes that take a running job off its nodes (slurm.conf): OFF does not, nor GANG alone,
+# which time-slices a partition's own jobs.
+PREEMPTING_MODES = frozenset({"CANCEL", "REQUEUE", "SUSPEND"})
+# A gres type named as a MIG profile (a100_3g.20gb, nvidia_h100_80gb_hbm3_1g.10gb): a slice of a GPU.
+_MIG_PROFILE = re.compile(r"\d+g\.\d+gb", re.IGNORECASE)
 PROBE_JOB_DIR = f"{DEFAULT_REMOTE_ROOT}/probe"  # under the login's home
 PROBE_JOB_WAIT_S = 600  # a probe job not ended by then is cancelled: the draft is refused, not half made
 TEST_ONLY_TIMEOUT_S = 15
 _MARK = "@@hpcbox-probe-job"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One of a partition's access lists as scontrol prints it (AllowAccounts=def-a,def-b); ALL is none."""
+
+    setting: str  # AllowGroups, AllowAccounts, AllowQos, DenyAccounts or DenyQos
+    names: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.setting}={','.join(self.names)}"
 
 
 @dataclass(frozen=True)
@@ -77,21 +96,53 @@ class SeenPartition:
     max_time: str | None  # as Slurm prints it (7-00:00:00); None: UNLIMITED
     nodes: int
     state: str
-    allow_qos: tuple[str, ...] | None  # None: ALL
-    gres: tuple[str, ...] = ()  # each node's
+    access: tuple[Access, ...]  # the lists that are not ALL
+    # Each node's gres, as sinfo prints it (a node with none is left out); None: sinfo printed no line
+    # for the partition's nodes (the probe did not answer, or sinfo hid the partition from the user).
+    gres: tuple[str, ...] | None = ()
+    gpus_in_tres: int | None = None  # the partition's GPUs all told (TRES gres/gpu=N); None: not named
+    preempt_mode: str = "OFF"  # the partition's own, else the cluster's (scontrol prints that)
+    grace_time_s: int = 0
+    # The partitions of a higher PriorityTier sharing a node with this one: with preemption by
+    # partition (PreemptType=preempt/partition_prio) their jobs preempt this one's.
+    outranked_by: tuple[str, ...] = ()
 
     @property
-    def gpu_types(self) -> tuple[str, ...]:
+    def gpu_types(self) -> tuple[str, ...] | None:
+        """The GPU types of its nodes (() where they are untyped or have none); None: not seen."""
+        if self.gres is None:
+            return None
         return tuple(dict.fromkeys(t for gres in self.gres for t, _ in slurm.gpu_gres(gres) if t))
 
     @property
-    def gpus_per_node(self) -> int:
-        return max((sum(n for _, n in slurm.gpu_gres(gres)) for gres in self.gres), default=0)
+    def gpus_per_node(self) -> int | None:
+        """The most GPUs a node of it has; None: not seen."""
+        if self.gres is not None:
+            return max((sum(n for _, n in slurm.gpu_gres(gres)) for gres in self.gres), default=0)
+        # A partition's TRES is its nodes' sum: one node's count alone, unless the GPUs may lie unevenly.
+        return self.gpus_in_tres if self.nodes == 1 else None
+
+    @property
+    def mig_types(self) -> tuple[str, ...]:
+        """Its GPU types named as MIG profiles (a100_3g.20gb): Slurm counts each slice as a GPU."""
+        return tuple(t for t in self.gpu_types or () if _MIG_PROFILE.search(t))
 
     @property
     def qos(self) -> str | None:
         """The one QOS the partition allows (M3's desktop: desktopq), if it allows one alone."""
-        return self.allow_qos[0] if self.allow_qos is not None and len(self.allow_qos) == 1 else None
+        allowed = next((a.names for a in self.access if a.setting == "AllowQos"), ())
+        return allowed[0] if len(allowed) == 1 else None
+
+    @property
+    def preempts(self) -> bool:
+        """Whether its PreemptMode takes a preempted job off its nodes (not OFF, nor GANG alone)."""
+        return bool(set(self.preempt_mode.upper().split(",")) & PREEMPTING_MODES)
+
+    @property
+    def preemptible(self) -> bool:
+        """Whether scontrol's output shows its jobs preempted: its PreemptMode preempts, and partitions
+        of a higher PriorityTier share its nodes."""
+        return self.preempts and bool(self.outranked_by)
 
 
 @dataclass(frozen=True)
@@ -152,33 +203,78 @@ def probe_commands() -> dict[str, str]:
     return probes
 
 
-def parse_partitions(scontrol: str, gres: str) -> tuple[SeenPartition, ...]:
+def parse_partitions(scontrol: str, gres: str | None) -> tuple[SeenPartition, ...]:
     """The partitions in `scontrol show partition --oneliner` output, with each node's gres from
-    `sinfo --Node --format=%R|%N|%G`."""
+    `sinfo --Node --format=%R|%N|%G` (None: that probe did not answer)."""
     gres_of: dict[str, list[str]] = {}
-    for line in gres.splitlines():
+    for line in (gres or "").splitlines():
         parts = line.strip().split("|")
-        if len(parts) == 3 and parts[2] not in ("", "(null)"):
-            gres_of.setdefault(parts[0], []).append(parts[2])
+        if len(parts) == 3:
+            listed = gres_of.setdefault(parts[0], [])
+            listed += [] if parts[2] in ("", "(null)") else [parts[2]]
+    rows = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in scontrol.splitlines()]
+    rows = [words for words in rows if "PartitionName" in words]
+    hosts = {words["PartitionName"]: hostnames(words.get("Nodes", "")) for words in rows}
+    tiers = {words["PartitionName"]: _number(words.get("PriorityTier")) for words in rows}
     found = []
-    for line in scontrol.splitlines():
-        words = dict(re.findall(r"(\w+)=(\S*)", line))
-        if "PartitionName" not in words:
-            continue
+    for words in rows:
+        name = words["PartitionName"]
         limit = words.get("MaxTime", "UNLIMITED")
-        allow_qos = words.get("AllowQos", "ALL")
+        tres = dict(item.split("=", 1) for item in words.get("TRES", "").split(",") if "=" in item)
         found.append(
             SeenPartition(
-                name=words["PartitionName"],
+                name=name,
                 default=words.get("Default") == "YES",
                 max_time=None if limit.upper() in ("UNLIMITED", "INFINITE") else limit,
                 nodes=int(words["TotalNodes"]) if words.get("TotalNodes", "").isdigit() else 0,
                 state=words.get("State", "UNKNOWN"),
-                allow_qos=None if allow_qos == "ALL" else tuple(q for q in allow_qos.split(",") if q),
-                gres=tuple(gres_of.get(words["PartitionName"], ())),
+                access=tuple(
+                    Access(setting, tuple(n for n in words[setting].split(",") if n))
+                    for setting in ACCESS_SETTINGS
+                    if words.get(setting, "ALL") != "ALL"
+                ),
+                gres=tuple(gres_of[name]) if name in gres_of else None,
+                gpus_in_tres=_number(tres.get("gres/gpu")),
+                preempt_mode=words.get("PreemptMode", "OFF"),
+                grace_time_s=_number(words.get("GraceTime")) or 0,
+                outranked_by=tuple(
+                    other
+                    for other, tier in tiers.items()
+                    if (tier or 0) > (tiers[name] or 0) and hosts[other] & hosts[name]
+                ),
             )
         )
     return tuple(found)
+
+
+def _number(word: str | None) -> int | None:
+    return int(word) if word and word.isdigit() else None
+
+
+def hostnames(hostlist: str) -> frozenset[str]:
+    """The node names in a Slurm hostlist such as `n[388-392,423-427],g338`, as scontrol prints a
+    partition's Nodes; none for `(null)`, a partition without nodes."""
+    names: set[str] = set()
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", "" if hostlist == "(null)" else hostlist):
+        # n[01-02]-ib[1-2]: text, a range list, text, ..., each range list multiplying what is before it
+        parts = re.split(r"\[([^\]]*)\]", item)
+        stems = [parts[0]]
+        for ranges, text in zip(parts[1::2], parts[2::2], strict=True):
+            stems = [stem + number + text for stem in stems for number in _range_list(ranges)]
+        names.update(stems)
+    return frozenset(names)
+
+
+def _range_list(ranges: str) -> list[str]:
+    """`01-03,7` as ["01", "02", "03", "7"]: each number as wide as the range's first."""
+    numbers = []
+    for piece in ranges.split(","):
+        first, _, last = piece.partition("-")
+        if first.isdigit() and last.isdigit():
+            numbers += [f"{n:0{len(first)}d}" for n in range(int(first), int(last) + 1)]
+        else:
+            numbers.append(piece)
+    return numbers
 
 
 def read_site(probed: Mapping[str, Probed], address: str) -> Site:
@@ -208,7 +304,9 @@ def read_site(probed: Mapping[str, Probed], address: str) -> Site:
     areas = dict(line.split("=", 1) for line in get("areas").output.splitlines() if "=" in line)
     return Site(
         slurm_version=version,
-        partitions=parse_partitions(get("partitions").output, get("gres").output),
+        partitions=parse_partitions(
+            get("partitions").output, get("gres").output if get("gres").answered else None
+        ),
         accounts=accounts,
         default_account=default_account.splitlines()[0] if default_account else (accounts or (None,))[0],
         qos=qos,
@@ -223,8 +321,9 @@ def read_site(probed: Mapping[str, Probed], address: str) -> Site:
 
 
 def choose(site: Site, named: Sequence[str]) -> tuple[tuple[SeenPartition, ...], tuple[SeenPartition, ...]]:
-    """The partitions to draft (``named``, else every one with nodes) and those left out for having
-    none. A named partition the site lacks, or one with no nodes, is refused."""
+    """The partitions to draft (``named``, else every one with nodes whose access lists let the user
+    in) and those left out, for having no nodes or being closed to the user (`closed`). A named
+    partition the site lacks, or one with no nodes, is refused; one named is drafted closed or not."""
     by_name = {p.name: p for p in site.partitions}
     for name in named:
         if name not in by_name:
@@ -240,13 +339,40 @@ def choose(site: Site, named: Sequence[str]) -> tuple[tuple[SeenPartition, ...],
             )
     if named:
         return tuple(by_name[name] for name in dict.fromkeys(named)), ()
-    chosen = tuple(p for p in site.partitions if p.nodes > 0)
+    chosen = tuple(p for p in site.partitions if p.nodes > 0 and not closed(p, site))
     if not chosen:
+        with_nodes = [p for p in site.partitions if p.nodes > 0]
+        if with_nodes:
+            why = "; ".join(f"{p.name}: {closed(p, site)[0]}" for p in with_nodes)
+            raise HpcboxError(
+                f"no partition here is open to you ({why})",
+                "name the ones that are yours with --partitions, or ask the site which to use",
+            )
         raise HpcboxError(
             f"no partition here has nodes (scontrol lists {', '.join(by_name) or 'none'})",
             "ask the site which partition to use",
         )
-    return chosen, tuple(p for p in site.partitions if p.nodes == 0)
+    return chosen, tuple(p for p in site.partitions if p.nodes == 0 or closed(p, site))
+
+
+def closed(partition: SeenPartition, site: Site) -> tuple[str, ...]:
+    """Why ``partition``'s access lists may keep the user's jobs out, one reason per list (none: it is
+    open to them), checked against what sacctmgr told of the user: their accounts and QOS."""
+    reasons = []
+    for access in partition.access:
+        if access.setting == "AllowGroups":
+            reasons.append(f"{access}, and your groups were not asked")
+            continue
+        names, yours = set(access.names), set(site.accounts if "Accounts" in access.setting else site.qos)
+        if access.setting == "AllowAccounts" and not yours:
+            reasons.append(f"{access}, and your accounts were not seen")
+        elif access.setting.startswith("Allow") and yours and not yours & names:
+            reasons.append(f"{access}, none of yours ({', '.join(sorted(yours))})")
+        elif access.setting.startswith("Deny") and yours and yours <= names:
+            reasons.append(f"{access}, all of yours")
+        # An AllowQos with the user's QOS not seen keeps no one out: it says which QOS a job runs
+        # under, not who submits it (Grex names one on every partition, its default included).
+    return tuple(reasons)
 
 
 def _default(partitions: Sequence[SeenPartition]) -> SeenPartition:
@@ -424,7 +550,8 @@ def run_probe_job(
 class Draft:
     text: str
     partitions: tuple[str, ...]
-    left_out: tuple[str, ...]
+    left_out: tuple[str, ...]  # having no nodes
+    closed: tuple[str, ...]  # left out for access lists that may keep the user out
     unknown: tuple[str, ...]  # top-level and partition facts not seen
     assumed: tuple[str, ...]
 
@@ -448,8 +575,9 @@ def compose(
         "# Set below: what the site reported. In `unknown`: what it could not tell, which hpcbox neither",
         "# checks nor renders. In `assumed`: settings given a generic value, which every job script names.",
         "# No Slurm reports a site's conventions: [gpus] request, [apptainer] options, binds,",
-        "# workdir_on_scratch and sif_on_scratch, a partition's implicit, preemptible and default_gpu_type.",
-        "# They keep hpcbox's defaults here: set them as the site's documentation says.",
+        "# workdir_on_scratch and sif_on_scratch, a partition's implicit and default_gpu_type, and its",
+        "# preemptible where scontrol does not show it. They keep hpcbox's defaults here: set them as the",
+        "# site's documentation says.",
         f"description = {toml_value(f'drafted from {target.host}')}",
         'scheduler = "slurm"',
     ]
@@ -516,27 +644,83 @@ def compose(
     )
     drafted_unknown: list[str] = list(unknown)
     for partition in partitions:
-        out += ["", "[[partitions]]", f"name = {toml_value(partition.name)}"]
-        out += ["default = true"] if partition.default else []  # none: jobs name the first
-        out.append(f"max_time = {toml_value(partition.max_time or 'UNLIMITED')}")
-        out.append(f"gpus_per_node = {partition.gpus_per_node}")
-        out.append(f"gpu_types = {toml_value(list(partition.gpu_types))}")
-        if partition.qos:
-            out.append(f"qos = {toml_value(partition.qos)}")
-        out.append('unknown = ["cpus_per_gpu"]')
-        drafted_unknown.append(f"partitions.{partition.name}.cpus_per_gpu")
-        gres = ", ".join(dict.fromkeys(partition.gres)) or "none"
-        nodes = f"{partition.nodes} node{'s' if partition.nodes != 1 else ''}"
-        out.append(f"notes = {toml_value(f'{nodes}, {partition.state}; gres {gres}')}")
+        lines, facts_unknown = _partition_lines(partition)
+        out += ["", "[[partitions]]", *lines]
+        drafted_unknown += [f"partitions.{partition.name}.{fact}" for fact in facts_unknown]
     if left_out:
-        out += ["", f"# Left out, having no nodes: {', '.join(p.name for p in left_out)}."]
+        out.append("")
+    empty = [p.name for p in left_out if p.nodes == 0]
+    if empty:
+        out.append(f"# Left out, having no nodes: {', '.join(empty)}.")
+    shut = [p for p in left_out if p.nodes > 0]
+    if shut:
+        out.append("# Left out, as their access lists may keep you out (name yours with --partitions):")
+        out += [f"#   {p.name}: {'; '.join(closed(p, site))}" for p in shut]
     return Draft(
         text="\n".join(out) + "\n",
         partitions=tuple(p.name for p in partitions),
-        left_out=tuple(p.name for p in left_out),
+        left_out=tuple(empty),
+        closed=tuple(p.name for p in shut),
         unknown=tuple(drafted_unknown),
         assumed=tuple(assumed),
     )
+
+
+def _partition_lines(partition: SeenPartition) -> tuple[list[str], list[str]]:
+    """A partition's lines in the profile, and the facts among them not seen (its `unknown`)."""
+    lines = [f"name = {toml_value(partition.name)}"]
+    lines += ["default = true"] if partition.default else []  # none: jobs name the first
+    lines.append(f"max_time = {toml_value(partition.max_time or 'UNLIMITED')}")
+    unknown: list[str] = []
+    gpus, types = partition.gpus_per_node, partition.gpu_types
+    if gpus is None:
+        unknown.append("gpus_per_node")
+    else:
+        tres = f"  # scontrol's TRES: gres/gpu={gpus} on its one node" if partition.gres is None else ""
+        lines.append(f"gpus_per_node = {gpus}{tres}")
+    if types is None:
+        unknown.append("gpu_types")
+    else:
+        lines.append(f"gpu_types = {toml_value(list(types))}")
+    if partition.qos:
+        lines.append(f"qos = {toml_value(partition.qos)}")
+    if partition.preemptible:
+        grace = f", GraceTime={partition.grace_time_s}" if partition.grace_time_s else ""
+        lines.append(
+            f"preemptible = true  # PreemptMode={partition.preempt_mode}{grace}; partitions of a higher "
+            f"PriorityTier on its nodes: {', '.join(partition.outranked_by)}"
+        )
+    unknown.append("cpus_per_gpu")  # Slurm does not publish it per partition
+    lines.append(f"unknown = {toml_value(unknown)}")
+    lines.append(f"notes = {toml_value('; '.join(_notes(partition)))}")
+    return lines, unknown
+
+
+def _notes(partition: SeenPartition) -> list[str]:
+    """What people drafting the profile should know of a partition, as the site printed it."""
+    nodes = f"{partition.nodes} node{'s' if partition.nodes != 1 else ''}"
+    notes = [f"{nodes}, {partition.state}"]
+    if partition.gres is None:
+        notes.append("gres not seen")
+        if partition.gpus_in_tres is not None:
+            total, count = f"TRES gres/gpu={partition.gpus_in_tres}", partition.nodes
+            notes.append(
+                f"{total} on its one node, types not seen"
+                if count == 1
+                else f"{total} on its {count} nodes, how many on each and types not seen"
+            )
+    else:
+        notes.append(f"gres {', '.join(dict.fromkeys(partition.gres)) or 'none'}")
+    if partition.mig_types:
+        notes.append(f"MIG slices, each counted as a GPU: {', '.join(partition.mig_types)}")
+    notes += [str(access) for access in partition.access]
+    if partition.preempts and not partition.outranked_by:
+        # The cluster's PreemptMode, which preemption by QOS (PreemptType=preempt/qos) may use: unseen.
+        notes.append(
+            f"PreemptMode={partition.preempt_mode} with no partition of a higher PriorityTier on its nodes: "
+            "preempted only if the site preempts by QOS"
+        )
+    return notes
 
 
 def check_output(path: Path) -> str:
