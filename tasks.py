@@ -51,9 +51,10 @@ def lint(c):
         "k": "only tests matching this pytest -k expression",
         "unit": "only the unit tests (no Docker engine needed)",
         "lint_first": "run `invoke lint` before the tests (default: yes)",
+        "reverse": "run each lane's integration modules in reverse order (any order must pass)",
     }
 )
-def test(c, k=None, unit=False, lint_first=True):
+def test(c, k=None, unit=False, lint_first=True, reverse=False):
     """Run lint, the docs site's strict build and the whole test suite (real Docker, Apptainer, Slurm)."""
     if lint_first:
         lint(c)
@@ -65,15 +66,20 @@ def test(c, k=None, unit=False, lint_first=True):
         mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict"]
         mkdocs += ["--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", site]
         c.run(shlex.join(mkdocs), pty=False, env={"NO_MKDOCS_2_WARNING": "1"})
-    # Two workers: the integration tests keep one (see tests/conftest.py), the unit tests fill the other.
+    # A worker for each lane of integration modules (tests/conftest.py's LANES); the unit tests fill in
+    # where a lane ends first.
     # Debian moves past the locks' pins between `invoke lock --record`s: the recorded-digests test then
     # names the moved pins and passes here, so that this command passes on any day; CI's weekly run
     # (.github/workflows/drift.yml) leaves it unset and fails.
     os.environ.setdefault("HPCBOX_ALLOW_DRIFT", "1")
-    args = [sys.executable, "-m", "pytest", "--numprocesses=2"]
+    args = [sys.executable, "-m", "pytest", "--numprocesses=2" if unit else "--numprocesses=3"]
     args.append("tests/unit" if unit else "tests")
     if k:
         args += ["-k", k]
+    elif not unit:  # the whole suite: each module's time into bench/results/suite.json and docs/testing.md
+        args.append("--record-durations")
+    if reverse:
+        args.append("--reverse-modules")
     c.run(shlex.join(args), pty=False)
 
 

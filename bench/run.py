@@ -54,7 +54,12 @@ def available() -> list[str]:
 def run_one(name: str) -> dict:
     module = importlib.import_module(f"bench_{name}")
     started = datetime.datetime.now(datetime.UTC)
-    rows = module.run()
+    return record(name, started, module.run())
+
+
+def record(name: str, started: datetime.datetime, rows: list[dict]) -> dict:
+    """Write bench/results/NAME.json (the rows, when and where they were measured) and the documents'
+    figure blocks from it; the test suite records its durations through this too."""
     result = {
         "benchmark": name,
         "started": started.isoformat(timespec="seconds"),

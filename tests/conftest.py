@@ -1,5 +1,10 @@
 """Shared test set-up. Fixtures live in tests/fixtures/, one module per area."""
 
+from __future__ import annotations
+
+import datetime
+import importlib.util
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -13,26 +18,170 @@ pytest_plugins = [
     "tests.fixtures.submitting",
 ]
 
+REPO = Path(__file__).resolve().parents[1]
 INTEGRATION = Path(__file__).parent / "integration"
 
+# The integration modules in lanes: under `invoke test` each lane runs on an xdist worker of its own, its
+# modules in this order, with session fixtures of its own (a lane's cluster is its own), while the unit
+# tests fill in where a lane ends first. The lanes wait on Slurm's timers and the engine far more than
+# they compute, so three share two cores. The jobs that wait out a time limit start first, the builds
+# that fill both cores (a base bootstrapped, an image rebuilt with no cache) come last in theirs; the
+# images, the environment's SIF and the dataset are made once per run for every lane
+# (tests/fixtures/engine.py). The lanes' lengths, from the last full run: bench/results/suite.json.
+LANES = {
+    "cluster jobs": (
+        "test_sbatch_cluster",
+        "test_node_loss",
+        "test_minicluster",
+        "test_doctor",
+        "test_submit_faults",
+        "test_ssh_master",
+        "test_notebook",
+        "test_base",
+    ),
+    "cluster submits": (
+        "test_submit",
+        "test_upload",
+        "test_upload_access",
+        "test_upload_full",
+        "test_own_project",
+        "test_image",
+        "test_lock",
+        "test_verify",
+    ),
+    "own clusters and images": (
+        "test_slurm_2205",
+        "test_container_software",
+        "test_rehearsal",
+        "test_cluster_sharing",
+        "test_reproducible",
+        "test_sif",
+        "test_trainer",
+        "test_registry_base",
+    ),
+}
+_LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
+_PLACE = {module: place for modules in LANES.values() for place, module in enumerate(modules)}
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("hpcbox")
+    group.addoption(
+        "--reverse-modules",
+        action="store_true",
+        help="run each lane's integration modules in reverse order (each module must pass after any other)",
+    )
+    group.addoption(
+        "--record-durations",
+        action="store_true",
+        help="write each module's seconds and outcomes to bench/results/suite.json and docs/testing.md",
+    )
+
+
+def lane_of(path: Path) -> str:
+    """The lane of an integration module; a module in no lane is refused, so that none runs unplaced."""
+    if path.stem not in _LANE_OF:
+        raise pytest.UsageError(f"{path.name}: in no lane of tests/conftest.py's LANES: add it to one")
+    return _LANE_OF[path.stem]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reverse = config.getoption("--reverse-modules")
+
+    def place(indexed: tuple[int, pytest.Item]) -> tuple:
+        index, item = indexed
+        if not item.path.is_relative_to(INTEGRATION):
+            return (1, 0, index)
+        module_place = _PLACE[item.path.stem] if item.path.stem in _PLACE else len(_PLACE)
+        return (0, -module_place if reverse else module_place, index)
+
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
+            lane_of(item.path)
             item.add_marker(pytest.mark.integration)
+    items[:] = [item for _, item in sorted(enumerate(items), key=place)]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Under pytest-xdist (`invoke test` runs two workers) the integration tests stay together on one
-    worker, in order, since they share one engine's images, SIFs and cluster (session fixtures); the
-    unit tests run on the other worker meanwhile, each test a unit of work of its own."""
+    """Under pytest-xdist each lane of integration modules is one unit of work, kept on one worker in
+    order; each unit test is a unit of its own, given to whichever worker is free."""
     from xdist.scheduler import LoadScopeScheduling
 
     integration = f"{INTEGRATION.relative_to(config.rootpath).as_posix()}/"  # as node ids start
 
-    class IntegrationTogether(LoadScopeScheduling):
+    class Lanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "integration" if nodeid.startswith(integration) else nodeid
+            if not nodeid.startswith(integration):
+                return nodeid
+            return lane_of(Path(nodeid.split("::", 1)[0]))
 
-    return IntegrationTogether(config, log)
+    return Lanes(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--record-durations") and not hasattr(config, "workerinput"):  # xdist's controller
+        config.pluginmanager.register(SuiteDurations(), "hpcbox-suite-durations")
+
+
+class SuiteDurations:
+    """Every test's phases as reported, summed per module, written as bench/results/suite.json (through
+    bench/run.py, which also rewrites docs/testing.md's table from it): each integration module's lane,
+    tests, outcomes and seconds, each lane's wall time, and the whole run's."""
+
+    def __init__(self) -> None:
+        self.started = datetime.datetime.now(datetime.UTC)
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.outcomes: dict[str, dict[str, str]] = defaultdict(dict)
+        self.spans: dict[str, list[float]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        module = report.nodeid.split("::", 1)[0]
+        self.seconds[module] += report.duration
+        outcomes = self.outcomes[module]
+        if report.failed:
+            outcomes[report.nodeid] = "failed"
+        elif report.when == "call" or report.skipped:
+            outcomes.setdefault(report.nodeid, report.outcome)
+        if (lane := _lane(module)) is not None:
+            span = self.spans.setdefault(lane, [report.start, report.stop])
+            span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        wall = (datetime.datetime.now(datetime.UTC) - self.started).total_seconds()
+        every = [outcome for tests in self.outcomes.values() for outcome in tests.values()]
+        rows = [_row("the whole suite, wall clock", wall / 60, "min", _counted(every), target="≤ 25 min")]
+        for lane in LANES:
+            if lane in self.spans:
+                start, stop = self.spans[lane]
+                rows.append(
+                    _row(f"lane: {lane}", (stop - start) / 60, "min", "its modules one after another")
+                )
+        unit = [module for module in self.seconds if _lane(module) is None]
+        for module in sorted(set(self.seconds) - set(unit), key=lambda name: -self.seconds[name]):
+            tests = list(self.outcomes[module].values())
+            note = f"{_lane(module)}: {_counted(tests)}"
+            rows.append(_row(Path(module).name, self.seconds[module], "s", note))
+        unit_tests = [outcome for module in unit for outcome in self.outcomes[module].values()]
+        seconds = sum(self.seconds[module] for module in unit)
+        rows.append(
+            _row("tests/unit, every module", seconds, "s", f"beside the lanes: {_counted(unit_tests)}")
+        )
+        spec = importlib.util.spec_from_file_location("bench_run", REPO / "bench" / "run.py")
+        assert spec is not None and spec.loader is not None
+        runner = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(runner)
+        runner.record("suite", self.started, rows)
+
+
+def _lane(module: str) -> str | None:
+    path = REPO / module
+    return lane_of(path) if path.is_relative_to(INTEGRATION) else None
+
+
+def _counted(outcomes: list[str]) -> str:
+    return ", ".join(f"{outcomes.count(outcome)} {outcome}" for outcome in sorted(set(outcomes)))
+
+
+def _row(metric: str, value: float, unit: str, note: str, target: str = "") -> dict:
+    return {"metric": metric, "value": round(value, 1), "unit": unit, "target": target, "note": note}

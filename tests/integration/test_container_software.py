@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup
+from tests.fixtures.submitting import Setup, with_own_ledger
 from tests.integration.test_doctor import verdicts
 from tests.integration.test_submit import SHORT, invoke
 
@@ -28,6 +28,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 # Each (runtime, FUSE) a cluster is switched to in turn, and what a job then says about the SIF.
 SOFTWARE = (("singularity", "no"), ("apptainer", "no"), ("singularity", "yes"))
+
+
+@pytest.fixture(scope="module")
+def setup(setup: Setup, tmp_path_factory) -> Setup:
+    """The lane's setup, with a ledger of this module's own (its cluster's job ids repeat others')."""
+    return with_own_ledger(setup, tmp_path_factory, "software-project")
 
 
 @pytest.fixture(scope="module")

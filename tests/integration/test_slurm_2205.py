@@ -11,7 +11,6 @@ a copy of the session's project, so that this cluster's job numbers stay out of 
 from __future__ import annotations
 
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup
+from tests.fixtures.submitting import Setup, with_own_ledger
 from tests.integration.test_container_software import hpcbox, runs_on_each_software
 from tests.integration.test_minicluster import GROW, accounting, gpus_seen, submit
 from tests.integration.test_submit import SHORT, invoke
@@ -57,11 +56,7 @@ def minicluster(run_id: str, docker_engine, minicluster_state: Path, tmp_path_fa
 
 @pytest.fixture(scope="module")
 def own_setup(setup: Setup, tmp_path_factory) -> Setup:
-    """The session's project copied without its .hpcbox (ledger, image records): the same image and SIF,
-    a ledger of its own."""
-    folder = tmp_path_factory.mktemp("s2205-project") / "project"
-    shutil.copytree(setup.project_dir, folder, ignore=shutil.ignore_patterns(".hpcbox"))
-    return Setup(folder, setup.data, setup.sif_cache, setup.env)
+    return with_own_ledger(setup, tmp_path_factory, "s2205-project")
 
 
 def test_it_comes_up_idle_running_slurm_22_05_with_the_same_configuration(minicluster):

@@ -27,7 +27,7 @@ import pytest
 
 from hpcbox import jobs
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import datasets
+from hpcbox.jobs import datasets, ship
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
@@ -62,7 +62,9 @@ def session_payload(setup: Setup, profile, data=None):
     )
 
 
-def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None, data=None):
+def submit(
+    setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None, data=None, remote_root=None
+):
     project = setup.project()
     profile, checked = profile_and_resources or local_resources()
     payload, environment = session_payload(setup, profile, data)
@@ -74,6 +76,7 @@ def submit(setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, tar
         args,
         payload,
         image=environment.ref,
+        remote_root=remote_root or ship.DEFAULT_REMOTE_ROOT,
         say=lambda _: None,
     )
 
@@ -87,10 +90,14 @@ def log_of(cluster, record: jobs.JobRecord) -> str:
     return cluster.ssh(["cat", record.log]).stdout
 
 
+# The store of the module's first submit, its own whichever modules ran before on this cluster.
+FIRST_ROOT = f"hpcbox-first-{uuid.uuid4().hex[:8]}"
+
+
 @pytest.fixture(scope="module")
 def first_job(setup: Setup, minicluster) -> jobs.JobRecord:
-    """The first submit of the session to a cluster that has nothing of this project yet."""
-    record = submit(setup, minicluster)
+    """The first submit to a store that has nothing of this project yet (``FIRST_ROOT``)."""
+    record = submit(setup, minicluster, remote_root=FIRST_ROOT)
     assert record is not None
     return record
 
@@ -159,7 +166,7 @@ def test_a_code_only_change_sends_no_sif_and_the_job_runs_the_new_code(
     original = main.read_text()
     main.write_text(f"import sys\nprint({marker!r}, file=sys.stderr)\n" + original)
     try:
-        record = submit(setup, minicluster)
+        record = submit(setup, minicluster, remote_root=FIRST_ROOT)
     finally:
         main.write_text(original)
     assert record is not None
@@ -428,7 +435,7 @@ def test_sbatch_refusal_shows_slurms_message_and_records_nothing(first_job, setu
     before = sorted(jobs.Ledger(setup.project()).directory.iterdir())
     scripts = minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout
     with pytest.raises(HpcboxError) as caught:
-        submit(setup, minicluster, profile_and_resources=(profile, checked))
+        submit(setup, minicluster, profile_and_resources=(profile, checked), remote_root=FIRST_ROOT)
     # 8 DDP processes, one per claimed GPU, on nodes of 2 CPUs: refused at once (EnforcePartLimits).
     assert "More processors requested than permitted" in caught.value.message
     assert sorted(jobs.Ledger(setup.project()).directory.iterdir()) == before
@@ -502,7 +509,7 @@ def test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly(first_job, setu
     before = sorted(ledger.directory.iterdir())
     try:
         with pytest.raises(HpcboxError) as caught:
-            submit(setup, minicluster)
+            submit(setup, minicluster, remote_root=FIRST_ROOT)
         left = minicluster.ssh(["ls", "-A", store], check=True).stdout
     finally:
         subprocess.run([*in_login, "umount", store], check=True)
@@ -699,7 +706,9 @@ def test_dry_run_says_what_it_would_send_and_sends_nothing(first_job, setup: Set
     before = sorted(ledger.iterdir())
     remote_before = minicluster.ssh(["find", first_job.submit_dir]).stdout
     try:
-        done = invoke(setup, "submit", "--cluster=local", f"--data={setup.data}", "--dry-run", "--", *SHORT)
+        dry = ("submit", "--cluster=local", f"--data={setup.data}", f"--remote-root={FIRST_ROOT}")
+        dry += ("--dry-run",)
+        done = invoke(setup, *dry, "--", *SHORT)
     finally:
         init.write_text(original)
     assert done.returncode == 0, done.stderr

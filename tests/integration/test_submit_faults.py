@@ -1,8 +1,6 @@
 """Faults a cluster has, in the middle of a real job on the mini cluster: its accounting (slurmdbd) stops
 answering, its controller (slurmctld) restarts. The job is the session project's trainer, submitted as
 `invoke submit` submits it; what it did is read from its log, its metrics and Slurm's own answers.
-
-Runs after test_submit.py (file order), whose first submit must meet an empty store.
 """
 
 from __future__ import annotations

@@ -3,8 +3,6 @@ delta (real rsync against a basis on the cluster), uploads of one file at once g
 flock there), a basis that cannot be trusted or read still gives the right file (sha256sum there),
 and `hpcbox prune` lists and removes what no kept job needs, and never what a job Slurm still holds
 needs, whichever checkout queued it.
-
-Runs after test_submit.py (file order): the session's project has jobs and its SIF on the cluster.
 """
 
 from __future__ import annotations
@@ -253,7 +251,11 @@ def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
     nobodys = _stored_file(minicluster, root, "", 1.0)
 
     def listing() -> list[str]:
-        found = minicluster.ssh(f"find {root} -mindepth 3 -maxdepth 3 ! -name '.*'", check=True)
+        """What prune may remove: the store's files and index entries, the projects' code snapshots (not
+        the submit folders, where a job an earlier test queued may start and write meanwhile)."""
+        submit_folders = " -o ".join(f"-path '*/{name}/*'" for name in ("scripts", "logs", "runs"))
+        find = f"find {root} -mindepth 3 -maxdepth 3 ! -name '.*' ! \\( {submit_folders} \\)"
+        found = minicluster.ssh(find, check=True)
         return sorted(found.stdout.split())
 
     before = listing()
