@@ -199,7 +199,8 @@ def test_the_projects_own_script_from_tool_hpcbox_run_runs_and_its_output_comes_
     pyproject.write_text(re.sub(r"\[tool\.hpcbox\.run\]\n(?:[^\[\n].*\n)*", own_run, pyproject.read_text()))
     assert load_project(project_dir).run.target == "/code/hpctrain/own_job.py"
     args = ("it's $HOME", "--flag=a b")
-    record = submit(dataclasses.replace(setup, project_dir=project_dir), minicluster, args)
+    own = dataclasses.replace(setup, project_dir=project_dir)
+    record = submit(own, minicluster, args, remote_root=FIRST_ROOT)  # first_job's store: its SIF, its data
     assert record is not None and record.sent == ("code",)  # the same environment: only the code travels
     final = finished(minicluster, record)
     assert final.state == "COMPLETED", log_of(minicluster, record)
