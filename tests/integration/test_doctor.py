@@ -19,7 +19,7 @@ from tests.integration.test_submit import dropping_port, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-# The command's promise: the probes run at once with 5 s for all, twice (facts, then the probe SIFs), each
+# The command's promise: the probes run at once, twice (the facts in 5 s, then the probe SIFs in 8), each
 # round in one login shell; SSH gives up connecting after 10.
 DOCTOR_BOUND_S = 15
 # The bound is the doctor's own time, as its first line prints it (from its SSH connection to its

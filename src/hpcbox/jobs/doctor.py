@@ -41,6 +41,9 @@ from hpcbox.units import format_time, parse_time
 # SIFs. Beside them the command pays one SSH connection and one login shell a round, so it stays under
 # 15 s however slow the site's accounting or its login shell is.
 PROBE_DEADLINE_S = 5
+# A probe SIF that does not mount is unpacked in its probe, after the mount failed: more than 5 s on a
+# busy login node (seen under the test suite's three lanes on two cores).
+SIF_DEADLINE_S = 8
 _MARK = "@@hpcbox-probe"
 PROBE_SIFS = f"{DEFAULT_REMOTE_ROOT}/images/probe"  # under the login's home, named by content
 # What Apptainer says when it runs a SIF it cannot mount by extracting it to a folder first, every time.
@@ -258,8 +261,12 @@ def _try_sifs(
         for sif in missing:
             connection.upload(sif.path, f"{PROBE_SIFS}/{sif.name}")
     paths = {sif.compression: f"{PROBE_SIFS}/{sif.name}" for sif in made}
+    where = connection.target.address
     tried = ask(
-        connection, sif_commands(profile, paths), what=f"run the probe SIFs on {connection.target.address}"
+        connection,
+        sif_commands(profile, paths),
+        what=f"run the probe SIFs on {where}",
+        deadline_s=SIF_DEADLINE_S,
     )
     return {"sifs": Probed("", 0), **tried}
 
