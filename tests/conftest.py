@@ -92,7 +92,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         index, item = indexed
         if not item.path.is_relative_to(INTEGRATION):
             return (1, 0, index)
-        module_place = _PLACE[item.path.stem] if item.path.stem in _PLACE else len(_PLACE)
+        module_place = _PLACE[item.path.stem]  # every integration module has one: lane_of refused the rest
         return (0, -module_place if reverse else module_place, index)
 
     for item in items:

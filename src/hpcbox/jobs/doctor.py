@@ -38,8 +38,8 @@ from hpcbox.tools import slurm, ssh
 from hpcbox.units import format_time, parse_time
 
 # The deadline of each round of probes on the login node (they run at once): the facts, then the probe
-# SIFs. Beside them the command pays one SSH connection and one login shell a round, so it stays under
-# 15 s however slow the site's accounting or its login shell is.
+# SIFs. Beside them the command pays one SSH connection and one login shell a round, so however slow the
+# site's accounting is, it takes the two deadlines and two login shells at most.
 PROBE_DEADLINE_S = 5
 # A probe SIF that does not mount is unpacked in its probe, after the mount failed: more than 5 s on a
 # busy login node (seen under the test suite's three lanes on two cores).
@@ -261,11 +261,10 @@ def _try_sifs(
         for sif in missing:
             connection.upload(sif.path, f"{PROBE_SIFS}/{sif.name}")
     paths = {sif.compression: f"{PROBE_SIFS}/{sif.name}" for sif in made}
-    where = connection.target.address
     tried = ask(
         connection,
         sif_commands(profile, paths),
-        what=f"run the probe SIFs on {where}",
+        what=f"run the probe SIFs on {connection.target.address}",
         deadline_s=SIF_DEADLINE_S,
     )
     return {"sifs": Probed("", 0), **tried}
