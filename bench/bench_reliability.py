@@ -29,9 +29,10 @@ SCENARIOS = {
     "USR1 sent by hand mid-training: requeued, completes with the figures of a run never stopped": [
         f"{SBATCH}::test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_never_stopped",
     ],
-    "USR1 by hand to 2 nodes, one not yet in the rendezvous or one rank stopped: requeued, resumed": [
+    "USR1 by hand to 2 nodes, one not in the rendezvous, a rank or a torchrun stopped: requeued, resumed": [
         f"{SBATCH}::test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_together_and_requeue",
         f"{SBATCH}::test_two_nodes_with_a_rank_that_cannot_stop_end_in_time_and_resume_from_the_last_checkpoint",
+        f"{SBATCH}::test_two_nodes_with_a_torchrun_that_cannot_stop_are_requeued_and_resume_from_the_last_checkpoint",
     ],
     "over its --mem, a spike too: OUT_OF_MEMORY (cgroup), named with the --mem to ask, no scratch left": [
         "tests/integration/test_minicluster.py::test_a_job_over_its_memory_ends_out_of_memory_as_at_a_cgroup_site",

@@ -57,9 +57,10 @@ def run_one(name: str) -> dict:
     return record(name, started, module.run())
 
 
-def record(name: str, started: datetime.datetime, rows: list[dict]) -> dict:
-    """Write bench/results/NAME.json (the rows, when and where they were measured) and the documents'
-    figure blocks from it; the test suite records its durations through this too."""
+def record(name: str, started: datetime.datetime, rows: list[dict], details: dict | None = None) -> dict:
+    """Write bench/results/NAME.json (the rows, when and where they were measured, and ``details``: what
+    no table shows) and the documents' figure blocks from it; the test suite records its durations
+    through this too."""
     result = {
         "benchmark": name,
         "started": started.isoformat(timespec="seconds"),
@@ -70,6 +71,7 @@ def record(name: str, started: datetime.datetime, rows: list[dict]) -> dict:
             "python": platform.python_version(),
         },
         "rows": rows,
+        **({"details": details} if details else {}),
     }
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

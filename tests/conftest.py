@@ -23,8 +23,7 @@ INTEGRATION = Path(__file__).parent / "integration"
 
 # The integration modules in lanes: under `invoke test` each lane runs on an xdist worker of its own, its
 # modules in this order, with session fixtures of its own (a lane's cluster is its own), while the unit
-# tests fill in where a lane ends first. The lanes wait on Slurm's timers and the engine far more than
-# they compute, so three share two cores. The jobs that wait out a time limit start first, the builds
+# tests fill in where a lane ends first. The jobs that wait out a time limit start first, the builds
 # that fill both cores (a base bootstrapped, an image rebuilt with no cache) come last in theirs; the
 # images, the environment's SIF and the dataset are made once per run for every lane
 # (tests/fixtures/engine.py). The lanes' lengths, from the last full run: bench/results/suite.json.
@@ -37,6 +36,8 @@ LANES = {
         "test_submit_faults",
         "test_ssh_master",
         "test_notebook",
+        "test_cluster_sharing",
+        "test_registry_base",
         "test_base",
     ),
     "cluster submits": (
@@ -53,11 +54,9 @@ LANES = {
         "test_slurm_2205",
         "test_container_software",
         "test_rehearsal",
-        "test_cluster_sharing",
         "test_reproducible",
         "test_sif",
         "test_trainer",
-        "test_registry_base",
     ),
 }
 _LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
@@ -127,17 +126,20 @@ def pytest_configure(config: pytest.Config) -> None:
 class SuiteDurations:
     """Every test's phases as reported, summed per module, written as bench/results/suite.json (through
     bench/run.py, which also rewrites docs/testing.md's table from it): each integration module's lane,
-    tests, outcomes and seconds, each lane's wall time, and the whole run's."""
+    tests, outcomes and seconds, each lane's wall time, and the whole run's; in its details, each
+    integration test's outcome and seconds (set-up and tear-down included), slowest first."""
 
     def __init__(self) -> None:
         self.started = datetime.datetime.now(datetime.UTC)
         self.seconds: dict[str, float] = defaultdict(float)
+        self.test_seconds: dict[str, float] = defaultdict(float)
         self.outcomes: dict[str, dict[str, str]] = defaultdict(dict)
         self.spans: dict[str, list[float]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         module = report.nodeid.split("::", 1)[0]
         self.seconds[module] += report.duration
+        self.test_seconds[report.nodeid] += report.duration
         outcomes = self.outcomes[module]
         if report.failed:
             outcomes[report.nodeid] = "failed"
@@ -171,7 +173,15 @@ class SuiteDurations:
         assert spec is not None and spec.loader is not None
         runner = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(runner)
-        runner.record("suite", self.started, rows)
+        tests = {}
+        for nodeid, seconds in sorted(self.test_seconds.items(), key=lambda item: -item[1]):
+            module = nodeid.split("::", 1)[0]
+            if _lane(module) is not None:
+                tests[nodeid] = {
+                    "outcome": self.outcomes[module].get(nodeid, "not run"),
+                    "seconds": round(seconds, 1),
+                }
+        runner.record("suite", self.started, rows, details={"integration tests": tests})
 
 
 def _lane(module: str) -> str | None:

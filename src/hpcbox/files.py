@@ -56,21 +56,27 @@ def partial_path(target: Path) -> Path:
     return target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(3).hex()}.partial")
 
 
+def private_folder() -> Path:
+    """This user's own folder on this machine for hpcbox's locks and SSH sockets, $TMPDIR/hpcbox-UID
+    (0700), made where missing."""
+    folder = Path(tempfile.gettempdir()) / f"hpcbox-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    # Under a shared /tmp, another user's folder (or link) of that name would hold our locks and sockets.
+    seen = folder.lstat()
+    if not stat.S_ISDIR(seen.st_mode) or seen.st_uid != os.getuid() or seen.st_mode & 0o077:
+        raise HpcboxError(
+            f"{folder} is not a private folder of this user's",
+            "remove it (hpcbox keeps only its locks and SSH sockets there) and run the command again",
+        )
+    return folder
+
+
 @contextlib.contextmanager
 def one_at_a_time(name: str, on_wait: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Hold this user's machine-wide lock ``name`` (flock, freed when the process ends however it ends):
     two hpcbox commands started together on a bare engine make a shared image once, the second then
     finding it made. ``on_wait`` is called once when another holds it."""
-    folder = Path(tempfile.gettempdir()) / f"hpcbox-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    # Under a shared /tmp, another user's folder (or link) of that name would hold our locks.
-    seen = folder.lstat()
-    if not stat.S_ISDIR(seen.st_mode) or seen.st_uid != os.getuid() or seen.st_mode & 0o077:
-        raise HpcboxError(
-            f"{folder} is not a private folder of this user's",
-            "remove it (hpcbox keeps only its locks there) and run the command again",
-        )
-    with open(folder / f"{slug(name)}.lock", "a") as handle:
+    with open(private_folder() / f"{slug(name)}.lock", "a") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -68,6 +68,13 @@ class Rehearsals:
 
 
 @pytest.fixture(scope="module")
+def setup(project_setup: Setup) -> Setup:
+    """The session's project, dataset and SIF; every command here names its rehearsal in
+    HPCBOX_MINICLUSTER, so no session cluster is started for this module."""
+    return project_setup
+
+
+@pytest.fixture(scope="module")
 def rehearsals(run_id: str, docker_engine, minicluster_state: Path) -> Iterator[Rehearsals]:
     made = Rehearsals(run_id, minicluster_state)
     try:

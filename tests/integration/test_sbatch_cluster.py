@@ -431,6 +431,27 @@ def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_togethe
     wait_scratch_gone(cluster, job_id, log_of(job_dir, "rdzv", job_id))
 
 
+def signalled_with_node2_stopped(job_dir: JobDir, name: str, pattern: str) -> tuple[str, str, list[dict]]:
+    """A two-node training job whose node2 process matching ``pattern`` is stopped in its third epoch,
+    then given the time limit's USR1: its id, and its log and start events once it has resumed."""
+    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    job_id = job_dir.submit(
+        render_local(ResourceRequest(job_name=name, time="10", **TWO_NODES), training), f"{name}.sh"
+    )
+    cluster = job_dir.cluster
+    try:
+        deadline = time.monotonic() + 600
+        while '"epoch": 2,' not in (log := log_of(job_dir, name, job_id)()):
+            assert time.monotonic() < deadline, log
+            time.sleep(1)
+        stop_when_ready(cluster, "node2", pattern, f"HPCBOX_JOB={job_id}")
+        cluster.ssh(["scancel", "--signal=USR1", "--batch", job_id], check=True)
+        log, starts = requeued_and_resumed(job_dir, name, job_id)
+    finally:
+        cluster.ssh(["scancel", job_id])
+    return job_id, log, starts
+
+
 def test_two_nodes_with_a_rank_that_cannot_stop_end_in_time_and_resume_from_the_last_checkpoint(
     job_dir: JobDir,
 ):
@@ -438,27 +459,29 @@ def test_two_nodes_with_a_rank_that_cannot_stop_end_in_time_and_resume_from_the_
     stuck writing or waiting for a peer that is gone): rank 0 waits for it in a collective, so neither
     checkpoints; half the margin after the signal each node's torchrun ends its workers and exits 75,
     and the job is requeued before its limit and resumes from its last whole (epoch) checkpoint."""
-    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
-    job_id = job_dir.submit(
-        render_local(ResourceRequest(job_name="stuck", time="10", **TWO_NODES), training), "stuck.sh"
-    )
-    cluster = job_dir.cluster
-    try:
-        deadline = time.monotonic() + 600
-        while '"epoch": 2,' not in (log := log_of(job_dir, "stuck", job_id)()):
-            assert time.monotonic() < deadline, log
-            time.sleep(1)
-        stop_when_ready(cluster, "node2", WORKER, f"HPCBOX_JOB={job_id}")
-        cluster.ssh(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-        log, starts = requeued_and_resumed(job_dir, "stuck", job_id)
-    finally:
-        cluster.ssh(["scancel", job_id])
+    job_id, log, starts = signalled_with_node2_stopped(job_dir, "stuck", WORKER)
     ended = "the workers did not stop within 30 s of SIGUSR1; ending them and exiting 75"
     assert log.count(ended) == 2, log
     assert not metric_events(job_dir, job_id, "preempted"), log  # no rank could checkpoint
     resumed = starts[-1]["resumed"]
     assert resumed["step"] == 0 and resumed["epoch"] >= 1, log  # an epoch's checkpoint
-    wait_scratch_gone(cluster, job_id, log_of(job_dir, "stuck", job_id))
+    wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "stuck", job_id))
+
+
+def test_two_nodes_with_a_torchrun_that_cannot_stop_are_requeued_and_resume_from_the_last_checkpoint(
+    job_dir: JobDir,
+):
+    """The time limit's USR1 while node2's torchrun itself is stopped mid-training (its rank is not): the
+    ranks checkpoint together and node1's torchrun exits 75, node2's cannot, and srun kills it after its
+    --wait, so the step ends killed (137): the job is requeued all the same, not failed, and resumes from
+    the checkpoint written at the signal."""
+    job_id, log, starts = signalled_with_node2_stopped(job_dir, "agent", AGENT)
+    assert log.count("hpctrain.torchrun: the workers checkpointed; exiting 75") == 1, log  # node1's alone
+    assert "srun: error: node2: task 1: Killed" in log, log
+    assert "hpcbox: the trainer was killed (status 137) after the time limit's signal" in log, log
+    preempted = metric_events(job_dir, job_id, "preempted")
+    assert preempted and starts[-1]["resumed"]["checkpoint"] == preempted[0]["checkpoint"], log
+    wait_scratch_gone(job_dir.cluster, job_id, log_of(job_dir, "agent", job_id))
 
 
 def test_a_job_requeued_max_restarts_times_stops_there_and_keeps_its_checkpoints(

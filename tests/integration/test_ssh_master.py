@@ -1,14 +1,17 @@
-"""The SSH master connection against the mini cluster's real sshd: it outlives a session longer than its
+"""The SSH master connection against the mini cluster's real sshd: the next command finds the last one's
+master and uses it (commands at once each hold one of their own); it outlives a session longer than its
 idle bound (ControlPersist counts only the time nothing goes through it), and the master of a command
-killed outright (SIGKILL: no `ssh -O exit`) ends by itself once that bound has passed."""
+killed outright (SIGKILL: no clean end) ends by itself once that bound has passed."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,8 +58,15 @@ def _running(pid: int) -> bool:
     return state != "Z"  # a zombie nobody reaps here has ended all the same
 
 
+def _own_tmpdir() -> str:
+    """A short folder of the test's own as TMPDIR (a socket's path is limited to about 100 bytes), so
+    that its masters are its own, whatever masters other tests left for the same cluster."""
+    return tempfile.mkdtemp(prefix="hpcbox-mt-", dir="/tmp")
+
+
 def test_a_killed_commands_master_ends_once_idle_for_its_bound_and_not_while_in_use(minicluster):
     target = minicluster.ssh_target()
+    private = _own_tmpdir()
     command = subprocess.Popen(
         [
             sys.executable,
@@ -70,6 +80,7 @@ def test_a_killed_commands_master_ends_once_idle_for_its_bound_and_not_while_in_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": private},
     )
     control_path = ""
     try:
@@ -92,4 +103,67 @@ def test_a_killed_commands_master_ends_once_idle_for_its_bound_and_not_while_in_
             command.kill()
         if control_path:
             subprocess.run(["ssh", "-o", f"ControlPath={control_path}", "-O", "exit", "mini"], check=False)
-            subprocess.run(["rm", "-rf", str(Path(control_path).parent)], check=False)
+        shutil.rmtree(private, ignore_errors=True)
+
+
+# A command that opens a connection, says its socket and its master's pid, runs one session, and ends
+# cleanly once it reads a line (or at once, given "now").
+NEXT_COMMAND = """
+import subprocess, sys
+from pathlib import Path
+from hpcbox.tools import ssh
+
+target = ssh.Target("127.0.0.1", int(sys.argv[1]), "researcher", Path(sys.argv[2]), Path(sys.argv[3]))
+with ssh.Connection(target) as connection:
+    connection.run(["true"], what="one session")
+    print(connection.control_path, flush=True)
+    if sys.argv[4] != "now":
+        sys.stdin.readline()
+"""
+
+
+def test_the_next_command_uses_the_last_ones_master_and_commands_at_once_hold_one_each(minicluster):
+    target = minicluster.ssh_target()
+    private = _own_tmpdir()
+
+    def command(when: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-c", NEXT_COMMAND, str(target.port), str(target.key_path),
+             str(target.known_hosts), when],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "TMPDIR": private},
+        )  # fmt: skip
+
+    def socket_of(started: subprocess.Popen) -> str:
+        assert started.stdout is not None
+        path = started.stdout.readline().strip()
+        assert path, started.communicate(timeout=30)[1]
+        return path
+
+    paths: set[str] = set()
+    try:
+        first = command("now")
+        paths.add(first_path := socket_of(first))
+        assert first.wait(timeout=30) == 0
+        master = _master(first_path)
+        assert master is not None, "the first command's master did not stay for the next"
+        folder = Path(first_path).parent
+        assert folder == Path(private) / f"hpcbox-{os.getuid()}" and folder.stat().st_mode & 0o777 == 0o700
+
+        held = command("later")  # runs on, holding the master it found
+        paths.add(held_path := socket_of(held))
+        assert held_path == first_path and _master(held_path) == master
+
+        beside = command("now")  # while the other runs: a master of its own, not a shared one
+        paths.add(beside_path := socket_of(beside))
+        assert beside.wait(timeout=30) == 0
+        assert beside_path != first_path
+        assert (other := _master(beside_path)) is not None and other != master
+
+        held.communicate("\n", timeout=30)
+        assert held.returncode == 0
+        assert _master(first_path) == master and _master(beside_path) == other  # both kept for the next
+    finally:
+        for path in paths:
+            subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "mini"], check=False)
+        shutil.rmtree(private, ignore_errors=True)

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -377,7 +378,7 @@ def test_record_json_is_stable(project):
 
 # An ssh that fails its first $FAILS connections with $SAYS (counting them in $COUNT), then connects.
 FLAKY_SSH = """#!/bin/sh
-for word in "$@"; do if [ "$word" = "-O" ]; then exit 0; fi; done
+case " $* " in *" -O check "*) exit 255 ;; *" -O "*) exit 0 ;; esac
 tries=$(($(cat "$COUNT" 2>/dev/null || echo 0) + 1))
 echo "$tries" > "$COUNT"
 if [ "$tries" -le "$FAILS" ]; then echo "$SAYS" >&2; exit 255; fi
@@ -405,6 +406,7 @@ def test_a_connection_sshd_drops_before_the_key_exchange_is_tried_again(
     monkeypatch.setenv("FAILS", str(fails))
     monkeypatch.setenv("SAYS", says)
     monkeypatch.setattr(ssh, "CONNECT_BACKOFF_S", 0.01)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its slots and sockets its own
     target = ssh.Target("127.0.0.1", 2222, "researcher")
     if connects:
         with ssh.Connection(target) as connection:
@@ -504,14 +506,23 @@ def test_a_login_flag_that_ssh_would_read_as_an_option_is_refused(flag: str, val
         ssh.Target(**{"host": "edi", flag: value})  # and no Target is ever made of one
 
 
-def test_the_master_connection_outlives_a_killed_command_for_a_bounded_time_only(monkeypatch):
+def test_the_master_connection_stays_for_the_next_command_for_a_bounded_idle_time_only(
+    tmp_path: Path, monkeypatch
+):
     """ControlPersist=yes kept a killed command's master (and a notebook's forward) logged in forever;
     the bound counts idle time only (tests/integration/test_ssh_master.py: against the real sshd)."""
     started: list[list[str]] = []
-    monkeypatch.setattr(ssh.proc, "run", lambda argv, **_: started.append(list(argv)))
+
+    def run(argv, **_):
+        started.append(list(argv))
+        return ssh.proc.Completed(tuple(argv), 255 if "check" in argv else 0, "", "")
+
+    monkeypatch.setattr(ssh.proc, "run", run)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with ssh.Connection(ssh.Target("edi")):
         pass
-    master = started[0]
+    assert "check" in started[0] and not any("exit" in argv for argv in started)  # kept for the next
+    master = started[1]
     assert "ControlMaster=yes" in master and "-f" in master
     assert [arg for arg in master if arg.startswith("ControlPersist=")] == [
         f"ControlPersist={ssh.CONTROL_PERSIST_S}"

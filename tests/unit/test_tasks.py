@@ -122,3 +122,18 @@ def test_sbatch_submit_and_shell_take_sbatchs_letters(capsys):
             "-M STRING, --cluster",
         ):
             assert shown in options, (name, shown)
+
+
+def test_the_hpcbox_command_parses_yaml_only_when_a_config_file_asks_for_it(tmp_path: Path):
+    """Invoke's YAML parser (and PyYAML's behind it) is imported when a YAML config file is read, not at
+    every start; a runtime config file (`-f`) is still read, and a broken one still refused."""
+    started = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hpcbox", "--version"], capture_output=True, text=True
+    )
+    assert started.returncode == 0, started.stderr
+    imported = {line.split("|")[-1].strip() for line in started.stderr.splitlines() if "|" in line}
+    assert "hpcbox.cli.tasks" in imported and "invoke.vendor.yaml.cyaml" not in imported
+    (tmp_path / "broken.yaml").write_text("run: [unclosed\n")
+    reading = "import hpcbox.cli, invoke; c = invoke.Config(runtime_path='broken.yaml'); c.load_runtime()"
+    refused = subprocess.run([sys.executable, "-c", reading], cwd=tmp_path, capture_output=True, text=True)
+    assert refused.returncode != 0 and "ParserError" in refused.stderr

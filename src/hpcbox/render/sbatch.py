@@ -721,6 +721,9 @@ def _launch(
         f'--bind "$code_dir:{CODE_MOUNT}:ro"',
         f"--env PYTHONPATH={CODE_MOUNT}",
     ]
+    # As many threads per process as it has CPUs, unless the job's environment says otherwise: PyTorch
+    # and NumPy otherwise start one per core of the node, far more than a job's share of a shared node.
+    units.append(f'--env "OMP_NUM_THREADS=${{OMP_NUM_THREADS:-{resources.cpus_per_task or 1}}}"')
     if multi_process:
         # The trainer sizes its DataLoader workers by this: the CPUs of one process, not of the node.
         units.append(f"--env SLURM_CPUS_PER_TASK={resources.cpus_per_task or 1}")

@@ -5,26 +5,32 @@ generated at `up`) or leaves key, user, port and host keys to the user's own `~/
 ProxyJump, Kerberos and site aliases work as they do for them. Host keys are always checked
 (StrictHostKeyChecking=yes; a host not yet trusted is refused, never silently added).
 
-A `Connection` opens one master connection (ControlMaster) and runs every later ssh and rsync of the
-command through it: a site with two-factor login asks once per hpcbox command. The command closes it
-at its end; one killed outright (SIGKILL, a lost terminal) leaves it behind for CONTROL_PERSIST_S
-at most, counted from when the last session or forwarded connection through it ended.
+A `Connection` runs every ssh and rsync of a command through one master connection (ControlMaster),
+and leaves it for the next command: a command within CONTROL_PERSIST_S idle seconds of the last finds
+it open and skips the handshake (and a second factor). Its socket is in this user's private folder
+(files.private_folder), one per login (host, port, user, key, known hosts) and command running at once:
+each command holds a master for itself while it runs (a flock'ed slot), so that commands run together
+never share one connection (sshd allows MaxSessions sessions on one, 10 by default). However a command
+ends, killed outright included, its master ends once CONTROL_PERSIST_S have passed since the last
+session or forwarded connection through it ended.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import random
 import re
 import shlex
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from hpcbox import files
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.tools import proc
 
@@ -32,8 +38,8 @@ INSTALL_HINT = "install the OpenSSH client (`apt-get install openssh-client`)"
 RSYNC_HINT = "install rsync here (`apt-get install rsync`) and make sure the cluster has it too"
 # Within this many seconds a host that does not answer is reported, never waited on for longer.
 CONNECT_TIMEOUT_S = 10
-# How long a master connection stays with nothing going through it (ssh's ControlPersist): a command
-# that is killed cannot close it, and it must not stay open, logged in, forever. Only idle time counts:
+# How long a master connection stays with nothing going through it (ssh's ControlPersist): the next
+# command within it skips the handshake, and none stays open, logged in, for longer. Only idle time counts:
 # a session (`logs --follow`, a shell) or a connection through a forward (a notebook's browser) keeps
 # it, and hpcbox's waits ask the cluster every few seconds. A command that leaves it idle for longer
 # (the doctor's probe SIFs, where their helper image must be built first) makes its next ssh connect
@@ -205,9 +211,31 @@ CONNECT_ATTEMPTS = 5
 CONNECT_BACKOFF_S = 0.5
 
 
+def _master_slot(target: Target) -> tuple[IO[str], Path]:
+    """The first master slot for ``target`` that no running command holds, flock'ed (freed when the
+    process ends, however it ends), and its socket's path: `ssh-<login>-<n>` in the private folder."""
+    folder = files.private_folder()
+    # The pinned host keys' content too: a mini cluster made again where the last one was (its port,
+    # its key's path) is another login, and a master left for the last one is not its.
+    pinned = target.known_hosts.read_bytes() if target.known_hosts and target.known_hosts.is_file() else b""
+    login = (target.host, target.port, target.user, target.key_path, target.known_hosts, pinned)
+    name = f"ssh-{hashlib.sha256(repr(login).encode()).hexdigest()[:12]}"
+    slot = 0
+    while True:
+        handle = open(folder / f"{name}-{slot}.lock", "a")  # noqa: SIM115  (held past this function)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            slot += 1
+            continue
+        return handle, folder / f"{name}-{slot}"
+
+
 class Connection:
-    """One SSH master connection to ``target`` for the life of a `with` block; every `run`, `stream`
-    and rsync inside it goes through that connection.
+    """A master connection to ``target`` for the life of a `with` block, found open (left by an earlier
+    command) or opened; every `run`, `stream` and rsync inside it goes through it, and it stays open
+    after the block for the next command (CONTROL_PERSIST_S idle seconds at most).
 
     Opening it is where a host that is down, a refused key or an unknown host key shows up, as one
     error within about ``connect_timeout_s``; the master asks for a password or second factor on the
@@ -217,52 +245,65 @@ class Connection:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self._dir: Path | None = None
+        self._slot: IO[str] | None = None
+        self._path: Path | None = None
+        self._forwards: list[str] = []
 
     @property
     def control_path(self) -> Path:
-        if self._dir is None:
+        if self._path is None:
             raise HpcboxError("the SSH connection is not open", "use it inside `with Connection(...)`")
-        return self._dir / "master"
+        return self._path
 
     def __enter__(self) -> Connection:
-        # A short private folder: socket paths are limited to ~100 bytes, and no one else may use it.
-        self._dir = Path(tempfile.mkdtemp(prefix="hpcbox-ssh-"))
+        self._slot, self._path = _master_slot(self.target)
+        try:
+            if not self._master_answers():
+                self._path.unlink(missing_ok=True)  # the socket of a master that has ended
+                self._open_master()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def _master_answers(self) -> bool:
+        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}", "-O", "check"]
+        found = proc.run([*argv, self.target.host], what="look for an open SSH connection", check=False)
+        return found.returncode == 0
+
+    def _open_master(self) -> None:
         interactive = sys.stdin.isatty()
         argv = [proc.require("ssh", INSTALL_HINT), *options(self.target, interactive=interactive)]
         argv += ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes"]
         argv += ["-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", self.target.host]
-        try:
-            for attempt in range(1, CONNECT_ATTEMPTS + 1):
-                try:
-                    proc.run(
-                        argv,
-                        what=f"connect to {self.target.address}",
-                        hint=self._hint(),
-                        timeout_s=self.target.connect_timeout_s + 5 if not interactive else None,
-                    )
-                    break
-                except HpcboxError as failed:
-                    said = f"{failed.message}\n{failed.details}"
-                    if attempt == CONNECT_ATTEMPTS or not any(words in said for words in DROPPED_BEFORE_KEX):
-                        raise
-                    # Spread out, so that many commands dropped together do not all come back together.
-                    time.sleep(CONNECT_BACKOFF_S * 2 ** (attempt - 1) * random.uniform(1, 2))
-        except BaseException:
-            self._remove_dir()
-            raise
-        return self
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                proc.run(
+                    argv,
+                    what=f"connect to {self.target.address}",
+                    hint=self._hint(),
+                    timeout_s=self.target.connect_timeout_s + 5 if not interactive else None,
+                )
+                return
+            except HpcboxError as failed:
+                said = f"{failed.message}\n{failed.details}"
+                if attempt == CONNECT_ATTEMPTS or not any(words in said for words in DROPPED_BEFORE_KEX):
+                    raise
+                # Spread out, so that many commands dropped together do not all come back together.
+                time.sleep(CONNECT_BACKOFF_S * 2 ** (attempt - 1) * random.uniform(1, 2))
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._dir is None:
+        if self._path is None:
             return
-        self._control(["-O", "exit"], what="close the SSH connection", check=False)
-        self._remove_dir()
+        # The master stays for the next command; what this one forwarded through it does not.
+        for spec in self._forwards:
+            self._control(["-O", "cancel", "-L", spec], what=f"end the forward {spec}", check=False)
+        self._release()
 
-    def _remove_dir(self) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+    def _release(self) -> None:
+        if self._slot is not None:
+            self._slot.close()  # frees the slot's flock for the next command
+        self._slot, self._path, self._forwards = None, None, []
 
     def _hint(self) -> str:
         key = f" and accepts {self.target.key_path}" if self.target.key_path else ""
@@ -291,6 +332,7 @@ class Connection:
         as long as the connection is open."""
         spec = f"127.0.0.1:{local_port}:{host}:{port}"
         self._control(["-O", "forward", "-L", spec], what=f"forward {spec}")
+        self._forwards.append(spec)
 
     def _control(self, request: list[str], *, what: str, check: bool = True) -> None:
         """Ask the master connection itself (`ssh -O ...`)."""

@@ -213,11 +213,11 @@ rendezvous_host=127.0.0.1
 rendezvous_port=$((20000 + (LSB_JOBID + LSB_JOBINDEX) % 20000))
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
-    --env PYTHONPATH=/code --env SLURM_CPUS_PER_TASK=4 --env HPCTRAIN_STOP_WITHIN_S=150 --pwd /scratch \
-    "$sif" python -m hpctrain.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=static \
-    --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
-    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
-    'it'"'"'s $HOME and `date`' &
+    --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}" --env SLURM_CPUS_PER_TASK=4 \
+    --env HPCTRAIN_STOP_WITHIN_S=150 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=1 \
+    --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
+    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
+    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
     trainer_pid=$!
     # A USR1 as it started found no process to pass it to.
     if [[ -n $time_up ]]; then
@@ -239,6 +239,14 @@ apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     trainer_pid=""
 fi
 
+# After the time limit's signal, a node whose launcher could not stop in time (itself stuck, not only
+# its ranks) is killed once its peers have stopped: the run is cut short at the time limit, not
+# failed, and the requeued job resumes from the last checkpoint written whole.
+if [[ -n $time_up && -z $terminated ]] && (( status == 128 + 9 || status == 128 + 15 )); then
+    echo "hpcbox: the trainer was killed (status $status) after the time limit's signal;" \
+        "it resumes from its last whole checkpoint" >&2
+    status=75
+fi
 if [[ $status -eq 75 && -z $terminated ]]; then
     restarts=$(cat "$run_dir.requeued" 2>/dev/null || echo 0)
     if (( restarts < 10 )); then

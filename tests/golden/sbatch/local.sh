@@ -272,10 +272,11 @@ rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --mem=0 --kill-on-bad-exit=0 \
     --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
     --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
-    --env SLURM_CPUS_PER_TASK=1 --env "HPCBOX_JOB=${SLURM_JOB_ID}" --env HPCTRAIN_STOP_WITHIN_S=30 \
-    --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=2 --nproc-per-node=2 \
-    --rdzv-backend=static --master-addr="$rendezvous_host" --master-port="$rendezvous_port" \
-    -m hpctrain train --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
+    --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" --env SLURM_CPUS_PER_TASK=1 \
+    --env "HPCBOX_JOB=${SLURM_JOB_ID}" --env HPCTRAIN_STOP_WITHIN_S=30 --pwd /scratch "$sif" \
+    python -m hpctrain.torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=static \
+    --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
+    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
     'it'"'"'s $HOME and `date`' &
     trainer_pid=$!
     # A USR1 as it started found no process to pass it to.
@@ -298,6 +299,14 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --mem=0 --kill-o
     trainer_pid=""
 fi
 
+# After the time limit's signal, a node whose launcher could not stop in time (itself stuck, not only
+# its ranks) is killed once its peers have stopped: the run is cut short at the time limit, not
+# failed, and the requeued job resumes from the last checkpoint written whole.
+if [[ -n $time_up && -z $terminated ]] && (( status == 128 + 9 || status == 128 + 15 )); then
+    echo "hpcbox: the trainer was killed (status $status) after the time limit's signal;" \
+        "it resumes from its last whole checkpoint" >&2
+    status=75
+fi
 if [[ $status -eq 75 && -z $terminated ]]; then
     restarts=${SLURM_RESTART_COUNT:-0}
     if (( restarts < 10 )); then

@@ -249,8 +249,9 @@ if [[ -n $time_up ]]; then
 else
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
-    --env PYTHONPATH=/code --pwd /scratch "$sif" python -m hpctrain train --data-dir /scratch/data \
-    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
+    --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}" --pwd /scratch "$sif" \
+    python -m hpctrain train --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn \
+    --note 'it'"'"'s $HOME and `date`' &
     trainer_pid=$!
     # A USR1 as it started found no process to pass it to.
     if [[ -n $time_up ]]; then
@@ -272,6 +273,14 @@ apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     trainer_pid=""
 fi
 
+# After the time limit's signal, a node whose launcher could not stop in time (itself stuck, not only
+# its ranks) is killed once its peers have stopped: the run is cut short at the time limit, not
+# failed, and the requeued job resumes from the last checkpoint written whole.
+if [[ -n $time_up && -z $terminated ]] && (( status == 128 + 9 || status == 128 + 15 )); then
+    echo "hpcbox: the trainer was killed (status $status) after the time limit's signal;" \
+        "it resumes from its last whole checkpoint" >&2
+    status=75
+fi
 if [[ $status -eq 75 && -z $terminated ]]; then
     restarts=${SLURM_RESTART_COUNT:-0}
     if (( restarts < 10 )); then
