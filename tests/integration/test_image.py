@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import shutil
@@ -114,6 +115,28 @@ def assert_one_line_error(done, *fragments: str) -> None:
     for fragment in fragments:
         assert fragment in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_two_builds_at_once_past_a_gone_pin_each_build_off_lock(
+    docker_engine, project_copy: Path, snapshot_archive
+):
+    """The image and its environment built at once share BuildKit's run of their apt step, which fails on
+    the gone pin, and only one build is shown apt's words: each still finds the pin and builds off-lock."""
+    lock = project_copy / "docker/lock/apt-system.txt"
+    lock.write_text(
+        re.sub(r"(?m)^ca-certificates=.*$", "ca-certificates=20250419+hpcbox.gone", lock.read_text())
+    )
+    project = load_project(project_copy)
+
+    def build(target: str) -> image_stage.Image:
+        quiet = lambda _line: None  # noqa: E731
+        return image_stage.build_image(project, offline=True, target=target, say=quiet, on_line=quiet)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(build, (image_stage.RUNTIME, image_stage.ENVIRONMENT)))
+    for each in built:
+        moved = docker_engine.images.get(each.ref).labels[offlock.LABEL]
+        assert "ca-certificates 20250419+hpcbox.gone -> " in moved, (each.ref, moved)
 
 
 def test_a_pinned_debian_version_that_is_gone_builds_off_lock_and_strict_lock_refuses_leaving_nothing(

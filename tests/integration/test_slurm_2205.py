@@ -137,6 +137,23 @@ def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
     assert shown.returncode == 0, shown.stderr
     assert re.match(r"Slurm 22\.05\.\d+ on every node \(`sinfo --version`\)\n", shown.stdout), shown.stdout
 
+    # prune reads the script of every job Slurm holds (`scontrol write batch_script JOB -`, which 22.05
+    # has): a queued job's files are kept by what its script names, not left unknown.
+    held = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
+        "--extra=--begin=now+3600", "--", *SHORT,
+    )  # fmt: skip
+    assert held.returncode == 0, held.stderr
+    held_id = held.stdout.strip().splitlines()[-1]
+    try:
+        planned = invoke(setup, "prune", "--cluster=local")
+        assert planned.returncode == 0, planned.stderr
+        kept = "1 jobs Slurm still holds for you (of any project or checkout) keep every file their scripts "
+        assert f"{kept}name: {held_id}\n" in planned.stdout, planned.stdout
+        assert "cannot tell" not in planned.stdout, planned.stdout
+    finally:
+        minicluster.ssh(["scancel", held_id])
+
 
 def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
     own_setup: Setup, minicluster

@@ -40,6 +40,7 @@ def other_users(minicluster):
     assert made.returncode == 0, made.stderr
     yield
     minicluster.exec("login", ["gpasswd", "--delete", minicluster.user, GROUP])
+    ssh.end_idle_masters(minicluster.ssh_target())
 
 
 def as_user(minicluster, user: str, command: str) -> int:
@@ -119,6 +120,7 @@ def test_a_store_shared_with_a_group_is_read_by_its_members_only_and_written_by_
     setup: Setup, minicluster, other_users
 ):
     minicluster.exec("login", ["usermod", "--append", "--groups", GROUP, minicluster.user])
+    ssh.end_idle_masters(minicluster.ssh_target())  # a login from now on has the new group
     profile = profiles.load_profile("local")
     access = store.Access(GROUP)
     project = setup.project()

@@ -46,6 +46,7 @@ from pathlib import Path
 from hpcbox.build import offlock
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256, one_at_a_time
+from hpcbox.project.init import docker_template
 from hpcbox.tools import docker, proc
 
 # apt's words for a pinned version its mirror no longer serves (a point release replaced it, or sid
@@ -150,6 +151,19 @@ def project_lock(root: Path, docker_dir: str = "docker") -> BaseLock | None:
     """The project's base lock, if it pins one."""
     path = lock_path(root, docker_dir)
     return read_lock(path) if path.is_file() else None
+
+
+def own_lock() -> BaseLock:
+    """hpcbox's own pinned base: the docker/lock/base.toml of the template it ships (`hpcbox init`'s).
+    Its SIF helper and the mini cluster's node image stand on it, as do the images of a project whose
+    lock is the template's, so that a machine bootstraps Debian once."""
+    docker_dir = docker_template()
+    lock = project_lock(docker_dir.parent, docker_dir.name)
+    if lock is None:
+        raise HpcboxError(
+            f"no Debian base lock in {docker_dir}", "run `hpcbox lock` in hpcbox's own checkout"
+        )
+    return lock
 
 
 BASE_REPOSITORY = "hpcbox/debian"

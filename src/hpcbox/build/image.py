@@ -58,6 +58,8 @@ NOTEBOOK = "notebook"
 TARGETS = (RUNTIME, ENVIRONMENT, NOTEBOOK)
 # The notebook's own lock: in the notebook's context alone, so that it changes no other image's tag.
 NOTEBOOK_LOCK = "lock/apt-notebook.txt"
+# The Dockerfile's apt steps run this script of docker/ on a lock.
+APT_INSTALL = "apt-install.sh"
 DEFAULT_FLAVOUR = "cuda"
 # The flavours whose PyTorch uses GPUs: the only ones a job asking for GPUs may run in.
 CUDA_FLAVOURS = ("cuda",)
@@ -377,15 +379,33 @@ def _hashed(plan: BuildPlan, context: bytes) -> BuildPlan:
     )
 
 
-def off_lock_plan(project: ProjectConfig, plan: BuildPlan, strict: bool) -> BuildPlan:
-    """``plan`` with each apt pin Debian no longer serves set to the version it serves now (asked of
-    apt in the base); refused in one line when ``strict``."""
+def _apt_locks(project: ProjectConfig, plan: BuildPlan) -> dict[str, str]:
+    """The plan's apt locks: each as the user names it (docker/lock/apt-system.txt) → its text."""
     docker_dir = project.root / project.docker_dir
-    texts = {
+    return {
         f"{project.docker_dir}/{lock}": (docker_dir / lock).read_text()
         for lock in plan.locks
         if Path(lock).name.startswith("apt-")
     }
+
+
+def _gone_pin_if_apt_failed(
+    project: ProjectConfig, plan: BuildPlan, failed: HpcboxError
+) -> tuple[str, str] | None:
+    """Where the build failed in its apt step without apt's own words in the output, a pin Debian no
+    longer serves, asked of apt in the base: two builds of one step at once share BuildKit's run of it,
+    and only one of them is shown what apt said."""
+    if APT_INSTALL not in failed.message:
+        return None
+    texts = _apt_locks(project, plan)
+    moved = [pin for pins in offlock.moved_in(plan.base, texts).values() for pin in pins]
+    return (moved[0].package, moved[0].locked) if moved else None
+
+
+def off_lock_plan(project: ProjectConfig, plan: BuildPlan, strict: bool) -> BuildPlan:
+    """``plan`` with each apt pin Debian no longer serves set to the version it serves now (asked of
+    apt in the base); refused in one line when ``strict``."""
+    texts = _apt_locks(project, plan)
     moved = offlock.moved_in(plan.base, texts)
     every = (*plan.moved, *(pin for each in moved.values() for pin in each))
     offlock.refuse_if(every, strict, "image")
@@ -480,7 +500,7 @@ def build_image(
     try:
         build(plan, {})
     except HpcboxError as failed:
-        gone = baseimage.superseded_pin(failed.details)
+        gone = baseimage.superseded_pin(failed.details) or _gone_pin_if_apt_failed(project, plan, failed)
         if gone is None:
             raise
         gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(project, *gone)}"

@@ -16,7 +16,6 @@ from hpcbox.minicluster import versions
 from hpcbox.tools import docker
 
 REPOSITORY = "hpcbox/minicluster"
-SUITE = "trixie"
 # The node image's Dockerfile and scripts, beside this file.
 CONTEXT = Path(__file__).resolve().parent / "node"
 SLURM_LABEL = "io.hpcbox.minicluster.slurm"
@@ -64,7 +63,7 @@ def ensure_image(
             f"no Dockerfile in {context}", "this hpcbox lacks its node image files: reinstall it"
         )
     say = on_line or (lambda _line: None)
-    base = baseimage.ensure_base(SUITE, say=say)
+    base = baseimage.ensure_base(lock=baseimage.own_lock(), say=say)
     args = build_args(slurm)
     ref = f"{REPOSITORY}:{content_hash(context, base.id, args)}"
     if (existing := docker.image(ref)) is not None:

@@ -17,7 +17,6 @@ from hpcbox.build import baseimage, offlock
 from hpcbox.build.lock import simulated_installs
 from hpcbox.errors import HpcboxError
 from hpcbox.files import one_at_a_time, write_atomically
-from hpcbox.project.init import docker_template
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import ENGINE_HINT, ENGINES, Apptainer, host_program
 
@@ -79,18 +78,6 @@ def engine(
     return Apptainer("container", ensure_helper(strict=strict, on_line=on_line, say=say))
 
 
-def helper_base_lock():
-    """The helper's base: the Debian base hpcbox's own docker/lock/base.toml pins."""
-    docker_dir = docker_template()
-    lock = baseimage.project_lock(docker_dir.parent, docker_dir.name)
-    if lock is None:
-        raise HpcboxError(
-            f"no Debian base lock for the Apptainer helper in {docker_dir}",
-            "run `hpcbox lock` in hpcbox's own checkout",
-        )
-    return lock
-
-
 def helper_snapshot() -> str | None:
     """The snapshot archive time the helper's pins were resolved from (`hpcbox lock` records it)."""
     found = HELPER_SNAPSHOT_LINE.search(HELPER_LOCK.read_text())
@@ -113,7 +100,7 @@ def _tag(files: Mapping[str, Path | bytes], off_lock_of: str = "") -> str:
         digest.update((source if isinstance(source, bytes) else source.read_bytes()) + b"\0")
     # The base by its canonical name: a base bootstrapped under another local name (HPCBOX_BASE_REPOSITORY)
     # is the same image, so it gives the same helper, not a second tag of it.
-    digest.update(baseimage.base_ref(lock=helper_base_lock(), canonical=True).encode())
+    digest.update(baseimage.base_ref(lock=baseimage.own_lock(), canonical=True).encode())
     return f"{HELPER_REPOSITORY}:{digest.hexdigest()[:12]}"
 
 
@@ -157,7 +144,7 @@ def _made_helper(strict: bool) -> str | None:
 
 def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Callable[[str], None]) -> str:
     ref = helper_ref()
-    base = baseimage.ensure_base(lock=helper_base_lock(), strict=strict, on_line=on_line, say=say)
+    base = baseimage.ensure_base(lock=baseimage.own_lock(), strict=strict, on_line=on_line, say=say)
     files: dict[str, Path | bytes] = dict(_helper_files())
 
     def build(tag: str, labels: Mapping[str, str], secrets: Mapping[str, Path]) -> None:
@@ -181,7 +168,7 @@ def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Calla
         gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(*gone)}"
         locked = functools.partial(build, ref, offlock.labels_for(base.moved))
         # The helper's locks are refreshed with the base's, so the base lock's time is theirs too.
-        locked_at = helper_base_lock().source_date_epoch
+        locked_at = baseimage.own_lock().source_date_epoch
         snapshot = helper_snapshot()
         if baseimage.build_from_snapshot(snapshot, "sid", locked, gone_line, say, dict([gone]), locked_at):
             return ref
@@ -225,7 +212,7 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
     resolved on the helper's own pinned base, from the snapshot archive at this moment where it answers
     (the locks record the time: sid replaces versions within days); the lock files it changed. The two
     are written together: the build reads both from one time."""
-    base = baseimage.ensure_base(lock=helper_base_lock()).ref
+    base = baseimage.ensure_base(lock=baseimage.own_lock()).ref
     snapshot = baseimage.snapshot_now(
         "sid", "the helper is pinned from Debian's mirror with no snapshot time", say
     )

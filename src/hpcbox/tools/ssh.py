@@ -211,15 +211,37 @@ CONNECT_ATTEMPTS = 5
 CONNECT_BACKOFF_S = 0.5
 
 
-def _master_slot(target: Target) -> tuple[IO[str], Path]:
-    """The first master slot for ``target`` that no running command holds, flock'ed (freed when the
-    process ends, however it ends), and its socket's path: `ssh-<login>-<n>` in the private folder."""
-    folder = files.private_folder()
+def end_idle_masters(target: Target) -> None:
+    """End the masters left open for ``target`` that no running command holds: the next command logs in
+    afresh, as it must once what a login gets has changed on the login node (the user's groups)."""
+    folder, name = files.private_folder(), _login_name(target)
+    slot = 0
+    while (lock := folder / f"{name}-{slot}.lock").exists():
+        with open(lock, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # a running command's: it ends with that command's idle time
+            else:
+                argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={folder / f'{name}-{slot}'}"]
+                proc.run([*argv, "-O", "exit", target.host], what="end an idle SSH connection", check=False)
+        slot += 1
+
+
+def _login_name(target: Target) -> str:
+    """`ssh-<12 hex>`: the masters' name for ``target``'s login."""
     # The pinned host keys' content too: a mini cluster made again where the last one was (its port,
     # its key's path) is another login, and a master left for the last one is not its.
     pinned = target.known_hosts.read_bytes() if target.known_hosts and target.known_hosts.is_file() else b""
     login = (target.host, target.port, target.user, target.key_path, target.known_hosts, pinned)
-    name = f"ssh-{hashlib.sha256(repr(login).encode()).hexdigest()[:12]}"
+    return f"ssh-{hashlib.sha256(repr(login).encode()).hexdigest()[:12]}"
+
+
+def _master_slot(target: Target) -> tuple[IO[str], Path]:
+    """The first master slot for ``target`` that no running command holds, flock'ed (freed when the
+    process ends, however it ends), and its socket's path: `ssh-<login>-<n>` in the private folder."""
+    folder = files.private_folder()
+    name = _login_name(target)
     slot = 0
     while True:
         handle = open(folder / f"{name}-{slot}.lock", "a")  # noqa: SIM115  (held past this function)
