@@ -1,5 +1,7 @@
 """Reliability: every scenario of "jobs that lose nothing", run for real (mini cluster, Apptainer,
-Slurm), each row its measured outcome. `invoke bench --name reliability` reruns them (about 12 min).
+Slurm), each row its measured outcome. `invoke bench --name reliability` reruns them (about 25 min, one
+after another); `python bench/bench_reliability.py --from-suite` reads them instead from the last full
+suite run (bench/results/suite.json: every integration test's outcome, the run's commit and time).
 
 Each scenario declares its checks: tests against the real mini cluster (no unit test with stand-in
 commands counts here), each asserting the outcome (job states, results on shared storage, 0 bytes left
@@ -10,6 +12,8 @@ was skipped, failed or did not run at all is a check that did not hold.
 
 from __future__ import annotations
 
+import datetime
+import json
 import subprocess
 import sys
 import tempfile
@@ -99,6 +103,16 @@ def run() -> list[dict]:
             check=False,
         )
         outcomes = _outcomes(report)
+    return _rows(outcomes)
+
+
+def from_suite(suite: dict) -> list[dict]:
+    """The rows from a full suite run's record: there every declared test ran against the same parts."""
+    tests = suite["details"]["integration tests"]
+    return _rows({test: each["outcome"] == "passed" for test, each in tests.items()})
+
+
+def _rows(outcomes: dict[str, bool]) -> list[dict]:
     rows = []
     for scenario, tests in SCENARIOS.items():
         missed = [test for test in tests if not _held(test, outcomes)]
@@ -137,3 +151,14 @@ def _outcomes(report: Path) -> dict[str, bool]:
 def _covers(test: str, name: str) -> bool:
     """Whether a selection (a file, or file::test) covers the test id ``name`` (with its parameters)."""
     return name == test or name.startswith(f"{test}::") or name.startswith(f"{test}[")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--from-suite"]:
+        sys.exit("usage: python bench/bench_reliability.py --from-suite")
+    sys.path.insert(0, str(REPO / "bench"))
+    import run as runner
+
+    recorded = json.loads((REPO / "bench/results/suite.json").read_text())
+    started = datetime.datetime.fromisoformat(recorded["started"])
+    runner.record("reliability", started, from_suite(recorded), commit=recorded["commit"])

@@ -57,14 +57,20 @@ def run_one(name: str) -> dict:
     return record(name, started, module.run())
 
 
-def record(name: str, started: datetime.datetime, rows: list[dict], details: dict | None = None) -> dict:
+def record(
+    name: str,
+    started: datetime.datetime,
+    rows: list[dict],
+    details: dict | None = None,
+    commit: str | None = None,
+) -> dict:
     """Write bench/results/NAME.json (the rows, when and where they were measured, and ``details``: what
     no table shows) and the documents' figure blocks from it; the test suite records its durations
-    through this too."""
+    through this too. ``commit``: that of a run recorded later (default: this checkout's)."""
     result = {
         "benchmark": name,
         "started": started.isoformat(timespec="seconds"),
-        "commit": measured_at(),
+        "commit": commit or measured_at(),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),

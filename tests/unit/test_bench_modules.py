@@ -21,3 +21,22 @@ def test_a_benchmark_imports_and_has_run(path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setitem(sys.modules, spec.name, module)  # a dataclass finds its module there
     spec.loader.exec_module(module)
     assert callable(module.run)
+
+
+def test_reliability_read_from_a_suite_run_holds_a_check_only_where_every_case_passed(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location("hpcbox_bench_reliability", BENCH / "bench_reliability.py")
+    assert spec is not None and spec.loader is not None
+    reliability = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reliability)
+    declared = [test for tests in reliability.SCENARIOS.values() for test in tests]
+    passed = {test: {"outcome": "passed", "seconds": 1.0} for test in declared}
+    failing, parametrized = declared[0], reliability.SCENARIOS[next(reversed(reliability.SCENARIOS))][0]
+    suite = {"details": {"integration tests": {**passed, failing: {"outcome": "failed", "seconds": 1.0}}}}
+    suite["details"]["integration tests"][f"{parametrized}[one case]"] = {"outcome": "skipped", "seconds": 0}
+    rows = reliability.from_suite(suite)
+    held = {check: ok for row in rows for check, ok in row["checks"].items()}
+    assert held.pop(failing.split("::")[-1]) is False and held.pop(parametrized.split("::")[-1]) is False
+    assert all(held.values()) and len(rows) == len(reliability.SCENARIOS)
