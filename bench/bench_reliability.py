@@ -156,8 +156,7 @@ def _covers(test: str, name: str) -> bool:
 if __name__ == "__main__":
     if sys.argv[1:] != ["--from-suite"]:
         sys.exit("usage: python bench/bench_reliability.py --from-suite")
-    sys.path.insert(0, str(REPO / "bench"))
-    import run as runner
+    import run as runner  # beside this file, where Python finds a script's neighbours
 
     recorded = json.loads((REPO / "bench/results/suite.json").read_text())
     started = datetime.datetime.fromisoformat(recorded["started"])

@@ -12,25 +12,25 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-@pytest.mark.parametrize("path", sorted(BENCH.glob("bench_*.py")), ids=lambda path: path.stem)
-def test_a_benchmark_imports_and_has_run(path: Path, monkeypatch: pytest.MonkeyPatch):
+def _benchmark(path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.syspath_prepend(str(BENCH))  # as bench/run.py runs them: beside benchkit.py
     spec = importlib.util.spec_from_file_location(f"hpcbox_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # a dataclass finds its module there
     spec.loader.exec_module(module)
-    assert callable(module.run)
+    return module
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("bench_*.py")), ids=lambda path: path.stem)
+def test_a_benchmark_imports_and_has_run(path: Path, monkeypatch: pytest.MonkeyPatch):
+    assert callable(_benchmark(path, monkeypatch).run)
 
 
 def test_reliability_read_from_a_suite_run_holds_a_check_only_where_every_case_passed(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    monkeypatch.syspath_prepend(str(BENCH))
-    spec = importlib.util.spec_from_file_location("hpcbox_bench_reliability", BENCH / "bench_reliability.py")
-    assert spec is not None and spec.loader is not None
-    reliability = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reliability)
+    reliability = _benchmark(BENCH / "bench_reliability.py", monkeypatch)
     declared = [test for tests in reliability.SCENARIOS.values() for test in tests]
     passed = {test: {"outcome": "passed", "seconds": 1.0} for test in declared}
     failing, parametrized = declared[0], reliability.SCENARIOS[next(reversed(reliability.SCENARIOS))][0]

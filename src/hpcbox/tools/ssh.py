@@ -216,16 +216,34 @@ def end_idle_masters(target: Target) -> None:
     afresh, as it must once what a login gets has changed on the login node (the user's groups)."""
     folder, name = files.private_folder(), _login_name(target)
     slot = 0
-    while (lock := folder / f"{name}-{slot}.lock").exists():
-        with open(lock, "a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass  # a running command's: it ends with that command's idle time
-            else:
-                argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={folder / f'{name}-{slot}'}"]
-                proc.run([*argv, "-O", "exit", target.host], what="end an idle SSH connection", check=False)
+    while (folder / f"{name}-{slot}.lock").exists():
+        held = _claimed(folder / f"{name}-{slot}.lock")
+        if held is not None:  # else a running command's: it ends with that command's idle time
+            with held:
+                _ask_master(
+                    folder / f"{name}-{slot}", target, ["-O", "exit"], what="end an idle SSH connection"
+                )
         slot += 1
+
+
+def _claimed(lock: Path) -> IO[str] | None:
+    """``lock`` opened and flock'ed for this process (freed when it is closed or the process ends,
+    however it ends), or None where another process holds it."""
+    handle = open(lock, "a")  # noqa: SIM115  (the caller holds it)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+def _ask_master(
+    control_path: Path, target: Target, request: list[str], *, what: str, check: bool = False
+) -> proc.Completed:
+    """Ask the master connection at ``control_path`` itself (`ssh -O ...`)."""
+    argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={control_path}", *request, target.host]
+    return proc.run(argv, what=what, check=check)
 
 
 def _login_name(target: Target) -> str:
@@ -243,15 +261,9 @@ def _master_slot(target: Target) -> tuple[IO[str], Path]:
     folder = files.private_folder()
     name = _login_name(target)
     slot = 0
-    while True:
-        handle = open(folder / f"{name}-{slot}.lock", "a")  # noqa: SIM115  (held past this function)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            slot += 1
-            continue
-        return handle, folder / f"{name}-{slot}"
+    while (held := _claimed(folder / f"{name}-{slot}.lock")) is None:
+        slot += 1
+    return held, folder / f"{name}-{slot}"
 
 
 class Connection:
@@ -289,8 +301,9 @@ class Connection:
         return self
 
     def _master_answers(self) -> bool:
-        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}", "-O", "check"]
-        found = proc.run([*argv, self.target.host], what="look for an open SSH connection", check=False)
+        found = _ask_master(
+            self.control_path, self.target, ["-O", "check"], what="look for an open SSH connection"
+        )
         return found.returncode == 0
 
     def _open_master(self) -> None:
@@ -319,7 +332,9 @@ class Connection:
             return
         # The master stays for the next command; what this one forwarded through it does not.
         for spec in self._forwards:
-            self._control(["-O", "cancel", "-L", spec], what=f"end the forward {spec}", check=False)
+            _ask_master(
+                self.control_path, self.target, ["-O", "cancel", "-L", spec], what=f"end the forward {spec}"
+            )
         self._release()
 
     def _release(self) -> None:
@@ -353,13 +368,10 @@ class Connection:
         """Forward 127.0.0.1:``local_port`` here to ``host``:``port`` as the remote side reaches it, for
         as long as the connection is open."""
         spec = f"127.0.0.1:{local_port}:{host}:{port}"
-        self._control(["-O", "forward", "-L", spec], what=f"forward {spec}")
+        _ask_master(
+            self.control_path, self.target, ["-O", "forward", "-L", spec], what=f"forward {spec}", check=True
+        )
         self._forwards.append(spec)
-
-    def _control(self, request: list[str], *, what: str, check: bool = True) -> None:
-        """Ask the master connection itself (`ssh -O ...`)."""
-        argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={self.control_path}"]
-        proc.run([*argv, *request, self.target.host], what=what, check=check)
 
     def interactive(self, command: str) -> int:
         """Run ``command`` remotely on the user's own terminal (ssh -t); its exit status."""
