@@ -18,6 +18,7 @@ from hpcbox.build import baseimage, offlock
 from hpcbox.build.lock import candidate_versions
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import docker
+from tests.fixtures.debian import base_lock_served_today, project_served_today
 
 pytestmark = pytest.mark.integration
 
@@ -74,6 +75,7 @@ def lock_day(lock: baseimage.BaseLock) -> str:
 def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_makes_an_off_lock_base_saying_so(
     docker_engine, project_copy: Path, run_id: str
 ):
+    project_served_today(project_copy)  # so that bash is the only pin moved, on any day
     path = project_copy / "docker" / "lock" / baseimage.LOCK_NAME
     lock = baseimage.read_lock(path)
     stale = dataclasses.replace(lock, packages={**lock.packages, "bash": "5.0-1+hpcbox.gone"})
@@ -104,7 +106,8 @@ def test_a_lock_pinning_a_version_the_mirror_no_longer_serves_makes_an_off_lock_
 def test_a_version_neither_the_mirror_nor_the_snapshot_serves_is_refused_under_strict_lock_leaving_nothing(
     docker_engine, run_id: str, snapshot_archive
 ):
-    lock = baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME)
+    # served today, so that bash is the only pin moved, on any day
+    lock = base_lock_served_today(baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME))
     stale = dataclasses.replace(
         lock, packages={**lock.packages, "bash": "5.0-1+hpcbox.gone"}, snapshot=SNAPSHOT
     )

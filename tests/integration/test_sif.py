@@ -227,6 +227,37 @@ def test_layers_unpacked_from_docker_save_give_the_same_sif_as_the_engines_own(
     assert files["etc/passwd"][2] == "0:0" and files[".singularity.d/runscript"][2] == "0:0"
 
 
+def test_a_helper_whose_mksquashfs_cannot_clamp_every_time_is_refused_leaving_no_sif(
+    layered_image, apptainer_helper, run_id, tmp_path, monkeypatch
+):
+    """mksquashfs 4.6 (trixie's) clamps a folder's time and then skips everything in it: its SIF would
+    record when it was built. Through a helper of one's own with it, the conversion stops and says so."""
+    from hpcbox.tools import docker
+    from tests.fixtures.images import build_dockerfile
+
+    ref = f"{run_id}/helper-old-mksquashfs:1"
+    dockerfile = (
+        "ARG BASE\nFROM ${BASE}\nRUN apt-get -o Acquire::Check-Valid-Until=false update -qq "
+        "&& apt-get install -y -qq --allow-downgrades squashfs-tools/trixie && rm -rf /var/lib/apt/lists/*\n"
+    )
+    build_dockerfile(dockerfile, ref, tmp_path, apptainer_helper)
+    try:
+        version = docker.run_once(ref, ["mksquashfs", "-version"], what="ask mksquashfs its version")
+        assert version.startswith("mksquashfs version 4.6"), version  # trixie's, older than 4.7
+        monkeypatch.setenv("HPCBOX_APPTAINER_HELPER", ref)
+        with pytest.raises(HpcboxError) as refused:
+            _convert(layered_image, tmp_path / "cache")
+        assert re.fullmatch(
+            r"mksquashfs skipped clamping the time of \d+ files, so the SIF would record when it was built "
+            r"\((\S+) already exists as a non directory\.\.  Ignoring \1/\S+!\)",
+            refused.value.message,
+        ), refused.value.message
+        assert "4.7 or later" in refused.value.hint
+        assert list((tmp_path / "cache").rglob("*.sif")) == []
+    finally:
+        docker.remove_image(ref)
+
+
 def test_the_fast_paths_sif_is_what_apptainer_sif_writes_byte_for_byte(
     small_sifs, sif_cache, apptainer_helper
 ):
@@ -500,13 +531,27 @@ def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_w
     docker_engine, small_image, tmp_path, monkeypatch
 ):
     """Debian moving on (sid replaces versions within days) is simulated by a pin it never served."""
-    from hpcbox.build import offlock
+    from hpcbox.build import baseimage, offlock
     from hpcbox.sif import helper as sif_helper
     from hpcbox.tools import docker
+    from tests.fixtures.debian import base_lock_served_today
 
-    gone = re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", sif_helper.HELPER_LOCK.read_text())
-    lock = tmp_path / "apt-helper.txt"
+    # Every lock the helper stands on as Debian serves it today, so that apptainer's pin below is the only
+    # one moved, on any day.
+    committed = baseimage.own_lock()
+    today = base_lock_served_today(committed)
+    monkeypatch.setattr(baseimage, "own_lock", lambda: today)
+    lock, build_lock = tmp_path / "apt-helper.txt", tmp_path / "apt-helper-build.txt"
+    shutil.copy(sif_helper.HELPER_LOCK, lock)
+    shutil.copy(sif_helper.HELPER_BUILD_LOCK, build_lock)
     monkeypatch.setattr(sif_helper, "HELPER_LOCK", lock)
+    monkeypatch.setattr(sif_helper, "HELPER_BUILD_LOCK", build_lock)
+    moved = sif_helper.moved_helper_pins(baseimage.base_ref(lock=committed))
+    for each in (lock, build_lock):
+        each.write_text(
+            offlock.follow(each.read_text(), [pin for pin in moved if pin.lock.endswith(each.name)])
+        )
+    gone = re.sub(r"(?m)^apptainer=.*$", "apptainer=1.4.5-0+hpcbox.gone", lock.read_text())
     monkeypatch.delenv("HPCBOX_APPTAINER_HELPER", raising=False)
     moved = (
         r"apptainer 1\.4\.5-0\+hpcbox\.gone -> [^ ;]+ \(src/hpcbox/sif/helper-image/lock/apt-helper\.txt\)"

@@ -41,11 +41,34 @@ fuse2fs
 def test_apts_policy_gives_each_known_packages_candidate_and_every_version_it_offers():
     served = offlock.parse_policy(POLICY)
     assert served == {
-        "apptainer": offlock.Served("1.4.5-2", frozenset({"1.4.5-2"})),
+        "apptainer": offlock.Served("1.4.5-2", frozenset({"1.4.5-2"}), {"sid": "1.4.5-2"}),
         "ca-certificates": offlock.Served(
-            "20250419+deb13u1", frozenset({"20260816+nmu1", "20250419+deb13u1"})
+            "20250419+deb13u1",
+            frozenset({"20260816+nmu1", "20250419+deb13u1"}),
+            {"sid": "20260816+nmu1", "trixie": "20250419+deb13u1"},
         ),
     }
+
+
+def test_a_pin_resolved_from_sid_follows_sid_not_the_suites_older_candidate():
+    # squashfs-tools: the helper asks sid for it (trixie's 4.6 does not clamp every time in a SIF)
+    policy = """\
+squashfs-tools:
+  Installed: (none)
+  Candidate: 1:4.6.1-1
+  Version table:
+     1:4.7.5-1 100
+        100 http://deb.debian.org/debian sid/main amd64 Packages
+     1:4.6.1-1 500
+        500 http://deb.debian.org/debian trixie/main amd64 Packages
+"""
+    served = offlock.parse_policy(policy)
+    pins = {"squashfs-tools": "1:4.7.4-1"}
+    lock = "src/hpcbox/sif/helper-image/lock/apt-helper.txt"
+    assert offlock.moved_pins(pins, served, lock, {"squashfs-tools": "sid"}) == [
+        MovedPin("squashfs-tools", "1:4.7.4-1", "1:4.7.5-1", lock)
+    ]
+    assert offlock.moved_pins(pins, served, lock)[0].served == "1:4.6.1-1"  # asked of no release
 
 
 def test_a_pin_moves_when_apt_no_longer_offers_its_version_and_follows_the_candidate():

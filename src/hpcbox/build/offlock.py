@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import docker
@@ -123,10 +123,16 @@ def apt_pins(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Served:
-    """What apt can install of one package: its ``candidate`` and every version it ``offers``."""
+    """What apt can install of one package: its ``candidate``, every version it ``offers``, and the newest
+    each release (``sid``, ``trixie``) offers."""
 
     candidate: str
     offers: frozenset[str]
+    newest_in: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def follows(self, release: str = "") -> str:
+        """The version a pin asked of ``release`` (``name/sid``) moves to; else the candidate."""
+        return self.newest_in.get(release, self.candidate) if release else self.candidate
 
 
 def served(ref: str, packages: Iterable[str], setup: str = "") -> dict[str, Served]:
@@ -143,42 +149,58 @@ def served(ref: str, packages: Iterable[str], setup: str = "") -> dict[str, Serv
 def parse_policy(output: str) -> dict[str, Served]:
     """`apt-cache policy NAME...` → what it serves of each package it knows."""
     found: dict[str, Served] = {}
-    name, candidate, offers = "", "", set()
+    name, candidate, offers, newest_in, version = "", "", set(), {}, ""
 
     def close() -> None:
         if name and candidate and candidate != "(none)":
-            found[name] = Served(candidate, frozenset(offers))
+            found[name] = Served(candidate, frozenset(offers), newest_in)
 
     for line in output.splitlines():
         words = line.split()
         if not line.startswith(" ") and line.endswith(":"):
             close()
-            name, candidate, offers = line[:-1], "", set()
+            name, candidate, offers, newest_in, version = line[:-1], "", set(), {}, ""
         elif words[:1] == ["Candidate:"]:
             candidate = words[1]
         elif words[:1] == ["***"] and len(words) == 3:
-            offers.add(words[1])
+            version = words[1]
+            offers.add(version)
         elif len(words) == 2 and words[1].lstrip("-").isdigit() and words[0] != "Version":
-            offers.add(words[0])
+            version = words[0]
+            offers.add(version)
+        elif version and len(words) >= 3 and words[0].isdigit() and "://" in words[1]:
+            # `500 http://deb.debian.org/debian trixie/main amd64 Packages`: the table runs newest first
+            newest_in.setdefault(words[2].partition("/")[0], version)
     close()
     return found
 
 
-def moved_pins(pins: Mapping[str, str], serving: Mapping[str, Served], lock: str) -> list[MovedPin]:
-    """The ``pins`` of ``lock`` that ``serving`` no longer offers, each with the version it serves now."""
+def moved_pins(
+    pins: Mapping[str, str], serving: Mapping[str, Served], lock: str, releases: Mapping[str, str] = {}
+) -> list[MovedPin]:
+    """The ``pins`` of ``lock`` that ``serving`` no longer offers, each with the version it serves now:
+    the candidate, or for a package the lock was resolved from another release (``releases``: package →
+    ``sid``, where apt's candidate is the suite's own, older one), the newest that release offers."""
     return [
-        MovedPin(package, version, serving[package].candidate if package in serving else "", lock)
+        MovedPin(
+            package,
+            version,
+            serving[package].follows(releases.get(package, "")) if package in serving else "",
+            lock,
+        )
         for package, version in sorted(pins.items())
         if package not in serving or version not in serving[package].offers
     ]
 
 
-def moved_in(ref: str, locks: Mapping[str, str], setup: str = "") -> dict[str, list[MovedPin]]:
+def moved_in(
+    ref: str, locks: Mapping[str, str], setup: str = "", releases: Mapping[str, str] = {}
+) -> dict[str, list[MovedPin]]:
     """For each apt lock (its name as the user finds it → its text), the pins Debian no longer serves,
-    asked of apt in a container of ``ref`` (after ``setup``) in one go."""
+    asked of apt in a container of ``ref`` (after ``setup``) in one go; ``releases`` as `moved_pins`."""
     pins = {name: apt_pins(text) for name, text in locks.items()}
     serving = served(ref, {package for each in pins.values() for package in each}, setup)
-    return {name: moved_pins(pins[name], serving, name) for name in locks}
+    return {name: moved_pins(pins[name], serving, name, releases) for name in locks}
 
 
 def follow(text: str, moved: Iterable[MovedPin]) -> str:

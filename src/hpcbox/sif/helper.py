@@ -172,7 +172,7 @@ def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Calla
         snapshot = helper_snapshot()
         if baseimage.build_from_snapshot(snapshot, "sid", locked, gone_line, say, dict([gone]), locked_at):
             return ref
-        moved = _moved_helper_pins(base.ref)
+        moved = moved_helper_pins(base.ref)
         offlock.refuse_if((*base.moved, *moved), strict, "SIF helper")
         for lock in (HELPER_LOCK, HELPER_BUILD_LOCK):
             files[lock.name] = offlock.follow(lock.read_text(), moved).encode()
@@ -187,10 +187,12 @@ def helper_moved(ref: str) -> tuple:
     return offlock.from_labels(found.labels) if found else ()
 
 
-def _moved_helper_pins(base: str) -> list:
+def moved_helper_pins(base: str) -> list:
     """The helper's pins (both locks) that Debian no longer serves, asked of apt with sid added."""
     locks = {_shown(lock): lock.read_text() for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)}
-    moved = offlock.moved_in(base, locks, setup=HELPER_SID_SCRIPT.read_text() + "\n")
+    # a SIF writer asked of sid follows sid: trixie's older mksquashfs does not clamp every time
+    releases = dict(package.split("/") for package in HELPER_PACKAGES if "/" in package)
+    moved = offlock.moved_in(base, locks, setup=HELPER_SID_SCRIPT.read_text() + "\n", releases=releases)
     return [pin for each in moved.values() for pin in each]
 
 

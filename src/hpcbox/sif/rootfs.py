@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import posixpath
+import re
 import tarfile
 import threading
 import time
@@ -175,6 +176,13 @@ def make_squashfs(
     args += ["-root-mode", "0755", "-root-uid", "0", "-root-gid", "0"]
     if clamp:
         args += ["-pf", CLAMP]
+    ignored: list[str] = []
+
+    def watched(line: str) -> None:
+        if _IGNORED_DEFINITION.search(line):
+            ignored.append(line.strip())
+        on_line(line)
+
     tool.stream(
         "sh",
         ["-c", _LAYERS + _MOUNT + _SQUASH, "sh", *mount_args, *args],
@@ -183,8 +191,21 @@ def make_squashfs(
         mounts=True,
         env={"HPCBOX_OWNER": caller()},
         binds=layers.binds,
-        on_line=_percentages(on_line),
+        on_line=_percentages(watched),
     )
+    if ignored:
+        raise HpcboxError(
+            f"mksquashfs skipped clamping the time of {len(ignored)} files, so the SIF would record when "
+            f"it was built ({ignored[0]})",
+            "squashfs-tools before 4.7 cannot clamp a folder and what it holds: convert with a helper "
+            "whose squashfs-tools is 4.7 or later (hpcbox's own pins sid's; HPCBOX_APPTAINER_HELPER names "
+            "another)",
+        )
+
+
+# mksquashfs 4.6 skips the clamp of anything inside a folder whose own time it clamped, saying so
+# ("opt already exists as a non directory..  Ignoring opt/tiny!").
+_IGNORED_DEFINITION = re.compile(r"\.\.  Ignoring .*!$")
 
 
 def caller() -> str:
