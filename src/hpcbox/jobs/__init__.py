@@ -1,67 +1,66 @@
 """Submit a job and follow its life: ship what the cluster lacks, submit, the ledger, status, logs,
 fetch, the efficiency report, cancel, and a shell beside it. The commands (hpcbox.cli) use the names
-below; each module holds one part of the job's life."""
+below; each module holds one part of the job's life.
 
-from hpcbox.jobs.connect import (
-    Place,
-    connection_target,
-    on_mini_cluster,
-    place_of,
-    rehearse,
-    require_slurm,
-    running_mini_cluster,
-    say_rehearsal_slurm,
-)
-from hpcbox.jobs.fetch import fetch, local_run_dir, report
-from hpcbox.jobs.follow import (
-    CANCEL_GRACE_S,
-    array_state,
-    cancel,
-    describe,
-    describe_tasks,
-    failed_tasks,
-    follow_command,
-    logs,
-    overview,
-    state,
-    sweep_of,
-    task_states,
-    wait,
-)
-from hpcbox.jobs.ledger import JobRecord, Ledger
-from hpcbox.jobs.shell import shell
-from hpcbox.jobs.submit import data_path, log_paths, prepare_payload, submit
+Each name is imported from its module at first use: `status` needs the ledger and squeue, not the
+build, the SIF conversion and the Docker SDK that `submit` stands on."""
 
-__all__ = [
-    "CANCEL_GRACE_S",
-    "JobRecord",
-    "Ledger",
-    "Place",
-    "array_state",
-    "cancel",
-    "connection_target",
-    "data_path",
-    "describe",
-    "describe_tasks",
-    "failed_tasks",
-    "fetch",
-    "follow_command",
-    "local_run_dir",
-    "log_paths",
-    "logs",
-    "on_mini_cluster",
-    "overview",
-    "place_of",
-    "prepare_payload",
-    "rehearse",
-    "report",
-    "require_slurm",
-    "running_mini_cluster",
-    "say_rehearsal_slurm",
-    "shell",
-    "state",
-    "submit",
-    "sweep_of",
-    "task_states",
-    "wait",
-]
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+# name → the module of hpcbox.jobs that defines it
+_DEFINED_IN = {
+    "CANCEL_GRACE_S": "follow",
+    "JobRecord": "ledger",
+    "Ledger": "ledger",
+    "Place": "connect",
+    "array_state": "follow",
+    "cancel": "follow",
+    "connection_target": "connect",
+    "data_path": "submit",
+    "describe": "follow",
+    "describe_tasks": "follow",
+    "failed_tasks": "follow",
+    "fetch": "fetch",
+    "follow_command": "follow",
+    "local_run_dir": "fetch",
+    "log_paths": "submit",
+    "logs": "follow",
+    "on_mini_cluster": "connect",
+    "overview": "follow",
+    "place_of": "connect",
+    "prepare_payload": "submit",
+    "rehearse": "connect",
+    "report": "fetch",
+    "require_slurm": "connect",
+    "running_mini_cluster": "connect",
+    "say_rehearsal_slurm": "connect",
+    "shell": "shell",
+    "state": "follow",
+    "submit": "submit",
+    "sweep_of": "follow",
+    "task_states": "follow",
+    "wait": "follow",
+}
+__all__ = sorted(_DEFINED_IN)
+
+
+class _NamesFromTheirModules(types.ModuleType):
+    """hpcbox.jobs, whose names above each come from their module, imported at first use. Resolved on
+    every access, not once: `fetch`, `shell` and `submit` are each a module and that module's function,
+    and importing the module sets the package's attribute to the module."""
+
+    def __getattribute__(self, name: str) -> object:
+        module = _DEFINED_IN.get(name)
+        if module is None:
+            return super().__getattribute__(name)
+        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *_DEFINED_IN})
+
+
+sys.modules[__name__].__class__ = _NamesFromTheirModules

@@ -15,16 +15,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import yaml
-from packaging.markers import default_environment
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.tables import load_toml
+
+# yaml and packaging are imported where used: every command loads the project and checks this setting,
+# and a fifth of a second of imports is for `lock` and `init` alone.
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 Kind = Literal["requirements", "pyproject", "conda"]
 SETTING = "tool.hpcbox.dependencies"
@@ -160,6 +159,8 @@ def direct_requirements(source: DependencySource) -> list[Requirement]:
     """The packages the source asks for by name and that apply in the image (markers for its platform).
 
     Lines without a name (a bare VCS URL) are uv's to judge and are left out here."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     requirements = []
     for line in _requirement_lines(source):
         try:
@@ -174,6 +175,8 @@ def direct_requirements(source: DependencySource) -> list[Requirement]:
 def not_found(source: DependencySource, package: str, details: str = "") -> HpcboxError:
     """The error for a package the index does not have (a conda name, or a misspelt one); `details`:
     the resolver's own output."""
+    from packaging.utils import canonicalize_name
+
     conda_name = _conda_origins(source).get(canonicalize_name(package)) if source.kind == "conda" else None
     if conda_name is not None:
         return HpcboxError(
@@ -192,6 +195,8 @@ def conda_requirement(spec: str, where: str) -> str | None:
 
     `=1.26` (conda's fuzzy match) → `==1.26.*`; a bare `1.26.4` → `==1.26.4`; `1.8*` → `==1.8.*`;
     operators stay; build strings (`=py311_0`, ` py311_0`) and channels (`conda-forge::`) go."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     name, version = _conda_parts(spec, where)
     if name in CONDA_DROPPED or name.startswith(_CONDA_DROPPED_PREFIX):
         return None
@@ -233,6 +238,8 @@ def pep440_version(debian_version: str, package: str = "") -> str:
 
     The epoch, the Debian revision and a repack suffix (`+dfsg`, `+ds`) are Debian's own; `~` sorts
     a pre-release first in Debian, as PEP 440's pre-release does."""
+    from packaging.version import InvalidVersion, Version
+
     upstream = debian_version.split(":", 1)[-1].rsplit("-", 1)[0].split("+", 1)[0].replace("~", "")
     try:
         return str(Version(upstream))
@@ -247,6 +254,8 @@ def debian_conflicts(
     requirements: Iterable[Requirement], stand_ins: Iterable[DebianStandIn]
 ) -> dict[DebianStandIn, Requirement]:
     """Each stand-in whose version a direct requirement does not allow → that requirement."""
+    from packaging.utils import canonicalize_name
+
     by_name = {canonicalize_name(stand_in.name): stand_in for stand_in in stand_ins}
     conflicts = {}
     for requirement in requirements:
@@ -326,6 +335,8 @@ def _file_lines(path: Path, label: str) -> list[_Line]:
 
 
 def _pyproject_lines(source: DependencySource) -> list[_Line]:
+    from packaging.utils import canonicalize_name
+
     project = _project_table(source.path)
     if "dependencies" in project.get("dynamic", []):
         raise HpcboxError(
@@ -353,6 +364,9 @@ def _pyproject_lines(source: DependencySource) -> list[_Line]:
 
 def _own_extras(text: str, project_name: str) -> list[str] | None:
     """The groups a requirement on the project itself names (`mypkg[viz]`), or None for another's."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     try:
         requirement = Requirement(text)
     except InvalidRequirement:
@@ -366,6 +380,8 @@ def _project_table(pyproject: Path) -> dict[str, Any]:
 
 def _conda_lines(path: Path) -> tuple[list[_Line], list[_Line]]:
     """The conda packages and the pip: sub-list of an environment file."""
+    import yaml
+
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -389,6 +405,8 @@ def _conda_lines(path: Path) -> tuple[list[_Line], list[_Line]]:
 
 def _conda_origins(source: DependencySource) -> dict[str, str]:
     """PyPI name → the conda package it was translated from."""
+    from packaging.utils import canonicalize_name
+
     origins = {}
     for line in _conda_lines(source.path)[0]:
         if conda_requirement(line.text, line.where) is not None:
@@ -425,4 +443,6 @@ def _unreadable_conda_spec(spec: str, where: str) -> HpcboxError:
 
 
 def _image_markers() -> dict[str, str]:
+    from packaging.markers import default_environment
+
     return {**default_environment(), **_IMAGE_MARKERS}

@@ -17,13 +17,23 @@ import tarfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
-
-import docker
-import docker.errors
+from typing import IO, TYPE_CHECKING, Any
 
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import proc
+
+if TYPE_CHECKING:
+    import docker
+
+
+def _sdk():
+    """The Docker SDK, imported at first use: a third of a second that a command which never reaches the
+    engine (status, logs, --version) does not pay."""
+    import docker
+    import docker.errors
+
+    return docker
+
 
 START_ENGINE_HINT = "start one: `./bootstrap` installs and starts dockerd, or `systemctl start docker`"
 PERMISSION_HINT = (
@@ -47,9 +57,9 @@ class ImageInfo:
 def client() -> docker.DockerClient:
     """A client for the engine named by DOCKER_HOST (default: the local socket), checked to answer."""
     try:
-        engine = docker.from_env(timeout=600)
+        engine = _sdk().from_env(timeout=600)
         engine.ping()
-    except docker.errors.DockerException as exc:
+    except _sdk().errors.DockerException as exc:
         raise _engine_error(exc) from exc
     return engine
 
@@ -66,9 +76,9 @@ def image(ref: str) -> ImageInfo | None:
     """What the engine knows of image ``ref``, or None if it has no such image."""
     try:
         attrs: dict[str, Any] = client().api.inspect_image(ref)
-    except docker.errors.ImageNotFound:
+    except _sdk().errors.ImageNotFound:
         return None
-    except docker.errors.APIError as exc:
+    except _sdk().errors.APIError as exc:
         if exc.status_code == 404:
             return None
         raise HpcboxError(f"cannot inspect image {ref}: {exc.explanation}") from exc
@@ -89,7 +99,7 @@ def images_labelled(label: str, value: str) -> list[ImageInfo]:
     """The images whose label ``label`` is ``value``, newest first."""
     try:
         found = client().api.images(filters={"label": f"{label}={value}"})
-    except docker.errors.APIError as exc:
+    except _sdk().errors.APIError as exc:
         raise HpcboxError(f"cannot list images labelled {label}: {exc.explanation}") from exc
     newest = sorted(found, key=lambda attrs: attrs.get("Created") or 0, reverse=True)
     return [info for info in (image(attrs["Id"]) for attrs in newest) if info is not None]
@@ -99,7 +109,7 @@ def pull(ref: str) -> bool:
     """Pull ``ref``; False when no registry can be reached (the caller decides what to do then)."""
     try:
         client().images.pull(ref)
-    except docker.errors.APIError as exc:
+    except _sdk().errors.APIError as exc:
         explanation = str(exc.explanation or exc)
         if _looks_unreachable(explanation):
             return False
@@ -137,7 +147,7 @@ def tag(source: str, target: str) -> None:
 
 
 def remove_image(ref: str) -> None:
-    with contextlib.suppress(docker.errors.ImageNotFound):
+    with contextlib.suppress(_sdk().errors.ImageNotFound):
         client().api.remove_image(ref, force=True)
 
 
@@ -150,7 +160,7 @@ def load(archive: IO[bytes]) -> None:
     """`docker load` an image archive (the `docker save` layout) read from ``archive``."""
     try:
         client().images.load(archive)
-    except docker.errors.APIError as exc:
+    except _sdk().errors.APIError as exc:
         raise HpcboxError(f"docker could not load the image archive: {exc.explanation}") from exc
 
 
@@ -303,10 +313,10 @@ def run_once(ref: str, command: Sequence[str], *, what: str, user: str = "root")
         output = client().containers.run(
             ref, list(command), user=user, remove=True, stdout=True, stderr=False
         )
-    except docker.errors.ContainerError as exc:
+    except _sdk().errors.ContainerError as exc:
         stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else str(exc.stderr)
         raise proc.failure(what, exc.exit_status, stderr, "", list(command)) from exc
-    except docker.errors.ImageNotFound as exc:
+    except _sdk().errors.ImageNotFound as exc:
         raise HpcboxError(f"cannot {what}: image {ref} is not there") from exc
     return output.decode(errors="replace")
 
@@ -320,7 +330,7 @@ def run_for_file(ref: str, command: Sequence[str], path: str, *, what: str) -> b
     engine = client()
     try:
         container = engine.containers.create(ref, list(command))
-    except docker.errors.ImageNotFound as exc:
+    except _sdk().errors.ImageNotFound as exc:
         raise HpcboxError(f"cannot {what}: image {ref} is not there") from exc
     try:
         container.start()
