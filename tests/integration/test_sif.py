@@ -541,6 +541,8 @@ def test_a_helper_pin_debian_no_longer_serves_makes_an_off_lock_helper_and_sif_w
     committed = baseimage.own_lock()
     today = base_lock_served_today(committed)
     monkeypatch.setattr(baseimage, "own_lock", lambda: today)
+    # bootstrapped now where Debian has moved, so that what the helper says below is the helper's alone
+    baseimage.ensure_base(lock=today, on_line=lambda _: None, say=lambda _: None)
     lock, build_lock = tmp_path / "apt-helper.txt", tmp_path / "apt-helper-build.txt"
     shutil.copy(sif_helper.HELPER_LOCK, lock)
     shutil.copy(sif_helper.HELPER_BUILD_LOCK, build_lock)
