@@ -16,6 +16,8 @@ from hpcbox.errors import HpcboxError
 
 _BLOCK = 4 << 20
 _NOT_IN_A_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+# The folder of a cache where `known_sha256` keeps what it read.
+SHA256_MEMO = ".sha256"
 
 
 def project_root(start: Path | None = None) -> Path | None:
@@ -31,6 +33,24 @@ def file_sha256(path: Path) -> str:
         while block := handle.read(_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def known_sha256(path: Path, memo: Path) -> str:
+    """``file_sha256`` of ``path``, read again only when the file changed since it was last read: the
+    digest is kept in the folder ``memo`` with the file's size, inode and times (its ctime no tool can set
+    back), as git's index keeps them. A submit checks a 500 MB SIF and the dataset every time; reading
+    them costs a second or more, their unchanged stat nothing."""
+    facts = path.stat()
+    seen = f"{facts.st_dev}:{facts.st_ino}:{facts.st_size}:{facts.st_mtime_ns}:{facts.st_ctime_ns}"
+    entry = memo / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]}.sha256"
+    with contextlib.suppress(OSError, ValueError):
+        recorded_seen, digest = entry.read_text().split()
+        if recorded_seen == seen and len(digest) == 64:
+            return digest
+    digest = file_sha256(path)
+    with contextlib.suppress(OSError):
+        write_atomically(entry, f"{seen} {digest}\n")
+    return digest
 
 
 def write_atomically(target: Path, data: bytes | str, *, mode: int | None = None) -> None:

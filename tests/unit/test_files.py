@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from hpcbox.errors import HpcboxError
-from hpcbox.files import one_at_a_time
+from hpcbox.files import file_sha256, known_sha256, one_at_a_time
 
 # A second process holding the lock for a while, as a second hpcbox command bootstrapping the base would.
 HOLDER = """
 import sys, time
-from hpcbox.files import one_at_a_time
+from hpcbox.files import file_sha256, known_sha256, one_at_a_time
 with one_at_a_time(sys.argv[1]):
     print("holding", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -56,3 +56,27 @@ def test_a_lock_folder_others_can_enter_is_refused(tmp_path: Path, monkeypatch) 
         pytest.fail("entered a lock in a folder others can write")
     assert refused.value.message == f"{folder} is not a private folder of this user's"
     assert list(folder.iterdir()) == []
+
+
+def test_a_files_digest_is_read_again_exactly_when_the_file_changed(tmp_path):
+    sif, memo = tmp_path / "image.sif", tmp_path / "cache" / ".sha256"
+    sif.write_bytes(os.urandom(1 << 20))
+    first = known_sha256(sif, memo)
+    assert first == file_sha256(sif)
+    # unchanged: the digest comes from the memo, as its one entry shows when it is made to say otherwise
+    (entry,) = memo.iterdir()
+    seen, _ = entry.read_text().split()
+    entry.write_text(f"{seen} {'0' * 64}\n")
+    assert known_sha256(sif, memo) == "0" * 64
+    # the same size rewritten in place, its modification time set back: the inode's change time still
+    # moves, so the file is read again
+    facts = sif.stat()
+    time.sleep(0.01)
+    with sif.open("r+b") as handle:
+        handle.write(b"x")
+    os.utime(sif, ns=(facts.st_atime_ns, facts.st_mtime_ns))
+    assert sif.stat().st_size == facts.st_size and sif.stat().st_mtime_ns == facts.st_mtime_ns
+    assert known_sha256(sif, memo) == file_sha256(sif) != first
+    # a memo that cannot be made (here a file stands where its folder would go) only costs the reading
+    (tmp_path / "blocker").write_text("")
+    assert known_sha256(sif, tmp_path / "blocker" / ".sha256") == file_sha256(sif)

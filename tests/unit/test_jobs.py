@@ -22,6 +22,7 @@ import pytest
 
 from hpcbox import jobs
 from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.files import SHA256_MEMO
 from hpcbox.jobs import ship
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
@@ -347,7 +348,9 @@ def test_dataset_is_addressed_by_content_and_keeps_its_archive_suffix(tmp_path: 
     archive.write_bytes(b"not really a tarball")
     found = ship.dataset(archive, tmp_path / "cache")
     assert found.remote_name == hashlib.sha256(b"not really a tarball").hexdigest() + ".tar.gz"
-    assert found.path == archive and not (tmp_path / "cache").exists()  # an archive is sent as it is
+    assert found.path == archive  # an archive is sent as it is: no copy in the cache, only its digest
+    kept = [path for path in (tmp_path / "cache").rglob("*") if path.is_file()]
+    assert len(kept) == 1 and kept[0].parent.name == SHA256_MEMO and kept[0].stat().st_size < 200
     with pytest.raises(HpcboxError, match=r"data: .* does not exist"):
         ship.dataset(tmp_path / "missing.tar", tmp_path / "cache")
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from hpcbox.build.image import code_files
 from hpcbox.errors import FieldError, HpcboxError
-from hpcbox.files import file_sha256
+from hpcbox.files import SHA256_MEMO, known_sha256
 from hpcbox.jobs import datasets, store
 from hpcbox.jobs.ledger import JobRecord
 from hpcbox.project.config import ProjectConfig
@@ -122,7 +122,7 @@ def dataset(path: Path | None, cache: Path, say: Callable[[str], None] = print) 
         made = datasets.archive(path, cache, say)
         return Dataset(made.path, made.sha256)
     if path.is_file():
-        return Dataset(path, file_sha256(path))
+        return Dataset(path, known_sha256(path, cache / SHA256_MEMO))
     problem = "does not exist" if not os.path.lexists(path) else "is neither a file nor a directory"
     raise HpcboxError(
         f"data: {path} {problem}",

@@ -37,7 +37,7 @@ from typing import IO, Any, Protocol
 from hpcbox.build import offlock
 from hpcbox.build.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256, write_atomically
+from hpcbox.files import SHA256_MEMO, file_sha256, known_sha256, write_atomically
 from hpcbox.sif import rootfs
 from hpcbox.sif.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.sif.compression import SifCompression
@@ -151,7 +151,7 @@ def cached(
         )
     except (ValueError, KeyError, TypeError):
         return None
-    if path.stat().st_size != sif.size or file_sha256(path) != sif.sha256:
+    if path.stat().st_size != sif.size or known_sha256(path, path.parent / SHA256_MEMO) != sif.sha256:
         return None
     return sif
 
