@@ -17,7 +17,7 @@ import pytest
 
 from hpcbox.build.image import LABEL_CONTENT, LABEL_LOCK, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.errors import HpcboxError
-from hpcbox.files import file_sha256
+from hpcbox.files import SHA256_MEMO, file_sha256
 from hpcbox.render.profiles import load_profile
 from hpcbox.sif.compression import parse_compression
 from hpcbox.sif.convert import (
@@ -426,13 +426,17 @@ def test_a_caller_who_is_not_root_gets_the_same_sif_and_leaves_nothing_of_roots(
     assert sif.parent == workspace / ".hpcbox" / "sif"
     assert file_sha256(sif) == small_sifs["fast"].sha256
     left = sorted(path.relative_to(workspace).as_posix() for path in workspace.rglob("*"))
+    (kept_digest,) = (workspace / ".hpcbox/sif" / SHA256_MEMO).iterdir()  # the SIF's, read once
     assert left == [
         ".hpcbox",
         ".hpcbox/sif",
+        f".hpcbox/sif/{SHA256_MEMO}",
+        f".hpcbox/sif/{SHA256_MEMO}/{kept_digest.name}",
         f".hpcbox/sif/{sif.stem}.json",
         f".hpcbox/sif/{sif.name}",
         "pyproject.toml",
     ]
+    assert kept_digest.read_text().split()[1] == small_sifs["fast"].sha256
     assert {(workspace / name).stat().st_uid for name in left} == {uid}
 
 

@@ -132,7 +132,7 @@ class Served:
 
     def follows(self, release: str = "") -> str:
         """The version a pin asked of ``release`` (``name/sid``) moves to; else the candidate."""
-        return self.newest_in.get(release, self.candidate) if release else self.candidate
+        return self.newest_in.get(release, self.candidate)
 
 
 def served(ref: str, packages: Iterable[str], setup: str = "") -> dict[str, Served]:

@@ -37,7 +37,7 @@ from typing import IO, Any, Protocol
 from hpcbox.build import offlock
 from hpcbox.build.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
 from hpcbox.errors import HpcboxError
-from hpcbox.files import SHA256_MEMO, file_sha256, known_sha256, write_atomically
+from hpcbox.files import SHA256_MEMO, known_sha256, write_atomically
 from hpcbox.sif import rootfs
 from hpcbox.sif.compression import DEFAULT as DEFAULT_COMPRESSION
 from hpcbox.sif.compression import SifCompression
@@ -283,17 +283,17 @@ def build_sif(
             _convert_fast(tool, work, info, raw, layers, compression, say, on_line or print)
         else:
             _convert_reference(tool, work, info.id, compression, say, on_line)
-        produced = work / "out.sif"
+        # read where it stays, so that the next cache hit finds its digest kept and need not read it again
+        os.replace(work / "out.sif", target)
         sif = Sif(
             path=target,
-            sha256=file_sha256(produced),
-            size=produced.stat().st_size,
+            sha256=known_sha256(target, target.parent / SHA256_MEMO),
+            size=target.stat().st_size,
             compression=str(compression),
             image_id=info.id,
             built=True,
             off_lock=offlock.to_label(moved),
         )
-        os.replace(produced, target)
         write_atomically(target.with_suffix(".json"), sif.record().encode())
     finally:
         if conversion == "fast":
