@@ -75,6 +75,8 @@ def record(
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            # PYTHONDONTWRITEBYTECODE (as on CI): a command finds only the bytecode ./bootstrap compiled
+            "python_writes_bytecode": not sys.flags.dont_write_bytecode,
         },
         "rows": rows,
         **({"details": details} if details else {}),
@@ -130,7 +132,8 @@ def table(result: dict) -> str:
     )
     lines = [
         f"`bench/results/{result['benchmark']}.json`: measured {result['started']} {at} on "
-        f"{result['machine']['cpus']} CPUs.",
+        f"{result['machine']['cpus']} CPUs"
+        f"{'' if result['machine'].get('python_writes_bytecode', True) else ', Python writing no bytecode'}.",
         "",
         "| metric | value | unit | target | note |",
         "|---|---|---|---|---|",

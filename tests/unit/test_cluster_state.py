@@ -13,9 +13,11 @@ import pytest
 
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import state
-from hpcbox.minicluster.lifecycle import UnfinishedJob, parse_unfinished, shared_state
+from hpcbox.minicluster.cluster import RECORD, Cluster, find, record, shared_state
+from hpcbox.minicluster.lifecycle import UnfinishedJob, parse_unfinished
 from hpcbox.minicluster.secrets import generate
-from hpcbox.minicluster.spec import ClusterSpec, legacy_state_dir, state_dir, state_root
+from hpcbox.minicluster.shape import shape_like
+from hpcbox.minicluster.spec import ClusterSpec, legacy_state_dir, spec_like, state_dir, state_root
 
 NAME = "hpcbox-local"
 
@@ -88,7 +90,7 @@ def keys(directory: Path, port: int = 2222) -> str:
     """Real secrets for a cluster in ``directory`` (ssh-keygen), and the public host key the cluster's
     login node would be given."""
     made = generate(ClusterSpec(name=NAME, port=port), directory)
-    (directory / "cluster.json").write_text("{}")
+    (directory / RECORD).write_text("{}")
     return made.public(made.host_key)
 
 
@@ -166,6 +168,27 @@ def test_with_no_old_folder_the_shared_state_is_found_without_touching_anything(
     assert shared_state(NAME, project, say=said.append) == tmp_path / "xdg" / "hpcbox" / "cluster"
     assert shared_state(NAME, None, say=said.append) == tmp_path / "xdg" / "hpcbox" / "cluster"
     assert said == [] and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_command_that_only_connects_finds_the_cluster_without_loading_the_docker_sdk(tmp_path: Path):
+    """`status` and `logs` reach the mini cluster through what `up` recorded in its state folder: the
+    Docker SDK and testcontainers (about 0.7 s to import, most of such a command's own cost) stay
+    unloaded."""
+    spec = spec_like("local", port=2299)
+    cluster = Cluster(
+        spec, "hpcbox/node:recorded", generate(spec, state_dir(tmp_path, spec.name)), shape_like("local")
+    )
+    record(cluster, tmp_path)
+    assert find(spec.name, tmp_path) == cluster
+    connecting = (
+        "import sys; import hpcbox.cli.tasks; from hpcbox import jobs; "
+        "print(jobs.running_mini_cluster(None, like='local').ssh_target().address); "
+        "print(sorted(name for name in sys.modules if name.split('.')[0] in ('docker', 'testcontainers')))"
+    )
+    environ = {**os.environ, "HPCBOX_MINICLUSTER_STATE": str(tmp_path), "HPCBOX_MINICLUSTER": spec.name}
+    done = subprocess.run([sys.executable, "-c", connecting], env=environ, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{cluster.user}@127.0.0.1:2299", "[]"]
 
 
 # --- the jobs a refusal names ----------------------------------------------------------------------

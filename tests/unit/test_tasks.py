@@ -137,3 +137,24 @@ def test_the_hpcbox_command_parses_yaml_only_when_a_config_file_asks_for_it(tmp_
     reading = "import hpcbox.cli, invoke; c = invoke.Config(runtime_path='broken.yaml'); c.load_runtime()"
     refused = subprocess.run([sys.executable, "-c", reading], cwd=tmp_path, capture_output=True, text=True)
     assert refused.returncode != 0 and "ParserError" in refused.stderr
+
+
+def test_bootstrap_leaves_the_bytecode_of_what_the_commands_import():
+    """`./bootstrap` compiles hpcbox's src/ and its runtime dependencies once: where Python writes no
+    bytecode at import (PYTHONDONTWRITEBYTECODE, as on CI), every command would otherwise compile them
+    again at its start. Run `./bootstrap true` where this fails."""
+    loading = (  # what the interpreter's start loaded (a .pth file's hook) is not the commands'
+        "import sys; started = set(sys.modules); "
+        "import hpcbox.cli.tasks, hpcbox.jobs.follow, hpcbox.jobs.submit, hpcbox.tools.docker as d; "
+        "d._sdk(); import testcontainers.core.container; "
+        "print('\\n'.join(m.__file__ for n, m in list(sys.modules.items()) "
+        "if n not in started and (getattr(m, '__file__', None) or '').endswith('.py')))"
+    )
+    environ = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-c", loading], env=environ, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ours = [Path(name) for name in done.stdout.split() if name.startswith((sys.prefix, str(REPO / "src")))]
+    assert any("site-packages/docker/" in str(path) for path in ours), ours
+    assert any("src/hpcbox/jobs/" in str(path) for path in ours), ours
+    uncompiled = [str(path) for path in ours if not Path(importlib.util.cache_from_source(path)).is_file()]
+    assert uncompiled == []

@@ -15,10 +15,10 @@ _HOLDER = {
     "Removed": "lifecycle",
     "add_gpu_type": "lifecycle",
     "down": "lifecycle",
-    "find": "lifecycle",
+    "find": "cluster",
     "node_states": "lifecycle",
     "refuse_unfinished": "lifecycle",
-    "shared_state": "lifecycle",
+    "shared_state": "cluster",
     "status": "lifecycle",
     "up": "lifecycle",
     "wait_ready": "lifecycle",
@@ -41,15 +41,13 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from hpcbox.minicluster.cluster import Cluster
+    from hpcbox.minicluster.cluster import Cluster, find, shared_state
     from hpcbox.minicluster.lifecycle import (
         Removed,
         add_gpu_type,
         down,
-        find,
         node_states,
         refuse_unfinished,
-        shared_state,
         status,
         up,
         wait_ready,

@@ -1,22 +1,29 @@
-"""A running mini cluster, as users, tests and the node classes reach it."""
+"""A running mini cluster, as users, tests and the node classes reach it.
+
+Finding one reads its state folder alone: a command that only connects to the cluster (status, logs)
+does not load the Docker SDK and testcontainers."""
 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import docker.errors
-from docker.models.containers import Container
+from typing import TYPE_CHECKING
 
 from hpcbox.errors import HpcboxError
+from hpcbox.files import write_atomically
+from hpcbox.minicluster import state
 from hpcbox.minicluster.secrets import ClusterSecrets
 from hpcbox.minicluster.shape import ClusterShape
-from hpcbox.minicluster.spec import USER, ClusterSpec
+from hpcbox.minicluster.spec import USER, ClusterSpec, legacy_state_dir, state_dir, state_root
 from hpcbox.tools import docker as engine
 from hpcbox.tools import proc, ssh
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
 
 
 @dataclass(frozen=True)
@@ -58,13 +65,13 @@ class Cluster:
         )
 
     def node_container(self, host: str) -> Container:
-        try:
-            return engine.client().containers.get(self.spec.container(host))
-        except docker.errors.NotFound as exc:
+        found = engine.container(self.spec.container(host))
+        if found is None:
             raise HpcboxError(
                 f"cluster {self.name} has no container for {host}",
                 f"bring it up with `hpcbox cluster.up --name {self.name}`",
-            ) from exc
+            )
+        return found
 
     def exec(self, host: str, argv: Sequence[str], *, user: str = "root") -> proc.Completed:
         """Run ``argv`` inside ``host``'s container (as ``user``), bypassing SSH."""
@@ -82,10 +89,10 @@ class Cluster:
                 member = tarfile.TarInfo(name)
                 member.size, member.mode = len(content), mode
                 archive.addfile(member, io.BytesIO(content))
-        try:
-            self.node_container(host).put_archive(directory, buffer.getvalue())
-        except docker.errors.APIError as exc:
-            raise HpcboxError(f"could not write {', '.join(files)} into {self.name}'s {host}: {exc}") from exc
+        engine.put_archive(
+            self.node_container(host), directory, buffer.getvalue(),
+            what=f"write {', '.join(files)} into {self.name}'s {host}",
+        )  # fmt: skip
 
     def add_account(self, account: str) -> bool:
         """Let the cluster's user submit under ``account``, as a member of it is allowed to at the
@@ -110,3 +117,41 @@ class Cluster:
                 f"is the cluster up? `hpcbox cluster.status --name {self.name}`",
             )
         return done.stdout.strip() == "added"
+
+
+RECORD = "cluster.json"  # in the cluster's state folder, beside its keys
+
+
+def record(cluster: Cluster, state_root: Path) -> None:
+    """Keep what `up` (or a later change) made of ``cluster`` where ``find`` reads it back."""
+    saved = {"spec": asdict(cluster.spec), "image": cluster.image, "shape": asdict(cluster.shape)}
+    write_atomically(state_dir(state_root, cluster.name) / RECORD, json.dumps(saved))
+
+
+def find(name: str, state_root: Path) -> Cluster | None:
+    """The cluster ``name`` as its last `up` recorded it under ``state_root``, or None: no `up` there."""
+    recorded = state_dir(state_root, name) / RECORD
+    if not recorded.is_file():
+        return None
+    saved = json.loads(recorded.read_text())
+    if "shape" not in saved:  # brought up by an hpcbox before shapes: `up` replaces it
+        return None
+    shape = ClusterShape.from_dict(saved["shape"])
+    return Cluster(ClusterSpec(**saved["spec"]), saved["image"], ClusterSecrets(recorded.parent), shape)
+
+
+def shared_state(name: str, project_state: Path | None, *, say: Callable[[str], None] = print) -> Path:
+    """The state root every command reaching cluster ``name`` reads its keys from (``spec.state_root``),
+    once the keys an older hpcbox kept in this checkout (``project_state``, its .hpcbox) have moved
+    there, where they are the keys of the cluster that exists under that name (``state.adopt``)."""
+    root = state_root()
+    legacy = legacy_state_dir(project_state, name) if project_state is not None else None
+    target = state_dir(root, name)
+    if legacy is None or not legacy.is_dir() or state.same_folder(legacy, target):
+        return root  # the usual case: no file read, no Docker call
+    from hpcbox.minicluster.lifecycle import login_host_key  # the engine, only where old keys move
+
+    with state.locked(root, name, say):
+        if state.adopt(legacy, target, login_host_key(name)):
+            say(f"hpcbox: cluster {name}'s keys moved from {legacy} to {target}, for every project to find")
+    return root

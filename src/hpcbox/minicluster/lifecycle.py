@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import shutil
 import socket
 import tarfile
@@ -29,14 +28,13 @@ from typing import Any
 import docker.errors
 
 from hpcbox.errors import HpcboxError
-from hpcbox.files import write_atomically
 from hpcbox.minicluster import nodes, state
-from hpcbox.minicluster.cluster import Cluster
+from hpcbox.minicluster.cluster import Cluster, find, record
 from hpcbox.minicluster.node_image import ensure_image
-from hpcbox.minicluster.secrets import ClusterSecrets, generate
+from hpcbox.minicluster.secrets import generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.slurmconf import config_files, node_groups
-from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, legacy_state_dir, state_dir, state_root
+from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, state_dir
 from hpcbox.tools import docker as engine
 
 DEFAULT_TIMEOUT_S = 180
@@ -90,8 +88,7 @@ def up(
             _check_port_free(spec.port)
         directory = state_dir(state_root, spec.name)
         cluster = Cluster(spec, image.ref, generate(spec, directory), shape)
-        saved = {"spec": asdict(spec), "image": image.ref, "shape": asdict(shape)}
-        write_atomically(directory / "cluster.json", json.dumps(saved))
+        record(cluster, state_root)
         try:
             _start(cluster, timeout_s, say)
         except BaseException:
@@ -150,8 +147,7 @@ def add_gpu_type(
         # The login node's client commands read the new file at once; its sshd (and whoever is logged
         # in, this very command perhaps) stays.
         grown.put_files("login", "/etc/slurm", {"slurm.conf": config["slurm.conf"]})
-        saved = {"spec": asdict(spec), "image": cluster.image, "shape": asdict(grown.shape)}
-        write_atomically(state_dir(state_root, cluster.name) / "cluster.json", json.dumps(saved))
+        record(grown, state_root)
         # The compute nodes stopped first and started last: each registers once, with its new GPUs, to
         # a controller that already expects them (an old registration would mark it invalid).
         computes = [grown.node_container(host) for host in spec.compute_hosts]
@@ -193,40 +189,12 @@ def _change_software(
         done = changed.exec(host, ["hpcbox-node", "software"])
         if done.returncode != 0:
             raise HpcboxError(f"changing {host}'s container software failed: {done.stderr.strip()}")
-    saved = {"spec": asdict(spec), "image": current.image, "shape": asdict(shape)}
-    write_atomically(state_dir(state_root, spec.name) / "cluster.json", json.dumps(saved))
+    record(changed, state_root)
     fuse = "with FUSE" if shape.fuse else "without FUSE"
     tools = "".join(f", without {what}" for what in shape.lacking)
     say(f"cluster {spec.name}: compute nodes now run {shape.runtime}, {fuse}{tools} (changed in place)")
     wait_ready(changed, timeout_s)
     return changed
-
-
-def shared_state(name: str, project_state: Path | None, *, say: Callable[[str], None] = print) -> Path:
-    """The state root every command reaching cluster ``name`` reads its keys from (``spec.state_root``),
-    once the keys an older hpcbox kept in this checkout (``project_state``, its .hpcbox) have moved
-    there, where they are the keys of the cluster that exists under that name (``state.adopt``)."""
-    root = state_root()
-    legacy = legacy_state_dir(project_state, name) if project_state is not None else None
-    if legacy is None or not legacy.is_dir():
-        return root  # the usual case: no file read, no Docker call
-    target = state_dir(root, name)
-    with state.locked(root, name, say):
-        if state.adopt(legacy, target, _login_host_key(name)):
-            say(f"hpcbox: cluster {name}'s keys moved from {legacy} to {target}, for every project to find")
-    return root
-
-
-def find(name: str, state_root: Path) -> Cluster | None:
-    """The cluster ``name`` as its last `up` recorded it under ``state_root``, or None: no `up` there."""
-    record = state_dir(state_root, name) / "cluster.json"
-    if not record.is_file():
-        return None
-    saved = json.loads(record.read_text())
-    if "shape" not in saved:  # brought up by an hpcbox before shapes: `up` replaces it
-        return None
-    shape = ClusterShape.from_dict(saved["shape"])
-    return Cluster(ClusterSpec(**saved["spec"]), saved["image"], ClusterSecrets(record.parent), shape)
 
 
 @dataclass(frozen=True)
@@ -459,7 +427,7 @@ def _published_ports(containers: Sequence[Any]) -> set[int]:
     return ports
 
 
-def _login_host_key(name: str) -> str | None:
+def login_host_key(name: str) -> str | None:
     """The public host key cluster ``name``'s login container was given at `up` (its /etc/hpcbox-init,
     there whether it runs or not), or None with no such container (or no engine to ask)."""
     try:

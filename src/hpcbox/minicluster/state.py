@@ -68,7 +68,7 @@ def adopt(legacy: Path, target: Path, live_host_key: str | None) -> bool:
     place before ``legacy`` is removed: a command reading meanwhile finds the keys in one place or the
     other, never in neither.
     """
-    if live_host_key is None or not legacy.is_dir() or _same(legacy, target):
+    if live_host_key is None or not legacy.is_dir() or same_folder(legacy, target):
         return False
     if host_key(legacy) != live_host_key.strip():
         return False
@@ -87,7 +87,7 @@ def adopt(legacy: Path, target: Path, live_host_key: str | None) -> bool:
     return True
 
 
-def _same(one: Path, other: Path) -> bool:
+def same_folder(one: Path, other: Path) -> bool:
     """Whether two paths are one folder (HPCBOX_MINICLUSTER_STATE may name a checkout's old one)."""
     try:
         return one.resolve() == other.resolve() or (other.exists() and one.samefile(other))

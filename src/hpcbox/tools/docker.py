@@ -24,6 +24,7 @@ from hpcbox.tools import proc
 
 if TYPE_CHECKING:
     import docker
+    from docker.models.containers import Container
 
 
 def _sdk():
@@ -70,6 +71,22 @@ def _engine_error(exc: Exception) -> HpcboxError:
     if "Permission denied" in text or isinstance(exc.__context__, PermissionError):
         return HpcboxError(f"not permitted to use the Docker engine at {where}", PERMISSION_HINT)
     return HpcboxError(f"no Docker engine answers at {where}", START_ENGINE_HINT)
+
+
+def container(name: str) -> Container | None:
+    """The engine's container ``name``, or None where it has none."""
+    try:
+        return client().containers.get(name)
+    except _sdk().errors.NotFound:
+        return None
+
+
+def put_archive(into: Container, directory: str, archive: bytes, *, what: str) -> None:
+    """Unpack the tar ``archive`` into ``directory`` of container ``into``, running or not."""
+    try:
+        into.put_archive(directory, archive)
+    except _sdk().errors.APIError as exc:
+        raise HpcboxError(f"could not {what}: {exc}") from exc
 
 
 def image(ref: str) -> ImageInfo | None:
