@@ -321,3 +321,18 @@ def test_a_gone_pin_of_a_lock_with_no_snapshot_time_turns_to_the_time_the_archiv
         assert re.fullmatch(moved, built.labels[offlock.LABEL])
     finally:
         docker.remove_image(built.ref)
+
+
+def test_the_engine_is_asked_about_images_through_its_cli(trainer_image, run_id: str):
+    """Every up-to-date check asks `docker image inspect` (the CLI: a submit with nothing to build loads
+    no Docker SDK): an image the engine has comes back with its id, tags and labels, one it lacks is
+    None, and a label's images are found."""
+    found = docker.image(trainer_image.ref)
+    assert found is not None and found.id == trainer_image.id and trainer_image.ref in found.tags
+    assert found.labels[image_stage.LABEL_CONTENT] == trainer_image.content_hash
+    assert docker.image(f"{run_id}/never-built:latest") is None
+    labelled = docker.images_labelled(image_stage.LABEL_CONTENT, trainer_image.content_hash)
+    assert trainer_image.id in [info.id for info in labelled]
+    asked = "import sys; from hpcbox.tools import docker; docker.image(sys.argv[1]); print(*sys.modules)"
+    done = subprocess.run([sys.executable, "-c", asked, trainer_image.ref], capture_output=True, text=True)
+    assert done.returncode == 0 and "docker" not in done.stdout.split(), done.stderr
