@@ -145,8 +145,8 @@ def test_bootstrap_leaves_the_bytecode_of_what_the_commands_import():
     again at its start. Run `./bootstrap true` where this fails."""
     loading = (  # what the interpreter's start loaded (a .pth file's hook) is not the commands'
         "import sys; started = set(sys.modules); "
-        "import hpcbox.cli.tasks, hpcbox.jobs.follow, hpcbox.jobs.submit, hpcbox.tools.docker as d; "
-        "d._sdk(); import testcontainers.core.container; "
+        "import hpcbox.cli.tasks, hpcbox.jobs.follow, hpcbox.jobs.submit; "
+        "import docker, testcontainers.core.container; "
         "print('\\n'.join(m.__file__ for n, m in list(sys.modules.items()) "
         "if n not in started and (getattr(m, '__file__', None) or '').endswith('.py')))"
     )

@@ -67,14 +67,16 @@ def client() -> docker.DockerClient:
 
 
 def _engine_error(exc: Exception) -> HpcboxError:
-    text = str(exc)
-    if "Permission denied" in text or isinstance(exc.__context__, PermissionError):
-        return HpcboxError(f"not permitted to use the Docker engine at {_engine_address()}", PERMISSION_HINT)
-    return HpcboxError(f"no Docker engine answers at {_engine_address()}", START_ENGINE_HINT)
+    refused = "Permission denied" in str(exc) or isinstance(exc.__context__, PermissionError)
+    return _unreachable(not_permitted=refused)
 
 
-def _engine_address() -> str:
-    return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+def _unreachable(*, not_permitted: bool) -> HpcboxError:
+    """The one line for an engine this user may not use, or that does not answer (SDK or CLI alike)."""
+    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not_permitted:
+        return HpcboxError(f"not permitted to use the Docker engine at {where}", PERMISSION_HINT)
+    return HpcboxError(f"no Docker engine answers at {where}", START_ENGINE_HINT)
 
 
 def container(name: str) -> Container | None:
@@ -122,10 +124,8 @@ def require_engine() -> None:
 
 
 def _refuse_unreachable(done: proc.Completed) -> None:
-    if _NOT_PERMITTED in done.stderr:
-        raise HpcboxError(f"not permitted to use the Docker engine at {_engine_address()}", PERMISSION_HINT)
-    if _NO_ENGINE in done.stderr:
-        raise HpcboxError(f"no Docker engine answers at {_engine_address()}", START_ENGINE_HINT)
+    if _NOT_PERMITTED in done.stderr or _NO_ENGINE in done.stderr:
+        raise _unreachable(not_permitted=_NOT_PERMITTED in done.stderr)
 
 
 def _inspect(refs: Sequence[str]) -> list[ImageInfo]:
