@@ -7,7 +7,6 @@ build secrets; builds therefore go through a docker CLI that has BuildKit (Debia
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import json
@@ -199,8 +198,13 @@ def tag(source: str, target: str) -> None:
 
 
 def remove_image(ref: str) -> None:
-    with contextlib.suppress(_sdk().errors.ImageNotFound):
+    """Remove ``ref``; one another process removes at the same time is gone all the same (the engine
+    then answers 500 "unrecognized image ID", not 404)."""
+    try:
         client().api.remove_image(ref, force=True)
+    except _sdk().errors.APIError:
+        if image(ref) is not None:
+            raise
 
 
 def save(ref: str) -> Iterator[bytes]:
