@@ -224,8 +224,12 @@ with open(os.path.join(output_dir, "point.json"), "w") as out:
 
 
 def sweep_project(setup: Setup, project_dir: Path) -> Path:
-    """A copy of the session's project at ``project_dir`` whose program is SWEEP_SCRIPT (no ledger)."""
+    """A copy of the session's project at ``project_dir`` whose program is SWEEP_SCRIPT: no ledger, and
+    its last build the session's (cpu) one, as in the project; with none recorded, a submit where no
+    registry answers would build the cuda flavour, a SIF eight times the size."""
     shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
+    images = Path(".hpcbox", "images")
+    shutil.copytree(setup.project_dir / images, project_dir / images)
     (project_dir / "src" / "hpctrain" / "sweep_point.py").write_text(SWEEP_SCRIPT)
     pyproject = project_dir / "pyproject.toml"
     own_run = '[tool.hpcbox.run]\nscript = "src/hpctrain/sweep_point.py"\nargs = ["{output_dir}"]\n'
@@ -656,6 +660,12 @@ def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id:
     record = jobs.Ledger(load_project(project)).find()
     assert (project / "runs" / "local" / record.job_id / "metrics.jsonl").is_file()
     assert "COMPLETED" in done.stderr
+    # The closing line times every stage, in order, and they add up to no more than the whole.
+    took = re.search(r"^hpcbox: the demo took ([0-9.]+) s: (.+)$", done.stderr, re.MULTILINE)
+    assert took, done.stderr[-3000:]
+    stages = [stage.rsplit(" ", 2) for stage in took[2].split(", ")]
+    assert [name for name, _, _ in stages] == ["build", "data", "cluster", "submit", "job", "results"]
+    assert sum(float(seconds) for _, seconds, _ in stages) <= float(took[1]), took[0]
 
 
 def test_twenty_submits_at_once_leave_a_ledger_with_every_job(first_job, setup: Setup, minicluster):

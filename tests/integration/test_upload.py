@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import tarfile
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -51,6 +52,8 @@ def delta_jobs(setup: Setup, minicluster):
     # Its limit well past the module's length (the second build alone can take minutes on a busy
     # machine): at 10 minutes it could be requeued at its limit, no longer RUNNING, mid-module.
     running = submit(setup, minicluster, LONG, profile_and_resources=local_resources(time="60"))
+    assert running is not None
+    held_still(minicluster, running.job_id)
     lock = setup.project_dir / "docker" / "lock" / "apt-cpu.txt"
     main = setup.project_dir / "src" / "hpctrain" / "__main__.py"
     lock_text, main_text = lock.read_text(), main.read_text()
@@ -66,6 +69,17 @@ def delta_jobs(setup: Setup, minicluster):
     assert running is not None and added is not None
     yield DeltaJobs(running, added)
     minicluster.ssh(["scancel", running.job_id])
+
+
+def held_still(minicluster, job_id: str) -> None:
+    """Once job ``job_id`` runs, every process of it stopped (SIGSTOP, sent by Slurm's scancel): the job
+    stays RUNNING to Slurm, as a long training job is, without taking a CPU from the tests beside this
+    module for the module's minutes. Slurm sends SIGCONT with the TERM that ends it."""
+    deadline = time.monotonic() + 300
+    while (state := minicluster.ssh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()) != "RUNNING":
+        assert state in ("PENDING", "CONFIGURING") and time.monotonic() < deadline, f"job {job_id}: {state}"
+        time.sleep(1)
+    minicluster.ssh(["scancel", "--signal=STOP", "--full", job_id], check=True)
 
 
 def served_today(package: str) -> str:

@@ -59,10 +59,11 @@ class Cluster:
         return ssh.Target("127.0.0.1", self.login_port, USER, self.key_path, self.known_hosts)
 
     def ssh(self, command: str | Sequence[str], *, check: bool = False) -> proc.Completed:
-        """Run ``command`` on the login node as the cluster user, over SSH."""
-        return ssh.run(
-            self.ssh_target(), command, what=f"run a command on {self.name}'s login node", check=check
-        )
+        """Run ``command`` on the login node as the cluster user, over SSH: through the master connection
+        an earlier command left open where there is one, as hpcbox's own commands do (a session on it
+        costs sshd a fork, not a key exchange and a login), else one this call opens and leaves."""
+        with ssh.Connection(self.ssh_target()) as connection:
+            return connection.run(command, what=f"run a command on {self.name}'s login node", check=check)
 
     def node_container(self, host: str) -> Container:
         found = engine.container(self.spec.container(host))

@@ -27,6 +27,7 @@ from testcontainers.core.waiting_utils import WaitStrategy, WaitStrategyTarget
 from hpcbox.minicluster import slurmconf
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.minicluster.spec import LABEL, USER, ClusterSpec, role
+from hpcbox.tools import ssh
 
 os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
 # testcontainers reads the variable lazily, at the first start; set the value itself too, so that no
@@ -231,7 +232,8 @@ class LoginNode(ClusterNode):
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
         def accepts_key(_container: Container) -> bool:
-            return cluster.ssh("true").returncode == 0
+            # A plain login, not a master: one refused while sshd starts is the answer "not yet" here.
+            return ssh.run(cluster.ssh_target(), "true", check=False).returncode == 0
 
         return NodeReady(f"sshd on 127.0.0.1:{cluster.login_port} accepting the key", accepts_key)
 
