@@ -280,12 +280,14 @@ def test_a_50_point_sweep_ends_with_50_results_and_reruns_only_its_failed_points
     nothing = hpcbox("submit", "--cluster=local", data, f"--resubmit-failed={second}")
     assert "every task of job" in nothing.stderr and nothing.stdout == ""
 
-    results = {}
+    results, logs = {}, {}
     for job in (first, second):
         local = Path(hpcbox("fetch", "-j", job).stdout.strip())
         for found in local.glob("*/point.json"):
             results[int(found.parent.name)] = json.loads(found.read_text())
+        logs[job] = sorted(found.name for found in local.glob("*.out"))
     assert sorted(results) == list(range(50))  # one result per point, from one run folder each
+    assert len(logs[first]) == 50 and len(logs[second]) == 3, logs  # every task's log, in one transfer
     assert results[21] == ["--index", "21", "--needs", gate] and results[3] == ["--index", "3"]
 
 

@@ -37,7 +37,9 @@ def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord)
         f'for log in {log_words(record)}; do if test -f "$log"; then printf "%s\\n" "$log"; fi; done',
         what="look for the job's logs",
     )
-    transfers += [connection.download(log, local) for log in listed.stdout.splitlines() if log]
+    logs = [log for log in listed.stdout.splitlines() if log]
+    if logs:  # one transfer for them all: an array's logs are one a task
+        transfers.append(connection.download(logs, local))
     return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
 
 

@@ -464,13 +464,16 @@ class Connection:
         ):
             yield
 
-    def download(self, remote_path: str, local: Path) -> Transfer:
-        """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable."""
+    def download(self, remote_paths: str | Sequence[str], local: Path) -> Transfer:
+        """rsync ``remote_paths`` (files, or a folder's contents with a trailing /) into ``local`` in one
+        transfer, however many there are (an array's thousand logs included); resumable."""
+        paths = [remote_paths] if isinstance(remote_paths, str) else list(remote_paths)
         local.mkdir(parents=True, exist_ok=True)
         return self._rsync(
-            [f"{self.target.host}:{remote_path}"],
+            [f"{self.target.host}:{path}" for path in paths],
             str(local) + "/",
-            what=f"download {remote_path} from {self.target.address}",
+            what=f"download {paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''} "
+            f"from {self.target.address}",
             on_progress=None,
         )
 
