@@ -34,12 +34,14 @@ def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord)
         )
     transfers = [connection.download(f"{record.run_dir}/", local)]
     listed = connection.run(
-        f'for log in {log_words(record)}; do if test -f "$log"; then printf "%s\\n" "$log"; fi; done',
+        # Each by its absolute path, as download_files takes them (a relative one is under the home).
+        f'for log in {log_words(record)}; do if test -f "$log"; then '
+        f'case $log in /*) ;; *) log=$HOME/$log ;; esac; printf "%s\\n" "$log"; fi; done',
         what="look for the job's logs",
     )
     logs = [log for log in listed.stdout.splitlines() if log]
     if logs:  # one transfer for them all: an array's logs are one a task
-        transfers.append(connection.download(logs, local))
+        transfers.append(connection.download_files(logs, local))
     return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
 
 

@@ -24,6 +24,7 @@ import random
 import re
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -464,18 +465,31 @@ class Connection:
         ):
             yield
 
-    def download(self, remote_paths: str | Sequence[str], local: Path) -> Transfer:
-        """rsync ``remote_paths`` (files, or a folder's contents with a trailing /) into ``local`` in one
-        transfer, however many there are (an array's thousand logs included); resumable."""
-        paths = [remote_paths] if isinstance(remote_paths, str) else list(remote_paths)
+    def download(self, remote_path: str, local: Path) -> Transfer:
+        """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable."""
         local.mkdir(parents=True, exist_ok=True)
         return self._rsync(
-            [f"{self.target.host}:{path}" for path in paths],
+            [f"{self.target.host}:{remote_path}"],
             str(local) + "/",
-            what=f"download {paths[0]}{f' and {len(paths) - 1} more' if len(paths) > 1 else ''} "
-            f"from {self.target.address}",
+            what=f"download {remote_path} from {self.target.address}",
             on_progress=None,
         )
+
+    def download_files(self, remote_files: Sequence[str], local: Path) -> Transfer:
+        """rsync the files ``remote_files`` (absolute paths) into ``local``, side by side, in one transfer
+        however many they are: their list goes to rsync as --files-from, since the remote side of rsync
+        takes only so many paths as arguments (a thousand array tasks' logs are too many)."""
+        local.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", prefix="hpcbox-files-", suffix=".txt") as listing:
+            listing.write("".join(f"{path}\n" for path in remote_files))
+            listing.flush()
+            return self._rsync(
+                [f"{self.target.host}:/"],
+                str(local) + "/",
+                what=f"download {len(remote_files)} files from {self.target.address}",
+                on_progress=None,
+                extra=[f"--files-from={listing.name}", "--no-relative"],
+            )
 
 
 def progress_printer(
