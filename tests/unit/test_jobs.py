@@ -285,13 +285,17 @@ def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project
             downloaded.append(remote_path)
             return ssh.Transfer(1, 10)
 
+        def download_files(self, remote_files: list[str], local: Path) -> ssh.Transfer:
+            downloaded.append(list(remote_files))
+            return ssh.Transfer(1, 10)
+
     local, transfer = jobs.fetch(Here(), project, job)
     assert local == jobs.local_run_dir(project, job)
     assert downloaded == [
-        f"{remote}/runs/9/", f"{remote}/logs/sweep-9_0.out", f"{remote}/logs/sweep-9_1.out",
-        f"{remote}/logs/sweep-9.err",
-    ]  # fmt: skip
-    assert transfer == ssh.Transfer(4, 40)
+        f"{remote}/runs/9/",
+        [f"{remote}/logs/sweep-9_0.out", f"{remote}/logs/sweep-9_1.out", f"{remote}/logs/sweep-9.err"],
+    ]  # every log in one transfer, however many tasks the array has
+    assert transfer == ssh.Transfer(2, 20)
 
 
 STUB_SBATCH = """#!/bin/sh
