@@ -662,12 +662,13 @@ def test_demo_runs_the_whole_pipeline_from_a_clean_project(setup: Setup, run_id:
     record = jobs.Ledger(load_project(project)).find()
     assert (project / "runs" / "local" / record.job_id / "metrics.jsonl").is_file()
     assert "COMPLETED" in done.stderr
-    # The closing line times every stage, in order, and they add up to no more than the whole.
+    # The closing line times every stage, in order, and they add up to no more than the whole (each
+    # figure rounded to a tenth: the six may add up to 0.3 s more).
     took = re.search(r"^hpcbox: the demo took ([0-9.]+) s: (.+)$", done.stderr, re.MULTILINE)
     assert took, done.stderr[-3000:]
     stages = [stage.rsplit(" ", 2) for stage in took[2].split(", ")]
     assert [name for name, _, _ in stages] == ["build", "data", "cluster", "submit", "job", "results"]
-    assert sum(float(seconds) for _, seconds, _ in stages) <= float(took[1]), took[0]
+    assert sum(float(seconds) for _, seconds, _ in stages) <= float(took[1]) + 0.05 * len(stages), took[0]
 
 
 def test_twenty_submits_at_once_leave_a_ledger_with_every_job(first_job, setup: Setup, minicluster):

@@ -72,14 +72,25 @@ def delta_jobs(setup: Setup, minicluster):
 
 
 def held_still(minicluster, job_id: str) -> None:
-    """Once job ``job_id`` runs, every process of it stopped (SIGSTOP, sent by Slurm's scancel): the job
-    stays RUNNING to Slurm, as a long training job is, without taking a CPU from the tests beside this
-    module for the module's minutes. Slurm sends SIGCONT with the TERM that ends it."""
-    deadline = time.monotonic() + 300
-    while (state := minicluster.ssh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()) != "RUNNING":
-        assert state in ("PENDING", "CONFIGURING") and time.monotonic() < deadline, f"job {job_id}: {state}"
-        time.sleep(1)
+    """Once job ``job_id`` runs, every process of it stopped (SIGSTOP, sent by Slurm's scancel): Slurm
+    still holds the job (STOPPED), without it taking a CPU from the tests beside this module for the
+    module's minutes; `let_go` has it run on."""
+    _wait_for_state(minicluster, job_id, "RUNNING", ("PENDING", "CONFIGURING"))
     minicluster.ssh(["scancel", "--signal=STOP", "--full", job_id], check=True)
+    _wait_for_state(minicluster, job_id, "STOPPED", ("RUNNING",))
+
+
+def let_go(minicluster, job_id: str) -> None:
+    """The job that ``held_still`` stopped, running again (SIGCONT through scancel)."""
+    minicluster.ssh(["scancel", "--signal=CONT", "--full", job_id], check=True)
+    _wait_for_state(minicluster, job_id, "RUNNING", ("STOPPED",))
+
+
+def _wait_for_state(minicluster, job_id: str, wanted: str, passing: tuple[str, ...]) -> None:
+    deadline = time.monotonic() + 300
+    while (state := minicluster.ssh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()) != wanted:
+        assert state in passing and time.monotonic() < deadline, f"job {job_id}: {state}, not {wanted}"
+        time.sleep(1)
 
 
 def served_today(package: str) -> str:
@@ -262,6 +273,7 @@ def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
     setup: Setup,
     minicluster,
 ):
+    let_go(minicluster, delta_jobs.running.job_id)  # pruned beside a job that runs
     root = delta_jobs.added.submit_dir.rsplit("/", 1)[0]
     old_one = _stored_file(minicluster, root, "trainer", 1.0)  # this project's, used long ago by no job
     others = _stored_file(minicluster, root, "another-project", 1.0)
