@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchkit import REPO, free_port
+from benchkit import REPO, export_seconds, free_port
 from hpcbox import minicluster
 from hpcbox.errors import HpcboxError
 
@@ -36,24 +36,6 @@ def _wipe() -> None:
     if containers.split():
         subprocess.run(["docker", "rm", "-f", *containers.split()], capture_output=True, check=True)
     subprocess.run(["docker", "system", "prune", "-af", "--volumes"], capture_output=True, check=True)
-
-
-def _export_floor(image_ref: str) -> float:
-    """Seconds for `docker export` of a container of ``image_ref``, read to the end and thrown away."""
-    created = subprocess.run(["docker", "create", image_ref], capture_output=True, text=True, check=True)
-    container = created.stdout.strip()
-    try:
-        started = time.perf_counter()
-        with subprocess.Popen(["docker", "export", container], stdout=subprocess.PIPE) as export:
-            assert export.stdout is not None
-            while export.stdout.read(1 << 20):
-                pass
-        took = time.perf_counter() - started
-        if export.returncode != 0:
-            raise HpcboxError(f"docker export of {image_ref} exited {export.returncode}")
-        return took
-    finally:
-        subprocess.run(["docker", "rm", container], capture_output=True, check=False)
 
 
 def _environment_image(clone: Path, env: dict[str, str]) -> str:
@@ -93,7 +75,7 @@ def run() -> list[dict]:
             whole = time.perf_counter() - started
             if done.returncode != 0:
                 raise HpcboxError(f"the demo exited {done.returncode}: {done.stderr[-3000:]}")
-            export = _export_floor(_environment_image(clone, env))
+            export = export_seconds(_environment_image(clone, env))
         finally:
             minicluster.down(name, Path(work) / "state" / "hpcbox" / "cluster")
     said = _SUMMARY.search(done.stderr + done.stdout)

@@ -22,13 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchkit import export_seconds
 from hpcbox.build.image import ENVIRONMENT, LABEL_CONTENT, LABEL_REVISION, build_image
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.project.config import load_project
 from hpcbox.render.profiles import load_profile
 from hpcbox.sif.compression import parse_compression
 from hpcbox.sif.convert import build_sif
-from hpcbox.sif.rootfs import exported
 from hpcbox.tools import docker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,14 +65,6 @@ def _previous_gzip9() -> tuple[int, dict]:
 
 def _quiet(line: str) -> None:
     pass
-
-
-def _export_alone(image_id: str) -> float:
-    started = time.perf_counter()
-    with exported(image_id) as chunks, open(os.devnull, "wb") as sink:
-        for chunk in chunks:
-            sink.write(chunk)
-    return time.perf_counter() - started
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +120,7 @@ def run() -> list[dict]:
     results: dict[str, tuple[float, int, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="hpcbox-bench-sif-cuda-", dir="/var/tmp") as scratch:
-            export_s = _export_alone(image.id)
+            export_s = export_seconds(image.id)
             for written in _compressions():
                 load = os.getloadavg()[0]
                 started = time.perf_counter()
@@ -144,7 +136,7 @@ def run() -> list[dict]:
                     first = sif
                 else:
                     sif.path.unlink()  # 4 GB each: keep only the one compared below
-            export_again_s = _export_alone(image.id)
+            export_again_s = export_seconds(image.id)
             if REBUILD:
                 rebuild_s, again = _rebuilt(project, Path(scratch) / "again", shipped)
     finally:
