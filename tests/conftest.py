@@ -42,6 +42,7 @@ LANES = {
     ),
     "cluster submits": (
         "test_submit",
+        "test_api",
         "test_upload",
         "test_upload_access",
         "test_upload_full",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import tarfile
@@ -169,10 +170,13 @@ def test_no_dataset_is_one_empty_archive_the_same_everywhere(tmp_path: Path):
 
 def test_a_job_with_no_dataset_goes_unless_it_runs_the_example_trainer(tmp_path: Path):
     from hpcbox.jobs import data_path
-    from hpcbox.project.command import EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand
+    from hpcbox.project.command import EXAMPLE_DATASET, EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand
     from hpcbox.project.config import load_project
 
-    project = dataclasses.replace(load_project(Path(__file__).resolve().parents[2]), data="")
+    # The repository's project with its state folder here: empty, whatever demo ran in the checkout.
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "src" / "hpctrain").mkdir(parents=True)
+    project = dataclasses.replace(load_project(tmp_path), data="")
     said: list[str] = []
     own = ContainerCommand("script", "train.py")
     assert data_path(project, None, own, say=said.append) is None
@@ -184,3 +188,10 @@ def test_a_job_with_no_dataset_goes_unless_it_runs_the_example_trainer(tmp_path:
     with pytest.raises(HpcboxError, match="data: no dataset given, and the example trainer reads one"):
         data_path(project, None, EXAMPLE_TRAINER)
     assert data_path(project, "some.tar", EXAMPLE_TRAINER) == Path("some.tar").resolve()
+    # Once `invoke demo` has made the example trainer's dataset, its jobs stage that one, said so.
+    made = project.state_dir / EXAMPLE_DATASET
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"an archive")
+    assert data_path(project, None, EXAMPLE_TRAINER, say=said.append) == made
+    assert said[-1] == "hpcbox: dataset .hpcbox/data/digits.tar (the example trainer's, from invoke demo)"
+    assert data_path(project, None, own, say=said.append) is None  # a program of one's own needs none

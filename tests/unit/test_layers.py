@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpcbox"
 # Top first. A module may import its own stage, any stage below it, and tools/.
-LAYERS = ("cli", "jobs", "minicluster", "render", "sif", "build", "project", "base")
+LAYERS = ("cli", "api", "jobs", "minicluster", "render", "sif", "build", "project", "base")
 # The shared helpers at the bottom; the faces at the top (the program, users' `hpcbox.tasks`).
 BASE = {"errors", "files", "tables", "units"}
 FACES = {"__init__", "__main__", "tasks"}
@@ -95,3 +95,14 @@ def test_the_reader_sees_imports_inside_functions_and_from_the_package(tmp_path:
         (4, "hpcbox.cli.tasks"),
     ]
     assert [stage_of(name) for _, name in hpcbox_imports(sample)] == ["jobs", "base", "render", "cli"]
+
+
+def test_the_commands_about_jobs_stand_on_the_public_api():
+    """`cli/` reaches jobs only through hpcbox.api (Site, Job): the submit sequence exists once, there."""
+    reaching = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {target}"
+        for path in sorted((PACKAGE / "cli").glob("*.py"))
+        for line, target in hpcbox_imports(path)
+        if target == "hpcbox.jobs" or target.startswith("hpcbox.jobs.")
+    ]
+    assert reaching == []

@@ -186,7 +186,7 @@ def test_a_job_rehearsed_via_local_says_which_slurm_runs_it(tmp_path, monkeypatc
     )
     site = profiles.load_profile("site")
     running = SimpleNamespace(spec=ClusterSpec(like="site", slurm="22.05"))
-    monkeypatch.setattr(connect, "_mini_cluster", lambda profile, project: running)
+    monkeypatch.setattr(connect, "_mini_cluster", lambda profile, project, name: running)
     said: list[str] = []
     connect.say_rehearsal_slurm(site, None, via="local", say=said.append)  # type: ignore[arg-type]
     assert said == [

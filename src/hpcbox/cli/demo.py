@@ -12,14 +12,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcbox import jobs, minicluster
+from hpcbox import minicluster
+from hpcbox.api import Job, Site, describe
 from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
+from hpcbox.project.command import EXAMPLE_DATASET
 from hpcbox.project.config import ProjectConfig, load_project
-from hpcbox.render import profiles, resources
-from hpcbox.tools import docker, ssh
+from hpcbox.tools import docker
 
 DEMO_FLAVOUR = "cpu"  # small, and built with no registry (on the bootstrapped Debian base)
 DEMO_TIME = "20"  # minutes: far more than the demo's few epochs need on two busy cores
@@ -27,7 +28,7 @@ DEMO_TIME = "20"  # minutes: far more than the demo's few epochs need on two bus
 
 def make_dataset(project: ProjectConfig, image_ref: str, say: Callable[[str], None]) -> Path:
     """The digits archive (`python -m hpctrain make-data`, made in the trainer image), once."""
-    path = project.state_dir / "data" / "digits.tar"
+    path = project.state_dir / EXAMPLE_DATASET
     if path.is_file():
         return path
     say("hpcbox: making the dataset (scikit-learn's digits as one archive of shards)")
@@ -79,7 +80,7 @@ def run_demo(
     force: bool = False,
     project: ProjectConfig | None = None,
     say: Callable[[str], None] = print,
-) -> jobs.JobRecord:
+) -> Job:
     project = project or load_project()
     stages = Stages(say)
     stages.start("build", "the trainer image (cpu flavour, offline)")
@@ -90,56 +91,36 @@ def run_demo(
     stages.start("cluster", "the mini cluster (Slurm + Apptainer + sshd in containers)")
     # The user's cluster, whichever project brought it up: replaced (ending its jobs) only with force.
     root = minicluster.shared_state(name, project.state_dir, say=say)
-    cluster = minicluster.up(minicluster.ClusterSpec(name=name, port=port), root, force=force, on_line=say)
+    minicluster.up(minicluster.ClusterSpec(name=name, port=port), root, force=force, on_line=say)
     stages.start("submit", "environment SIF, code snapshot and data to the cluster over SSH, then sbatch")
-    profile = profiles.load_profile("local")
-    payload, environment = jobs.prepare_payload(
-        project,
-        data,
-        profile.apptainer.compression,
-        flavour=DEMO_FLAVOUR,
-        offline=True,
-        say=say,
-        on_line=lambda _line: None,
-    )
     # The project's own request for the local cluster ([tool.hpcbox.resources.local]) under the demo's.
-    request = resources.request_for(
-        "local", {"job_name": "hpcbox-demo", "time": DEMO_TIME}, project.root / "pyproject.toml", project.name
-    )
-    checked = resources.resolve(profile, request, ddp=project.run.ddp)
-    record = jobs.submit(
-        project,
-        profile,
-        cluster.ssh_target(),
-        checked,
-        ("--epochs", str(epochs)),
-        payload,
-        image=environment.ref,
-        say=say,
-    )
-    assert record is not None  # not a dry run
-    say(f"hpcbox: submitted job {record.job_id}; sent {record.bytes_sent:,} bytes")
+    site = Site("local", mini_cluster=name, project=project, say=say, on_line=lambda _line: None)
+    job = site.submit(
+        ("--epochs", str(epochs)), data=data, flavour=DEMO_FLAVOUR, offline=True, job_name="hpcbox-demo",
+        time=DEMO_TIME,
+    )  # fmt: skip
+    assert job is not None  # not a dry run
+    say(f"hpcbox: submitted job {job.job_id}; sent {job.record.bytes_sent:,} bytes")
     stages.start("job", "its state as it changes")
-    with ssh.Connection(cluster.ssh_target()) as connection:
-        final = jobs.wait(connection, record, on_change=lambda found: say(jobs.describe(found)))
-        if final.state != "COMPLETED":
-            jobs.logs(connection, record, follow=False, on_line=say)
-            raise HpcboxError(
-                f"the demo job {record.job_id} ended {final.state} ({final.exit_code})",
-                "its log is above; `hpcbox cluster.down` and run `hpcbox demo` again to start afresh",
-            )
-        stages.start("results", "fetch and report")
-        text, png = jobs.report(connection, project, record)
+    final = job.wait(on_change=lambda found: say(describe(found)))
+    if final.state != "COMPLETED":
+        job.logs(on_line=say)
+        raise HpcboxError(
+            f"the demo job {job.job_id} ended {final.state} ({final.exit_code})",
+            "its log is above; `hpcbox cluster.down` and run `hpcbox demo` again to start afresh",
+        )
+    stages.start("results", "fetch and report")
+    text, png = job.report()
     local = png.parent
     say(f"hpcbox: results in {local}")
     say(summary(local / "metrics.jsonl"))
     say(text)
     say(f"hpcbox: plot {png}")
     say(stages.summary())
-    job = record.job_id
-    say(f"next: `hpcbox status -j {job}`, `hpcbox logs -j {job}`, `hpcbox report -j {job}`")
+    job_id = job.job_id
+    say(f"next: `hpcbox status -j {job_id}`, `hpcbox logs -j {job_id}`, `hpcbox report -j {job_id}`")
     say("       and at the end `hpcbox cluster.down`")
-    return record
+    return job
 
 
 def summary(metrics: Path) -> str:

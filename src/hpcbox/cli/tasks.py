@@ -18,16 +18,13 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import invoke
 from invoke import Collection, Exit
 
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.render.options import RESOURCE_OPTIONS, named
-
-if TYPE_CHECKING:
-    from hpcbox.render.resources import Resources
 
 # The only single-letter flags of any command: sbatch's own letters (the resource options', from their
 # table; --cluster is sbatch's --clusters, -j squeue's job id), each meaning what it means there (the
@@ -376,46 +373,6 @@ def job_task(*, after: str, help: dict[str, str], leave_out: tuple[str, ...] = (
     return decorate
 
 
-def _resources(cluster: str, arguments: dict[str, Any], array: str | None = None, command=None):
-    """The profile and the checked resources for ``cluster``: the task's resource flags (its
-    ``arguments``) over the project's defaults; ``array``: the tasks a sweep runs; ``command``: what the
-    job runs, if not the project's program."""
-    from hpcbox.project.config import load_project
-    from hpcbox.render import profiles, resources
-
-    project = load_project()
-    profile = profiles.load_profile(cluster)
-    flags = {option.name: arguments.get(option.name) for option in RESOURCE_OPTIONS}
-    if array is not None:
-        if flags["array"]:
-            raise FieldError(
-                "array",
-                "--array and the sweep both say which tasks run",
-                "set throttle = N in the sweep file",
-            )
-        flags["array"] = array
-    request = resources.request_for(
-        cluster, flags, project.root / "pyproject.toml", project.name, environ=os.environ
-    )
-    checked = resources.resolve(profile, request, ddp=(command or project.run).ddp)
-    for line in checked.unverified:
-        print(f"hpcbox: warning: {line}", file=sys.stderr)
-    return project, profile, checked
-
-
-def _sweep(cluster: str, path: str | None):
-    """The sweep in file ``path``, if given; only a Slurm site runs one (an array task per point)."""
-    from hpcbox.errors import FieldError
-    from hpcbox.render import profiles
-    from hpcbox.render.sweep import load_sweep
-
-    if path is None:
-        return None
-    if profiles.load_profile(cluster).lsf:
-        raise FieldError("sweep", f"{cluster} uses LSF, whose arrays hpcbox does not run sweeps in yet")
-    return load_sweep(Path(path))
-
-
 SWEEP_HELP = "a sweep file (TOML: [grid] of option = [values], [[points]]): an array task per point"
 
 
@@ -433,49 +390,17 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
     """Render the job script for a cluster: `hpcbox sbatch --cluster=NAME [options] -- trainer args`.
 
     For an LSF site (a profile with scheduler = "lsf") the script is a bsub one."""
-    from hpcbox.render.bsub import renderer
-    from hpcbox.render.sbatch import JobInputs
+    from hpcbox.api import Site
 
-    points = _sweep(cluster, sweep)
-    project, profile, checked = _resources(cluster, resources, points.array() if points else None)
-    script = renderer(profile)(
-        profile,
-        checked,
-        JobInputs.defaults(project.name, sif=sif),
-        _trainer_args(c.remainder),
-        project.run,
-        **({"sweep": points} if points else {}),
-    )
+    site = Site(cluster, via=via, say=say)
+    script = site.script(_trainer_args(c.remainder), sif=sif, sweep=sweep, **resources)
     if check:
-        print(_test_only(project, profile, via, script.text, checked), file=sys.stderr)
+        print(site.check(script), file=sys.stderr)
     if save:
         script.write(Path(save))
         print(f"wrote {save}", file=sys.stderr)
     else:
         print(script.text, end="")
-
-
-def _test_only(project, profile, via: str | None, text: str, checked: Resources) -> str:
-    """`sbatch --test-only` on the mini cluster, as `local` or shaped like the profile (`--via local`)."""
-    from hpcbox import jobs
-    from hpcbox.tools import slurm
-
-    if profile.lsf:
-        raise HpcboxError(
-            f"--check: {profile.name} uses LSF, which has no `sbatch --test-only`",
-            "on the login node, `BSUB_CHK_RESREQ=1 bsub < FILE` checks its resource strings without "
-            "submitting",
-        )
-    if profile.name != "local" and via is None:
-        raise HpcboxError(
-            f"--check cannot reach cluster {profile.name!r}",
-            f"rehearse it: `hpcbox cluster.up --like {profile.name}`, then add `--via local`; on the site, "
-            "run `sbatch --test-only FILE` on the login node",
-        )
-    target = jobs.connection_target(profile, project, via=via)
-    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
-    jobs.rehearse(profile, project, checked, via=via, say=say)
-    return slurm.test_only(target, text)
 
 
 # --- submit and the job's life after it ---------------------------------------------------------
@@ -516,91 +441,35 @@ def submit(
     **resources,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
-    from hpcbox import jobs
-    from hpcbox.project.config import load_project
-    from hpcbox.render import profiles
-    from hpcbox.tools import ssh
+    from hpcbox.api import Site
 
-    jobs.require_slurm(profiles.load_profile(cluster))
-    trainer_args, points, array = _trainer_args(c.remainder), _sweep(cluster, sweep), None
-    port = int(port) if port else None
-    if points:
-        array = points.array()
-    if resubmit_failed is not None:
-        if sweep is not None or trainer_args:
-            raise HpcboxError(
-                "--resubmit-failed runs the job's own sweep with its own arguments",
-                "leave out --sweep and the words after --",
-            )
-        project = load_project()
-        original = jobs.Ledger(project).find(resubmit_failed, cluster)
-        # The rerun goes where the job ran (a rehearsal stays one), whatever flags are left out.
-        place = jobs.place_of(original, via=via, host=host, user=user, port=port)
-        via, host, user, port = place.via, place.host, place.user, place.port
-        target = jobs.connection_target(
-            profiles.load_profile(cluster), project, via=via, host=host, user=user, port=port
+    site = Site(cluster, via=via, host=host, user=user, port=port, remote_root=remote_root, say=say)
+    trainer_args = _trainer_args(c.remainder)
+    stages = {"data": data, "flavour": flavour, "offline": offline, "dry_run": dry_run}
+    if resubmit_failed is None:
+        job = site.submit(trainer_args, sweep=sweep, **stages, **resources)
+    elif sweep is not None or trainer_args:
+        raise HpcboxError(
+            "--resubmit-failed runs the job's own sweep with its own arguments",
+            "leave out --sweep and the words after --",
         )
-        with ssh.Connection(target) as connection:
-            failed = jobs.failed_tasks(connection, original)
-        if not failed:
-            say(f"hpcbox: every task of job {original.job_id} completed: nothing to resubmit")
-            return
-        points, trainer_args = jobs.sweep_of(original), original.trainer_args
-        array = points.array(failed)
-        say(f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}")
-    project, profile, checked = _resources(cluster, resources, array)
-    target, payload, environment = _ready_to_ship(
-        project, profile, checked, data, flavour, offline, program=project.run,
-        via=via, host=host, user=user, port=port,
-    )  # fmt: skip
-    record = jobs.submit(
-        project, profile, target, checked, trainer_args, payload,
-        image=environment.ref, via=via, remote_root=remote_root, dry_run=dry_run, sweep=points,
-        resubmits=resubmit_failed, say=say,
-    )  # fmt: skip
-    if record is not None:
-        say(f"hpcbox: sent {record.bytes_sent:,} bytes ({', '.join(record.sent) or 'nothing new'})")
-        say(f"hpcbox: log {record.log}")
-        print(record.job_id)
+    else:
+        job = site.resubmit_failed(resubmit_failed, **stages, **resources)
+    if job is not None:
+        say(f"hpcbox: sent {job.record.bytes_sent:,} bytes ({', '.join(job.record.sent) or 'nothing new'})")
+        say(f"hpcbox: log {job.record.log}")
+        print(job.job_id)
 
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _ready_to_ship(
-    project, profile, checked, data, flavour, offline, *,
-    program, via, host=None, user=None, port=None, **stage,
-):  # fmt: skip
-    """How to reach the cluster, its rehearsal made ready (via local), and what goes there: the image
-    (``stage``: prepare_payload's target and on_line), its SIF, the code and the dataset (which
-    ``program``, the job's, may do without)."""
-    from hpcbox import jobs
-
-    target = jobs.connection_target(profile, project, via=via, host=host, user=user, port=port)
-    jobs.say_rehearsal_slurm(profile, project, via=via, say=say)
-    jobs.rehearse(profile, project, checked, via=via, host=host, say=say)
-    payload, environment = jobs.prepare_payload(
-        project, jobs.data_path(project, data, program, say=say), profile.apptainer.compression,
-        flavour=flavour, offline=offline, gpus=checked.gpus, say=say, **stage,
-    )  # fmt: skip
-    return target, payload, environment
-
-
 def _job(job: str | None, cluster: str | None):
-    """The ledger's record of ``job`` (default: the last one submitted) and how to reach its cluster."""
-    from hpcbox import jobs
-    from hpcbox.project.config import load_project
-    from hpcbox.render import profiles
+    """Job ``job`` of the ledger (default: the last one submitted), reached where it ran."""
+    from hpcbox.api import Job
 
-    project = load_project()
-    record = jobs.Ledger(project).find(job, cluster)
-    place = jobs.place_of(record)  # where the job ran: its rehearsal, or the login node it was sent to
-    target = jobs.connection_target(
-        profiles.load_profile(record.cluster), project, via=place.via, host=place.host, user=place.user,
-        port=place.port,
-    )  # fmt: skip
-    return project, record, target
+    return Job.find(job, cluster, say=say)
 
 
 # Invoke has no optional positional arguments: the job is `-j JOB`, and the last job when left out.
@@ -614,26 +483,16 @@ JOB_HELP = {
 @friendly
 def status(c, job=None, cluster=None):
     """Where a job is: state, why it is pending, elapsed time, node, exit code."""
-    from hpcbox import jobs
-    from hpcbox.tools import ssh
-
-    _, record, target = _job(job, cluster)
-    with ssh.Connection(target) as connection:
-        if record.is_array:
-            print("\n".join(jobs.describe_tasks(record, jobs.task_states(connection, record))))
-        else:
-            print(jobs.describe(jobs.state(connection, record)))
+    print("\n".join(_job(job, cluster).describe()))
 
 
 @task(help={"cluster": "only jobs on this cluster"})
 @friendly
 def jobs(c, cluster=None):
     """The jobs submitted from this project, with their live states."""
-    from hpcbox import jobs as job_stage
-    from hpcbox.project.config import load_project
+    from hpcbox.api import overview
 
-    project = load_project()
-    lines = job_stage.overview(project, cluster)
+    lines = overview(cluster)
     print("\n".join(lines) if lines else "no jobs submitted from this project yet")
 
 
@@ -641,38 +500,21 @@ def jobs(c, cluster=None):
 @friendly
 def logs(c, job=None, cluster=None, follow=False):
     """The job's output (Slurm log), optionally following it until the job ends."""
-    from hpcbox import jobs
-    from hpcbox.tools import ssh
-
-    _, record, target = _job(job, cluster)
-    with ssh.Connection(target) as connection:
-        jobs.logs(connection, record, follow=follow, on_line=print)
+    _job(job, cluster).logs(follow=follow, on_line=print)
 
 
 @task(help=JOB_HELP)
 @friendly
 def fetch(c, job=None, cluster=None):
     """Copy the job's results, checkpoints, metrics and log to runs/<cluster>/<job>/ (resumable)."""
-    from hpcbox import jobs
-    from hpcbox.tools import ssh
-
-    project, record, target = _job(job, cluster)
-    with ssh.Connection(target) as connection:
-        local, transfer = jobs.fetch(connection, project, record)
-    say(f"hpcbox: received {transfer.received:,} bytes")
-    print(local)
+    print(_job(job, cluster).fetch())
 
 
 @task(help=JOB_HELP)
 @friendly
 def report(c, job=None, cluster=None):
     """Was the job efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; + a PNG."""
-    from hpcbox import jobs
-    from hpcbox.tools import ssh
-
-    project, record, target = _job(job, cluster)
-    with ssh.Connection(target) as connection:
-        text, png = jobs.report(connection, project, record)
+    text, png = _job(job, cluster).report()
     print(text)
     say(f"hpcbox: plot {png}")
 
@@ -681,12 +523,9 @@ def report(c, job=None, cluster=None):
 @friendly
 def cancel(c, job=None, cluster=None):
     """Stop a job so that it keeps what it wrote: it checkpoints, copies results back, then ends."""
-    from hpcbox import jobs
-    from hpcbox.tools import ssh
+    from hpcbox.api import describe
 
-    _, record, target = _job(job, cluster)
-    with ssh.Connection(target) as connection:
-        print(jobs.describe(jobs.cancel(connection, record, say=say)))
+    print(describe(_job(job, cluster).cancel()))
 
 
 @task(
@@ -702,30 +541,15 @@ def cancel(c, job=None, cluster=None):
 @friendly
 def prune(c, cluster, keep=None, yes=False, via=None, remote_root="hpcbox"):
     """The SIFs, datasets and code snapshots on the cluster no recent job uses; deleted with --yes."""
-    from hpcbox import jobs
-    from hpcbox.errors import FieldError
-    from hpcbox.jobs import prune as pruning
-    from hpcbox.project.config import load_project
-    from hpcbox.render import profiles
-    from hpcbox.tools import ssh
+    from hpcbox.api import Site
 
-    if keep is not None and not str(keep).isdigit():
-        raise FieldError("keep", f"{keep!r} is not a number of jobs", "give how many to keep, e.g. --keep 3")
-    project = load_project()
-    profile = profiles.load_profile(cluster)
-    jobs.require_slurm(profile)
-    target = jobs.connection_target(profile, project, via=via)
-    records = [record for record in jobs.Ledger(project).all() if record.host == target.address]
-    with ssh.Connection(target) as connection:
-        plan = pruning.plan(
-            connection, project.name, records, root=remote_root, keep=int(keep) if keep is not None else None
-        )
-        print("\n".join(pruning.describe(plan, keep=keep)))
-        removed = pruning.apply(connection, plan, say=say) if yes else ()
-    if yes and removed:
-        say(f"hpcbox: deleted {len(removed)} files, {sum(r.size for r in removed) / 1e6:,.1f} MB")
-    elif plan.removable and not yes:
-        what = f"{len(plan.removable)} files, {plan.size / 1e6:,.1f} MB"
+    pruning = Site(cluster, via=via, remote_root=remote_root, say=say).prune(keep, delete=yes)
+    print("\n".join(pruning.lines))
+    if yes and pruning.removed:
+        size = sum(removed.size for removed in pruning.removed)
+        say(f"hpcbox: deleted {len(pruning.removed)} files, {size / 1e6:,.1f} MB")
+    elif pruning.plan.removable and not yes:
+        what = f"{len(pruning.plan.removable)} files, {pruning.plan.size / 1e6:,.1f} MB"
         say(f"hpcbox: run again with --yes to delete these {what}")
 
 
@@ -741,19 +565,11 @@ def prune(c, cluster, keep=None, yes=False, via=None, remote_root="hpcbox"):
 def doctor(c, cluster, via=None, host=None, port=None):
     """What the site's login node says of Slurm, partitions, accounts, the container runtime and storage,
     against the profile: a line per check, with the profile key to change; exit 1 if a job would fail."""
-    from hpcbox import jobs
-    from hpcbox.jobs import doctor as doctoring
-    from hpcbox.project.config import load_project
-    from hpcbox.render import profiles
+    from hpcbox.api import Site
 
-    profile = profiles.load_profile(cluster)
-    jobs.require_slurm(profile)
-    target = jobs.connection_target(
-        profile, load_project(), via=via, host=host, port=int(port) if port is not None else None
-    )
-    table, failing = doctoring.check(target, profile, say=lambda line: print(line, file=sys.stderr))
-    print(table, end="")
-    if failing:
+    checkup = Site(cluster, via=via, host=host, port=port, say=say).doctor()
+    print(checkup.table, end="")
+    if checkup.failing:
         raise SystemExit(1)
 
 
@@ -766,17 +582,9 @@ def doctor(c, cluster, via=None, host=None, port=None):
 )
 def shell(c, cluster, command=None, **resources):
     """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
-    from hpcbox import jobs
-    from hpcbox.render import profiles
-    from hpcbox.tools import ssh
+    from hpcbox.api import Site
 
-    jobs.require_slurm(profiles.load_profile(cluster))
-    project, profile, checked = _resources(cluster, resources)
-    record = jobs.Ledger(project).find(cluster=cluster)
-    target = jobs.connection_target(profile, project, via=record.via)
-    jobs.rehearse(profile, project, checked, via=record.via, say=say)
-    with ssh.Connection(target) as connection:
-        jobs.shell(connection, profile, checked, record, command, on_line=print)
+    Site(cluster, say=say).shell(command, on_line=print, **resources)
 
 
 @job_task(
@@ -810,40 +618,18 @@ def notebook(
 ):
     """JupyterLab from the project's environment on a compute node, as a batch job, forwarded here; prints
     its URL. Ctrl-C ends the job (what it wrote goes to its run folder)."""
-    from hpcbox import jobs
-    from hpcbox.build.image import NOTEBOOK as NOTEBOOK_TARGET
-    from hpcbox.jobs import notebook as notebooks
-    from hpcbox.project.command import NOTEBOOK
-    from hpcbox.project.config import load_project
-    from hpcbox.render import profiles
-    from hpcbox.tools import ssh
+    from hpcbox.api import Site
 
-    jobs.require_slurm(profiles.load_profile(cluster))
+    site = Site(cluster, via=via, remote_root=remote_root, say=say)
     if attach:
-        project, record, target = _job(job or notebooks.last_notebook(load_project(), cluster), cluster)
-        notebooks.require_notebook(record)
-        with ssh.Connection(target) as connection:
-            notebooks.serve(connection, profiles.load_profile(record.cluster), record, say=say)
+        notebook_job = _job(job, cluster) if job else site.last_notebook()
+        notebook_job.attach_notebook()
         return
     if job is not None:
         raise FieldError(
             "job", "-j names the notebook to reach with --attach", "add --attach, or leave out -j"
         )
-    project, profile, checked = _resources(cluster, resources, command=NOTEBOOK)
-    notebooks.check_resources(checked)
-    target, payload, environment = _ready_to_ship(
-        project, profile, checked, data, flavour, offline,
-        program=NOTEBOOK, via=via, target=NOTEBOOK_TARGET, on_line=say,
-    )  # fmt: skip
-    with ssh.Connection(target) as connection:
-        record = jobs.submit(
-            project, profile, target, checked, (), payload,
-            image=environment.ref, via=via, remote_root=remote_root, command=NOTEBOOK, connection=connection,
-            say=say,
-        )  # fmt: skip
-        assert record is not None  # not a dry run
-        say(f"hpcbox: notebook job {record.job_id} submitted; log {record.log}")
-        notebooks.serve(connection, profile, record, say=say)
+    site.notebook(data=data, flavour=flavour, offline=offline, **resources)
 
 
 # --- cluster (the mini Slurm-in-Docker cluster) ----------------------------------------------------
@@ -1000,31 +786,18 @@ def _profile_tasks() -> Collection:
     def draft(c, output, host=None, port=None, user=None, probe_job=False, partitions="", via=None):
         """Write a cluster profile from what the site reports: partitions, limits, GPUs, accounts, QOS,
         runtime; what it cannot tell is marked unknown or assumed."""
-        from hpcbox import jobs
-        from hpcbox.files import project_root
-        from hpcbox.jobs import draft as drafting
-        from hpcbox.tools import ssh
+        from hpcbox.api import CONVENTIONS, draft_profile
 
-        if (host is None) == (via is None):
-            raise FieldError(
-                "host",
-                "give one of --host (the site's login node) and --via local",
-                "e.g. --host login.example.edu",
-            )
-        if via is not None:
-            if via != "local":
-                raise FieldError("via", f"{via!r} is not a place hpcbox drafts from", "use --via local")
-            root = project_root()
-            target = jobs.running_mini_cluster(root / ".hpcbox" if root else None).ssh_target()
-        else:
-            target = ssh.Target(host, int(port) if port is not None else None, user)
         named = tuple(name.strip() for name in partitions.split(",") if name.strip())
-        made = drafting.draft(
-            target,
+        made = draft_profile(
             Path(output),
+            host=host,
+            port=port,
+            user=user,
+            via=via,
             probe_job=probe_job,
             partitions=named,
-            say=lambda line: print(line, file=sys.stderr),
+            say=say,
         )
         print(f"wrote {output}: partitions {', '.join(made.partitions)}")
         if made.left_out:
@@ -1034,10 +807,7 @@ def _profile_tasks() -> Collection:
         if made.assumed:
             print(f"assumed (a generic value, check it at the site): {', '.join(made.assumed)}")
         print(f"unknown (neither checked nor rendered): {', '.join(made.unknown)}")
-        print(
-            "site conventions at hpcbox's defaults (no Slurm reports them): "
-            + ", ".join(drafting.CONVENTIONS)
-        )
+        print("site conventions at hpcbox's defaults (no Slurm reports them): " + ", ".join(CONVENTIONS))
 
     return Collection("profile", draft=draft)
 

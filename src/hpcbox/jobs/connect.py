@@ -42,13 +42,14 @@ def connection_target(
     host: str | None = None,
     user: str | None = None,
     port: int | None = None,
+    mini_cluster: str | None = None,
 ) -> ssh.Target:
     """How to reach ``profile``'s login node: flags over the profile; ~/.ssh/config fills the rest.
 
     `local`, and any cluster ``via`` "local", is the user's mini cluster, whichever project brought it
     up (`hpcbox cluster.up`), reached with the keys kept for it under the user's state folder;
-    HPCBOX_MINICLUSTER / HPCBOX_MINICLUSTER_STATE name another one. It must be shaped like ``profile``
-    (`--like`).
+    ``mini_cluster`` (else HPCBOX_MINICLUSTER) names another one, HPCBOX_MINICLUSTER_STATE another
+    state folder. It must be shaped like ``profile`` (`--like`).
     """
     if via not in (None, "local"):
         raise FieldError(
@@ -57,7 +58,7 @@ def connection_target(
     check_login_word("host", host)
     check_login_word("user", user)
     if on_mini_cluster(profile, via, host):
-        return _mini_cluster(profile, project).ssh_target()
+        return _mini_cluster(profile, project, mini_cluster).ssh_target()
     login = profile.login
     # Port 22 is ssh's own default: leave it out so that a Port in ~/.ssh/config still applies.
     default_port = login.port if login.port != 22 else None
@@ -137,6 +138,7 @@ def rehearse(
     *,
     via: str | None = None,
     host: str | None = None,
+    mini_cluster: str | None = None,
     say: Callable[[str], None] = print,
 ) -> None:
     """On the mini cluster, what the job names that the profile cannot know is made there first, as the
@@ -147,7 +149,7 @@ def rehearse(
     unlisted_type = gpu_type is not None and resources.partition.gpu_types is None
     if (account is None and not unlisted_type) or not on_mini_cluster(profile, via, host):
         return
-    running = _mini_cluster(profile, project)
+    running = _mini_cluster(profile, project, mini_cluster)
     if account is not None and running.add_account(account):
         say(f"hpcbox: the rehearsal's accounting has account {account} now, with you in it (as at the site)")
     if not unlisted_type or gpu_type in running.shape.gpu_types:
@@ -162,7 +164,12 @@ def rehearse(
 
 
 def say_rehearsal_slurm(
-    profile: ClusterProfile, project: ProjectConfig, *, via: str | None, say: Callable[[str], None] = print
+    profile: ClusterProfile,
+    project: ProjectConfig,
+    *,
+    via: str | None,
+    mini_cluster: str | None = None,
+    say: Callable[[str], None] = print,
 ) -> None:
     """On a rehearsal (``via`` "local") of a site whose profile names its Slurm version, one line where
     the mini cluster runs another (the nearest it has, or the one `cluster.up --slurm` asked for)."""
@@ -170,7 +177,7 @@ def say_rehearsal_slurm(
         return
     from hpcbox.minicluster import versions
 
-    running = _mini_cluster(profile, project).spec.slurm
+    running = _mini_cluster(profile, project, mini_cluster).spec.slurm
     if line := versions.note(profile.name, profile.slurm_version, running):
         say(line)
 
@@ -182,18 +189,18 @@ def _state_root(name: str, project_state: Path | None) -> Path:
     return minicluster.shared_state(name, project_state, say=lambda line: print(line, file=sys.stderr))
 
 
-def _mini_cluster(profile: ClusterProfile, project: ProjectConfig):
-    return running_mini_cluster(project.state_dir, like=profile.name)
+def _mini_cluster(profile: ClusterProfile, project: ProjectConfig, name: str | None):
+    return running_mini_cluster(project.state_dir, like=profile.name, name=name)
 
 
-def running_mini_cluster(project_state: Path | None, *, like: str | None = None):
-    """The user's mini cluster (HPCBOX_MINICLUSTER names another), which must be up, and shaped like
-    profile ``like`` where one is given. ``project_state``: a checkout's .hpcbox, where an older hpcbox
-    kept its keys (adopted from there once)."""
+def running_mini_cluster(project_state: Path | None, *, like: str | None = None, name: str | None = None):
+    """The user's mini cluster (``name``, else HPCBOX_MINICLUSTER's, names another), which must be up,
+    and shaped like profile ``like`` where one is given. ``project_state``: a checkout's .hpcbox, where
+    an older hpcbox kept its keys (adopted from there once)."""
     from hpcbox import minicluster
     from hpcbox.minicluster.spec import DEFAULT_NAME
 
-    name = os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
+    name = name or os.environ.get("HPCBOX_MINICLUSTER", DEFAULT_NAME)
     running = minicluster.find(name, _state_root(name, project_state))
     shaped = "" if like in (None, "local") else f" --like {like}"
     if running is None:

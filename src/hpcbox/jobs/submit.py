@@ -19,7 +19,7 @@ from hpcbox.files import slug
 from hpcbox.jobs import doctor, ship, store
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.jobs.ledger import JobRecord, Ledger
-from hpcbox.project.command import EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
+from hpcbox.project.command import EXAMPLE_DATASET, EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render import logpaths
 from hpcbox.render.profiles import ClusterProfile
@@ -262,12 +262,17 @@ def data_path(
 ) -> Path | None:
     """The dataset, an archive or a directory: ``given`` (relative to here), else `tool.hpcbox.data`
     (relative to the root). None where neither names one: a program of the project's own may need no
-    data (its /scratch/data is then empty, said in a line), the example trainer reads its dataset."""
+    data (its /scratch/data is then empty, said in a line); the example trainer reads its dataset, the
+    one `invoke demo` made where there is one."""
     if given:
         return Path(given).expanduser().resolve()
     if project.data:
         return project.root / project.data
     if program == EXAMPLE_TRAINER:
+        made = project.state_dir / EXAMPLE_DATASET
+        if made.is_file():
+            say(f"hpcbox: dataset {made.relative_to(project.root)} (the example trainer's, from invoke demo)")
+            return made
         raise HpcboxError(
             "data: no dataset given, and the example trainer reads one",
             'pass --data PATH (one archive, or a directory), or set data = "PATH" in [tool.hpcbox]',

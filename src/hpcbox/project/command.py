@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from hpcbox.errors import FieldError
 from hpcbox.tables import Table
@@ -142,6 +142,9 @@ class Steps:
 EXAMPLE_TRAINER = ContainerCommand(
     "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
 )
+# The example trainer's dataset as `invoke demo` makes it, under the project's state folder: what its
+# jobs stage when no other is named, so that a submit after the demo needs no --data.
+EXAMPLE_DATASET = Path("data", "digits.tar")
 
 # What a notebook job runs (`hpcbox notebook`, from the notebook stage of the image): JupyterLab,
 # reachable from the login node on the port and with the token the job script hands it, showing node

@@ -1,0 +1,18 @@
+"""hpcbox as a library: a Slurm site resolved once (`Site`), and the jobs sent there (`Job`).
+
+    import hpcbox
+
+    site = hpcbox.Site("edi")  # its profile, its login node, this project: resolved once
+    job = site.submit(["--epochs", "3"], gpus=1, time="2:00:00")
+    print(job.wait())  # COMPLETED, on node ...
+    job.fetch()  # runs/edi/<job id>/
+
+Each `hpcbox` command about jobs is a call of this API; nothing here knows about invoke. Importing it
+loads neither the Docker SDK nor invoke: a submit loads what it builds with when it builds.
+"""
+
+from hpcbox.api.job import Job, describe
+from hpcbox.api.site import Checkup, Pruning, Site, draft_profile, overview
+from hpcbox.jobs.draft import CONVENTIONS
+
+__all__ = ["CONVENTIONS", "Checkup", "Job", "Pruning", "Site", "describe", "draft_profile", "overview"]

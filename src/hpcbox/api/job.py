@@ -1,0 +1,154 @@
+"""`Job`: a job hpcbox submitted, as the project's ledger records it, and its life after submit: state,
+wait, logs, fetch, report, cancel. Each call talks to the login node the job was sent to, over the
+SSH master the user's commands share (a second call within minutes skips the handshake)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcbox.api.site import Site
+    from hpcbox.jobs.ledger import JobRecord
+    from hpcbox.project.config import ProjectConfig
+    from hpcbox.tools.slurm import JobState
+
+Say = Callable[[str], None]
+
+
+class Job:
+    """Job ``record`` at ``site`` (where it ran: its rehearsal, or the login node it was sent to).
+
+    Made by `Site.submit`, `Site.job` or `Job.find`; ``job_id`` is Slurm's, ``record`` the ledger's
+    entry (`.hpcbox/jobs/<cluster>-<id>.json`: paths, digests, resources, arguments)."""
+
+    def __init__(self, site: Site, record: JobRecord) -> None:
+        self.site = site
+        self.record = record
+
+    @classmethod
+    def find(
+        cls,
+        job_id: str | None = None,
+        cluster: str | None = None,
+        *,
+        project: ProjectConfig | str | Path | None = None,
+        say: Say | None = None,
+    ) -> Job:
+        """Job ``job_id`` (default: the last one submitted from ``project``), on ``cluster`` where given
+        (`edi`, or `edi-via-local` for a rehearsal), reached where it ran."""
+        from hpcbox.api.site import Site, project_of, to_stderr
+        from hpcbox.jobs import Ledger, place_of
+
+        found = project_of(project)
+        record = Ledger(found).find(job_id, cluster)
+        place = place_of(record)
+        return cls(
+            Site(record.cluster, **dataclasses.asdict(place), project=found, say=say or to_stderr), record
+        )
+
+    @property
+    def job_id(self) -> str:
+        return self.record.job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.job_id!r}, site={self.record.where!r})"
+
+    def _connection(self):
+        from hpcbox.tools import ssh
+
+        return ssh.Connection(self.site.target)
+
+    def state(self) -> JobState:
+        """The job's state (an array's is its tasks' together: running while any runs, COMPLETED when
+        all did, else the first that did not), with why it waits, its node and exit code."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            return jobs.state(connection, self.record)
+
+    def task_states(self) -> dict[int, JobState]:
+        """An array job's tasks' states, by task id."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            return jobs.task_states(connection, self.record)
+
+    def describe(self) -> list[str]:
+        """The job's state in words: a line, or for an array a line per state with its tasks."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            if self.record.is_array:
+                return jobs.describe_tasks(self.record, jobs.task_states(connection, self.record))
+            return [jobs.describe(jobs.state(connection, self.record))]
+
+    def wait(
+        self,
+        timeout_s: float = 24 * 3600,
+        *,
+        poll_s: float = 2,
+        on_change: Callable[[JobState], None] | None = None,
+    ) -> JobState:
+        """Its state once it has ended, telling ``on_change`` each new state on the way."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            return jobs.wait(connection, self.record, timeout_s=timeout_s, poll_s=poll_s, on_change=on_change)
+
+    def done(self) -> bool:
+        return self.state().finished
+
+    def logs(self, *, follow: bool = False, on_line: Say = print) -> None:
+        """Its Slurm log, line by line to ``on_line``; with ``follow``, until the job ends."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            jobs.logs(connection, self.record, follow=follow, on_line=on_line)
+
+    def fetch(self) -> Path:
+        """Its results, checkpoints, metrics and log copied to `runs/<cluster>/<job>/` (resumable: a
+        second fetch brings only what is new); what came is said in bytes. The folder."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            local, transfer = jobs.fetch(connection, self.site.project, self.record)
+        self.site.say(f"hpcbox: received {transfer.received:,} bytes")
+        return local
+
+    def report(self) -> tuple[str, Path]:
+        """Was it efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; and a PNG
+        of its figures (after fetching its results)."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            return jobs.report(connection, self.site.project, self.record)
+
+    def cancel(self) -> JobState:
+        """Stop it so that it keeps what it wrote: it checkpoints and copies its results back, then
+        ends (cancelled outright after a grace period). Its last state."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            return jobs.cancel(connection, self.record, say=self.site.say)
+
+    def attach_notebook(self, *, show: Say = print) -> None:
+        """Reach this notebook job again (from another terminal, or after a network drop): its URL to
+        ``show``, forwarded until Ctrl-C (which ends it) or SIGHUP/SIGTERM."""
+        from hpcbox.jobs import notebook as notebooks
+        from hpcbox.jobs.connect import require_slurm
+
+        require_slurm(self.site.profile)
+        notebooks.require_notebook(self.record)
+        with self._connection() as connection:
+            notebooks.serve(connection, self.site.profile, self.record, say=self.site.say, show=show)
+
+
+def describe(found: JobState) -> str:
+    """A job's state in words: `job 12: RUNNING on node1, 0:42 elapsed` (why it waits, its exit code,
+    a memory kill's cause, where they apply)."""
+    from hpcbox import jobs
+
+    return jobs.describe(found)

@@ -1,0 +1,542 @@
+"""`Site`: a cluster resolved once (its profile, how to reach its login node, the project whose jobs go
+there), and what a user does with it: render a job script, submit, list jobs, ask the doctor, prune,
+open a shell or a notebook."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.render.options import RESOURCE_OPTIONS
+
+if TYPE_CHECKING:
+    from hpcbox.api.job import Job
+    from hpcbox.jobs.connect import Place
+    from hpcbox.jobs.prune import Plan, Removable
+    from hpcbox.project.command import ContainerCommand
+    from hpcbox.project.config import ProjectConfig
+    from hpcbox.render.profiles import ClusterProfile
+    from hpcbox.render.resources import Resources
+    from hpcbox.render.sbatch import JobScript
+    from hpcbox.render.sweep import Sweep
+    from hpcbox.tools.ssh import Target
+
+Say = Callable[[str], None]
+
+# The resource options a job takes, by the names of their one table (render/options.py).
+RESOURCE_NAMES = tuple(option.name for option in RESOURCE_OPTIONS)
+SHELL_RESOURCE_NAMES = tuple(option.name for option in RESOURCE_OPTIONS if option.in_shell)
+NOTEBOOK_RESOURCE_NAMES = tuple(
+    name for name in RESOURCE_NAMES if name not in ("array", "nodes", "ntasks_per_node")
+)
+# What a shell or a notebook asks for unless told otherwise: an hour at the prompt, an afternoon's notebook.
+SHELL_DEFAULTS = {"time": "1:00:00", "job_name": "hpcbox-shell"}
+NOTEBOOK_DEFAULTS = {"time": "4:00:00", "job_name": "hpcbox-notebook"}
+
+
+def to_stderr(line: str) -> None:
+    """Progress lines go to stderr: a command's stdout is its data (a job id, a script, a table)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkup:
+    """`Site.doctor`'s answer: the table (a line per check, with the profile key to change) and whether
+    a job would fail there."""
+
+    table: str
+    failing: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruning:
+    """`Site.prune`'s answer: what no kept job uses (``plan``, ``lines`` to show it), and what was deleted
+    (nothing unless asked to delete)."""
+
+    plan: Plan
+    lines: tuple[str, ...]
+    removed: tuple[Removable, ...]
+
+
+def given(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a caller set: an option left at its unset value (None, False, empty) asks for nothing."""
+    return {
+        name: value for name, value in options.items() if value not in (None, [], ()) and value is not False
+    }
+
+
+def check_option_names(options: Mapping[str, Any], allowed: Sequence[str] = RESOURCE_NAMES) -> None:
+    """A resource option not in ``allowed`` (the table's names) is a typo: refused with the valid ones."""
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise FieldError(
+            unknown[0], f"no such resource option (a typo? allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+class Site:
+    """A cluster, resolved once: ``name``'s profile (render/clusters/, ~/.config/hpcbox/clusters/ or
+    $HPCBOX_CLUSTERS_DIR), the login node to reach and the project whose jobs go there.
+
+    ``via="local"`` rehearses the site's jobs on the mini cluster shaped like it (`hpcbox cluster.up
+    --like NAME`); ``host``, ``user`` and ``port`` override the profile's login (~/.ssh/config fills the
+    rest). ``mini_cluster``: the name of the mini cluster that `local` and a rehearsal run on (default:
+    HPCBOX_MINICLUSTER's, else hpcbox-local). ``remote_root``: where hpcbox keeps SIFs, data and jobs on
+    the cluster, under the login's home.
+    ``project``: the project folder (default: the one around the current directory). ``say`` hears the
+    progress lines (default: stderr), ``on_line`` the image build's and the SIF conversion's own output
+    (default: shown).
+
+    Resource options are keyword arguments named as in the option table (``time``, ``mem``, ``gpus``,
+    ``gpu_type``, ``partition``, ...), over the project's `[tool.hpcbox.resources]`; a misspelt one is
+    refused with the valid names listed.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        via: str | None = None,
+        host: str | None = None,
+        user: str | None = None,
+        port: int | str | None = None,
+        mini_cluster: str | None = None,
+        remote_root: str | None = None,
+        project: ProjectConfig | str | Path | None = None,
+        say: Say = to_stderr,
+        on_line: Say | None = None,
+    ) -> None:
+        from hpcbox.jobs.connect import Place
+        from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
+        from hpcbox.render.profiles import load_profile
+
+        self.profile: ClusterProfile = load_profile(name)
+        self.place: Place = Place(via=via, host=host, user=user, port=_port(port))
+        self.mini_cluster = mini_cluster
+        self.remote_root = remote_root or DEFAULT_REMOTE_ROOT
+        self.project: ProjectConfig = project_of(project)
+        self.say = say
+        self.on_line = on_line
+
+    def __repr__(self) -> str:
+        return f"Site({self.where!r})"
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def where(self) -> str:
+        """The site as the ledger names it: `edi`, or `edi-via-local` for its rehearsal."""
+        return self.name if self.place.via is None else f"{self.name}-via-{self.place.via}"
+
+    @functools.cached_property
+    def target(self) -> Target:
+        """The login node to reach (the mini cluster, which must be up, for `local` or a rehearsal)."""
+        from hpcbox.jobs.connect import connection_target
+
+        return connection_target(
+            self.profile, self.project, **dataclasses.asdict(self.place), mini_cluster=self.mini_cluster
+        )
+
+    def at(self, place: Place) -> Site:
+        """This site reached another way (where a job ran): the same profile and project."""
+        if place == self.place:
+            return self
+        return Site(
+            self.name, **dataclasses.asdict(place), mini_cluster=self.mini_cluster,
+            remote_root=self.remote_root, project=self.project, say=self.say, on_line=self.on_line,
+        )  # fmt: skip
+
+    # --- the job's request and script ------------------------------------------------------------
+
+    def resources(
+        self,
+        options: Mapping[str, Any],
+        *,
+        sweep_tasks: str | None = None,
+        command: ContainerCommand | None = None,
+        allowed: Sequence[str] = RESOURCE_NAMES,
+    ) -> Resources:
+        """The job's request checked against the profile: ``options`` (by the option table's names) over
+        SBATCH_ACCOUNT/PARTITION/QOS over the project's defaults for this site. ``sweep_tasks``: the
+        array a sweep runs; ``command``: what the job runs, if not the project's program. What the
+        profile cannot check is said as a warning."""
+        from hpcbox.render import resources
+
+        check_option_names(options, allowed)
+        flags = given(options)
+        if sweep_tasks is not None:
+            if flags.get("array"):
+                raise FieldError(
+                    "array",
+                    "--array and the sweep both say which tasks run",
+                    "set throttle = N in the sweep file",
+                )
+            flags["array"] = sweep_tasks
+        request = resources.request_for(
+            self.name, flags, self.project.root / "pyproject.toml", self.project.name, environ=os.environ
+        )
+        checked = resources.resolve(self.profile, request, ddp=(command or self.project.run).ddp)
+        for line in checked.unverified:
+            self.say(f"hpcbox: warning: {line}")
+        return checked
+
+    def sweep(self, sweep: Sweep | str | Path | None) -> Sweep | None:
+        """A sweep (or a sweep file's path, read and checked); only a Slurm site runs one."""
+        from hpcbox.render.sweep import Sweep, load_sweep
+
+        if sweep is None:
+            return None
+        if self.profile.lsf:
+            raise FieldError("sweep", f"{self.name} uses LSF, whose arrays hpcbox does not run sweeps in yet")
+        return sweep if isinstance(sweep, Sweep) else load_sweep(Path(sweep))
+
+    def script(
+        self,
+        args: Sequence[str] = (),
+        *,
+        sif: str | None = None,
+        sweep: Sweep | str | Path | None = None,
+        **options: Any,
+    ) -> JobScript:
+        """The job script (sbatch's, or bsub's for an LSF site) running the project's program with
+        ``args``; ``sif``: the SIF's path on the cluster (default `images/<project>.sif` under the submit
+        directory); ``sweep``: an array task per point."""
+        from hpcbox.render.bsub import renderer
+        from hpcbox.render.sbatch import JobInputs
+
+        points = self.sweep(sweep)
+        checked = self.resources(options, sweep_tasks=points.array() if points else None)
+        return renderer(self.profile)(
+            self.profile,
+            checked,
+            JobInputs.defaults(self.project.name, sif=sif),
+            tuple(args),
+            self.project.run,
+            **({"sweep": points} if points else {}),
+        )
+
+    def check(self, script: JobScript) -> str:
+        """`sbatch --test-only` of ``script`` on the mini cluster (`local`, or this site rehearsed
+        ``via="local"``): when and where Slurm would start it, or why it would refuse it."""
+        from hpcbox.tools import slurm
+
+        if self.profile.lsf:
+            raise HpcboxError(
+                f"--check: {self.name} uses LSF, which has no `sbatch --test-only`",
+                "on the login node, `BSUB_CHK_RESREQ=1 bsub < FILE` checks its resource strings without "
+                "submitting",
+            )
+        if self.name != "local" and self.place.via is None:
+            raise HpcboxError(
+                f"--check cannot reach cluster {self.name!r}",
+                f"rehearse it: `hpcbox cluster.up --like {self.name}`, then add `--via local`; on the site, "
+                "run `sbatch --test-only FILE` on the login node",
+            )
+        target = self.target
+        self._rehearse(script.resources)
+        return slurm.test_only(target, script.text)
+
+    # --- submit ----------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        args: Sequence[str] = (),
+        *,
+        data: str | Path | None = None,
+        flavour: str | None = None,
+        offline: bool = False,
+        sweep: Sweep | str | Path | None = None,
+        dry_run: bool = False,
+        **options: Any,
+    ) -> Job | None:
+        """Build the environment image, convert it to a SIF, ship what the cluster lacks (a changed SIF
+        as a delta), sbatch and record the job; each stage is a no-op when nothing changed.
+
+        ``args``: the program's arguments; ``data``: the dataset to stage on node scratch (an archive,
+        or a directory archived once; default `tool.hpcbox.data`; "none": no dataset); ``flavour``: the
+        image's (default: the one `hpcbox build` last made); ``offline``: build on the Debian base
+        bootstrapped here; ``sweep``: an array task per point; ``dry_run``: say what would be sent and
+        run, send nothing, and return None."""
+        from hpcbox.jobs.connect import require_slurm
+
+        require_slurm(self.profile)
+        points = self.sweep(sweep)
+        return self._submit(
+            tuple(args),
+            points,
+            points.array() if points else None,
+            data,
+            flavour,
+            offline,
+            dry_run,
+            None,
+            options,
+        )
+
+    def resubmit_failed(
+        self,
+        job: Job | str,
+        *,
+        data: str | Path | None = None,
+        flavour: str | None = None,
+        offline: bool = False,
+        dry_run: bool = False,
+        **options: Any,
+    ) -> Job | None:
+        """Run the points of sweep ``job`` that did not complete again, and only those, with its
+        arguments (and ``options`` as resources), where it ran; None when every point completed."""
+        from hpcbox import jobs
+        from hpcbox.api.job import Job
+        from hpcbox.tools import ssh
+
+        jobs.require_slurm(self.profile)
+        original = job.record if isinstance(job, Job) else jobs.Ledger(self.project).find(job, self.name)
+        # The rerun goes where the job ran (a rehearsal stays one): a site reached otherwise is refused.
+        site = self.at(jobs.place_of(original, **dataclasses.asdict(self.place)))
+        with ssh.Connection(site.target) as connection:
+            failed = jobs.failed_tasks(connection, original)
+        if not failed:
+            self.say(f"hpcbox: every task of job {original.job_id} completed: nothing to resubmit")
+            return None
+        points = jobs.sweep_of(original)
+        array = points.array(failed)
+        self.say(
+            f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}"
+        )
+        return site._submit(
+            original.trainer_args, points, array, data, flavour, offline, dry_run, original.job_id, options
+        )
+
+    def _submit(
+        self,
+        args: tuple[str, ...],
+        points: Sweep | None,
+        array: str | None,
+        data: str | Path | None,
+        flavour: str | None,
+        offline: bool,
+        dry_run: bool,
+        resubmits: str | None,
+        options: Mapping[str, Any],
+    ) -> Job | None:
+        from hpcbox import jobs
+        from hpcbox.api.job import Job
+
+        checked = self.resources(options, sweep_tasks=array)
+        payload, environment = self._payload(checked, data, flavour, offline, program=self.project.run)
+        record = jobs.submit(
+            self.project, self.profile, self.target, checked, args, payload,
+            image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
+            sweep=points, resubmits=resubmits, say=self.say,
+        )  # fmt: skip
+        return None if record is None else Job(self, record)
+
+    def _rehearse(self, checked: Resources) -> None:
+        """On the mini cluster, what the job names that the profile cannot know is made there first."""
+        from hpcbox import jobs
+
+        via, mini = self.place.via, self.mini_cluster
+        jobs.say_rehearsal_slurm(self.profile, self.project, via=via, mini_cluster=mini, say=self.say)
+        jobs.rehearse(
+            self.profile,
+            self.project,
+            checked,
+            via=via,
+            host=self.place.host,
+            mini_cluster=mini,
+            say=self.say,
+        )
+
+    def _payload(self, checked: Resources, data, flavour, offline, *, program, **stage):
+        """The rehearsal made ready (via local), then what goes there: the image (``stage``:
+        prepare_payload's target and on_line), its SIF, the code and the dataset (which ``program``, the
+        job's, may do without)."""
+        from hpcbox import jobs
+
+        self.target  # noqa: B018  (a rehearsal that is not up is said before anything is built)
+        self._rehearse(checked)
+        return jobs.prepare_payload(
+            self.project, jobs.data_path(self.project, data, program, say=self.say),
+            self.profile.apptainer.compression, flavour=flavour, offline=offline, gpus=checked.gpus,
+            say=self.say, **{"on_line": self.on_line, **stage},
+        )  # fmt: skip
+
+    # --- the site's jobs -------------------------------------------------------------------------
+
+    def job(self, job_id: str | None = None) -> Job:
+        """Job ``job_id`` submitted from this project to this site (default: the last one)."""
+        from hpcbox import jobs
+        from hpcbox.api.job import Job
+
+        record = jobs.Ledger(self.project).find(job_id, self.where)
+        return Job(self.at(jobs.place_of(record, **dataclasses.asdict(self.place))), record)
+
+    def jobs(self) -> list[Job]:
+        """The jobs submitted from this project to this site, oldest first."""
+        from hpcbox import jobs
+        from hpcbox.api.job import Job
+
+        return [
+            Job(self.at(jobs.place_of(record)), record)
+            for record in jobs.Ledger(self.project).all()
+            if record.where == self.where
+        ]
+
+    def shell(self, command: str | None = None, *, on_line: Say = print, **options: Any) -> None:
+        """A compute node in Apptainer with the SIF and code of the last job here (at this site or its
+        rehearsal, where that job ran): `apptainer shell` on the user's terminal, or ``command`` with
+        its output to ``on_line``."""
+        from hpcbox import jobs
+        from hpcbox.tools import ssh
+
+        jobs.require_slurm(self.profile)
+        record = jobs.Ledger(self.project).find(None, self.where)
+        site = self.at(jobs.place_of(record, **dataclasses.asdict(self.place)))
+        checked = site.resources({**SHELL_DEFAULTS, **given(options)}, allowed=SHELL_RESOURCE_NAMES)
+        site._rehearse(checked)
+        with ssh.Connection(site.target) as connection:
+            jobs.shell(connection, site.profile, checked, record, command, on_line=on_line)
+
+    def notebook(
+        self,
+        *,
+        data: str | Path | None = None,
+        flavour: str | None = None,
+        offline: bool = False,
+        show: Say = print,
+        **options: Any,
+    ) -> Job:
+        """JupyterLab from the project's environment as a batch job on a compute node, forwarded to a
+        local port, its URL to ``show``; until Ctrl-C (which ends the job: what it wrote goes to its run
+        folder) or SIGHUP/SIGTERM (which leave it running: `Job.attach_notebook`)."""
+        from hpcbox import jobs
+        from hpcbox.api.job import Job
+        from hpcbox.build.image import NOTEBOOK as NOTEBOOK_TARGET
+        from hpcbox.jobs import notebook as notebooks
+        from hpcbox.project.command import NOTEBOOK
+        from hpcbox.tools import ssh
+
+        jobs.require_slurm(self.profile)
+        checked = self.resources(
+            {**NOTEBOOK_DEFAULTS, **given(options)}, command=NOTEBOOK, allowed=NOTEBOOK_RESOURCE_NAMES
+        )
+        notebooks.check_resources(checked)
+        payload, environment = self._payload(
+            checked, data, flavour, offline, program=NOTEBOOK, target=NOTEBOOK_TARGET, on_line=self.say
+        )
+        with ssh.Connection(self.target) as connection:
+            record = jobs.submit(
+                self.project, self.profile, self.target, checked, (), payload,
+                image=environment.ref, via=self.place.via, remote_root=self.remote_root, command=NOTEBOOK,
+                connection=connection, say=self.say,
+            )  # fmt: skip
+            assert record is not None  # not a dry run
+            self.say(f"hpcbox: notebook job {record.job_id} submitted; log {record.log}")
+            notebooks.serve(connection, self.profile, record, say=self.say, show=show)
+        return Job(self, record)
+
+    def last_notebook(self) -> Job:
+        """The last notebook job started here from this project."""
+        from hpcbox.jobs import notebook as notebooks
+        from hpcbox.jobs.connect import require_slurm
+
+        require_slurm(self.profile)
+        return self.job(notebooks.last_notebook(self.project, self.where))
+
+    # --- the site itself -------------------------------------------------------------------------
+
+    def doctor(self) -> Checkup:
+        """What the login node says of Slurm, partitions, accounts, the container runtime and storage,
+        against the profile."""
+        from hpcbox.jobs import doctor, require_slurm
+
+        require_slurm(self.profile)
+        table, failing = doctor.check(self.target, self.profile, say=self.say)
+        return Checkup(table, failing)
+
+    def prune(self, keep: int | None = None, *, delete: bool = False) -> Pruning:
+        """The SIFs, datasets and code snapshots in the site's store that no kept job uses: those of the
+        last ``keep`` jobs and any still queued or running are kept (default: of every job queued,
+        running or ended in the last 30 days); deleted only with ``delete``."""
+        from hpcbox import jobs
+        from hpcbox.jobs import prune as pruning
+        from hpcbox.tools import ssh
+
+        if keep is not None and not str(keep).isdigit():
+            raise FieldError(
+                "keep", f"{keep!r} is not a number of jobs", "give how many to keep, e.g. --keep 3"
+            )
+        keep = int(keep) if keep is not None else None
+        jobs.require_slurm(self.profile)
+        records = [record for record in jobs.Ledger(self.project).all() if record.host == self.target.address]
+        with ssh.Connection(self.target) as connection:
+            plan = pruning.plan(connection, self.project.name, records, root=self.remote_root, keep=keep)
+            removed = pruning.apply(connection, plan, say=self.say) if delete else ()
+        return Pruning(plan, tuple(pruning.describe(plan, keep=keep)), removed)
+
+
+def overview(cluster: str | None = None, *, project: ProjectConfig | str | Path | None = None) -> list[str]:
+    """A line per job submitted from ``project`` (on ``cluster`` where given), with its live state."""
+    from hpcbox import jobs
+
+    return jobs.overview(project_of(project), cluster)
+
+
+def project_of(project: ProjectConfig | str | Path | None) -> ProjectConfig:
+    """The project given, or the one in folder ``project`` (default: around the current directory)."""
+    from hpcbox.project.config import ProjectConfig, load_project
+
+    return project if isinstance(project, ProjectConfig) else load_project(Path(project) if project else None)
+
+
+def _port(port: int | str | None) -> int | None:
+    if port is None:
+        return None
+    if not str(port).isdigit() or not 0 < int(port) < 65536:
+        raise FieldError(
+            "port", f"{port!r} is not a TCP port", "give a number from 1 to 65535, e.g. --port 2222"
+        )
+    return int(port)
+
+
+def draft_profile(
+    output: Path,
+    *,
+    host: str | None = None,
+    port: int | str | None = None,
+    user: str | None = None,
+    via: str | None = None,
+    probe_job: bool = False,
+    partitions: Sequence[str] = (),
+    say: Say = to_stderr,
+):
+    """A cluster profile written to ``output`` (NAME.toml; never overwritten) from what the site at
+    ``host`` (or the mini cluster, ``via="local"``) reports: partitions, limits, GPUs, accounts, QOS,
+    runtime; what it cannot tell is marked unknown or assumed. ``probe_job``: a one-minute job for what
+    only a compute node tells; ``partitions``: only these (default: those with nodes, open to you)."""
+    from hpcbox.files import project_root
+    from hpcbox.jobs import draft, running_mini_cluster
+    from hpcbox.tools import ssh
+
+    if (host is None) == (via is None):
+        raise FieldError(
+            "host",
+            "give one of --host (the site's login node) and --via local",
+            "e.g. --host login.example.edu",
+        )
+    if via is not None:
+        if via != "local":
+            raise FieldError("via", f"{via!r} is not a place hpcbox drafts from", "use --via local")
+        root = project_root()
+        target = running_mini_cluster(root / ".hpcbox" if root else None).ssh_target()
+    else:
+        target = ssh.Target(host, _port(port), user)
+    return draft.draft(target, Path(output), probe_job=probe_job, partitions=tuple(partitions), say=say)

@@ -1,0 +1,101 @@
+"""hpcbox as a library (hpcbox.api): importable without Docker or invoke, the CLI's own output, and bad
+input refused in one line before anything is made. Its jobs' life on a real cluster is in
+tests/integration/test_api.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hpcbox
+from hpcbox.api.site import SHELL_RESOURCE_NAMES
+from hpcbox.render.options import RESOURCE_OPTIONS
+
+REPO = Path(__file__).resolve().parents[2]
+HEAVY = ("docker", "invoke", "testcontainers", "spython", "matplotlib", "yaml")
+
+
+def python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_a_script_from_the_api_is_the_clis_and_loads_neither_docker_nor_invoke():
+    """What a notebook pays for `import hpcbox` and a script: no Docker SDK, no invoke, no plotting."""
+    code = f"""
+import json, sys
+import hpcbox
+script = hpcbox.Site("edi").script(["--epochs", "2"], gpus=1, time="1:00:00", job_name="api")
+loaded = sorted({{name.split(".")[0] for name in sys.modules}} & set({HEAVY!r}))
+print(json.dumps({{"text": script.text, "loaded": loaded}}))
+"""
+    made = python(code, REPO)
+    assert made.returncode == 0, made.stderr
+    found = json.loads(made.stdout)
+    assert found["loaded"] == []
+    cli = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "sbatch", "--cluster=edi", "--gpus=1", "--time=1:00:00",
+         "--job-name=api", "--", "--epochs", "2"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    # Byte for byte, but for the line naming when it was rendered.
+    assert _undated(found["text"]) == _undated(cli.stdout)
+    assert "#SBATCH --gres=gpu:1" in found["text"] and "#SBATCH --job-name=api" in found["text"]
+
+
+def _undated(text: str) -> list[str]:
+    return [line for line in text.splitlines() if not line.startswith("# Rendered by hpcbox")]
+
+
+@pytest.fixture
+def bare_project(tmp_path: Path) -> Path:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "apitest"\n')
+    return tmp_path
+
+
+@pytest.mark.parametrize("call", ["script", "submit"])
+def test_a_misspelt_resource_option_is_refused_with_the_valid_names_before_anything_is_made(
+    bare_project: Path, call: str
+):
+    site = hpcbox.Site("edi", project=bare_project)
+    with pytest.raises(hpcbox.FieldError) as refused:
+        getattr(site, call)(["--epochs", "1"], tiem="1:00:00")
+    assert refused.value.field == "tiem"
+    names = [option.name for option in RESOURCE_OPTIONS]
+    assert f"allowed: {', '.join(sorted(names))})" in refused.value.message
+    assert sorted(path.name for path in bare_project.iterdir()) == ["pyproject.toml"]
+
+
+def test_a_shell_refuses_a_batch_only_option_by_name(bare_project: Path):
+    batch_only = next(option.name for option in RESOURCE_OPTIONS if not option.in_shell)
+    with pytest.raises(hpcbox.FieldError) as refused:
+        hpcbox.Site("local", project=bare_project).resources({batch_only: "1"}, allowed=SHELL_RESOURCE_NAMES)
+    assert refused.value.field == batch_only
+
+
+@pytest.mark.parametrize(
+    ("make", "said"),
+    [
+        (lambda root: hpcbox.Site("nowhere", project=root), "cluster: no profile named 'nowhere'"),
+        (lambda root: hpcbox.Site("edi", port="22x", project=root), "port: '22x' is not a TCP port"),
+        (lambda root: hpcbox.Site("edi", via="cloud", project=root).target, "via: 'cloud' is not a place"),
+        (lambda root: hpcbox.Job.find(project=root), "no job was submitted"),
+        (lambda root: hpcbox.Site("edi", project=root).job("12"), "job 12 on cluster edi was not submitted"),
+    ],
+)
+def test_bad_input_to_the_api_is_one_error_naming_it(bare_project: Path, make, said: str):
+    with pytest.raises(hpcbox.HpcboxError) as refused:
+        make(bare_project)
+    assert refused.value.message.startswith(said), refused.value.message
+
+
+def test_the_api_s_names_are_what_hpcbox_exports():
+    import hpcbox.api
+
+    assert hpcbox.Site is hpcbox.api.Site and hpcbox.Job is hpcbox.api.Job
+    assert {"Site", "Job", "HpcboxError", "FieldError"} <= set(dir(hpcbox))
+    with pytest.raises(AttributeError):
+        hpcbox.Nothing  # noqa: B018
