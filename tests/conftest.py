@@ -43,6 +43,7 @@ LANES = {
     "cluster submits": (
         "test_submit",
         "test_api",
+        "test_executor",
         "test_upload",
         "test_upload_access",
         "test_upload_full",

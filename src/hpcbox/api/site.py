@@ -255,6 +255,7 @@ class Site:
         offline: bool = False,
         sweep: Sweep | str | Path | None = None,
         dry_run: bool = False,
+        command: ContainerCommand | None = None,
         **options: Any,
     ) -> Job | None:
         """Build the environment image, convert it to a SIF, ship what the cluster lacks (a changed SIF
@@ -264,7 +265,8 @@ class Site:
         or a directory archived once; default `tool.hpcbox.data`; "none": no dataset); ``flavour``: the
         image's (default: the one `hpcbox build` last made); ``offline``: build on the Debian base
         bootstrapped here; ``sweep``: an array task per point; ``dry_run``: say what would be sent and
-        run, send nothing, and return None."""
+        run, send nothing, and return None; ``command``: what the job runs in the container instead of
+        the project's program (`[tool.hpcbox.run]`)."""
         from hpcbox.jobs.connect import require_slurm
 
         require_slurm(self.profile)
@@ -279,6 +281,7 @@ class Site:
             dry_run,
             None,
             options,
+            command=command,
         )
 
     def resubmit_failed(
@@ -326,16 +329,19 @@ class Site:
         dry_run: bool,
         resubmits: str | None,
         options: Mapping[str, Any],
+        *,
+        command: ContainerCommand | None = None,
     ) -> Job | None:
         from hpcbox import jobs
         from hpcbox.api.job import Job
 
-        checked = self.resources(options, sweep_tasks=array)
-        payload, environment = self._payload(checked, data, flavour, offline, program=self.project.run)
+        program = command or self.project.run
+        checked = self.resources(options, sweep_tasks=array, command=command)
+        payload, environment = self._payload(checked, data, flavour, offline, program=program)
         record = jobs.submit(
             self.project, self.profile, self.target, checked, args, payload,
             image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
-            sweep=points, resubmits=resubmits, say=self.say,
+            sweep=points, resubmits=resubmits, command=command, say=self.say,
         )  # fmt: skip
         return None if record is None else Job(self, record)
 

@@ -1,0 +1,159 @@
+"""hpcbox.submitit on the mini cluster: functions of the project's code run in its environment SIF as
+jobs, through hpcbox's Executor and through submitit's own AutoExecutor, from a script of their own
+(a process with nothing of the tests loaded, as a user's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hpcbox import jobs
+from hpcbox.project.config import load_project
+from tests.fixtures.submitting import Setup
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+# The project's own code: these travel by reference, whatever Python the environment runs.
+CALLS = """\
+import os
+import time
+
+
+def add(a, b):
+    return a + b
+
+
+def fail(message):
+    raise ValueError(message)
+
+
+def hog(megabytes):
+    held = bytearray(megabytes * 2**20)
+    for start in range(0, len(held), 4096):
+        held[start] = 1
+    return len(held)
+
+
+def nap(seconds, value):
+    time.sleep(seconds)
+    return value
+
+
+def where():
+    return os.environ.get("SLURM_JOB_ID"), os.getcwd()
+"""
+
+
+@pytest.fixture(scope="module")
+def calls_project(setup: Setup, tmp_path_factory) -> Path:
+    """The session's project with `hpctrain.calls` in its code, its last build the session's (cpu)."""
+    project_dir = tmp_path_factory.mktemp("executor") / "project"
+    shutil.copytree(setup.project_dir, project_dir, ignore=shutil.ignore_patterns(".hpcbox", "runs"))
+    shutil.copytree(setup.project_dir / ".hpcbox" / "images", project_dir / ".hpcbox" / "images")
+    (project_dir / "src" / "hpctrain" / "calls.py").write_text(CALLS)
+    return project_dir
+
+
+def run_script(body: str, project_dir: Path, setup: Setup) -> dict:
+    """``body`` run as a script in the project (its code importable, as in a user's checkout); the
+    last line it prints is JSON."""
+    script = "import json, sys\nsys.path.insert(0, 'src')\n" + textwrap.dedent(body)
+    ran = subprocess.run(
+        [sys.executable, "-c", script], cwd=project_dir, env={**os.environ, **setup.env},
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    return json.loads(ran.stdout.splitlines()[-1])
+
+
+def test_a_function_returns_its_value_and_map_array_of_20_is_one_array_job_in_order(
+    calls_project: Path, setup: Setup, tmp_path: Path
+):
+    found = run_script(
+        f"""
+        import submitit
+        from hpcbox.submitit import Executor
+        from hpctrain.calls import add, where
+
+        executor = Executor({str(tmp_path / "calls")!r}, "local")
+        executor.update_parameters(timeout_min=10, name="executor-test")
+        one = executor.submit(add, 2, 3)
+        inside = executor.submit(where)
+        mapped = executor.map_array(add, range(20), range(100, 120))
+        auto = submitit.AutoExecutor({str(tmp_path / "auto")!r}, cluster="hpcbox", hpcbox_cluster="local")
+        auto.update_parameters(timeout_min=10)
+        through_submitit = auto.submit(add, "a", "b")
+        print(json.dumps({{
+            "one": [one.job_id, one.result(), one.state, one.done()],
+            "inside": inside.result(),
+            "mapped": [[job.job_id, job.result()] for job in mapped],
+            "auto": [type(through_submitit).__name__, isinstance(through_submitit, submitit.Job),
+                     through_submitit.result()],
+        }}))
+        """,
+        calls_project,
+        setup,
+    )
+    job_id, value, state, done = found["one"]
+    assert (value, state, done) == (5, "COMPLETED", True)
+    record = jobs.Ledger(load_project(calls_project)).find(job_id, "local")
+    assert record.resources["job_name"] == "executor-test" and record.resources["time"] == "10"
+    slurm_job, working = found["inside"]
+    assert slurm_job is not None and working  # it ran as a Slurm job, in its container
+    ids = [job_id for job_id, _ in found["mapped"]]
+    assert len({job_id.split("_")[0] for job_id in ids}) == 1  # one array job
+    assert ids == [f"{ids[0].split('_')[0]}_{task}" for task in range(20)]
+    assert [value for _, value in found["mapped"]] == [100 + 2 * i for i in range(20)]
+    assert found["auto"] == ["HpcboxJob", True, "ab"]
+
+
+def test_an_exception_comes_back_with_its_traceback_and_a_job_without_a_result_says_how_it_ended(
+    calls_project: Path, setup: Setup, tmp_path: Path
+):
+    found = run_script(
+        f"""
+        import time
+        from submitit.core.utils import FailedJobError, UncompletedJobError
+        from hpcbox.submitit import Executor
+        from hpctrain.calls import fail, hog, nap
+
+        executor = Executor({str(tmp_path / "calls")!r}, "local")
+        executor.update_parameters(timeout_min=10)
+        failing = executor.submit(fail, "boom from the node")
+        executor.update_parameters(mem_gb=0.25)
+        greedy = executor.submit(hog, 2048)
+        executor.update_parameters(mem_gb=0.5)
+        sleeper = executor.submit(nap, 600, "never")
+        while sleeper.state != "RUNNING":
+            time.sleep(1)
+        sleeper.cancel()
+        said = {{}}
+        for name, job in (("failing", failing), ("greedy", greedy), ("sleeper", sleeper)):
+            try:
+                job.result()
+            except FailedJobError as error:
+                said[name] = ["FailedJobError", str(error)]
+            except UncompletedJobError as error:
+                said[name] = ["UncompletedJobError", str(error)]
+        said["exception"] = type(failing.exception()).__name__
+        print(json.dumps(said))
+        """,
+        calls_project,
+        setup,
+    )
+    kind, message = found["failing"]
+    assert kind == "FailedJobError" and "ValueError: boom from the node" in message
+    assert 'hpctrain/calls.py", line 10, in fail' in message  # the traceback from the node
+    assert found["exception"] == "FailedJobError"
+    kind, message = found["greedy"]
+    assert kind == "UncompletedJobError" and "without a result" in message
+    assert "OUT_OF_MEMORY" in message or "memory" in message, message
+    kind, message = found["sleeper"]
+    assert kind == "UncompletedJobError" and "ended CANCELLED" in message, message

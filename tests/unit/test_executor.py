@@ -1,0 +1,148 @@
+"""hpcbox.submitit without a cluster: parameters as submitit names them, the Python-version rule on
+both of its sides, the call's runner, and bad input that leaves nothing behind. Its jobs on the mini
+cluster: tests/integration/test_executor.py."""
+
+from __future__ import annotations
+
+import operator
+import pickle
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.submitit.executor import (
+    RUNNER,
+    VALID_PARAMETERS,
+    Executor,
+    environment_python,
+    hpcbox_resources,
+    pickle_call,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    (root / "docker" / "lock").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "calls"\n')
+    return root
+
+
+def pin_python(root: Path, version: str) -> None:
+    (root / "docker" / "lock" / "apt-system.txt").write_text(
+        f"python3={version}.5-1\npython3-venv={version}.5-1\n"
+    )
+
+
+def test_submitits_generic_parameters_become_hpcbox_resources_and_a_misspelt_one_is_refused():
+    assert hpcbox_resources(
+        {
+            "timeout_min": 90,
+            "mem_gb": 1.5,
+            "cpus_per_task": 4,
+            "gpus_per_node": 2,
+            "name": "x",
+            "qos": "short",
+        }
+    ) == {"time": "90", "mem": "1536M", "cpus": 4, "gpus": 2, "job_name": "x", "qos": "short"}
+    with pytest.raises(FieldError) as refused:
+        hpcbox_resources({"timeout_mins": 5})
+    assert refused.value.field == "timeout_mins"
+    assert f"allowed: {', '.join(VALID_PARAMETERS)})" in refused.value.message
+    assert "timeout_min" in VALID_PARAMETERS and "gpu_type" in VALID_PARAMETERS
+
+
+def add_here(a, b):
+    return a + b
+
+
+def test_a_function_of_an_importable_module_travels_by_reference_whatever_the_environments_python(project):
+    from hpcbox.project.config import load_project
+
+    pin_python(project, "3.99")
+    pickled, by_value = pickle_call((operator.add, (1, 2), {}), load_project(project))
+    assert by_value is False
+    function, args, kwargs = pickle.loads(pickled)
+    assert function(*args, **kwargs) == 3
+
+
+def test_a_function_of_main_travels_by_value_only_to_the_same_python(project, tmp_path: Path):
+    """Both sides of the rule, in a process whose `__main__` defines the function, as a script's does."""
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    script = f"""
+from pathlib import Path
+from hpcbox.errors import HpcboxError
+from hpcbox.project.config import load_project
+from hpcbox.submitit.executor import pickle_call
+
+def square(x):
+    return x * x
+
+try:
+    pickled, by_value = pickle_call((square, (7,), {{}}), load_project(Path({str(project)!r})))
+    print("by value" if by_value else "by reference", len(pickled))
+except HpcboxError as error:
+    print("refused:", error.message)
+"""
+    pin_python(project, "3.99")
+    refused = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert refused.returncode == 0, refused.stderr
+    assert refused.stdout.startswith(
+        f"refused: square travels by value (defined in a script, a notebook or a function), which needs "
+        f"the same Python on both sides: this is {platform.python_version()}, the environment's is 3.99"
+    )
+    pin_python(project, here)
+    sent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert sent.stdout.startswith("by value ")
+
+
+def test_the_environments_python_is_the_one_the_image_lock_pins():
+    from hpcbox.project.config import load_project
+
+    lock = (REPO / "docker" / "lock" / "apt-system.txt").read_text()
+    assert environment_python(load_project(REPO)) in lock.split("python3=", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_the_runner_writes_what_the_call_returned_or_raised(tmp_path: Path, raises: bool):
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir(), out.mkdir()
+    call = (operator.truediv, (1, 0 if raises else 4), {})
+    (data / "call-3.pkl").write_bytes(pickle.dumps(call, protocol=4))
+    ran = subprocess.run(
+        [sys.executable, str(RUNNER), str(data), str(out), "3"], capture_output=True, text=True
+    )
+    outcome = pickle.loads((out / "result.pkl").read_bytes())
+    if raises:
+        assert ran.returncode == 1 and "ZeroDivisionError" in ran.stderr
+        assert outcome[0] == "error" and outcome[1] == "ZeroDivisionError: division by zero"
+        assert "Traceback (most recent call last)" in outcome[2]
+    else:
+        assert ran.returncode == 0 and outcome == ("success", 0.25)
+    assert sorted(path.name for path in out.iterdir()) == ["result.pkl"]
+
+
+def test_bad_input_leaves_no_call_folder_and_no_job(project: Path, tmp_path: Path):
+    executor = Executor(tmp_path / "calls", "edi", project=project)
+    executor.update_parameters(partition="nope")
+    with pytest.raises(FieldError, match="partition: 'nope' is not a partition"):
+        executor.submit(operator.add, 1, 2)
+    with pytest.raises(FieldError, match="runs a call as one process on one node"):
+        executor.update_parameters(partition=None, nodes=2)
+        executor.map_array(operator.add, [1], [2])
+    assert not any((tmp_path / "calls").glob("*"))
+    assert not (project / ".hpcbox").exists()
+
+
+def test_a_batchs_jobs_are_placeholders_until_its_end(project: Path, tmp_path: Path):
+    executor = Executor(tmp_path / "calls", "edi", project=project)
+    with pytest.raises(HpcboxError, match="submitted at the end of its"), executor.batch():
+        executor.submit(operator.add, 1, 2).job_id  # noqa: B018
+    with pytest.raises(HpcboxError, match="parameters cannot change inside"), executor.batch():
+        executor.update_parameters(timeout_min=5)
