@@ -73,10 +73,10 @@ class Executor:
     """Runs Python functions as jobs on cluster ``cluster`` (a profile's name, `local` for the mini
     cluster), in the project's environment SIF with the project's code on `PYTHONPATH`.
 
-    ``folder`` keeps each call's pickles here; ``via``, ``host``, ``user``, ``port``, ``mini_cluster``,
-    ``remote_root`` and ``project`` are `hpcbox.Site`'s; ``flavour`` and ``offline`` are the
-    environment image's (default: the flavour `hpcbox build` last made). Resources come from
-    `update_parameters`, by submitit's generic names or hpcbox's own.
+    ``folder`` keeps each call's pickles here; ``site``: `hpcbox.Site`'s keywords (``via``, ``host``,
+    ``user``, ``port``, ``mini_cluster``, ``remote_root``, ``project``, ``say``); ``flavour`` and
+    ``offline`` are the environment image's (default: the flavour `hpcbox build` last made). Resources
+    come from `update_parameters`, by submitit's generic names or hpcbox's own.
 
     A function defined in the project's code travels by reference (its module is imported on the node),
     so the two Pythons may differ; one defined in a script or a notebook (`__main__`) travels by value,
@@ -89,22 +89,12 @@ class Executor:
         folder: str | Path,
         cluster: str = "local",
         *,
-        via: str | None = None,
-        host: str | None = None,
-        user: str | None = None,
-        port: int | str | None = None,
-        mini_cluster: str | None = None,
-        remote_root: str | None = None,
-        project: Any = None,
         flavour: str | None = None,
         offline: bool = False,
-        say: Callable[[str], None] | None = None,
+        **site: Any,
     ) -> None:
         self.folder = Path(folder).expanduser().absolute()
-        self.site = api.Site(
-            cluster, via=via, host=host, user=user, port=port, mini_cluster=mini_cluster,
-            remote_root=remote_root, project=project, say=say or api.site.to_stderr, on_line=lambda _: None,
-        )  # fmt: skip
+        self.site = api.Site(cluster, **{"on_line": lambda _: None, **site})
         self.flavour, self.offline = flavour, offline
         self.parameters: dict[str, Any] = {}
         self._batch: list[tuple[Job, tuple[Callable[..., Any], tuple, dict]]] | None = None
