@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 CALLS = """\
 import os
 import time
+import types
 
 
 def add(a, b):
@@ -48,6 +49,25 @@ def nap(seconds, value):
 
 def where():
     return os.environ.get("SLURM_JOB_ID"), os.getcwd()
+
+
+class Counter:
+    # Counts to steps, a second a step; checkpointed, it goes on from where it was.
+
+    def __init__(self):
+        self.counted = 0
+        self.runs = 0
+
+    def __call__(self, steps):
+        self.runs += 1
+        while self.counted < steps:
+            time.sleep(1)
+            self.counted += 1
+        return {"counted": self.counted, "runs": self.runs}
+
+    def __submitit_checkpoint__(self, steps):
+        # What submitit's DelayedSubmission holds, without submitit in the environment.
+        return types.SimpleNamespace(function=self, args=(steps,), kwargs={})
 """
 
 
@@ -104,7 +124,7 @@ def test_a_function_returns_its_value_and_map_array_of_20_is_one_array_job_in_or
     job_id, value, state, done = found["one"]
     assert (value, state, done) == (5, "COMPLETED", True)
     record = jobs.Ledger(load_project(calls_project)).find(job_id, "local")
-    assert record.resources["job_name"] == "executor-test" and record.resources["time"] == "10"
+    assert record.resources["job_name"] == "executor-test" and record.resources["time_s"] == 600
     slurm_job, working = found["inside"]
     assert slurm_job is not None and working  # it ran as a Slurm job, in its container
     ids = [job_id for job_id, _ in found["mapped"]]
@@ -157,3 +177,30 @@ def test_an_exception_comes_back_with_its_traceback_and_a_job_without_a_result_s
     assert "OUT_OF_MEMORY" in message or "memory" in message, message
     kind, message = found["sleeper"]
     assert kind == "UncompletedJobError" and "ended CANCELLED" in message, message
+
+
+def test_a_checkpointable_call_meets_its_time_limit_is_requeued_and_returns_what_it_would_have(
+    calls_project: Path, setup: Setup, tmp_path: Path
+):
+    """A real time limit (two minutes; Slurm's own timer sends USR1 a minute before it): the call
+    checkpoints, the job requeues itself outside the container, the next run resumes from the
+    checkpoint, and the call's result is what an uninterrupted run's would be (its count), after more
+    than one run of it (its runs)."""
+    found = run_script(
+        f"""
+        from hpcbox.submitit import Executor
+        from hpctrain.calls import Counter
+
+        executor = Executor({str(tmp_path / "calls")!r}, "local")
+        executor.update_parameters(timeout_min=2)
+        job = executor.submit(Counter(), 150)
+        print(json.dumps({{"job": job.job_id, "result": job.result(), "log": job.stdout()}}))
+        """,
+        calls_project,
+        setup,
+    )
+    assert found["result"]["counted"] == 150, found["log"]
+    assert found["result"]["runs"] >= 2, found["log"]  # a single run cannot count to 150 in two minutes
+    assert "hpcbox: the call checkpointed before the time limit" in found["log"]
+    assert "hpcbox: resuming the call from its checkpoint" in found["log"]
+    assert f"requeueing job {found['job']}" in found["log"]

@@ -7,8 +7,10 @@ from __future__ import annotations
 import operator
 import pickle
 import platform
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +148,53 @@ def test_a_batchs_jobs_are_placeholders_until_its_end(project: Path, tmp_path: P
         executor.submit(operator.add, 1, 2).job_id  # noqa: B018
     with pytest.raises(HpcboxError, match="parameters cannot change inside"), executor.batch():
         executor.update_parameters(timeout_min=5)
+
+
+CHECKPOINTABLE = """
+import time, types
+
+
+class Counter:
+    def __init__(self):
+        self.counted, self.runs = 0, 0
+
+    def __call__(self, steps):
+        self.runs += 1
+        print("counting", flush=True)
+        while self.counted < steps:
+            time.sleep(0.01)
+            self.counted += 1
+        return self.counted, self.runs
+
+    def __submitit_checkpoint__(self, steps):
+        return types.SimpleNamespace(function=self, args=(steps,), kwargs={})
+"""
+
+
+def test_at_the_time_limits_signal_a_checkpointable_call_checkpoints_and_the_next_run_resumes(tmp_path: Path):
+    data, out, code = tmp_path / "data", tmp_path / "out", tmp_path / "code"
+    for folder in (data, out, code):
+        folder.mkdir()
+    (code / "counting.py").write_text(CHECKPOINTABLE)
+    sys.path.insert(0, str(code))
+    try:
+        from counting import Counter  # type: ignore[import-not-found]
+
+        (data / "call-0.pkl").write_bytes(pickle.dumps((Counter(), (200,), {}), protocol=4))
+    finally:
+        sys.path.remove(str(code))
+    env = {"PYTHONPATH": str(code), "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, str(RUNNER), str(data), str(out), "0"]
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert first.stdout is not None and first.stdout.readline() == "counting\n"
+    time.sleep(0.3)  # a few steps counted
+    first.send_signal(signal.SIGUSR1)  # what the job script passes on at the time limit's signal
+    _, said = first.communicate(timeout=30)
+    assert first.returncode == 75, said  # checkpointed: the job script requeues the job
+    assert "hpcbox: the call checkpointed before the time limit" in said
+    assert sorted(path.name for path in out.iterdir()) == ["checkpoint.pkl"]
+    stopped_at = pickle.loads((out / "checkpoint.pkl").read_bytes())
+    assert 0 < stopped_at[0].counted < 200
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and "resuming the call from its checkpoint" in second.stderr
+    assert pickle.loads((out / "result.pkl").read_bytes()) == ("success", (200, 2))
