@@ -204,3 +204,37 @@ def test_a_checkpointable_call_meets_its_time_limit_is_requeued_and_returns_what
     assert "hpcbox: the call checkpointed before the time limit" in found["log"]
     assert "hpcbox: resuming the call from its checkpoint" in found["log"]
     assert f"requeueing job {found['job']}" in found["log"]
+
+
+def test_a_notebook_submits_a_function_and_a_later_cell_gets_its_result(
+    calls_project: Path, setup: Setup, monkeypatch: pytest.MonkeyPatch
+):
+    """A real kernel (nbclient, ipykernel) runs the notebook's cells in turn, as JupyterLab on a laptop
+    would: the first submits, the second waits for the result."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell(
+            "import sys\nsys.path.insert(0, 'src')\nfrom hpcbox.submitit import Executor\n"
+            "from hpctrain.calls import add\n"
+            "executor = Executor('notebook-calls', 'local')\nexecutor.update_parameters(timeout_min=10)\n"
+            "job = executor.submit(add, 40, 2)\nprint('submitted', job.job_id)"
+        ),
+        nbformat.v4.new_code_cell("print('result', job.result())"),
+    ]
+    for name, value in setup.env.items():  # the kernel's environment is this process's
+        monkeypatch.setenv(name, value)
+    NotebookClient(notebook, timeout=600, resources={"metadata": {"path": str(calls_project)}}).execute()
+    said = [
+        "".join(
+            output.text for output in cell.outputs if output.get("name") == "stdout"
+        )  # not hpcbox's progress
+        for cell in notebook.cells
+    ]
+    assert said[0].startswith("submitted "), said
+    job_id = said[0].split()[1].strip()
+    assert said[1] == "result 42\n", said
+    record = jobs.Ledger(load_project(calls_project)).find(job_id, "local")
+    assert record.resources["job_name"] == "add"  # a call's job is named after its function
