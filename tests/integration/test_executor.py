@@ -170,7 +170,8 @@ def test_an_exception_comes_back_with_its_traceback_and_a_job_without_a_result_s
     )
     kind, message = found["failing"]
     assert kind == "FailedJobError" and "ValueError: boom from the node" in message
-    assert 'hpctrain/calls.py", line 10, in fail' in message  # the traceback from the node
+    raised_at = CALLS.splitlines().index("    raise ValueError(message)") + 1
+    assert f'hpctrain/calls.py", line {raised_at}, in fail' in message  # the traceback from the node
     assert found["exception"] == "FailedJobError"
     kind, message = found["greedy"]
     assert kind == "UncompletedJobError" and "without a result" in message

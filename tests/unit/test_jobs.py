@@ -535,3 +535,20 @@ def test_the_master_connection_stays_for_the_next_command_for_a_bounded_idle_tim
         f"ControlPersist={ssh.CONTROL_PERSIST_S}"
     ]
     assert 60 <= ssh.CONTROL_PERSIST_S <= 600
+
+
+def test_waiting_looks_again_soon_at_first_then_at_growing_intervals_up_to_poll_s(monkeypatch):
+    """A job of a few seconds is seen ending within a fraction of one; a long one costs a look every
+    poll_s."""
+    from hpcbox.jobs import follow
+    from hpcbox.tools.slurm import JobState
+
+    states = iter([*(["PENDING"] * 3), *(["RUNNING"] * 6), "COMPLETED"])
+    slept: list[float] = []
+    monkeypatch.setattr(follow.time, "sleep", slept.append)
+    seen: list[str] = []
+    found = follow.poll(
+        lambda: JobState("7", next(states)), "7", poll_s=2, on_change=lambda state: seen.append(state.state)
+    )
+    assert found.state == "COMPLETED" and seen == ["PENDING", "RUNNING", "COMPLETED"]
+    assert slept == [0.25, 0.375, 0.5625, 0.84375, 1.265625, 1.8984375, 2, 2, 2]

@@ -17,6 +17,9 @@ from hpcbox.tools import slurm, ssh
 
 # How long `cancel` lets the job script copy its results back before it cancels outright.
 CANCEL_GRACE_S = 120
+# The first wait between two looks at a job's state: each next one is half again as long, up to the
+# caller's poll_s, so that a job of a few seconds is seen ending within a fraction of one.
+FIRST_POLL_S = 0.25
 
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
@@ -147,10 +150,12 @@ def poll(
     poll_s: float = 2,
     on_change: Callable[[slurm.JobState], None] | None = None,
 ) -> slurm.JobState:
-    """Call ``read`` for job ``job_id``'s state every ``poll_s`` until ``until`` holds, telling
-    ``on_change`` each new state (wait's loop, for a job no ledger records)."""
+    """Call ``read`` for job ``job_id``'s state until ``until`` holds, telling ``on_change`` each new
+    state (wait's loop, for a job no ledger records): first after FIRST_POLL_S, then at growing
+    intervals up to ``poll_s``."""
     deadline = time.monotonic() + timeout_s
     last = None
+    delay = min(FIRST_POLL_S, poll_s)
     while True:
         try:
             found = read()
@@ -158,7 +163,8 @@ def poll(
             # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
             if time.monotonic() > deadline:
                 raise
-            time.sleep(poll_s)
+            time.sleep(delay)
+            delay = min(delay * 1.5, poll_s)
             continue
         if on_change is not None and (found.state, found.reason) != last:
             on_change(found)
@@ -167,7 +173,8 @@ def poll(
             return found
         if time.monotonic() > deadline:
             raise HpcboxError(f"job {job_id} is still {found.state} after {timeout_s:.0f} s")
-        time.sleep(poll_s)
+        time.sleep(delay)
+        delay = min(delay * 1.5, poll_s)
 
 
 def follow_command(record: JobRecord, follow: bool) -> str:
