@@ -171,7 +171,7 @@ class Site:
         from hpcbox.render import resources
 
         check_option_names(options, allowed)
-        flags = given(options)
+        flags = dict(options)  # request_for leaves out what was left off
         if sweep_tasks is not None:
             if flags.get("array"):
                 raise FieldError(

@@ -339,9 +339,11 @@ class Job:
 
     @property
     def paths(self) -> JobPaths:
+        from hpcbox.jobs.fetch import local_run_dir
+
         call = self._call
         index = self.task_id or 0
-        local = call.job.site.project.root / "runs" / call.job.record.where / call.job.job_id
+        local = local_run_dir(call.job.site.project, call.job.record)  # where fetch puts them
         results = local / str(self.task_id) if self.task_id is not None else local
         # An array's log names its task `*` in the ledger (each task writes its own).
         log = local / Path(call.job.record.log).name.replace("*", str(self.task_id))
