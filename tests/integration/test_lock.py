@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -163,3 +166,80 @@ def test_a_conda_package_pypi_lacks_is_one_line_naming_it_and_the_file(tmp_path)
         "environment.yml: conda package libjpeg-turbo is not on PyPI under that name: "
         "list its PyPI name under pip:"
     )
+
+
+# A dependency PyPI has as an sdist alone (hydra-core needs antlr4-python3-runtime 4.9.3), from a fresh
+# project to its cpu image, offline, through the `hpcbox` command.
+def hpcbox(project: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcbox", *args],
+        cwd=project,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+
+def fresh_project(root: Path, requirements: str, repository: str) -> dict[str, str]:
+    root.mkdir()
+    (root / "train.py").write_text("import hydra\n")
+    (root / "requirements.txt").write_text(requirements)
+    env = {"HPCBOX_IMAGE_REPOSITORY": repository}
+    for args in (("init",), ("lock", "--pip-only")):
+        done = hpcbox(root, *args, env=env)
+        assert done.returncode == 0, f"hpcbox {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return env
+
+
+def test_a_package_pypi_has_no_wheel_of_is_built_into_the_cpu_image_with_pinned_tools(
+    docker_engine, run_id: str, tmp_path: Path
+):
+    root = tmp_path / "hydra-project"
+    env = fresh_project(root, "hydra-core==1.3.2\n", f"{run_id}/hydra-project")
+    lock = (root / "docker/lock/cpu-requirements.txt").read_text()
+    assert "\n--no-binary antlr4-python3-runtime\n" in lock and lock.count("--no-binary") == 1
+    constraints = (root / "docker/lock/cpu-build-constraints.txt").read_text()
+    setuptools = re.search(r"^setuptools==(\S+)$", constraints, re.MULTILINE)
+    assert setuptools, constraints
+    try:
+        built = hpcbox(root, "build", "--offline", env=env)
+        assert built.returncode == 0, built.stderr
+        ref = built.stdout.strip().splitlines()[-1]
+        site = "/opt/venv/lib/python3.13/site-packages"
+        found = docker.run_once(
+            ref,
+            ["sh", "-c", f"python -c 'import hydra, omegaconf, antlr4; print(hydra.__version__)' && ls {site}"
+             f" && cat {site}/antlr4_python3_runtime-4.9.3.dist-info/WHEEL"],
+            what="import hydra in the image",
+        )  # fmt: skip
+        lines = found.splitlines()
+        assert lines[0] == "1.3.2"
+        # built from its sdist by the pinned setuptools, which stayed in the builder, as the sdist did
+        assert f"Generator: setuptools ({setuptools.group(1)})" in lines
+        assert "antlr4" in lines and not any(line.startswith(("setuptools", "wheel-")) for line in lines)
+        assert not any(line.endswith((".tar.gz", ".whl")) for line in lines)
+    finally:
+        for image in docker_engine.images.list(name=f"{run_id}/hydra-project"):
+            for tag in image.tags:
+                docker.remove_image(tag)
+
+
+def test_a_package_whose_build_needs_a_compiler_fails_the_build_naming_it_and_the_way_out(
+    docker_engine, run_id: str, tmp_path: Path
+):
+    root = tmp_path / "netifaces-project"
+    env = fresh_project(root, "netifaces==0.11.0\n", f"{run_id}/netifaces-project")
+    try:
+        failed = hpcbox(root, "build", "--offline", env=env)
+        assert failed.returncode == 1
+        assert (
+            "error: netifaces 0.11.0 has no wheel for Python 3.13 on x86_64 Linux, and its build from source "
+            "in the image failed: it needs a C compiler, which the image lacks\n"
+            "  hint: pin a version of netifaces that has a wheel"
+        ) in failed.stderr, failed.stderr
+    finally:
+        for image in docker_engine.images.list(name=f"{run_id}/netifaces-project"):
+            for tag in image.tags:
+                docker.remove_image(tag)

@@ -400,12 +400,13 @@ def test_the_apt_lock_python_packages_by_their_pypi_names(tmp_path: Path):
     lock = write(
         tmp_path / "apt-cpu.txt",
         "# cpu flavour\npython3-torch=2.6.0+dfsg-7\nlibopenblas0=0.3.29+ds-3\npython3-sklearn=1.4.2+dfsg-8\n"
-        "python3-numpy=1:2.2.4+ds-1\n",
+        "python3-numpy=1:2.2.4+ds-1\npython3-antlr4=4.9.2-1\n",
     )
     assert [(s.package, s.name, s.version) for s in depsource.debian_stand_ins(lock)] == [
         ("python3-torch", "torch", "2.6.0"),
         ("python3-sklearn", "scikit-learn", "1.4.2"),
         ("python3-numpy", "numpy", "2.2.4"),
+        ("python3-antlr4", "antlr4-python3-runtime", "4.9.2"),  # omegaconf's: an sdist alone on PyPI
     ]
 
 

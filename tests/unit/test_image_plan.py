@@ -65,6 +65,17 @@ def test_lock_hash_follows_the_flavours_locks(project):
     assert image_stage.lock_hash(project, cpu) != before
 
 
+def test_lock_hash_takes_in_the_build_tools_of_a_lock_that_builds_from_source(project):
+    cpu, cuda = image_stage.FLAVOURS["cpu"], image_stage.FLAVOURS["cuda"]
+    before = {flavour: image_stage.lock_hash(project, flavour) for flavour in (cpu, cuda)}
+    constraints = project.root / "docker/lock/cpu-build-constraints.txt"
+    constraints.write_text("setuptools==80.9.0\n")
+    assert image_stage.lock_hash(project, cpu) != before[cpu]
+    assert image_stage.lock_hash(project, cuda) == before[cuda]  # not the cuda lock's
+    constraints.unlink()  # a lock with no such file hashes as it always did
+    assert image_stage.lock_hash(project, cpu) == before[cpu]
+
+
 def test_missing_lock_is_reported_with_its_path(project):
     (project.root / "docker/lock/apt-cpu.txt").unlink()
     with pytest.raises(HpcboxError, match=r"lock file docker/lock/apt-cpu.txt is missing"):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcbox.build import baseimage, offlock
+from hpcbox.build import baseimage, offlock, sourcebuild
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
@@ -34,6 +34,11 @@ class Flavour:
     name: str
     registry_base: str
     locks: tuple[str, ...]  # relative to the project's docker dir
+
+    @property
+    def pip_lock(self) -> str:
+        """The flavour's hashed pip lock, among its locks."""
+        return next(lock for lock in self.locks if lock.endswith("-requirements.txt"))
 
 
 FLAVOURS: Mapping[str, Flavour] = {
@@ -276,6 +281,12 @@ def lock_hash(project: ProjectConfig, flavour: Flavour, target: str = RUNTIME) -
                 "regenerate the locks with `hpcbox lock`",
             )
         digest.update(lock.encode() + b"\0" + path.read_bytes() + b"\0")
+    # The build tools of what the pip lock builds from source, where it builds any: a lock without
+    # such packages hashes as it always did.
+    constraints = sourcebuild.constraints_for(project.root / project.docker_dir / flavour.pip_lock)
+    if constraints.is_file():
+        relative = constraints.relative_to(project.root / project.docker_dir).as_posix()
+        digest.update(relative.encode() + b"\0" + constraints.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
@@ -468,8 +479,17 @@ def build_image(
             f"CA bundle {ca} does not exist", "point PIP_CERT / SSL_CERT_FILE at a readable file"
         )
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
+    pip_lock = project.root / project.docker_dir / plan.flavour.pip_lock
+    unpinned = sourcebuild.unpinned_build_tools(pip_lock, (project.root / project.dockerfile).read_text())
+    if unpinned:
+        say(unpinned)
     secrets = {"host_ca": ca} if ca is not None else {}
-    progress = docker.BuildProgress(on_line or _echo)
+    shown = docker.BuildProgress(on_line or _echo)
+    log: list[str] = []  # the whole build's, for what a failed step's last lines would leave out
+
+    def progress(line: str) -> None:
+        log.append(line)
+        shown(line)
 
     def build(plan: BuildPlan, mirror: Mapping[str, Path]) -> None:
         # The commit that last changed what this target is built from, not the whole tree's: a commit
@@ -502,6 +522,9 @@ def build_image(
     except HpcboxError as failed:
         gone = baseimage.superseded_pin(failed.details) or _gone_pin_if_apt_failed(project, plan, failed)
         if gone is None:
+            source_build = sourcebuild.build_failure(docker.failed_step(log)[1], pip_lock)
+            if source_build is not None:
+                raise source_build from failed
             raise
         gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(project, *gone)}"
         lock = plan.base_lock

@@ -1,7 +1,8 @@
 """Refreshing the image's dependency locks: exact Debian versions and the hashed pip locks.
 
 Debian pins are resolved inside the base image itself, so they name versions its mirror serves;
-the pip locks are resolved for the image's Python and platform, not the host's.
+the pip locks are resolved for the image's Python and platform, not the host's, and name what has no
+wheel there for pip to build from source, with its build tools pinned beside them (sourcebuild.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,15 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from hpcbox.build import baseimage, offlock
-from hpcbox.build.image import DEFAULT_FLAVOUR, FLAVOURS, REGISTRY_BASE_LOCK, RegistryBase, registry_base_lock
+from hpcbox.build import baseimage, offlock, sourcebuild
+from hpcbox.build.image import (
+    DEFAULT_FLAVOUR,
+    FLAVOURS,
+    REGISTRY_BASE_LOCK,
+    RegistryBase,
+    host_ca_bundle,
+    registry_base_lock,
+)
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.project import depsource
@@ -41,6 +49,8 @@ _CPU_LOCK_HEADER = """\
 # --require-hashes` into a venv made with --system-site-packages. Written by `hpcbox lock` from
 # {source}. Debian's packages ({apt_lock}) stand in for:
 """
+# A requirements file's options that say where packages come from (pip's and uv's spelling alike).
+_INDEX_OPTION = re.compile(r"^\s*(?:-i|-f|--index-url|--extra-index-url|--find-links|--no-index)(?:[\s=]|$)")
 _PIN = re.compile(r"^([a-z0-9][a-z0-9+.-]*)(?:=[^=\s]+)?$")
 # `apt-get install --simulate`: "Inst NAME [OLD] (NEW Origin:suite [arch])".
 _SIMULATED_INSTALL = re.compile(r"^Inst (\S+) (?:\[[^\]]*\] )?\((\S+) ", re.MULTILINE)
@@ -163,12 +173,15 @@ def refresh_pip_locks(project: ProjectConfig, *, say: Callable[[str], None] = pr
     text = depsource.requirements_text(source)
     lock_dir = project.root / project.docker_dir / "lock"
     cuda, cpu = lock_dir / CUDA_LOCK, lock_dir / CPU_LOCK
-    before = {path: path.read_text() if path.is_file() else "" for path in (cuda, cpu)}
+    written = (cuda, cpu, sourcebuild.constraints_for(cuda), sourcebuild.constraints_for(cpu))
+    before = {path: _text(path) for path in written}
     _compile(source, text, cuda)
+    section = _source_builds(cuda, ["-"], source.path.parent, text, (), say)
+    cuda.write_text(section + cuda.read_text())
     say(f"hpcbox: {cuda.relative_to(project.root)}: hashed for {' '.join(PIP_TARGET[1::2])}")
     stand_ins = _lock_cpu(source, text, cpu, lock_dir / CPU_APT_LOCK, say)
     say(f"hpcbox: {cpu.relative_to(project.root)}: hashed, around {len(stand_ins)} Debian Python packages")
-    return [path for path in (cuda, cpu) if path.read_text() != before[path]]
+    return [path for path in written if _text(path) != before[path]]
 
 
 def _lock_cpu(
@@ -192,11 +205,12 @@ def _lock_cpu(
         options = _stand_in_options(stand_ins, set(overridden), Path(scratch))
         hint = f"the cpu flavour keeps Debian's versions ({apt_lock.name})"
         _compile(source, text, target, options, hint=hint)
+        section = _source_builds(target, ["-"], source.path.parent, text, options, say)
     header = _CPU_LOCK_HEADER.format(source=source.path.name, apt_lock=apt_lock.name)
     for s in stand_ins:
         instead = f" (in place of {overridden[s]})" if s in overridden else ""
         header += f"#   {s.name} {s.version}: {s.package}={s.debian_version}{instead}\n"
-    target.write_text(header + target.read_text())
+    target.write_text(header + section + target.read_text())
     return stand_ins
 
 
@@ -260,30 +274,93 @@ def _lock_requirement_ins(project: ProjectConfig, say: Callable[[str], None]) ->
     changed = []
     for source in sources:
         target = lock_dir / f"{source.stem}-requirements.txt"
-        before = target.read_text() if target.exists() else ""
-        uv = _uv()
+        constraints = sourcebuild.constraints_for(target)
+        before = {path: _text(path) for path in (target, constraints)}
+        uv, inputs = _uv(), source.relative_to(project.root).as_posix()
         relative_out = target.relative_to(project.root).as_posix()
         proc.run(
-            [
-                uv,
-                "pip",
-                "compile",
-                "--quiet",
-                "--generate-hashes",
-                *PIP_TARGET,
-                source.relative_to(project.root).as_posix(),
-                "-o",
-                relative_out,
-            ],
+            [uv, "pip", "compile", "--quiet", "--generate-hashes", *PIP_TARGET, inputs, "-o", relative_out],
             what=f"lock {source.name}",
             cwd=project.root,
             env=_uv_env(),
             hint="check the requirement names and versions in " + source.name,
         )
-        if target.read_text() != before:
-            changed.append(target)
+        section = _source_builds(target, [inputs], project.root, source.read_text(), (), say)
+        target.write_text(section + target.read_text())
+        changed += [path for path in (target, constraints) if _text(path) != before[path]]
         say(f"hpcbox: {relative_out}: hashed for {' '.join(PIP_TARGET[1::2])}")
     return changed
+
+
+def _source_builds(
+    lock: Path,
+    inputs: Sequence[str],
+    cwd: Path,
+    text: str,
+    options: Sequence[str],
+    say: Callable[[str], None],
+) -> str:
+    """The lines `lock` needs for its packages with no wheel for the image (none where it has none),
+    their build tools pinned beside it (or that file removed where none are left).
+
+    `inputs` (a file, or "-" for `text` on stdin), `cwd` and `options` are what uv compiled the lock
+    from: resolved again with the lock's own pins as constraints, as a pylock.toml, they name the wheels
+    each package has for the image. The build tools come from where `text` says packages come from
+    (its index options), as wheels."""
+    input_bytes = text.encode() if "-" in inputs else None
+    constraints = sourcebuild.constraints_for(lock)
+    with tempfile.TemporaryDirectory(prefix="hpcbox-pylock-") as scratch:
+        pylock = Path(scratch) / "pylock.toml"
+        argv = [_uv(), "pip", "compile", "--quiet", "--python-version", depsource.IMAGE_PYTHON]
+        argv += [
+            "--python-platform",
+            sourcebuild.WHEEL_PLATFORM,
+            *options,
+            "--constraint",
+            str(lock.resolve()),
+        ]
+        argv += [*inputs, "--format", "pylock.toml", "-o", str(pylock)]
+        proc.run(
+            argv,
+            what=f"list the wheels {lock.name} installs",
+            cwd=cwd,
+            input_bytes=input_bytes,
+            env=_uv_env(),
+        )
+        packages = sourcebuild.from_pylock(pylock.read_text())
+    if not packages:
+        constraints.unlink(missing_ok=True)
+        return ""
+    cafile = host_ca_bundle()
+    requirements = {package: sourcebuild.build_requirements(package, cafile) for package in packages}
+    names = ", ".join(package.describe() for package in packages)
+    argv = [_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", *PIP_TARGET]
+    argv += ["--only-binary", ":all:", "--constraint", str(lock.resolve()), "-", "-o", str(constraints)]
+    wanted = sorted({requirement for needs in requirements.values() for requirement in needs})
+    pins = ""
+    if wanted:  # an sdist may build with nothing from the index (a backend of its own)
+        proc.run(
+            argv,
+            what=f"pin the build tools of {names}",
+            input_bytes="".join(f"{line}\n" for line in [*_index_options(text), *wanted]).encode(),
+            env=_uv_env(),
+            hint=f"their build tools ({', '.join(wanted)}) must have wheels for the image and agree with "
+            f"{lock.name}; or pin versions of {names} that have wheels",
+        )
+        pins = constraints.read_text()
+    constraints.write_text(sourcebuild.constraints_header(requirements, lock) + pins)
+    say(f"hpcbox: {lock.name}: built from source, having no wheel for the image: {names}")
+    say(f"hpcbox: {constraints.name}: their build tools pinned")
+    return sourcebuild.lock_section(packages, constraints)
+
+
+def _index_options(text: str) -> list[str]:
+    """The lines of a requirements text that say where packages come from."""
+    return [line.strip() for line in text.splitlines() if _INDEX_OPTION.match(line)]
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
 
 
 def refresh_registry_base(project: ProjectConfig, *, say: Callable[[str], None] = print) -> Path | None:

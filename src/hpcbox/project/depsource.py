@@ -59,6 +59,8 @@ DEBIAN_RENAMES = {
     "python3-yaml": "pyyaml",
     "python3-pil": "pillow",
     "python3-dateutil": "python-dateutil",
+    # omegaconf's (and so Hydra's) parser runtime: an sdist alone on PyPI, a package in Debian
+    "python3-antlr4": "antlr4-python3-runtime",
 }
 _DEBIAN_PIN = re.compile(r"^(python3-[a-z0-9][a-z0-9+.-]*)(?:=(\S+))?$")
 _EDITABLE = re.compile(r"^(?:-e|--editable)(?:\s|=|$)")
