@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -65,72 +68,140 @@ def hpcbox(project: Path, *args: str, env: dict[str, str], timeout: float = 900)
     return done
 
 
-@pytest.fixture
-def own_project(tmp_path: Path) -> Path:
-    root = tmp_path / "mean-project"
-    root.mkdir()
+# The same project's sweep, as Hydra applications are written: a config folder, a task function that
+# writes into its output folder and returns a value, run as a script.
+SWEEP = """\
+import json
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from scaling import scale
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    scaled = scale(cfg.lr, cfg.factor)
+    out = Path(HydraConfig.get().runtime.output_dir)
+    (out / "result.json").write_text(json.dumps({"lr": cfg.lr, "scaled": scaled}))
+    return scaled
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@dataclass(frozen=True)
+class OwnProject:
+    root: Path
+    env: dict[str, str]
+    initialised: str  # what `hpcbox init` and `hpcbox lock --pip-only` said
+    locked: str
+
+
+@pytest.fixture(scope="module")
+def own_project(run_id: str, minicluster, minicluster_state: Path, tmp_path_factory) -> Iterator[OwnProject]:
+    """A researcher's project, `hpcbox init`-ed and locked once; its image (built by whichever test
+    submits first) is removed at the end."""
+    root = tmp_path_factory.mktemp("own") / "mean-project"
+    (root / "data").mkdir(parents=True)
     (root / "train.py").write_text(TRAIN)
+    (root / "sweep.py").write_text(SWEEP)
+    (root / "conf").mkdir()
+    (root / "conf" / "config.yaml").write_text("lr: 0.1\nfactor: 10\n")
     (root / "scaling.py").write_text("def scale(value, factor):\n    return value * factor\n")
-    (root / "requirements.txt").write_text("numpy\ntabulate==0.9.0\n")
-    (root / "data").mkdir()
+    # hydra-core's antlr4-python3-runtime is on PyPI as source alone: built in the image's builder stage.
+    (root / "requirements.txt").write_text("numpy\ntabulate==0.9.0\nhydra-core==1.3.2\n")
     (root / "data" / "numbers.txt").write_text("1\n2\n3\n4\n")
-    return root
-
-
-@pytest.mark.cluster
-def test_own_project_init_lock_build_submit_fetch(
-    own_project: Path, run_id: str, minicluster, minicluster_state: Path, tmp_path: Path
-):
     env = {
         "HPCBOX_IMAGE_REPOSITORY": f"{run_id}/own-project",
         "HPCBOX_MINICLUSTER": minicluster.name,
         "HPCBOX_MINICLUSTER_STATE": str(minicluster_state),
-        "HPCBOX_CACHE": str(tmp_path / "cache"),
+        "HPCBOX_CACHE": str(tmp_path_factory.mktemp("own-cache")),
     }
-    hpcbox(own_project, "init", "--args=--data {data_dir} --out {output_dir}", env=env)
-    locked = hpcbox(own_project, "lock", "--pip-only", env=env)
-    cpu_lock = (own_project / "docker/lock/cpu-requirements.txt").read_text()
-    cuda_lock = (own_project / "docker/lock/cuda-requirements.txt").read_text()
-    assert "tabulate==0.9.0" in cpu_lock and "\nnumpy==" not in cpu_lock, locked.stderr  # Debian's numpy
-    assert "tabulate==0.9.0" in cuda_lock and "\nnumpy==" in cuda_lock
+    initialised = hpcbox(root, "init", "--args=--data {data_dir} --out {output_dir}", env=env)
+    locked = hpcbox(root, "lock", "--pip-only", env=env)
     try:
-        submitted = hpcbox(
-            own_project, "submit", "--cluster=local", "--offline", "--data=data", "--time=10",
-            "--", "--factor", "10", env=env,
-        )  # fmt: skip
-        job_id = submitted.stdout.strip().splitlines()[-1]
-        assert job_id.isdigit(), submitted.stdout
-        followed = hpcbox(own_project, "logs", "--follow", env=env)
-        assert "mean" in followed.stdout and "25" in followed.stdout, followed.stdout  # tabulate's table
-        fetched = Path(hpcbox(own_project, "fetch", env=env).stdout.strip())
-        result = json.loads((fetched / "result.json").read_text())
-        # its own output: the mean of its own data, times the argument given after `--`
-        assert result["mean"] == 25.0
-        assert result["numpy"].startswith("2.2.4")  # Debian's, which the cpu lock left out
-        assert fetched.is_relative_to(own_project / "runs" / "local")
-        status = hpcbox(own_project, "status", env=env)
-        assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout
-        # its program writes no metrics.jsonl: the report says so, not that it failed to start
-        reported = hpcbox(own_project, "report", env=env).stdout
-        assert (
-            "throughput  unknown" in reported
-            and "-> unknown: python /code/train.py writes no metrics.jsonl" in (reported)
-        ), reported
-        assert "did not start" not in reported
-        # No dataset named: the job goes, its /scratch/data empty, and said so.
-        bare = hpcbox(own_project, "submit", "--cluster=local", "--offline", "--time=10", env=env)
-        assert "hpcbox: no dataset (--data, or data in [tool.hpcbox]): the job's /scratch/data is empty" in (
-            bare.stderr
-        )
-        hpcbox(own_project, "logs", "--follow", env=env)
-        status = hpcbox(own_project, "status", env=env)
-        assert status.stdout.startswith(f"job {bare.stdout.split()[-1]}: COMPLETED"), status.stdout
-        fetched = Path(hpcbox(own_project, "fetch", env=env).stdout.strip())
-        assert json.loads((fetched / "result.json").read_text())["mean"] == 5.5  # its own numbers, 1 to 10
+        yield OwnProject(root, env, initialised.stdout, locked.stderr)
     finally:
         for image in docker.client().images.list(name=f"{run_id}/own-project*"):
             for tag in image.tags:
                 docker.remove_image(tag)
+
+
+@pytest.mark.cluster
+def test_own_project_init_lock_build_submit_fetch(own_project: OwnProject):
+    project, env = own_project.root, own_project.env
+    assert 'code = ["scaling.py", "sweep.py", "train.py"]' in (project / "pyproject.toml").read_text()
+    cpu_lock = (project / "docker/lock/cpu-requirements.txt").read_text()
+    cuda_lock = (project / "docker/lock/cuda-requirements.txt").read_text()
+    assert "tabulate==0.9.0" in cpu_lock and "\nnumpy==" not in cpu_lock, own_project.locked  # Debian's numpy
+    assert "tabulate==0.9.0" in cuda_lock and "\nnumpy==" in cuda_lock
+    submitted = hpcbox(
+        project, "submit", "--cluster=local", "--offline", "--data=data", "--time=10",
+        "--", "--factor", "10", env=env,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), submitted.stdout
+    followed = hpcbox(project, "logs", "--follow", env=env)
+    assert "mean" in followed.stdout and "25" in followed.stdout, followed.stdout  # tabulate's table
+    fetched = Path(hpcbox(project, "fetch", env=env).stdout.strip())
+    result = json.loads((fetched / "result.json").read_text())
+    # its own output: the mean of its own data, times the argument given after `--`
+    assert result["mean"] == 25.0
+    assert result["numpy"].startswith("2.2.4")  # Debian's, which the cpu lock left out
+    assert fetched.is_relative_to(project / "runs" / "local")
+    status = hpcbox(project, "status", env=env)
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout
+    # its program writes no metrics.jsonl: the report says so, not that it failed to start
+    reported = hpcbox(project, "report", env=env).stdout
+    assert (
+        "throughput  unknown" in reported
+        and "-> unknown: python /code/train.py writes no metrics.jsonl" in (reported)
+    ), reported
+    assert "did not start" not in reported
+    # No dataset named: the job goes, its /scratch/data empty, and said so.
+    bare = hpcbox(project, "submit", "--cluster=local", "--offline", "--time=10", env=env)
+    assert "hpcbox: no dataset (--data, or data in [tool.hpcbox]): the job's /scratch/data is empty" in (
+        bare.stderr
+    )
+    hpcbox(project, "logs", "--follow", env=env)
+    status = hpcbox(project, "status", env=env)
+    assert status.stdout.startswith(f"job {bare.stdout.split()[-1]}: COMPLETED"), status.stdout
+    fetched = Path(hpcbox(project, "fetch", env=env).stdout.strip())
+    assert json.loads((fetched / "result.json").read_text())["mean"] == 5.5  # its own numbers, 1 to 10
+
+
+@pytest.mark.cluster
+def test_a_hydra_multirun_from_the_laptop_is_one_array_job_returning_each_points_return(
+    own_project: OwnProject,
+):
+    """`python sweep.py -m lr=... hydra/launcher=hpcbox`: four points as one array job on the mini
+    cluster, in the project's SIF (Python 3.13 there, this one's here: the task function goes by name);
+    each point's return in the launcher's lines, its output folder home where a local multirun puts it."""
+    sweep_dir = own_project.root / "multirun" / "lr-sweep"
+    swept = subprocess.run(
+        [sys.executable, "sweep.py", "-m", "lr=0.5,1,2,4", "hydra/launcher=hpcbox",
+         "hydra.launcher.cluster=local", "hydra.launcher.offline=true", "hydra.launcher.timeout_min=10",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cwd=own_project.root, env={**os.environ, **own_project.env},
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    said = swept.stdout + swept.stderr
+    assert swept.returncode == 0, said
+    returned = re.findall(r"#(\d) : COMPLETED, returned ([0-9.]+) \(job (\d+)_(\d)\)", said)
+    assert [(point, value, task) for point, value, _, task in returned] == [
+        ("0", "5.0", "0"), ("1", "10", "1"), ("2", "20", "2"), ("3", "40", "3")
+    ], said  # fmt: skip
+    assert len({array for _, _, array, _ in returned}) == 1, said  # one array job
+    for point, lr in enumerate([0.5, 1, 2, 4]):
+        home = sweep_dir / str(point)
+        assert json.loads((home / "result.json").read_text()) == {"lr": lr, "scaled": lr * 10}
+        assert (home / ".hydra" / "overrides.yaml").read_text() == f"- lr={lr}\n"
+        assert not (home / "result.pkl").exists()
 
 
 # A notebook as researchers leave it: a shell escape, its computation, a plot.

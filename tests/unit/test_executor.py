@@ -7,6 +7,7 @@ from __future__ import annotations
 import operator
 import pickle
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -198,3 +199,63 @@ def test_at_the_time_limits_signal_a_checkpointable_call_checkpoints_and_the_nex
     second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0 and "resuming the call from its checkpoint" in second.stderr
     assert pickle.loads((out / "result.pkl").read_bytes()) == ("success", (200, 2))
+
+
+EXPERIMENT = """
+from pathlib import Path
+from hpcbox.errors import HpcboxError
+from hpcbox.project.config import load_project
+from hpcbox.submitit.executor import pickle_call
+
+
+class Scaled:
+    def __init__(self, factor):
+        self.factor = factor
+
+
+def square(x, scaled):
+    return x * x * scaled.factor
+
+
+def main():
+    try:
+        project = load_project(Path(__file__).parents[1])
+        pickled, by_value = pickle_call((square, (7, Scaled(2)), {}), project, script_by_name=True)
+    except HpcboxError as error:
+        print("refused:", error.message)
+        return
+    print("by value" if by_value else "by reference")
+    Path(__file__).with_name("call-0.pkl").write_bytes(pickled)
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_the_running_scripts_functions_travel_by_name_where_the_project_ships_it_and_it_guards_its_run(
+    project: Path, tmp_path: Path, guarded: bool
+):
+    """As the Hydra launcher sends a task function: a script of the project's code, run as `python
+    experiments/run.py`, sends its own function and class by name; the node imports the script as a
+    module (`experiments.run`, under /code) instead of needing the same Python. A script that would run
+    on import (no `__main__` guard) is not imported: by value, refused to another Python."""
+    pin_python(project, "3.99")
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "calls"\n[tool.hpcbox]\ncode = ["experiments"]\n'
+    )
+    script = project / "experiments" / "run.py"
+    script.parent.mkdir()
+    script.write_text(EXPERIMENT + ('if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"))
+    sent = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert sent.returncode == 0, sent.stderr
+    if not guarded:
+        assert sent.stdout.startswith("refused: square travels by value"), sent.stdout
+        return
+    assert sent.stdout == "by reference\n"
+    # The node: a fresh Python with the code snapshot (experiments/ under its own name) on its path.
+    node = tmp_path / "node"
+    shutil.copytree(project / "experiments", node / "code" / "experiments")
+    ran = subprocess.run(
+        [sys.executable, "-c", f"import pickle; f, a, k = pickle.load(open({str(script.with_name('call-0.pkl'))!r}, 'rb')); print(f.__module__, f(*a, **k))"],  # noqa: E501
+        capture_output=True, text=True, cwd=node, env={"PYTHONPATH": str(node / "code")},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "experiments.run 98\n"

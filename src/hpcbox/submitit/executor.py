@@ -10,13 +10,17 @@ clean-up and the profile's resources are those of every hpcbox job.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import io
 import math
+import operator
 import pickle
 import pickletools
 import platform
 import re
 import shutil
 import sys
+import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,6 +44,8 @@ except ImportError:  # pragma: no cover - the same names, for a caller without s
 
 
 RUNNER = Path(__file__).with_name("run_call.py")
+# A Hydra job of hydra_plugins.hydra_hpcbox_launcher, run on the node by the runner, beside which it goes.
+RUN_HYDRA_JOB = Path(__file__).with_name("run_hydra_job.py")
 # What the job runs: the call's runner, from the staged call folder, one process.
 CALL_COMMAND = ContainerCommand("script", "/scratch/data/run_call.py", ("{data_dir}", "{output_dir}"), "srun")
 
@@ -55,7 +61,11 @@ GENERIC = {
 }
 # submitit's generic switch that hpcbox's jobs already do: stderr goes to the one log.
 STDERR_TO_STDOUT = "stderr_to_stdout"
-VALID_PARAMETERS = tuple(sorted({*GENERIC, STDERR_TO_STDOUT, *api.site.RESOURCE_NAMES}))
+# How many of an array's tasks run at once (the sweep's throttle, `--array=0-99%N`).
+ARRAY_PARALLELISM = "array_parallelism"
+VALID_PARAMETERS = tuple(sorted({*GENERIC, STDERR_TO_STDOUT, ARRAY_PARALLELISM, *api.site.RESOURCE_NAMES}))
+# A script guards its own run, so that importing it on the node runs none of it.
+_GUARDED = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']\s*:""", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,8 @@ class Executor:
     so the two Pythons may differ; one defined in a script or a notebook (`__main__`) travels by value,
     which needs the same Python minor version on both sides: a mismatch is refused before anything is
     built or sent.
+
+    On the node, files a call writes under `$HPCBOX_OUTPUT_DIR` come back with its result.
     """
 
     def __init__(
@@ -144,17 +156,26 @@ class Executor:
         finally:
             self._batch = None
 
-    def _submit_calls(self, calls: list[tuple[Callable[..., Any], tuple, dict]], *, array: bool) -> list[Job]:
-        """The calls as one job (an array of them with ``array``): pickled, checked, shipped, submitted.
-        Bad input leaves nothing: no call folder, no job."""
+    def _submit_calls(
+        self,
+        calls: list[tuple[Callable[..., Any], tuple, dict]],
+        *,
+        array: bool,
+        beside: Sequence[Path] = (),
+        script_by_name: bool = False,
+    ) -> list[Job]:
+        """The calls as one job (an array of them with ``array``): pickled, checked, shipped, submitted;
+        ``beside``: modules the calls import on the node, shipped beside the runner; ``script_by_name``:
+        see `pickle_call`. Bad input leaves nothing: no call folder, no job."""
         resources = dict(self.parameters)
+        throttle = resources.pop(ARRAY_PARALLELISM, None)
         if resources.get("nodes", 1) != 1 or resources.get("ntasks_per_node", 1) != 1:
             raise FieldError(
                 "nodes" if resources.get("nodes", 1) != 1 else "tasks_per_node",
                 "hpcbox.submitit runs a call as one process on one node",
                 "leave out nodes and tasks_per_node (a function that starts its own processes may)",
             )
-        pickles = [pickle_call(call, self.site.project) for call in calls]
+        pickles = [pickle_call(call, self.site.project, script_by_name=script_by_name) for call in calls]
         by_value = any(travels_by_value for _, travels_by_value in pickles)
         name = f"call-{uuid.uuid4().hex[:12]}"
         call_dir = self.folder / name
@@ -162,12 +183,14 @@ class Executor:
         try:
             for index, (pickled, _) in enumerate(pickles):
                 (call_dir / f"call-{index}.pkl").write_bytes(pickled)
-            shutil.copyfile(RUNNER, call_dir / RUNNER.name)
+            for module in (RUNNER, *beside):
+                shutil.copyfile(module, call_dir / module.name)
             if by_value:
                 import cloudpickle
 
                 shutil.copytree(Path(cloudpickle.__file__).parent, call_dir / "cloudpickle")
-            sweep = Sweep("hpcbox.submitit", tuple((str(i),) for i in range(len(calls)))) if array else None
+            points = tuple((str(i),) for i in range(len(calls)))
+            sweep = Sweep("hpcbox.submitit", points, throttle) if array else None
             resources.setdefault("job_name", _job_name(calls[0][0]))
             submitted = self.site.submit(
                 () if array else ("0",), data=call_dir, flavour=self.flavour, offline=self.offline,
@@ -191,6 +214,10 @@ def hpcbox_resources(parameters: dict[str, Any]) -> dict[str, Any]:
         if key == STDERR_TO_STDOUT:
             if value is False:
                 raise FieldError(key, "hpcbox's jobs write stderr to their one log", "leave it out, or True")
+        elif key == ARRAY_PARALLELISM:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise FieldError(key, f"{value!r} must be a whole number of tasks, 1 or more")
+            resources[key] = value
         elif key in GENERIC and value is not None:
             option, convert = GENERIC[key]
             resources[option] = convert(value)
@@ -209,15 +236,22 @@ def environment_python(project) -> str | None:
     return f"{found[1]}.{found[2]}" if found else None
 
 
-def pickle_call(call: tuple[Callable[..., Any], tuple, dict], project) -> tuple[bytes, bool]:
+def pickle_call(
+    call: tuple[Callable[..., Any], tuple, dict], project, *, script_by_name: bool = False
+) -> tuple[bytes, bool]:
     """The call pickled, and whether it travels by value (a function of `__main__`, a lambda, a local
     function: cloudpickle sends its code, which only the same Python minor version reads). By value
-    across Python versions is refused here, in one line, before anything is built or sent."""
+    across Python versions is refused here, in one line, before anything is built or sent.
+
+    With ``script_by_name``, the running script's functions and classes travel by name instead where
+    the script is part of the project's code and guards its own run (`script_module`): the node
+    imports the script as a module. For a script whose imports the environment has, as a Hydra
+    application's (a script that imports hpcbox would fail to import there)."""
     import cloudpickle
 
     fn = call[0]
     try:
-        plain = pickle.dumps(call, protocol=4)
+        plain = _pickle_by_reference(call, script_module(project) if script_by_name else None)
         by_value = _names_main(plain)
     except (pickle.PicklingError, AttributeError, TypeError):
         by_value = True
@@ -235,6 +269,73 @@ def pickle_call(call: tuple[Callable[..., Any], tuple, dict], project) -> tuple[
             f"travels by reference, or call it from Python {there or 'the environment runs'}",
         )
     return cloudpickle.dumps(call, protocol=4), True
+
+
+def script_module(project) -> str | None:
+    """The running script (`__main__`) as the node imports it: its module name under the code snapshot
+    (`/code`, on `PYTHONPATH`), where the project's code ships it and it guards its own run; else None
+    (a notebook, an interpreter, a script outside the project's code)."""
+    file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not file or not file.endswith(".py"):
+        return None
+    script = Path(file).resolve()
+    for item in project.code:
+        shipped = (project.root / item).resolve()  # shipped as /code/<its last part>
+        if script == shipped:
+            name = script.stem
+        elif shipped.is_dir() and script.is_relative_to(shipped):
+            name = ".".join((shipped.name, *script.relative_to(shipped).with_suffix("").parts))
+        else:
+            continue
+        guarded = _GUARDED.search(script.read_text(errors="replace")) is not None
+        return name if guarded and all(part.isidentifier() for part in name.split(".")) else None
+    return None
+
+
+class NodeFunction:
+    """A function of a module that travels beside the runner (not importable here under that name),
+    pickled as its name there."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.__name__ = module, name
+
+    def __reduce__(self) -> tuple:
+        return operator.attrgetter(self.__name__), (_ModuleOnNode(self.module),)
+
+
+class _ModuleOnNode:
+    """A module, pickled as its import on the node."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple:
+        return importlib.import_module, (self.name,)
+
+
+class _ScriptAsModule(pickle.Pickler):
+    """A pickler that writes the running script's functions and classes as names in ``module``."""
+
+    def __init__(self, file: io.BytesIO, module: str) -> None:
+        super().__init__(file, protocol=4)
+        self.module = module
+
+    def reducer_override(self, obj: Any) -> Any:
+        # Classes and functions only: other objects' attributes may be anything (a config's keys).
+        if not isinstance(obj, type | types.FunctionType) or obj.__module__ != "__main__":
+            return NotImplemented
+        if "<" in obj.__qualname__:  # a lambda or a local: not a name in the script
+            return NotImplemented
+        return operator.attrgetter(obj.__qualname__), (_ModuleOnNode(self.module),)
+
+
+def _pickle_by_reference(call: tuple, module: str | None) -> bytes:
+    """Plain pickle, with the running script's names as names in ``module`` where it has one."""
+    if module is None:
+        return pickle.dumps(call, protocol=4)
+    written = io.BytesIO()
+    _ScriptAsModule(written, module).dump(call)
+    return written.getvalue()
 
 
 def _names_main(pickled: bytes) -> bool:

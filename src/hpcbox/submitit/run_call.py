@@ -1,8 +1,9 @@
 """One call of hpcbox.submitit, run by the job inside the project's container: `python run_call.py
 DATA_DIR OUTPUT_DIR INDEX`. It unpickles call-INDEX.pkl (the function, its arguments) from the job's
 staged data, calls it, and pickles the outcome to OUTPUT_DIR/result.pkl, which the job script copies
-back beside the job's other results. Standard library only: the environment is the project's, and the
-caller's cloudpickle travels beside the pickle where a function travels by value.
+back beside the job's other results (and whatever the call wrote under `$HPCBOX_OUTPUT_DIR`). Standard
+library only: the environment is the project's, and the caller's cloudpickle travels beside the pickle
+where a function travels by value.
 
 At the time limit's signal (USR1, which the job script passes on), a callable with
 `__submitit_checkpoint__` (or `checkpoint`) is asked, with the call's arguments, for the call to make
@@ -22,6 +23,7 @@ CHECKPOINTED = 75  # the job script's "checkpointed, run me again" (EX_TEMPFAIL)
 
 def main(data_dir: str, output_dir: str, index: str) -> int:
     sys.path.insert(0, data_dir)  # the caller's cloudpickle, where it came along
+    os.environ["HPCBOX_OUTPUT_DIR"] = output_dir
     checkpoint = os.path.join(output_dir, "checkpoint.pkl")
     source = checkpoint if os.path.exists(checkpoint) else os.path.join(data_dir, f"call-{index}.pkl")
     with open(source, "rb") as submitted:

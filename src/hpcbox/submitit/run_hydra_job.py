@@ -1,0 +1,68 @@
+"""One job of a Hydra multirun sent by hpcbox's launcher (hydra_plugins.hydra_hpcbox_launcher), run on
+the node inside the project's container by run_call.py, beside which it travels. It needs Hydra there
+(the project's environment has it: the task function imports it) and nothing of hpcbox.
+
+The job's configuration was composed on the laptop, where the config files are; here Hydra runs the
+task function on it as its own launchers do (`run_job`), with the job's output folder
+(`$HPCBOX_OUTPUT_DIR`, copied back) as the sweep's folder. The task function comes by name (its module
+and qualified name) where it is defined in the project's code, else pickled with the call. Where it
+raises, the exception goes home in the job's return, its traceback on the node attached as a note.
+"""
+
+import importlib
+import os
+import traceback
+
+
+def run(task, config, task_name: str):
+    """Hydra's `run_job` of ``task`` (a function, or its (module, qualname)) on ``config``; its
+    JobReturn."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import JobRuntime, run_job, setup_globals
+    from hydra.types import HydraContext
+    from omegaconf import open_dict, read_write
+
+    setup_globals()
+    JobRuntime.instance().set("name", task_name)
+    function = _resolve(task)
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.job.id = _slurm_job_id()
+        config.hydra.sweep.dir = os.environ["HPCBOX_OUTPUT_DIR"]
+        config.hydra.sweep.subdir = "."
+        config.hydra.runtime.cwd = os.getcwd()  # the laptop's folder does not exist here
+    return run_job(
+        task_function=_with_traceback(function),
+        config=config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+        hydra_context=HydraContext(config_loader=None, callbacks=Callbacks(config)),
+    )
+
+
+def _resolve(task):
+    if not isinstance(task, tuple):
+        return task
+    module, qualname = task
+    found = importlib.import_module(module)
+    for part in qualname.split("."):
+        found = getattr(found, part)
+    # `@hydra.main` wraps the function; called with a configuration, the wrapper calls it on that alone.
+    return getattr(found, "__wrapped__", found)
+
+
+def _with_traceback(function):
+    def traced(cfg):
+        try:
+            return function(cfg)
+        except Exception as error:
+            error.add_note("its traceback on the node:\n" + traceback.format_exc().rstrip())
+            raise
+
+    return traced
+
+
+def _slurm_job_id() -> str:
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array is not None:
+        return f"{array}_{os.environ.get('SLURM_ARRAY_TASK_ID', '0')}"
+    return os.environ.get("SLURM_JOB_ID", "unknown")

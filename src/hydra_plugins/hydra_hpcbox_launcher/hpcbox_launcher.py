@@ -1,0 +1,184 @@
+"""`hydra/launcher=hpcbox`: a Hydra multirun as one array job on a Slurm site reached over the user's own
+SSH (or on the mini cluster), each point run by Hydra inside the project's environment SIF, from the
+laptop, as hydra-submitit-launcher runs one from a login node.
+
+    python train.py -m lr=0.1,0.01,0.001 hydra/launcher=hpcbox hydra.launcher.cluster=edi
+
+Each job's configuration is composed here, where the config files are, and goes with the job; Hydra
+runs the task function on it there (hpcbox/submitit/run_hydra_job.py). What a job writes in its output
+folder comes back into the sweep's folder here, as a local multirun would leave it, and each job's
+return is Hydra's `JobReturn`. The work is hpcbox.submitit's `Executor`: the environment built from
+docker/, shipped as a delta, node scratch and clean-up as in every hpcbox job.
+
+Hydra imports this module to discover its plugins at every start: it imports nothing of hpcbox until a
+multirun launches.
+"""
+
+import logging
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+log = logging.getLogger(__name__)
+
+# The site's keywords (hpcbox.Site's).
+_SITE = ("via", "host", "user", "port", "mini_cluster")
+# What a job leaves in its output folder for the launcher, not for the user.
+_CALL_FILES = ("result.pkl", "checkpoint.pkl")
+
+
+@dataclass
+class HpcboxLauncherConf:
+    """`hydra.launcher.*`: where the sweep runs, and each job's resources: submitit's generic names, the
+    commonest of hpcbox's own, and any other of hpcbox's options under ``resources``."""
+
+    _target_: str = "hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher.HpcboxLauncher"
+    cluster: str = "local"  # a cluster profile's name; `local`: the mini cluster
+    folder: str = "${hydra.sweep.dir}/.hpcbox"  # each job's pickled call, here
+    flavour: str | None = None  # the environment's (default: the one `hpcbox build` last made)
+    offline: bool = False  # build on the Debian base bootstrapped here (no registry)
+    via: str | None = None
+    host: str | None = None
+    user: str | None = None
+    port: int | None = None
+    mini_cluster: str | None = None
+    timeout_min: int | None = None
+    mem_gb: float | None = None
+    cpus_per_task: int | None = None
+    gpus_per_node: int | None = None
+    name: str = "${hydra.job.name}"
+    array_parallelism: int = 256
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)  # hpcbox's options: gpu_type, mem, ...
+
+
+ConfigStore.instance().store(
+    group="hydra/launcher", name="hpcbox", node=HpcboxLauncherConf, provider="hpcbox"
+)
+
+
+class HpcboxLauncher(Launcher):
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        from hydra.core.utils import JobRuntime, configure_log, setup_globals
+
+        from hpcbox.submitit.executor import RUN_HYDRA_JOB, NodeFunction
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        executor = self._executor()
+        task = _by_name(self.task_function)
+        task_name = JobRuntime.instance().get("name")
+        calls, subdirs = [], []
+        log.info(f"hpcbox: {len(job_overrides)} jobs as one array job on {executor.site.name}")
+        for number, overrides in enumerate(job_overrides, start=initial_job_idx):
+            log.info(f"\t#{number} : {' '.join(filter_overrides(overrides))}")
+            config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(config):
+                config.hydra.job.id = str(number)  # Slurm's, once the job runs
+                config.hydra.job.num = number
+            subdirs.append(str(OmegaConf.select(config, "hydra.sweep.subdir")))
+            calls.append((NodeFunction("run_hydra_job", "run"), (task, _portable(config), task_name), {}))
+        jobs = executor._submit_calls(calls, array=True, beside=(RUN_HYDRA_JOB,), script_by_name=True)
+        log.info(f"hpcbox: array job {jobs[0].job_id.split('_')[0]}; waiting for its {len(jobs)} jobs")
+        returns = []
+        for number, (job, overrides, subdir) in enumerate(
+            zip(jobs, job_overrides, subdirs, strict=True), start=initial_job_idx
+        ):
+            returned = _job_return(job, list(overrides))
+            here = _bring_home(job, sweep_dir / subdir)
+            if returned.hydra_cfg is not None and returned.hydra_cfg.hydra.job.chdir:
+                returned.working_dir = str(here)
+            log.info(f"\t#{number} : {_outcome(returned)} (job {job.job_id}), its outputs in {here}")
+            returns.append(returned)
+        return returns
+
+    def _executor(self):
+        from hpcbox.submitit.executor import Executor
+
+        params = {key: value for key, value in self.params.items() if value is not None}
+        site = {key: params.pop(key) for key in _SITE if key in params}
+        executor = Executor(
+            params.pop("folder"), params.pop("cluster"), flavour=params.pop("flavour", None),
+            offline=params.pop("offline", False), **site,
+        )  # fmt: skip
+        resources = params.pop("resources", {})
+        executor.update_parameters(**params, **_plain(resources))
+        return executor
+
+
+def _by_name(task_function: TaskFunction) -> Any:
+    """The task function as its module names it: `@hydra.main`'s wrapper of it, where that is the name
+    (so that it is pickled by name, not by value)."""
+    found: Any = sys.modules.get(task_function.__module__)
+    for part in task_function.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found if getattr(found, "__wrapped__", None) is task_function else task_function
+
+
+def _portable(config: DictConfig) -> DictConfig:
+    """The job's configuration, with the launcher's own node made plain: its structured type is this
+    plugin's, which the node's Python does not have."""
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.launcher = OmegaConf.create(OmegaConf.to_container(config.hydra.launcher, resolve=True))
+    return config
+
+
+def _plain(resources: Any) -> dict[str, Any]:
+    return (
+        dict(OmegaConf.to_container(resources, resolve=True))
+        if OmegaConf.is_config(resources)
+        else dict(resources)
+    )
+
+
+def _job_return(job, overrides: list[str]) -> JobReturn:
+    """The job's JobReturn, or a failed one holding the error where the job ended without a result
+    (time limit, memory, cancel, node failure): Hydra's sweeper raises it when it reads the return."""
+    from hpcbox.submitit.executor import UncompletedJobError
+
+    try:
+        return job.result()
+    except UncompletedJobError as error:
+        return JobReturn(overrides=overrides, status=JobStatus.FAILED, _return_value=error)
+
+
+def _outcome(returned: JobReturn) -> str:
+    """COMPLETED and what it returned (its start, for a long one), or FAILED and its error."""
+    said = repr(returned._return_value)
+    said = said if len(said) <= 60 else said[:57] + "..."
+    verb = "returned" if returned.status == JobStatus.COMPLETED else "raised"
+    return f"{returned.status.name}, {verb} {said}"
+
+
+def _bring_home(job, folder: Path) -> Path:
+    """The job's output folder, as fetched, copied into the sweep's folder here."""
+    fetched = job.paths.result_pickle.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if fetched.is_dir():
+        shutil.copytree(
+            fetched, folder, dirs_exist_ok=True, ignore=lambda _, names: set(_CALL_FILES) & set(names)
+        )
+    return folder

@@ -1,0 +1,150 @@
+"""hpcbox's Hydra launcher, short of a cluster: Hydra finds it, and a job it sends (a configuration
+composed on the laptop, the task function by name) runs in a fresh Python as on a node, through the
+same runner the jobs run, and comes back as Hydra's JobReturn. The launcher's multirun on the mini
+cluster: tests/integration/test_own_project.py."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcbox.submitit.executor import RUN_HYDRA_JOB, RUNNER
+
+TRAIN = '''\
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base=None, config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    if cfg.lr < 0:
+        raise ValueError(f"lr {cfg.lr} is negative")
+    (Path(HydraConfig.get().runtime.output_dir) / "trained.txt").write_text(f"{cfg.model}@{cfg.lr}")
+    return cfg.lr * 2
+
+
+def send(folder: Path, lrs: list[str]) -> None:
+    """What the launcher does with each point, up to the pickles the job takes."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.utils import JobRuntime
+    from hpcbox.project.config import load_project
+    from hpcbox.submitit.executor import NodeFunction, pickle_call
+    from hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher import _portable
+
+    JobRuntime.instance().set("name", "train")
+    with initialize_config_dir(config_dir=str(Path(__file__).with_name("conf")), version_base=None):
+        for index, lr in enumerate(lrs):
+            config = compose("config", [f"lr={lr}", "hydra/launcher=hpcbox"], return_hydra_config=True)
+            config.hydra.job.num = index
+            call = (NodeFunction("run_hydra_job", "run"), (main, _portable(config), "train"), {})
+            pickled, by_value = pickle_call(call, load_project(Path(__file__).parent), script_by_name=True)
+            assert not by_value
+            (folder / f"call-{index}.pkl").write_bytes(pickled)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "send":
+        send(Path(sys.argv[2]), sys.argv[3:])
+    else:
+        main()
+'''
+
+
+# The node's Python has Hydra and the project's code, and nothing of hpcbox: the runner runs with those
+# imports refused, so that nothing of the launcher travels in the pickles.
+AS_ON_A_NODE = """
+import runpy, sys
+
+class NotOnTheNode:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("hpcbox", "hydra_plugins"):
+            raise ModuleNotFoundError(f"no {name} on the node")
+
+sys.meta_path.insert(0, NotOnTheNode())
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_hydra_finds_the_launcher_and_its_config(tmp_path: Path):
+    app = tmp_path / "app"
+    (app / "conf").mkdir(parents=True)
+    (app / "conf" / "config.yaml").write_text("lr: 0.1\n")
+    (app / "show.py").write_text(
+        "import hydra\nfrom hydra.core.hydra_config import HydraConfig\n"
+        "@hydra.main(version_base=None, config_path='conf', config_name='config')\n"
+        "def main(cfg):\n    print(HydraConfig.get().launcher)\n"
+        "main()\n"
+    )
+    shown = subprocess.run(
+        [sys.executable, "show.py", "hydra/launcher=hpcbox", "hydra.launcher.cluster=edi"],
+        capture_output=True, text=True, cwd=app,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "'_target_': 'hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher.HpcboxLauncher'" in shown.stdout
+    assert "'cluster': 'edi'" in shown.stdout and "'array_parallelism': 256" in shown.stdout
+    misspelt = subprocess.run(
+        [sys.executable, "show.py", "hydra/launcher=hpcbox", "hydra.launcher.clustr=edi"],
+        capture_output=True, text=True, cwd=app,
+    )  # fmt: skip
+    assert misspelt.returncode == 1 and "Key 'clustr' not in 'HpcboxLauncherConf'" in misspelt.stderr
+
+
+def test_a_job_runs_by_name_in_a_fresh_python_and_returns_hydras_job_return(tmp_path: Path):
+    project = tmp_path / "project"
+    (project / "conf").mkdir(parents=True)
+    (project / "conf" / "config.yaml").write_text("lr: 0.1\nmodel: resnet\n")
+    (project / "train.py").write_text(TRAIN)
+    (project / "pyproject.toml").write_text('[project]\nname = "app"\n[tool.hpcbox]\ncode = ["train.py"]\n')
+    data = tmp_path / "data"
+    data.mkdir()
+    sent = subprocess.run(
+        [sys.executable, "train.py", "send", str(data), "0.5", "-1"],
+        capture_output=True, text=True, cwd=project,
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    for module in (RUNNER, RUN_HYDRA_JOB):
+        shutil.copyfile(module, data / module.name)
+    node = tmp_path / "node"
+    shutil.copytree(project, node / "code", ignore=shutil.ignore_patterns("conf", "*.toml"))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(node / "code"),
+        "SLURM_ARRAY_JOB_ID": "77",
+        "SLURM_ARRAY_TASK_ID": "",
+    }
+    returns = []
+    for index in (0, 1):
+        out = tmp_path / f"out-{index}"
+        out.mkdir()
+        env["SLURM_ARRAY_TASK_ID"] = str(index)
+        ran = subprocess.run(
+            [sys.executable, "-c", AS_ON_A_NODE, str(data / RUNNER.name), str(data), str(out), str(index)],
+            capture_output=True, text=True, cwd=node, env=env,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        outcome, returned = pickle.loads((out / "result.pkl").read_bytes())
+        assert outcome == "success"
+        returns.append((out, returned))
+    (out, completed), (failed_out, failed) = returns
+    assert completed.return_value == 1.0 and completed.status.name == "COMPLETED"
+    assert completed.overrides == ["lr=0.5"]
+    assert completed.hydra_cfg.hydra.job.id == "77_0" and completed.hydra_cfg.hydra.job.num == 0
+    assert (out / "trained.txt").read_text() == "resnet@0.5"
+    assert "lr: 0.5" in (out / ".hydra" / "config.yaml").read_text()
+    assert failed.status.name == "FAILED"
+    with pytest.raises(ValueError, match="lr -1 is negative") as raised:
+        failed.return_value  # noqa: B018 - Hydra's sweeper reads it so, and raises the job's error
+    (note,) = raised.value.__notes__
+    assert note.startswith("its traceback on the node:\n") and 'code/train.py", line 12, in main' in note
+    assert not (failed_out / "trained.txt").exists()
