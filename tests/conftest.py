@@ -31,7 +31,6 @@ LANES = {
     "cluster jobs": (
         "test_sbatch_cluster",
         "test_node_loss",
-        "test_minicluster",
         "test_doctor",
         "test_submit_faults",
         "test_ssh_master",
@@ -56,6 +55,7 @@ LANES = {
         "test_slurm_2205",
         "test_container_software",
         "test_rehearsal",
+        "test_minicluster",
         "test_reproducible",
         "test_sif",
         "test_trainer",
