@@ -14,14 +14,15 @@ __version__ = "0.1.0"
 # name → the module that defines it
 _PUBLIC = {
     "Site": "hpcbox.api",
+    "Project": "hpcbox.api",
     "Job": "hpcbox.api",
     "HpcboxError": "hpcbox.errors",
     "FieldError": "hpcbox.errors",
 }
-__all__ = ["FieldError", "HpcboxError", "Job", "Site", "__version__"]
+__all__ = ["FieldError", "HpcboxError", "Job", "Project", "Site", "__version__"]
 
 if TYPE_CHECKING:
-    from hpcbox.api import Job, Site
+    from hpcbox.api import Job, Project, Site
     from hpcbox.errors import FieldError, HpcboxError
 
 

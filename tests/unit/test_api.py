@@ -84,6 +84,9 @@ def test_a_shell_refuses_a_batch_only_option_by_name(bare_project: Path):
         (lambda root: hpcbox.Site("edi", via="cloud", project=root).target, "via: 'cloud' is not a place"),
         (lambda root: hpcbox.Job.find(project=root), "no job was submitted"),
         (lambda root: hpcbox.Site("edi", project=root).job("12"), "job 12 on cluster edi was not submitted"),
+        (lambda root: hpcbox.Project(root).sif(compression="brotli"), "compression: unknown compression"),
+        (lambda root: hpcbox.Project(root).sif(), "the image is not built"),
+        (lambda root: hpcbox.Project(root).build("rocm"), "unknown flavour 'rocm'"),
     ],
 )
 def test_bad_input_to_the_api_is_one_error_naming_it(bare_project: Path, make, said: str):
@@ -92,10 +95,27 @@ def test_bad_input_to_the_api_is_one_error_naming_it(bare_project: Path, make, s
     assert refused.value.message.startswith(said), refused.value.message
 
 
+def test_a_project_locks_its_requirements_and_says_what_changed_through_its_own_say(tmp_path: Path):
+    """`hpcbox.Project(root).lock(pip_only=True)`, as `hpcbox lock --pip-only` is: real uv against the
+    package index; its progress lines go where the caller says, not to stdout."""
+    (tmp_path / "requirements.txt").write_text("tabulate==0.9.0\n")
+    (tmp_path / "train.py").write_text("import tabulate\n")
+    subprocess.run([sys.executable, "-m", "hpcbox", "init"], cwd=tmp_path, check=True, capture_output=True)
+    said: list[str] = []
+    project = hpcbox.Project(tmp_path, say=said.append)
+    changed = project.lock(pip_only=True)
+    lock = tmp_path / "docker" / "lock"
+    assert sorted(changed) == [lock / "cpu-requirements.txt", lock / "cuda-requirements.txt"]
+    assert "tabulate==0.9.0" in (lock / "cpu-requirements.txt").read_text()
+    assert said[0] == "hpcbox: dependencies from requirements.txt (pip requirements)", said
+    assert project.lock(pip_only=True) == []  # nothing changed the second time
+
+
 def test_the_api_s_names_are_what_hpcbox_exports():
     import hpcbox.api
 
     assert hpcbox.Site is hpcbox.api.Site and hpcbox.Job is hpcbox.api.Job
-    assert {"Site", "Job", "HpcboxError", "FieldError"} <= set(dir(hpcbox))
+    assert hpcbox.Project is hpcbox.api.Project
+    assert {"Site", "Job", "Project", "HpcboxError", "FieldError"} <= set(dir(hpcbox))
     with pytest.raises(AttributeError):
         hpcbox.Nothing  # noqa: B018

@@ -1,4 +1,5 @@
-"""hpcbox as a library: a Slurm site resolved once (`Site`), and the jobs sent there (`Job`).
+"""hpcbox as a library: a Slurm site resolved once (`Site`), the jobs sent there (`Job`), and this project's
+environment (`Project`: its image, SIF and locks).
 
     import hpcbox
 
@@ -12,7 +13,10 @@ loads neither the Docker SDK nor invoke: a submit loads what it builds with when
 """
 
 from hpcbox.api.job import Job, describe
+from hpcbox.api.project import Project
 from hpcbox.api.site import Checkup, Pruning, Site, draft_profile, overview
 from hpcbox.jobs.draft import CONVENTIONS
 
-__all__ = ["CONVENTIONS", "Checkup", "Job", "Pruning", "Site", "describe", "draft_profile", "overview"]
+__all__ = [
+    "CONVENTIONS", "Checkup", "Job", "Project", "Pruning", "Site", "describe", "draft_profile", "overview",
+]  # fmt: skip

@@ -105,14 +105,11 @@ def _details_add_to(exc: HpcboxError) -> bool:
 @friendly
 def build(c, flavour=None, offline=False, base=None, no_cache=False, strict_lock=False):
     """Build the trainer image, tagged by content (no-op when nothing changed)."""
-    from hpcbox.build.image import build_image, record_image
-    from hpcbox.project.config import load_project
+    from hpcbox.api.project import Project
 
-    project = load_project()
-    image = build_image(
-        project, flavour=flavour, offline=offline, base=base, no_cache=no_cache, strict_lock=strict_lock
+    image = Project(say=print).build(
+        flavour, offline=offline, base=base, no_cache=no_cache, strict_lock=strict_lock
     )
-    record_image(project, image)
     print(image.ref)
 
 
@@ -127,20 +124,9 @@ def build(c, flavour=None, offline=False, base=None, no_cache=False, strict_lock
 @friendly
 def base(c, suite="trixie", mirror=None, force=False, strict_lock=False):
     """Bootstrap the Debian base image (for hosts with no registry), as docker/lock/base.toml pins it."""
-    from hpcbox.build import baseimage, offlock
-    from hpcbox.project.config import load_project
+    from hpcbox.api.project import Project
 
-    project = load_project()
-    lock = baseimage.project_lock(project.root, project.docker_dir)
-    made = baseimage.ensure_base(
-        suite,
-        lock=lock,
-        mirror=mirror,
-        force=force,
-        strict=offlock.strict_lock(strict_lock),
-        lock_name=baseimage.lock_file(project.docker_dir),
-    )
-    offlock.announce(made.moved, print)
+    made = Project(say=print).base(suite, mirror=mirror, force=force, strict_lock=strict_lock)
     print(f"{made.ref} {'bootstrapped' if made.created else 'is up to date'} ({made.id[:19]})")
 
 
@@ -156,35 +142,13 @@ def base(c, suite="trixie", mirror=None, force=False, strict_lock=False):
 @friendly
 def lock(c, base=None, mirror=None, pip_only=False, record=False):
     """Refresh the locks: Debian base, Debian versions, pip hashes, registry base digest, SIF helper."""
-    from hpcbox.project.config import load_project
+    from hpcbox.api.project import Project
 
+    project = Project(say=print)
     if record:
-        from hpcbox.render.profiles import load_profile
-        from hpcbox.sif.verify import record_digests
-
-        print(record_digests(load_project(), str(load_profile("local").apptainer.compression)))
+        print(project.record_digests())
         return
-    from hpcbox.build.lock import (
-        refresh_base_lock,
-        refresh_locks,
-        refresh_pip_locks,
-        refresh_registry_base,
-    )
-    from hpcbox.sif.helper import HELPER_DIR, refresh_helper_lock
-
-    project = load_project()
-    changed = []
-    if pip_only:
-        changed += refresh_pip_locks(project)
-    else:
-        if base is None:
-            base_lock, base = refresh_base_lock(project, mirror=mirror)
-            changed += [base_lock] if base_lock else []
-        changed += refresh_locks(project, base)
-        changed += [path for path in [refresh_registry_base(project)] if path]
-        # The SIF helper is hpcbox's own: its locks are refreshed in hpcbox's checkout, not in a project's.
-        if HELPER_DIR.is_relative_to(project.root):
-            changed += refresh_helper_lock()
+    changed = project.lock(base=base, mirror=mirror, pip_only=pip_only)
     print("locks changed: " + ", ".join(str(p) for p in changed) if changed else "locks are up to date")
 
 
@@ -273,36 +237,18 @@ def sif(
     strict_lock=False,
 ):
     """Convert the built image to an Apptainer SIF, cached by image content and compression."""
-    from types import SimpleNamespace
+    from hpcbox.api.project import Project
+    from hpcbox.sif.compression import parse_compression
 
-    from hpcbox.build.image import last_image
-    from hpcbox.project.config import load_project
-    from hpcbox.render.profiles import load_profile
-    from hpcbox.sif.compression import DEFAULT, parse_compression
-    from hpcbox.sif.convert import build_sif, write_definition
-
-    if compression is not None:
-        squashfs = parse_compression(compression, "--compression")
-    else:
-        squashfs = load_profile(cluster).apptainer.compression if cluster else DEFAULT
-
-    project = load_project()
-    if image is None:
-        source = last_image(project, flavour)
-        name = f"{project.name}-{source.flavour}"
-    else:
-        source, name = SimpleNamespace(ref=image), project.name
+    squashfs = parse_compression(compression, "--compression") if compression is not None else None
+    project = Project(say=print)
     if def_only:
-        print(write_definition(source, Path(def_dir) if def_dir else project.state_dir / "definitions", name))
+        print(project.definition(def_dir, flavour=flavour, image=image))
         return
-    made = build_sif(
-        source,
-        engine_choice=engine,
-        conversion=path,
-        compression=squashfs,
-        force=force,
-        strict_lock=strict_lock,
-    )
+    made = project.sif(
+        flavour=flavour, image=image, compression=squashfs, cluster=cluster, engine=engine, path=path,
+        force=force, strict_lock=strict_lock,
+    )  # fmt: skip
     print(made.path)
 
 
@@ -315,10 +261,9 @@ def sif(
 @friendly
 def verify(c, artifact, engine="auto"):
     """Rebuild an image or SIF from the commit it records, in a clean checkout: identical or not?"""
-    from hpcbox.project.config import load_project
-    from hpcbox.sif.verify import verify as rebuild_and_compare
+    from hpcbox.api.project import Project
 
-    verdict = rebuild_and_compare(artifact, load_project(), engine_choice=engine, say=say)
+    verdict = Project(say=say).verify(artifact, engine=engine)
     print("\n".join(verdict.lines()))
     if not verdict.identical:
         raise Exit(code=1)
