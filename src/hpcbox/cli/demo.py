@@ -3,17 +3,25 @@
 build → dataset → cluster up → submit (environment SIF, code, data shipped over SSH) → wait, showing
 the job's state as it changes → fetch → the trainer's final figures. Every stage is the one users
 call themselves, so a second `hpcbox demo` rebuilds and re-uploads nothing that did not change.
+
+The cluster comes up beside the build and the dataset (its node image is the other long build of a
+first run, and the two leave each other CPU while they fetch and unpack packages): its lines are held
+back until its stage, which then waits only for what is left of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hpcbox import minicluster
 from hpcbox.api import Job, Site, describe
+from hpcbox.build import baseimage
 from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
@@ -72,6 +80,44 @@ class Stages:
         return f"hpcbox: the demo took {time.monotonic() - self._began:.1f} s: {stages}"
 
 
+class Beside:
+    """``work(on_line)`` in a thread of its own: its lines kept until `result` is asked for, then said,
+    and said as they come from then on; `result` waits for it and returns what it returned, or raises
+    what it raised."""
+
+    def __init__(self, work: Callable[[Callable[[str], None]], Any], say: Callable[[str], None]) -> None:
+        self._say, self._held, self._live = say, [], False
+        self._lines = threading.Lock()
+        self._outcome: tuple[bool, Any] | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[Callable[[str], None]], Any]) -> None:
+        try:
+            self._outcome = (True, work(self._line))
+        except BaseException as error:  # raised again in the caller's thread, by `result`
+            self._outcome = (False, error)
+
+    def _line(self, line: str) -> None:
+        with self._lines:
+            if not self._live:
+                self._held.append(line)
+                return
+        self._say(line)
+
+    def result(self) -> Any:
+        with self._lines:
+            self._live, held = True, self._held
+        for line in held:
+            self._say(line)
+        self._thread.join()
+        assert self._outcome is not None
+        finished, value = self._outcome
+        if not finished:
+            raise value
+        return value
+
+
 def run_demo(
     *,
     epochs: int = 3,
@@ -83,15 +129,26 @@ def run_demo(
 ) -> Job:
     project = project or load_project()
     stages = Stages(say)
-    stages.start("build", "the trainer image (cpu flavour, offline)")
-    image = build_image(project, flavour=DEMO_FLAVOUR, offline=True, say=say, on_line=lambda _line: None)
-    record_image(project, image)
-    stages.start("data", "the digits dataset, one archive of shards")
-    data = make_dataset(project, image.ref, say)
-    stages.start("cluster", "the mini cluster (Slurm + Apptainer + sshd in containers)")
+    stages.start("build", "the trainer image (cpu flavour, offline); the mini cluster starts beside it")
+    # Debian once, first: the cluster's node image and the trainer image both stand on it.
+    baseimage.ensure_base(lock=baseimage.own_lock(), say=say)
     # The user's cluster, whichever project brought it up: replaced (ending its jobs) only with force.
     root = minicluster.shared_state(name, project.state_dir, say=say)
-    minicluster.up(minicluster.ClusterSpec(name=name, port=port), root, force=force, on_line=say)
+    spec = minicluster.ClusterSpec(name=name, port=port)
+    cluster = Beside(lambda on_line: minicluster.up(spec, root, force=force, on_line=on_line), say)
+    try:
+        image = build_image(project, flavour=DEMO_FLAVOUR, offline=True, say=say, on_line=lambda _line: None)
+        record_image(project, image)
+        stages.start("data", "the digits dataset, one archive of shards")
+        data = make_dataset(project, image.ref, say)
+    except BaseException:
+        # Not a half-started cluster left behind: it ends its start (and is the user's, up) or undoes it.
+        say("hpcbox: waiting for the mini cluster to finish starting")
+        with contextlib.suppress(Exception):  # what stopped the build is the error to say
+            cluster.result()
+        raise
+    stages.start("cluster", "the mini cluster (Slurm + Apptainer + sshd in containers), what is left of it")
+    cluster.result()
     stages.start("submit", "environment SIF, code snapshot and data to the cluster over SSH, then sbatch")
     # The project's own request for the local cluster ([tool.hpcbox.resources.local]) under the demo's.
     site = Site("local", mini_cluster=name, project=project, say=say, on_line=lambda _line: None)
