@@ -1042,6 +1042,36 @@ def test_a_copy_back_cut_short_leaves_the_earlier_results_whole(tmp_path: Path):
     # The new metrics never replaced the earlier file half-written: renames only follow a whole copy.
     assert (sandbox.run_dir / "metrics.jsonl").read_text() == '{"epoch": 0}\n'
     assert sorted(p.name for p in sandbox.run_dir.iterdir()) == ["metrics.jsonl"]
+    assert not Path(f"{sandbox.run_dir}.incoming").exists()  # no half copy left beside them
+
+
+# The first copy into the incoming folder meets a file that vanished under it (a checkpoint's temporary
+# file, removed as a cancelled trainer stops), as cp does: the rest copied, the status 1; later ones find
+# the folder settled.
+STUB_CP_VANISHING_ONCE = """#!/bin/bash
+destination=${!#}
+if [[ $destination == *.incoming/ && ! -e $STUB_CP_MET ]]; then
+    touch "$STUB_CP_MET"
+    /bin/cp -a "$@"
+    echo "cp: cannot stat 'out/checkpoints/.last.pt.x1y2.tmp': No such file or directory" >&2
+    exit 1
+fi
+exec /bin/cp "$@"
+"""
+
+
+def test_a_file_that_vanishes_under_the_copy_back_costs_a_second_copy_not_the_results(tmp_path: Path):
+    sandbox = make_sandbox(tmp_path)
+    stub = sandbox.root / "bin" / "cp"
+    stub.write_text(STUB_CP_VANISHING_ONCE)
+    stub.chmod(0o755)
+    sandbox.env["STUB_CP_MET"] = str(sandbox.root / "cp-met")
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="vanish")), "ok")
+    assert status == 0, output
+    assert "hpcbox: the results changed while being copied; copying them again" in output
+    assert "failed" not in output
+    assert (sandbox.run_dir / "metrics.jsonl").is_file(), output
+    assert not Path(f"{sandbox.run_dir}.incoming").exists()
 
 
 # --- the SIF on node scratch ---------------------------------------------------------------------

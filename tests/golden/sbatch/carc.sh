@@ -51,15 +51,28 @@ on_each_node() {
 
 # Copies the results to shared storage through a folder beside them, renaming each file into place
 # whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
-# the new one, never half of it.
+# the new one, never half of it. A file the program renames or removes while it is copied (a
+# checkpoint's temporary file, as a cancelled program stops) fails that copy; another, a moment
+# later, finds the folder settled.
 copy_back() {
-    local incoming="$run_dir.incoming"
-    rm -rf -- "$incoming"
-    mkdir -p "$run_dir" "$incoming"
-    cp -a "$job_scratch/out/." "$incoming/" &&
-        (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
-            find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
+    local incoming="$run_dir.incoming" attempt
+    mkdir -p "$run_dir"
+    for attempt in 1 2 3; do
         rm -rf -- "$incoming"
+        mkdir -p "$incoming"
+        if cp -a "$job_scratch/out/." "$incoming/"; then
+            (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
+                find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
+                rm -rf -- "$incoming"
+            return
+        fi
+        if (( attempt < 3 )); then
+            echo "hpcbox: the results changed while being copied; copying them again" >&2
+            sleep "$attempt"
+        fi
+    done
+    rm -rf -- "$incoming"
+    return 1
 }
 
 # Copies results and checkpoints to shared storage, then removes the job's node scratch.
