@@ -205,7 +205,7 @@ EXPERIMENT = """
 from pathlib import Path
 from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
-from hpcbox.submitit.executor import pickle_call
+from hpcbox.submitit.executor import pickle_call, script_module
 
 
 class Scaled:
@@ -220,7 +220,7 @@ def square(x, scaled):
 def main():
     try:
         project = load_project(Path(__file__).parents[1])
-        pickled, by_value = pickle_call((square, (7, Scaled(2)), {}), project, script_by_name=True)
+        pickled, by_value = pickle_call((square, (7, Scaled(2)), {}), project, script=script_module(project))
     except HpcboxError as error:
         print("refused:", error.message)
         return

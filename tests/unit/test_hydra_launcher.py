@@ -38,7 +38,7 @@ def send(folder: Path, lrs: list[str]) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.utils import JobRuntime
     from hpcbox.project.config import load_project
-    from hpcbox.submitit.executor import NodeFunction, pickle_call
+    from hpcbox.submitit.executor import NodeFunction, pickle_call, script_module
     from hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher import _portable
 
     JobRuntime.instance().set("name", "train")
@@ -47,7 +47,8 @@ def send(folder: Path, lrs: list[str]) -> None:
             config = compose("config", [f"lr={lr}", "hydra/launcher=hpcbox"], return_hydra_config=True)
             config.hydra.job.num = index
             call = (NodeFunction("run_hydra_job", "run"), (main, _portable(config), "train"), {})
-            pickled, by_value = pickle_call(call, load_project(Path(__file__).parent), script_by_name=True)
+            project = load_project(Path(__file__).parent)
+            pickled, by_value = pickle_call(call, project, script=script_module(project))
             assert not by_value
             (folder / f"call-{index}.pkl").write_bytes(pickled)
 

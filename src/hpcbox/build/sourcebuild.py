@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from hpcbox.errors import HpcboxError
 from hpcbox.project.depsource import DEBIAN_RENAMES, IMAGE_PYTHON
 from hpcbox.tools import proc
@@ -171,14 +173,14 @@ def build_failure(step_lines: Sequence[str], lock: Path) -> HpcboxError | None:
     """The error for an image build whose failing step (its output lines) is pip building one of the
     lock's source-only packages; None where the failure is another."""
     lock_text = lock.read_text() if lock.is_file() else ""
-    source_only = {_canonical(name): name for name in built_from_source(lock_text)}
+    source_only = {canonicalize_name(name): name for name in built_from_source(lock_text)}
     if not source_only:
         return None
     failed = _failed_package(step_lines, source_only)
     if failed is None:
         return None
-    versions = {_canonical(name): version for name, version in _PINNED.findall(lock_text)}
-    pinned = " ".join(filter(None, (failed, versions.get(_canonical(failed)))))
+    versions = {canonicalize_name(name): version for name, version in _PINNED.findall(lock_text)}
+    pinned = " ".join(filter(None, (failed, versions.get(canonicalize_name(failed)))))
     return HpcboxError(
         f"{pinned} has no wheel for {_IMAGE}, and its build from source in the image "
         f"failed: {_lacking(step_lines)}",
@@ -192,15 +194,15 @@ def build_failure(step_lines: Sequence[str], lock: Path) -> HpcboxError | None:
 def _failed_package(step_lines: Sequence[str], source_only: Mapping[str, str]) -> str | None:
     for line in step_lines:
         named = _FAILED_BUILD.search(line)
-        if named and _canonical(named.group(1)) in source_only:
-            return source_only[_canonical(named.group(1))]
+        if named and canonicalize_name(named.group(1)) in source_only:
+            return source_only[canonicalize_name(named.group(1))]
     # A build that fails before its wheel (its metadata, its build requirements) names the package only
     # where pip began collecting it.
     collecting = None
     for line in step_lines:
         started = _COLLECTING.search(line)
         if started:
-            collecting = _canonical(started.group(1))
+            collecting = canonicalize_name(started.group(1))
         elif _BUILD_ERROR.search(line):
             return source_only.get(collecting or "")
     return None
@@ -222,8 +224,8 @@ def _lacking(step_lines: Sequence[str]) -> str:
 
 
 def _debian_name(name: str) -> str:
-    debian = {_canonical(pypi): package for package, pypi in DEBIAN_RENAMES.items()}
-    return debian.get(_canonical(name), f"python3-{_canonical(name)}")
+    debian = {canonicalize_name(pypi): package for package, pypi in DEBIAN_RENAMES.items()}
+    return debian.get(canonicalize_name(name), f"python3-{canonicalize_name(name)}")
 
 
 def _fetch(package: SourceOnly, cafile: Path | None) -> bytes:
@@ -272,8 +274,4 @@ def _top_level_pyproject(name: str) -> bool:
 
 def _name(requirement: str) -> str:
     match = _NAME.match(requirement)
-    return _canonical(match.group(1)) if match else ""
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return canonicalize_name(match.group(1)) if match else ""

@@ -166,7 +166,8 @@ class Executor:
     ) -> list[Job]:
         """The calls as one job (an array of them with ``array``): pickled, checked, shipped, submitted;
         ``beside``: modules the calls import on the node, shipped beside the runner; ``script_by_name``:
-        see `pickle_call`. Bad input leaves nothing: no call folder, no job."""
+        the running script's names travel by name (`pickle_call`'s ``script``). Bad input leaves
+        nothing: no call folder, no job."""
         resources = dict(self.parameters)
         throttle = resources.pop(ARRAY_PARALLELISM, None)
         if resources.get("nodes", 1) != 1 or resources.get("ntasks_per_node", 1) != 1:
@@ -175,7 +176,8 @@ class Executor:
                 "hpcbox.submitit runs a call as one process on one node",
                 "leave out nodes and tasks_per_node (a function that starts its own processes may)",
             )
-        pickles = [pickle_call(call, self.site.project, script_by_name=script_by_name) for call in calls]
+        script = script_module(self.site.project) if script_by_name else None  # once for all the calls
+        pickles = [pickle_call(call, self.site.project, script=script) for call in calls]
         by_value = any(travels_by_value for _, travels_by_value in pickles)
         name = f"call-{uuid.uuid4().hex[:12]}"
         call_dir = self.folder / name
@@ -237,21 +239,21 @@ def environment_python(project) -> str | None:
 
 
 def pickle_call(
-    call: tuple[Callable[..., Any], tuple, dict], project, *, script_by_name: bool = False
+    call: tuple[Callable[..., Any], tuple, dict], project, *, script: str | None = None
 ) -> tuple[bytes, bool]:
     """The call pickled, and whether it travels by value (a function of `__main__`, a lambda, a local
     function: cloudpickle sends its code, which only the same Python minor version reads). By value
     across Python versions is refused here, in one line, before anything is built or sent.
 
-    With ``script_by_name``, the running script's functions and classes travel by name instead where
-    the script is part of the project's code and guards its own run (`script_module`): the node
-    imports the script as a module. For a script whose imports the environment has, as a Hydra
-    application's (a script that imports hpcbox would fail to import there)."""
+    With ``script`` (the running script's module name on the node, `script_module`'s), its functions
+    and classes travel by name instead: the node imports the script as a module. For a script whose
+    imports the environment has, as a Hydra application's (a script that imports hpcbox would fail to
+    import there)."""
     import cloudpickle
 
     fn = call[0]
     try:
-        plain = _pickle_by_reference(call, script_module(project) if script_by_name else None)
+        plain = _pickle_by_reference(call, script)
         by_value = _names_main(plain)
     except (pickle.PicklingError, AttributeError, TypeError):
         by_value = True

@@ -4,19 +4,17 @@ the node inside the project's container by run_call.py, beside which it travels.
 
 The job's configuration was composed on the laptop, where the config files are; here Hydra runs the
 task function on it as its own launchers do (`run_job`), with the job's output folder
-(`$HPCBOX_OUTPUT_DIR`, copied back) as the sweep's folder. The task function comes by name (its module
-and qualified name) where it is defined in the project's code, else pickled with the call. Where it
+(`$HPCBOX_OUTPUT_DIR`, copied back) as the sweep's folder. The task function comes with the call: by
+name where its script is part of the project's code, `@hydra.main`'s wrapper of it then. Where it
 raises, the exception goes home in the job's return, its traceback on the node attached as a note.
 """
 
-import importlib
 import os
 import traceback
 
 
 def run(task, config, task_name: str):
-    """Hydra's `run_job` of ``task`` (a function, or its (module, qualname)) on ``config``; its
-    JobReturn."""
+    """Hydra's `run_job` of the task function ``task`` on ``config``; its JobReturn."""
     from hydra._internal.callbacks import Callbacks
     from hydra.core.utils import JobRuntime, run_job, setup_globals
     from hydra.types import HydraContext
@@ -24,7 +22,8 @@ def run(task, config, task_name: str):
 
     setup_globals()
     JobRuntime.instance().set("name", task_name)
-    function = _resolve(task)
+    # By name, a script's task function is `@hydra.main`'s wrapper of it: the function it wraps is the task.
+    function = getattr(task, "__wrapped__", task)
     with read_write(config.hydra), open_dict(config.hydra):
         config.hydra.job.id = _slurm_job_id()
         config.hydra.sweep.dir = os.environ["HPCBOX_OUTPUT_DIR"]
@@ -37,17 +36,6 @@ def run(task, config, task_name: str):
         job_subdir_key="hydra.sweep.subdir",
         hydra_context=HydraContext(config_loader=None, callbacks=Callbacks(config)),
     )
-
-
-def _resolve(task):
-    if not isinstance(task, tuple):
-        return task
-    module, qualname = task
-    found = importlib.import_module(module)
-    for part in qualname.split("."):
-        found = getattr(found, part)
-    # `@hydra.main` wraps the function; called with a configuration, the wrapper calls it on that alone.
-    return getattr(found, "__wrapped__", found)
 
 
 def _with_traceback(function):
