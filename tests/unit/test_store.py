@@ -242,9 +242,9 @@ def test_the_store_is_the_users_alone_by_default_and_a_looser_one_is_tightened(t
     )
     assert mode(root / "images" / "index" / use.entry) == "600"
     assert mode(old_sif) == "600"
-    ship._upload_code(
-        Here(), code_snapshot(("pkg/a.py", 0o644), ("run.sh", 0o755)), f"{root}/trainer/code/c", access
-    )
+    snapshot = code_snapshot(("pkg/a.py", 0o644), ("run.sh", 0o755))
+    unpack = ship._code_script(f"{root}/trainer/code/c", access)
+    Here().run(unpack, what="unpack", input_bytes=snapshot.archive)
     code = root / "trainer" / "code" / "c"
     assert (mode(code), mode(code / "pkg"), mode(code / "pkg" / "a.py"), mode(code / "run.sh")) == (
         "700", "700", "600", "700",
@@ -263,9 +263,9 @@ def test_a_store_shared_with_a_group_is_the_groups_and_readable_by_it_only(tmp_p
     use = store.StoredUse("dataset", "d.tar", "trainer")
     Here().run(store.record_script(str(root), [use], access), what="record")
     assert mode(root / "data" / "index" / use.entry) == "640"
-    ship._upload_code(
-        Here(), code_snapshot(("a.py", 0o644), ("run.sh", 0o755)), f"{root}/trainer/code/c", access
-    )
+    snapshot = code_snapshot(("a.py", 0o644), ("run.sh", 0o755))
+    unpack = ship._code_script(f"{root}/trainer/code/c", access)
+    Here().run(unpack, what="unpack", input_bytes=snapshot.archive)
     code = root / "trainer" / "code" / "c"
     assert (mode(code), mode(code / "a.py"), mode(code / "run.sh")) == ("2750", "640", "750")
     code.chmod(0o755)  # an earlier, looser snapshot: tightened where a job uses it, execute bits kept

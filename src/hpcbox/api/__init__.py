@@ -15,8 +15,16 @@ loads neither the Docker SDK nor invoke: a submit loads what it builds with when
 from hpcbox.api.job import Job, describe
 from hpcbox.api.project import Project
 from hpcbox.api.site import Checkup, Pruning, Site, draft_profile, overview
-from hpcbox.jobs.draft import CONVENTIONS
 
 __all__ = [
     "CONVENTIONS", "Checkup", "Job", "Project", "Pruning", "Site", "describe", "draft_profile", "overview",
 ]  # fmt: skip
+
+
+def __getattr__(name: str) -> object:
+    # The site conventions come with the profile drafter and the doctor, which no other command loads.
+    if name == "CONVENTIONS":
+        from hpcbox.jobs.draft import CONVENTIONS
+
+        return CONVENTIONS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -452,7 +452,6 @@ def build_image(
     """Build the trainer image unless an image with the same content hash already exists (or, where
     Debian moved on, its off-lock stand-in); off-lock where Debian no longer serves a pin, which
     ``strict_lock`` (or HPCBOX_STRICT_LOCK) refuses instead."""
-    docker.require_engine()  # fail first, and clearly, when no engine answers
     strict = offlock.strict_lock(strict_lock)
     plan = plan_build(
         project, flavour=flavour, offline=offline, base=base, target=target, strict=strict, say=say

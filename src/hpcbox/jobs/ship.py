@@ -241,12 +241,13 @@ def ship(
             store.StoredUse("dataset", payload.dataset.remote_name, project, used_at=now),
         ),
     }
+    missing = [name for name in uploads if not probe.present[name]]
     if not dry_run:
         # No room for a file that must go up: said before anything is made there.
-        for name, upload in uploads.items():
-            if not probe.present[name]:
-                _check_room(upload, probe.free_bytes[name])
-        _make_folders(connection, layout, access)
+        for name in missing:
+            _check_room(uploads[name], probe.free_bytes[name])
+        if missing:
+            _make_folders(connection, layout, access)
     # What this project's last job here used: the first choice of basis.
     last_used = (
         store.used_by(previous.sif, previous.dataset_sha256, probe.store, layout.root) if previous else {}
@@ -267,20 +268,29 @@ def ship(
         say(f"hpcbox: the cluster has this code snapshot already ({payload.code.name})")
     elif dry_run:
         say(f"hpcbox: would upload the code snapshot ({payload.code.files} files) to {layout.code_dir}")
-    else:
-        total += _upload_code(connection, payload.code, layout.code_dir, access)
-        sent.append("code")
     if not dry_run:
-        # Every use, not only uploads: the index says which project still needs a file, and which
-        # of this project's files is the newest, the next delta's basis. The files the job uses get
-        # their access, those an earlier hpcbox left readable to others included.
-        record = store.record_script(layout.root, [upload.use for upload in uploads.values()], access)
-        settle = access.settle([layout.sif, layout.dataset])
-        settle += " && " + access.settle([layout.code_dir], recursive=True)
-        _run_settling(
+        # One round trip for the rest, the folders too where no upload made them first (a submit after
+        # a code-only change sends nothing else). Every use is recorded, not only uploads: the index
+        # says which project still needs a file, and which of this project's files is the newest, the
+        # next delta's basis. The files the job uses get their access, those an earlier hpcbox left
+        # readable to others included.
+        steps = [] if missing else [store.folders_script(layout.root, layout.project, access)]
+        code = None
+        if not probe.present["code"]:
+            steps.append(_code_script(layout.code_dir, access))
+            code = payload.code.archive
+            total += len(code)
+            sent.append("code")
+        steps.append(store.record_script(layout.root, [upload.use for upload in uploads.values()], access))
+        steps.append(access.settle([layout.sif, layout.dataset]))
+        steps.append(access.settle([layout.code_dir], recursive=True))
+        _in_store(
             connection,
-            f"{record} && {settle}",
-            what=f"record the files this job uses in the index on {connection.target.address}",
+            " && ".join(steps),
+            access,
+            what=f"{'send the code snapshot and ' if code else ''}record the files this job uses in the "
+            f"index on {connection.target.address}",
+            input_bytes=code,
         )
     return Remote(
         host=connection.target.address,
@@ -298,7 +308,21 @@ def _make_folders(connection: ssh.Connection, layout: _Layout, access: store.Acc
     """The store's folders and the project's, with their access (store.folders_script); a store group
     the login user is not in is one line naming the setting, before anything is sent."""
     script = store.folders_script(layout.root, layout.project, access)
-    done = _run_settling(connection, script, what=f"make hpcbox's folders in {layout.root}", refuse=(3,))
+    _in_store(connection, script, access, what=f"make hpcbox's folders in {layout.root}")
+
+
+def _in_store(
+    connection: ssh.Connection,
+    script: str,
+    access: store.Access,
+    *,
+    what: str,
+    input_bytes: bytes | None = None,
+) -> None:
+    """Run ``script``, which may begin with store.folders_script: a store group the login user is not in
+    is one line naming the setting (its exit 3, before anything is made), any other failure one line
+    with the cluster's own words."""
+    done = _run_settling(connection, script, what=what, refuse=(3,), input_bytes=input_bytes)
     if done.returncode == 3:
         groups = next(
             (line.split("\t", 1)[1] for line in done.stdout.splitlines() if line.startswith("notmember\t")),
@@ -314,11 +338,16 @@ def _make_folders(connection: ssh.Connection, layout: _Layout, access: store.Acc
 
 
 def _run_settling(
-    connection: ssh.Connection, script: str, *, what: str, refuse: tuple[int, ...] = ()
+    connection: ssh.Connection,
+    script: str,
+    *,
+    what: str,
+    refuse: tuple[int, ...] = (),
+    input_bytes: bytes | None = None,
 ) -> proc.Completed:
     """Run ``script``, which gives files their access (store.Access.settle: exit 4 where chgrp or
     chmod refuses); a failure is one line with the cluster's own words."""
-    done = connection.run(script, what=what, check=False)
+    done = connection.run(script, what=what, check=False, input_bytes=input_bytes)
     if done.returncode == 0 or done.returncode in refuse:
         return done
     said = (done.stderr or done.stdout).strip().splitlines()
@@ -493,18 +522,15 @@ def _settle(
     return done.returncode == 0
 
 
-def _upload_code(
-    connection: ssh.Connection, code: CodeSnapshot, code_dir: str, access: store.Access = store.PRIVATE
-) -> int:
+def _code_script(code_dir: str, access: store.Access) -> str:
+    """Shell that unpacks the code snapshot's archive (its stdin) into ``code_dir``: beside its final
+    place, then renamed whole; a concurrent submit of the same snapshot wins the rename and this one's
+    copy is dropped. tar applies the umask to the archive's modes: each file keeps its owner's bits,
+    execute included, and gets the store's group bits."""
     parent = code_dir.rsplit("/", 1)[0]
-    # Unpacked beside its final place and renamed whole; a concurrent submit of the same snapshot wins
-    # the rename and this one's copy is dropped. tar applies the umask to the archive's modes: each
-    # file keeps its owner's bits, execute included, and gets the store's group bits.
-    command = (
+    return (
         f"umask {access.umask} && mkdir -p {shlex.quote(parent)} && "
         f"incoming=$(mktemp -d {shlex.quote(parent)}/.incoming-XXXXXX) && "
         f'tar --no-same-permissions -xzf - -C "$incoming" && chmod {access.folder_mode} "$incoming" && '
         f'{{ mv -T "$incoming" {shlex.quote(code_dir)} 2>/dev/null || rm -rf "$incoming"; }}'
     )
-    connection.run(command, what="upload the code snapshot", input_bytes=code.archive)
-    return len(code.archive)

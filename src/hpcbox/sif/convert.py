@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from hpcbox.build import offlock
-from hpcbox.build.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH
+from hpcbox.build.image import LABEL_CONTENT, LABEL_SOURCE_DATE_EPOCH, Image
 from hpcbox.errors import HpcboxError
 from hpcbox.files import SHA256_MEMO, known_sha256, write_atomically
 from hpcbox.sif import rootfs
@@ -234,12 +234,15 @@ def build_sif(
         raise HpcboxError(
             f"--path: unknown conversion {conversion!r}", f"choose one of: {', '.join(CONVERSIONS)}"
         )
-    info = _require_image(image.ref)
+    # The build stage's Image was inspected a moment ago: its id finds a cached SIF without asking the
+    # engine again (a submit's every stage is a no-op when nothing changed).
+    info = None if isinstance(image, Image) else _require_image(image.ref)
+    image_id = image.id if info is None else info.id
     strict = offlock.strict_lock(strict_lock)
     cache = cache or cache_dir()
-    target = sif_path_for(info.id, compression, cache)
+    target = sif_path_for(image_id, compression, cache)
     if not force:
-        hit = cached(info.id, compression, cache)
+        hit = cached(image_id, compression, cache)
         if hit is not None:
             moved = offlock.parse(hit.off_lock)
             offlock.refuse_if(moved, strict, f"SIF ({target.name} is off-lock)")
@@ -248,6 +251,7 @@ def build_sif(
             return hit
         if target.exists():
             say(f"hpcbox: cached {target.name} no longer matches its recorded sha256; rebuilding it")
+    info = info or _require_image(image.ref)
     raw = docker.client().api.inspect_image(info.id)
     reproducible = _source_date_epoch(raw) is not None
     if conversion == "fast" and engine_choice == "host":

@@ -116,12 +116,6 @@ _NOT_PERMITTED = "permission denied while trying to connect to the Docker daemon
 _NO_IMAGE = re.compile(r"no such image", re.IGNORECASE)
 
 
-def require_engine() -> None:
-    """An HpcboxError naming the fix unless an engine answers (the CLI's, in some 20 ms)."""
-    server = [cli(), "version", "--format", "{{.Server.Version}}"]
-    _refuse_unreachable(proc.run(server, what="ask docker for its engine's version", check=False))
-
-
 def _refuse_unreachable(done: proc.Completed) -> None:
     if _NOT_PERMITTED in done.stderr or _NO_ENGINE in done.stderr:
         raise _unreachable(not_permitted=_NOT_PERMITTED in done.stderr)
