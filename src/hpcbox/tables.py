@@ -95,9 +95,10 @@ class Table:
     def optional_string(self, key: str) -> str | None:
         return self.get(key, str) or None
 
-    def name(self, key: str, *, hint: str = "") -> str:
-        """A name: letters, digits, '.', '_' or '-', starting with a letter or digit."""
-        value = self.string(key, hint=hint)
+    def name(self, key: str, *, default: str | None = None, hint: str = "") -> str:
+        """A name: letters, digits, '.', '_' or '-', starting with a letter or digit; required unless a
+        ``default`` is given."""
+        value = self.string(key, default=default, hint=hint)
         if not NAME.match(value):
             raise FieldError(self.key(key), f"{value!r}: use letters, digits, '.', '_' or '-'", hint)
         return value

@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +206,186 @@ def test_a_hydra_multirun_from_the_laptop_is_one_array_job_returning_each_points
         assert not (home / "result.pkl").exists()
 
 
+# The project's own tests, as its CI runs them: its job on a mini cluster of the test session
+# (hpcbox's pytest plugin, hpcbox_cluster), its result fetched.
+PROJECT_TEST = """\
+import json
+
+
+def test_the_job_completes_on_slurm_and_its_result_comes_back(hpcbox_cluster):
+    assert hpcbox_cluster.slurm in hpcbox_cluster.run("sinfo --version").stdout
+    job = hpcbox_cluster.submit(["--factor", "2"], data="data", offline=True, time="5")
+    assert job.wait(timeout_s=300).state == "COMPLETED", job.describe()
+    fetched = job.fetch()
+    assert json.loads((fetched / "result.json").read_text())["mean"] == 5.0
+    assert fetched.is_relative_to(hpcbox_cluster.folder)  # not over the project's own runs/local/
+"""
+# One that waits on a job held in the queue: the session is interrupted meanwhile.
+PROJECT_TEST_WAITING = """\
+def test_waits_on_a_held_job(hpcbox_cluster):
+    job = hpcbox_cluster.submit(["--factor", "2"], data="data", offline=True, time="5", extra=["--hold"])
+    print(f"waiting on job {job.job_id}", flush=True)
+    job.wait(timeout_s=600)
+"""
+CLUSTER_UP = re.compile(r"hpcbox: mini cluster (hpcbox-pytest-[0-9a-f]{8}) is up \(like local, Slurm ")
+
+
+class ProjectSession:
+    """`pytest` run in the project as its CI would, its output read as it comes (one line may be awaited)."""
+
+    def __init__(self, project: Path, env: dict[str, str], basetemp: Path, test_file: str) -> None:
+        self.basetemp = basetemp
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", f"--basetemp={basetemp}",
+             test_file],
+            cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        self._seen = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+
+    def await_line(self, pattern: str, timeout_s: float) -> re.Match:
+        with self._seen:
+            found = self._seen.wait_for(
+                lambda: self.process.poll() is not None or re.search(pattern, self.output), timeout_s
+            )
+            match = re.search(pattern, self.output)
+        assert found and match, f"no {pattern!r} in:\n{self.output}"
+        return match
+
+    def finish(self, timeout_s: float) -> int:
+        code = self.process.wait(timeout_s)
+        self._reader.join(10)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    @property
+    def cluster(self) -> str:
+        return CLUSTER_UP.search(self.output).group(1)
+
+
+def _left_of(cluster: str) -> list[str]:
+    """Every container, network and volume of ``cluster`` (by its label, or its name) still there."""
+    client = docker.client()
+    labelled = {"label": f"io.hpcbox.minicluster={cluster}"}
+    named = {"name": cluster}
+    found = [c.name for f in (labelled, named) for c in client.containers.list(all=True, filters=f)]
+    found += [n.name for f in (labelled, named) for n in client.networks.list(filters=f)]
+    found += [v.name for f in (labelled, named) for v in client.volumes.list(filters=f)]
+    return sorted(set(found))
+
+
+@pytest.mark.cluster
+def test_the_projects_own_pytest_rehearses_its_job_on_a_cluster_of_its_session_and_leaves_nothing(
+    own_project: OwnProject, tmp_path: Path
+):
+    """The project's tests ask for `hpcbox_cluster` (hpcbox's pytest plugin, found through its entry
+    point); two sessions at once, as two CI jobs on one machine: each brings up a mini cluster of its own,
+    the one submits, waits, fetches and passes, the other is interrupted (SIGINT) while it waits on its job;
+    neither leaves a container, network, volume or key behind, nor touches the project's own ledger."""
+    root = own_project.root
+    (root / "tests").mkdir(exist_ok=True)
+    (root / "tests" / "test_on_slurm.py").write_text(PROJECT_TEST)
+    (root / "tests" / "test_waiting.py").write_text(PROJECT_TEST_WAITING)
+    with (root / "pyproject.toml").open("a") as pyproject:
+        pyproject.write('\n[tool.pytest.ini_options]\nhpcbox_cluster = "local"\n')
+    ledger = sorted(path.name for path in (root / ".hpcbox" / "jobs").iterdir())
+    # As CI has it: no cluster named, no pytest of ours around it.
+    env = {
+        key: value
+        for key, value in {**os.environ, **own_project.env}.items()
+        if key not in ("HPCBOX_MINICLUSTER", "HPCBOX_MINICLUSTER_STATE") and not key.startswith("PYTEST_")
+    }
+    green = ProjectSession(root, env, tmp_path / "green", "tests/test_on_slurm.py")
+    waiting = ProjectSession(root, env, tmp_path / "waiting", "tests/test_waiting.py")
+    try:
+        waiting.await_line(r"waiting on job \d+", timeout_s=600)
+        waiting.process.send_signal(signal.SIGINT)
+        assert waiting.finish(120) == pytest.ExitCode.INTERRUPTED, waiting.output
+        assert green.finish(600) == 0, green.output
+    finally:
+        for session in (green, waiting):
+            if session.process.poll() is None:
+                session.process.kill()
+    assert "1 passed" in green.output, green.output
+    assert "KeyboardInterrupt" in waiting.output, waiting.output
+    assert green.cluster != waiting.cluster
+    for session in (green, waiting):
+        removed = f"hpcbox: removed mini cluster {session.cluster}: 5 containers"
+        assert removed in session.output, session.output
+        assert _left_of(session.cluster) == []
+        assert not [path for path in session.basetemp.rglob(session.cluster)], "its keys are left"
+    assert sorted(path.name for path in (root / ".hpcbox" / "jobs").iterdir()) == ledger
+
+
+@pytest.mark.cluster
+def test_init_ci_writes_a_script_that_passes_for_the_project_and_names_the_job_that_fails_when_broken(
+    own_project: OwnProject, tmp_path: Path
+):
+    """`hpcbox init --ci`, then its script run here as CI runs it (hpcbox installed into a fresh venv,
+    no mini cluster of ours named): the project's job passes on a cluster of the run's own; with a bug
+    in the training script the script fails, naming the job, how it ended and the traceback. Neither run
+    leaves a container, network or volume behind."""
+    root = own_project.root
+    initialised = hpcbox(root, "init", "--ci", env=own_project.env)
+    assert "added ci/hpcbox-ci.sh" in initialised.stdout, initialised.stdout
+    pyproject = root / "pyproject.toml"
+    pyproject.write_text(
+        pyproject.read_text().replace('args = []\ntime = "15"', 'args = ["--factor", "3"]\ntime = "5"')
+    )
+    env = {
+        key: value
+        for key, value in {**os.environ, **own_project.env}.items()
+        if key not in ("HPCBOX_MINICLUSTER", "HPCBOX_MINICLUSTER_STATE", "PYTHONPATH", "VIRTUAL_ENV")
+        and not key.startswith("PYTEST_")
+    }
+    env["HPCBOX_INSTALL"] = str(source_copy(tmp_path / "source"))
+
+    def run_ci() -> tuple[subprocess.CompletedProcess[str], str]:
+        done = subprocess.run(
+            ["ci/hpcbox-ci.sh"], cwd=root, env=env, capture_output=True, text=True, timeout=900, check=False
+        )
+        cluster = re.search(r"hpcbox: starting mini cluster (hpcbox-pytest-[0-9a-f]{8})", done.stderr)
+        assert cluster, done.stdout + done.stderr
+        assert _left_of(cluster[1]) == [], done.stderr
+        return done, cluster[1]
+
+    passed, first = run_ci()
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert re.search(
+        r"hpcbox ci: passed: job 1: COMPLETED.*; 1 output file\(s\) came back to ", passed.stdout
+    )
+    results = Path(passed.stdout.strip().split(" came back to ")[-1])
+    assert json.loads((results / "result.json").read_text())["mean"] == 16.5  # 1 to 10, times 3
+    train = root / "train.py"
+    train.write_text(
+        train.read_text().replace("def main():", "def main():\n    raise RuntimeError('a bug')", 1)
+    )
+    try:
+        failed, second = run_ci()
+    finally:
+        train.write_text(TRAIN)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    said = failed.stderr.splitlines()
+    verdict = next(line for line in said if line.startswith("error: "))
+    assert verdict.startswith("error: the CI rehearsal (like local) failed: job 1: FAILED"), failed.stderr
+    assert "RuntimeError: a bug" in failed.stderr[: failed.stderr.index(verdict)], (
+        failed.stderr
+    )  # its log's end
+    assert first != second
+
+
 # A notebook as researchers leave it: a shell escape, its computation, a plot.
 NOTEBOOK = {
     "nbformat": 4, "nbformat_minor": 5, "metadata": {},
@@ -264,16 +446,21 @@ def test_a_notebook_becomes_the_program_a_job_runs(
                 docker.remove_image(tag)
 
 
-def test_pip_install_into_a_fresh_venv_gives_a_working_hpcbox_command(tmp_path: Path):
-    source = tmp_path / "source"
+def source_copy(folder: Path) -> Path:
+    """hpcbox's source, as a clone has it, copied to ``folder``: what pip installs from."""
     anywhere = shutil.ignore_patterns(".git", ".venv", ".hpcbox", "*.egg-info", "__pycache__")
 
-    def left_out(folder: str, names: list[str]) -> set[str]:
+    def left_out(parent: str, names: list[str]) -> set[str]:
         # setuptools' build/ and the runs/ of the checkout, not the package's own build stage
-        at_root = {"build", "runs"} & set(names) if Path(folder) == REPO else set()
-        return set(anywhere(folder, names)) | at_root
+        at_root = {"build", "runs"} & set(names) if Path(parent) == REPO else set()
+        return set(anywhere(parent, names)) | at_root
 
-    shutil.copytree(REPO, source, ignore=left_out)
+    shutil.copytree(REPO, folder, ignore=left_out)
+    return folder
+
+
+def test_pip_install_into_a_fresh_venv_gives_a_working_hpcbox_command(tmp_path: Path):
+    source = source_copy(tmp_path / "source")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     # Nothing of this environment leaks in: not its packages, not a source tree on PYTHONPATH.

@@ -184,3 +184,50 @@ def test_a_package_with_a_main_module_is_run_with_python_m(tmp_path: Path):
         {"module": "fancy", "args": []},
         "environment.yml",
     )
+
+
+def test_init_ci_adds_a_workflow_the_script_it_runs_and_the_ci_table_and_never_overwrites(flat_project: Path):
+    assert hpcbox(flat_project, "init", "--args=--out {output_dir}").returncode == 0
+    done = hpcbox(flat_project, "init", "--ci")
+    assert done.returncode == 0, done.stderr
+    said = [line.removeprefix("hpcbox init: ") for line in done.stdout.splitlines()]
+    assert said[:3] == [
+        "added .github/workflows/hpcbox.yml",
+        "added ci/hpcbox-ci.sh",
+        "appended to pyproject.toml",
+    ]
+    script = flat_project / "ci" / "hpcbox-ci.sh"
+    assert os.access(script, os.X_OK)
+    assert "ci/hpcbox-ci.sh" in (flat_project / ".github" / "workflows" / "hpcbox.yml").read_text()
+    # The script is valid bash, and the workflow runs it rather than holding steps of its own.
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    assert load_project(flat_project).ci.cluster == "local"
+    assert load_project(flat_project).ci.time == "15"
+    # A second init --ci adds nothing, and a workflow the user changed stays as it is.
+    workflow = flat_project / ".github" / "workflows" / "hpcbox.yml"
+    workflow.write_text("# mine\n")
+    before = snapshot(flat_project)
+    again = hpcbox(flat_project, "init", "--ci")
+    assert again.returncode == 0 and "nothing to add" in again.stdout, again.stdout
+    assert snapshot(flat_project) == before
+
+
+@pytest.mark.parametrize(
+    ("table", "says"),
+    [
+        ('time = "soon"', "error: tool.hpcbox.ci.time: 'soon' is not a Slurm time"),
+        ("args = [1]", "error: tool.hpcbox.ci.args: [1] must be a list of non-empty strings"),
+        ('cluster = "no such/profile"', "error: tool.hpcbox.ci.cluster: 'no such/profile': use letters"),
+        ('clustr = "edi"', "error: tool.hpcbox.ci.clustr: is not a [tool.hpcbox.ci] setting (a typo? allowed: "
+         "args, cluster, slurm, time)"),
+    ],
+)  # fmt: skip
+def test_a_bad_ci_table_is_one_line_naming_its_field(flat_project: Path, table: str, says: str):
+    assert hpcbox(flat_project, "init").returncode == 0
+    with (flat_project / "pyproject.toml").open("a") as pyproject:
+        pyproject.write(f"\n[tool.hpcbox.ci]\n{table}\n")
+    before = snapshot(flat_project)
+    done = hpcbox(flat_project, "ci")
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[0].startswith(says), done.stderr
+    assert snapshot(flat_project) == before

@@ -11,7 +11,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpcbox"
 # Top first. A module may import its own stage, any stage below it, and tools/.
-LAYERS = ("cli", "submitit", "api", "jobs", "minicluster", "render", "sif", "build", "project", "base")
+LAYERS = (
+    "cli", "submitit", "testing", "api", "jobs", "minicluster", "render", "sif", "build", "project", "base",
+)  # fmt: skip
 # The shared helpers at the bottom; the faces at the top (the program, users' `hpcbox.tasks`).
 BASE = {"errors", "files", "tables", "units"}
 FACES = {"__init__", "__main__", "tasks"}

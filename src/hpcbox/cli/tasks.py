@@ -168,6 +168,7 @@ def lock(c, base=None, mirror=None, pip_only=False, record=False):
         "name": "the image's name (default: the project's)",
         "from_notebook": "a Jupyter notebook of the project whose code becomes the program: NB.py beside "
         "it (what a batch job cannot run kept out as comments)",
+        "ci": "also a GitHub Actions workflow and the script it runs: `hpcbox ci` on every push",
     },
 )
 @friendly
@@ -182,6 +183,7 @@ def init(
     dockerfile="docker/Dockerfile",
     name=None,
     from_notebook=None,
+    ci=False,
 ):
     """Set up hpcbox in this project: docker/, [tool.hpcbox] and tasks.py; never overwrites a file."""
     from hpcbox.project.init import apply, plan_init, program_from_flags
@@ -196,11 +198,26 @@ def init(
         dockerfile=dockerfile,
         name=name,
         from_notebook=from_notebook,
+        ci=ci,
     )
     for line in apply(root, plan) or ["nothing to add: hpcbox is set up here"]:
         print(f"hpcbox init: {line}")
     for note in plan.notes:
         print(f"hpcbox init: {note}")
+
+
+@task
+@friendly
+def ci(c):
+    """Rehearse this project's job as its CI does (`init --ci`): build, a mini cluster of the run's own
+    shaped like [tool.hpcbox.ci] cluster, submit, then fail unless it ends COMPLETED with outputs."""
+    from hpcbox.testing.ci import rehearse
+
+    passed = rehearse(Path.cwd(), say=say)
+    print(
+        f"hpcbox ci: passed: {passed.description}; {len(passed.outputs)} output file(s) came back to "
+        f"{passed.results}"
+    )
 
 
 # --- sif -----------------------------------------------------------------------------------------
@@ -628,7 +645,7 @@ def _cluster_tasks() -> Collection:
             "rehearsal of that site for `hpcbox submit --cluster NAME --via local` (default: local)",
             "force": "replace a cluster of other settings even while Slurm has unfinished jobs on it "
             "(they are lost)",
-            "slurm": "the Slurm version every node runs: 22.05 or 24.11 (default: the nearest to the "
+            "slurm": "the Slurm version every node runs: 22.05, 24.11 or 26.05 (default: the nearest to the "
             "version --like's profile names, else 24.11)",
             "runtime": "the container command on the compute nodes: apptainer (with its singularity alias) "
             "or singularity alone (default: the one --like's profile names)",

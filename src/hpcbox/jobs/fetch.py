@@ -14,7 +14,7 @@ from hpcbox.tools import slurm, ssh
 
 
 def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
-    return project.root / "runs" / record.where / record.job_id
+    return project.runs_dir / record.where / record.job_id
 
 
 class NoResults(HpcboxError):

@@ -70,7 +70,7 @@ class Ledger:
     """The project's submitted jobs: `<state>/jobs/<cluster>-<job id>.json`."""
 
     def __init__(self, project: ProjectConfig) -> None:
-        self.directory = project.state_dir / "jobs"
+        self.directory = project.jobs_dir
 
     def path(self, where: str, job_id: str) -> Path:
         return self.directory / f"{where}-{job_id}.json"

@@ -12,8 +12,21 @@ from hpcbox.files import project_root
 from hpcbox.project import depsource
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Steps, command_from_table
 from hpcbox.tables import Table, load_toml
+from hpcbox.units import parse_time
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class CiJob:
+    """`[tool.hpcbox.ci]`: the job `hpcbox ci` rehearses on every push, on a mini cluster shaped like
+    profile ``cluster`` running Slurm ``slurm`` (None: the nearest to the profile's): the program's
+    ``args`` (a small configuration: a CI machine has two cores), within time limit ``time``."""
+
+    args: tuple[str, ...] = ()
+    time: str = "15"
+    cluster: str = "local"
+    slurm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +45,12 @@ class ProjectConfig:
     # `hpcbox lock` compiles into the pip locks; empty: docker/requirements/*.in, as in this repository.
     dependencies: str = ""
     extras: tuple[str, ...] = ()  # pyproject optional-dependency groups locked with `dependencies`
+    ci: CiJob = CiJob()
+    # Where the job ledger and fetched results go instead of `.hpcbox/jobs` and `runs/` (None: there).
+    # A test session's own mini cluster (hpcbox.testing) counts its jobs from 1 again: its records and
+    # results go to the session's folder, not over those of the user's own `local` cluster.
+    ledger_dir: Path | None = None
+    results_dir: Path | None = None
 
     @property
     def repository(self) -> str:
@@ -42,6 +61,16 @@ class ProjectConfig:
         """Git-ignored local state: caches, the job ledger (the mini cluster's keys are the user's:
         minicluster/state.py)."""
         return self.root / ".hpcbox"
+
+    @property
+    def jobs_dir(self) -> Path:
+        """The job ledger's folder: one JSON file per submitted job."""
+        return self.ledger_dir or self.state_dir / "jobs"
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where `fetch` brings each job's results: `<runs>/<cluster>/<job id>/`."""
+        return self.results_dir or self.root / "runs"
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -82,6 +111,7 @@ def load_project(root: Path | None = None) -> ProjectConfig:
             data.get("project", {}).get("scripts", {}),
         )
     dependencies, extras = _dependencies(table, root)
+    ci = _ci_job(table.table("ci", required=False))
     # Read whatever the environment says: the setting is checked, and known, either way.
     image_repository = table.get("image_repository", str, default="")
     config = ProjectConfig(
@@ -95,10 +125,26 @@ def load_project(root: Path | None = None) -> ProjectConfig:
         run=command,
         dependencies=dependencies,
         extras=extras,
+        ci=ci,
     )
     # [tool.hpcbox.resources] is the job's: the resource options read it, per cluster.
     table.reject_extra({"resources"}, what="[tool.hpcbox] setting")
     return config
+
+
+def _ci_job(table: Table) -> CiJob:
+    """`[tool.hpcbox.ci]`, each key checked here (the profile and the Slurm version where the
+    rehearsal starts, as the cluster options are)."""
+    time = table.get("time", str, default=CiJob.time, hint='minutes or H:M:S, e.g. time = "10"')
+    parse_time(time, table.key("time"))
+    ci = CiJob(
+        args=tuple(table.str_list("args", default=[], hint='e.g. args = ["--epochs", "1"]')),
+        time=time,
+        cluster=table.name("cluster", default=CiJob.cluster, hint='a cluster profile, e.g. cluster = "edi"'),
+        slurm=table.optional_string("slurm"),
+    )
+    table.reject_extra(what="[tool.hpcbox.ci] setting")
+    return ci
 
 
 def _dependencies(table: Table, root: Path) -> tuple[str, tuple[str, ...]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
+from hpcbox.project import ci_files
 from hpcbox.project.depsource import detect
 from hpcbox.project.notebook_script import convert
 from hpcbox.tables import load_toml, toml_value
@@ -77,10 +78,12 @@ def plan_init(
     dockerfile: str = "docker/Dockerfile",
     name: str | None = None,
     from_notebook: str | None = None,
+    ci: bool = False,
 ) -> InitPlan:
     """What `init` would add to the project at ``root``; refuses (HpcboxError) before anything is written.
 
-    ``from_notebook``: a notebook in the project, whose script (beside it) becomes the program."""
+    ``from_notebook``: a notebook in the project, whose script (beside it) becomes the program; ``ci``:
+    a GitHub Actions workflow and the script it runs (`hpcbox ci`), and `[tool.hpcbox.ci]`."""
     pyproject = root / "pyproject.toml"
     data = load_toml(pyproject) if pyproject.is_file() else {}
     configured = "hpcbox" in data.get("tool", {})
@@ -122,6 +125,12 @@ def plan_init(
         )
         additions.append(Addition("pyproject.toml", table, append=pyproject.is_file()))
         notes.append("next: `hpcbox lock --pip-only` (your dependencies, hashed), then `hpcbox build`")
+    if ci:
+        additions += _ci_additions(root, data, appended_table=not configured)
+        notes.append(
+            f"CI: `{ci_files.SCRIPT}` runs what {ci_files.WORKFLOW} runs on every push; "
+            "[tool.hpcbox.ci] says what the job is given"
+        )
 
     tasks = root / "tasks.py"
     if not tasks.exists():
@@ -143,6 +152,18 @@ def plan_init(
             text = f"{prefix}# hpcbox's local state and fetched runs\n{text}"
         additions.append(Addition(".gitignore", text, append=gitignore.is_file()))
     return InitPlan(tuple(additions), tuple(notes))
+
+
+def _ci_additions(root: Path, pyproject: dict, *, appended_table: bool) -> list[Addition]:
+    """The CI files the project lacks, and `[tool.hpcbox.ci]` where its pyproject.toml has none
+    (``appended_table``: init appends `[tool.hpcbox]` to it first)."""
+    wanted = {ci_files.WORKFLOW: ci_files.workflow(), ci_files.SCRIPT: ci_files.script()}
+    additions = [Addition(path, text) for path, text in wanted.items() if not (root / path).exists()]
+    if "ci" not in pyproject.get("tool", {}).get("hpcbox", {}):
+        existing = "" if appended_table else (root / "pyproject.toml").read_text()
+        prefix = "\n" if appended_table or existing.endswith("\n") else "\n\n"
+        additions.append(Addition("pyproject.toml", ci_files.ci_table([], prefix), append=True))
+    return additions
 
 
 def apply(root: Path, plan: InitPlan) -> list[str]:
