@@ -20,19 +20,22 @@ LOCAL = (profiles.SHIPPED_DIR / "local.toml").read_text()
 
 
 def test_the_mini_cluster_runs_debians_slurm_versions_the_default_trixies():
-    assert versions.SUITES == {"22.05": "bookworm", "24.11": "trixie"}
+    assert versions.SUITES == {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
     assert versions.DEFAULT == "24.11"
     assert ClusterSpec().slurm == "24.11"
     assert ClusterSpec(slurm="22.05").slurm == "22.05"
+    assert ClusterSpec(slurm="26.05").slurm == "26.05"
+    # sid's 26.05 needs a newer hwloc than trixie's; the others need nothing from their suite but Slurm.
+    assert versions.SUITE_LIBRARIES == {"26.05": ("libhwloc15",)}
 
 
-@pytest.mark.parametrize("bad", ["23.02", "22.05.8", "24", "latest", ""])
+@pytest.mark.parametrize("bad", ["23.02", "22.05.8", "25.11", "26.05.5", "24", "latest", ""])
 def test_a_version_it_does_not_run_is_one_line_naming_the_ones_it_does(bad):
     with pytest.raises(FieldError) as caught:
         ClusterSpec(slurm=bad)
     assert caught.value.field == "slurm"
     assert caught.value.message == (
-        f"slurm: {bad!r} is not a Slurm version the mini cluster runs (allowed: 22.05, 24.11)"
+        f"slurm: {bad!r} is not a Slurm version the mini cluster runs (allowed: 22.05, 24.11, 26.05)"
     )
 
 
@@ -48,7 +51,11 @@ def test_a_version_it_does_not_run_is_one_line_naming_the_ones_it_does(bad):
         ("23.11", "24.11"),
         ("24.05", "24.11"),
         ("25.05", "24.11"),
-        ("26.05", "24.11"),
+        ("25.08", "24.11"),  # 9 months from either: the older
+        ("25.11", "26.05"),
+        ("26.05", "26.05"),
+        ("26.05.5", "26.05"),
+        ("26.11", "26.05"),
     ],
 )
 def test_a_site_gets_the_nearest_version_by_release_date(site, ours):
@@ -63,7 +70,13 @@ def test_the_version_a_rehearsal_runs_and_the_line_that_says_so():
     assert versions.note("m3", "24.11.5", "24.11") == ""  # the site's own release
     assert versions.note("m3", "23.02.7", "22.05") == (
         "hpcbox: m3 runs Slurm 23.02.7; its rehearsal runs Slurm 22.05, the nearest the mini cluster has "
-        "(22.05, 24.11)"
+        "(22.05, 24.11, 26.05)"
+    )
+    assert versions.for_site("25.11.3", None) == "26.05"
+    assert versions.note("m3", "26.05.5", "26.05") == ""
+    assert versions.note("m3", "25.11.3", "24.11") == (
+        "hpcbox: m3 runs Slurm 25.11.3; its rehearsal runs Slurm 24.11, as asked (the nearest the mini "
+        "cluster has is 26.05)"
     )
     assert versions.note("m3", "23.02", "24.11") == (
         "hpcbox: m3 runs Slurm 23.02; its rehearsal runs Slurm 24.11, as asked (the nearest the mini "
@@ -80,6 +93,9 @@ def test_each_version_has_its_own_node_image_tag(tmp_path):
     assert len(set(tags.values())) == len(versions.SUITES)
     assert node_image.build_args("22.05") == {"SLURM_VERSION": "22.05", "SLURM_SUITE": "bookworm"}
     assert node_image.build_args("24.11") == {"SLURM_VERSION": "24.11", "SLURM_SUITE": "trixie"}
+    assert node_image.build_args("26.05") == {
+        "SLURM_VERSION": "26.05", "SLURM_SUITE": "sid", "SLURM_SUITE_LIBRARIES": "libhwloc15",
+    }  # fmt: skip
     # The same inputs, the same tag: built once, then found.
     assert node_image.content_hash(tmp_path, "sha256:base", node_image.build_args("22.05")) == tags["22.05"]
 
@@ -90,6 +106,9 @@ def test_the_node_dockerfile_takes_the_version_and_checks_what_it_installed():
     # Slurm's packages pinned by version, the rest of the older suite below trixie's.
     assert "Pin: version %s.*" in dockerfile and "Pin-Priority: 100" in dockerfile
     assert 'slurmd -V | grep -q "^slurm-wlm $SLURM_VERSION\\."' in dockerfile
+    # A newer Slurm's libraries from its own suite, by name (sid's source is there already, for Apptainer).
+    assert "ARG SLURM_SUITE_LIBRARIES=" in dockerfile
+    assert 'echo "$library/$SLURM_SUITE"' in dockerfile
 
 
 # --- a profile's [slurm] version ------------------------------------------------------------------
@@ -142,7 +161,7 @@ def test_a_rehearsal_takes_the_nearest_version_and_says_so_in_one_line(tmp_path,
     assert slurm_like("site", say=said.append) == "22.05"
     assert said == [
         "hpcbox: site runs Slurm 23.02; its rehearsal runs Slurm 22.05, the nearest the mini cluster has "
-        "(22.05, 24.11)"
+        "(22.05, 24.11, 26.05)"
     ]
     said.clear()
     assert slurm_like("site", "24.11", say=said.append) == "24.11"
@@ -170,7 +189,7 @@ def test_cluster_up_with_a_version_it_does_not_run_is_one_line_and_starts_nothin
     )
     assert done.returncode == 1, done.stdout + done.stderr
     assert done.stderr.splitlines() == [
-        "error: slurm: '23.02' is not a Slurm version the mini cluster runs (allowed: 22.05, 24.11)"
+        "error: slurm: '23.02' is not a Slurm version the mini cluster runs (allowed: 22.05, 24.11, 26.05)"
     ]
     # No engine was asked (it could not have answered) and no state was made.
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
@@ -191,7 +210,7 @@ def test_a_job_rehearsed_via_local_says_which_slurm_runs_it(tmp_path, monkeypatc
     connect.say_rehearsal_slurm(site, None, via="local", say=said.append)  # type: ignore[arg-type]
     assert said == [
         "hpcbox: site runs Slurm 23.02; its rehearsal runs Slurm 22.05, the nearest the mini cluster has "
-        "(22.05, 24.11)"
+        "(22.05, 24.11, 26.05)"
     ]
     said.clear()
     connect.say_rehearsal_slurm(site, None, via=None, say=said.append)  # type: ignore[arg-type]

@@ -1,10 +1,12 @@
 """The Slurm versions a mini cluster runs, and which one rehearses a site that runs another.
 
 Every version comes from Debian's mirror, on the one trixie base (Apptainer, from sid, needs trixie's
-glibc): trixie's own Slurm, or an older suite's Slurm packages pinned by version over it. Debian
+glibc): trixie's own Slurm, or another suite's Slurm packages pinned by version over it. Debian
 keeps a suite's shared libraries at the same sonames or provides their old names (the t64 renames),
-so bookworm's Slurm 22.05 links against trixie's libraries, MariaDB client and munge included; a
-version whose packages need more than that would need a base of its own (docs/minicluster.md).
+so bookworm's Slurm 22.05 links against trixie's libraries, MariaDB client and munge included. sid's
+26.05 needs trixie's glibc (2.38 or newer) and one library newer than trixie's: it comes from sid
+with it (SUITE_LIBRARIES; a library trixie lacks altogether, llhttp, comes from sid unasked). A version
+whose packages need more than that would need a base of its own (docs/minicluster.md).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import re
 from hpcbox.errors import FieldError
 
 # Slurm release (major.minor, as sites name it) -> the Debian suite whose packages carry it.
-SUITES: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie"}
+SUITES: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
+# Release -> libraries its suite supplies too, where trixie has them at a version too old for its Slurm
+# (sid's slurmd 26.05 depends on libhwloc15 >= 2.15.0, trixie has 2.12).
+SUITE_LIBRARIES: dict[str, tuple[str, ...]] = {"26.05": ("libhwloc15",)}
 DEFAULT = "24.11"  # the node image's own suite's Slurm
 # A site's version as profiles and `sinfo --version` give it: 23.02, 23.02.7, 24.11.5.
 _VERSION = re.compile(r"^(\d{2})\.(\d{2})(?:\.\d+)?$")

@@ -54,7 +54,10 @@ wait_for() {
 accounting() {
     install -o slurm -g slurm -m 0600 "$init/slurmdbd.conf" /etc/slurm/slurmdbd.conf
     install -d -o mysql -g mysql /run/mysqld
-    mariadbd --user=mysql --bind-address=127.0.0.1 --skip-name-resolve &
+    # Snapshot isolation off, as Slurm's accounting docs ask: MariaDB 11.6+ (trixie's 11.8) turns it on,
+    # and then a write that meets a concurrent one is an error slurmdbd treats as fatal (slurmdbd 26.05
+    # checks it at start and says so; the older ones meet it only when it happens).
+    mariadbd --user=mysql --bind-address=127.0.0.1 --skip-name-resolve --innodb-snapshot-isolation=OFF &
     wait_for 60 mariadb-admin ping
     local password
     password=$(sed -n 's/^StoragePass=//p' /etc/slurm/slurmdbd.conf)

@@ -1,0 +1,171 @@
+"""A mini cluster running Slurm 26.05 (`hpcbox cluster.up --slurm 26.05`), Debian sid's, the release sites
+are moving to: it comes up idle with its own node image, the example trainer goes through it to
+COMPLETED and is read with `logs`, `status` and `report`, and a job meeting its time limit is requeued by
+its own script and resumes from its checkpoint, as on 24.11 and 22.05.
+
+Lean on purpose (the suite's budget): one cluster, brought up through the command line; the time-limited
+job is submitted first and waits out its limit while the short one runs beside it. As in
+test_slurm_2205.py, the tests get this cluster in place of the session's (this module's `minicluster`)
+and submit from a copy of the session's project with a ledger of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.cluster import free_port
+from tests.fixtures.submitting import Setup, with_own_ledger
+from tests.integration.test_container_software import hpcbox
+from tests.integration.test_submit import SHORT, invoke
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+TIMINGS: dict[str, float] = {}  # printed at the end of the module (pytest -s): what 26.05 adds to a run
+SAID: dict[str, str] = {}  # what `cluster.up` printed
+# Trains far past its two minutes: the limit's signal (60 s before it) stops it, at any machine's speed.
+LIMITED = ("--epochs", "1000", "--workers", "0")
+
+
+@pytest.fixture(scope="module")
+def minicluster(run_id: str, docker_engine, minicluster_state: Path, tmp_path_factory) -> Iterator[object]:
+    """This module's cluster: Slurm 26.05, 2 nodes, brought up by `hpcbox cluster.up --slurm 26.05` (its
+    node image built first if missing) and removed at the end of the module."""
+    from hpcbox import minicluster as mc
+
+    name = f"{run_id}-s2605"
+    env = {"HPCBOX_MINICLUSTER_STATE": str(minicluster_state)}
+    started = time.monotonic()
+    try:
+        up = hpcbox(
+            "cluster.up", "--slurm=26.05", f"--name={name}", f"--port={free_port()}",
+            env=env, cwd=tmp_path_factory.mktemp("s2605-up"),
+        )  # fmt: skip
+        TIMINGS["cluster.up --slurm 26.05 (image build if missing + start)"] = time.monotonic() - started
+        assert up.returncode == 0, up.stdout + up.stderr
+        cluster = mc.find(name, minicluster_state)
+        assert cluster is not None and cluster.spec.slurm == "26.05"
+        SAID["up"] = up.stdout
+        yield cluster
+    finally:
+        mc.down(name, minicluster_state)
+        print("\n" + "\n".join(f"{what}: {seconds:.1f} s" for what, seconds in TIMINGS.items()))
+
+
+@pytest.fixture(scope="module")
+def own_setup(setup: Setup, tmp_path_factory) -> Setup:
+    return with_own_ledger(setup, tmp_path_factory, "s2605-project")
+
+
+@pytest.fixture(scope="module")
+def limited_job(own_setup: Setup, minicluster) -> str:
+    """A trainer with two minutes for far more than two minutes' work, submitted before the short job so
+    that its limit runs out while the other is followed: its job id."""
+    TIMINGS["started"] = time.monotonic()
+    done = invoke(
+        own_setup, "submit", "--cluster=local", f"--data={own_setup.data}", "--flavour=cpu", "--offline",
+        "--time=2", "--", *LIMITED,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), done.stdout
+    return job_id
+
+
+def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicluster):
+    version = minicluster.ssh(["sinfo", "--version"], check=True).stdout.strip()
+    assert re.fullmatch(r"slurm(-wlm)? 26\.05\.\d+", version), version
+    for host, daemon in (("controller", "slurmctld"), ("node1", "slurmd"), ("accounting", "slurmdbd")):
+        said = minicluster.exec(host, [daemon, "-V"]).stdout.strip()
+        assert said.startswith("slurm-wlm 26.05."), (host, said)
+    out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
+    assert sorted(tuple(line.split()) for line in out.splitlines()) == [
+        ("node1", "cpu*", "idle", "gpu:2"), ("node1", "gpu", "idle", "gpu:2"),
+        ("node2", "cpu*", "idle", "gpu:2"), ("node2", "gpu", "idle", "gpu:2"),
+    ]  # fmt: skip
+    # Every setting hpcbox writes is one 26.05 takes (an unknown key stops slurmctld, an unknown value is
+    # an error line); its one complaint is cgroup/v1's deprecation, the nodes' only cgroups here. The
+    # accounting database runs with snapshot isolation off, as slurmdbd 26.05 checks at its start.
+    for host in ("controller", "node1", "accounting"):
+        logs = minicluster.node_container(host).logs().decode(errors="replace")
+        bad = (
+            r"(?i)invalid (JobAcctGather|TaskPlugin|SlurmdParameters|AccountingStorageTRES)|unrecognized|"
+            r"Parse error|fatal|innodb_snapshot_isolation"
+        )
+        assert not re.search(bad, logs), logs
+    assert minicluster.shape.cgroups and "enforced: CPUs, memory and GPU devices by cgroups" in SAID["up"]
+    assert "researcher|" in minicluster.ssh(["sacctmgr", "-n", "-P", "show", "user", "researcher"]).stdout
+    assert re.search(r"(?m)^Slurm 26\.05\.\d+ on every node \(`sinfo --version`\)$", SAID["up"]), SAID["up"]
+
+
+def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
+    own_setup: Setup, minicluster, limited_job: str
+):
+    setup = own_setup
+    started = time.monotonic()
+    done = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
+        "--", *SHORT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().splitlines()[-1]
+    assert job_id.isdigit(), done.stdout
+    followed = invoke(setup, "logs", "--follow", "-j", job_id)
+    TIMINGS["submit + the short job to its end (beside the limited one)"] = time.monotonic() - started
+    assert followed.returncode == 0, followed.stderr
+    assert '"event": "done"' in followed.stdout and "the trainer exited with status 0" in followed.stdout
+
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED") and "exit code 0:0" in status.stdout
+
+    # sacct 26.05 knows every field the report asks for (Restarts too): one question, as on 24.11.
+    reported = invoke(setup, "report", "-j", job_id)
+    assert reported.returncode == 0, reported.stderr
+    lines = reported.stdout.splitlines()
+    assert lines[0].startswith(f"job {job_id} (") and lines[0].endswith("): COMPLETED, exit code 0:0"), lines
+    figures = {line.split()[0]: line for line in lines[1:] if line.startswith("  ")}
+    assert {"CPU", "memory", "time", "GPUs", "throughput"} <= set(figures), reported.stdout
+    assert "unknown" not in figures["time"] and "requeued" not in figures["time"], figures["time"]
+    assert re.search(r"peak [\d.]+[KMG] of 640M asked", figures["memory"]), figures["memory"]
+    assert "finished all 1 epochs" in figures["throughput"], figures["throughput"]
+
+    shown = hpcbox("cluster.status", f"--name={minicluster.name}", env=setup.env, cwd=setup.project_dir)
+    assert shown.returncode == 0, shown.stderr
+    assert re.match(r"Slurm 26\.05\.\d+ on every node \(`sinfo --version`\)\n", shown.stdout), shown.stdout
+
+
+def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(
+    own_setup: Setup, minicluster, limited_job: str
+):
+    """Slurm 26.05's --signal=B:USR1 before the limit reaches the job script: the trainer checkpoints, the
+    script requeues the job, and the next run resumes from the checkpoint; then `cancel` stops it, and
+    status, logs and report say what happened (sacct's Restarts: 1)."""
+    setup, job_id = own_setup, limited_job
+    deadline = time.monotonic() + 300
+    log = ""
+    while '"resumed": {' not in log:
+        assert time.monotonic() < deadline, log
+        time.sleep(5)
+        log = invoke(setup, "logs", "-j", job_id).stdout
+    TIMINGS["the limited job from its submit to its resume"] = time.monotonic() - TIMINGS.pop("started")
+    assert f"requeueing job {job_id}" in log, log
+    running = invoke(setup, "status", "-j", job_id)
+    assert running.stdout.startswith(f"job {job_id}: RUNNING"), running.stdout + running.stderr
+
+    cancelled = invoke(setup, "cancel", "-j", job_id)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    status = invoke(setup, "status", "-j", job_id)
+    assert status.stdout.startswith(f"job {job_id}: CANCELLED"), status.stdout + status.stderr
+    restarts = minicluster.ssh(["sacct", "-X", "-n", "-P", f"--jobs={job_id}", "--format=Restarts"]).stdout
+    assert restarts.split() == ["1"], restarts
+
+    reported = invoke(setup, "report", "-j", job_id)
+    assert reported.returncode == 0, reported.stderr
+    figures = {line.split()[0]: line for line in reported.stdout.splitlines() if line.startswith("  ")}
+    assert "resumed 1 time" in figures["throughput"], reported.stdout
+    assert "stopped (CANCELLED" in figures["time"], figures["time"]
