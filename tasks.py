@@ -72,7 +72,7 @@ def test(c, k=None, unit=False, lint_first=True, reverse=False):
     # names the moved pins and passes here, so that this command passes on any day; CI's weekly run
     # (.github/workflows/drift.yml) leaves it unset and fails.
     os.environ.setdefault("HPCBOX_ALLOW_DRIFT", "1")
-    args = [sys.executable, "-m", "pytest", "--numprocesses=2" if unit else "--numprocesses=3"]
+    args = [sys.executable, "-m", "pytest", "--numprocesses=2" if unit else "--numprocesses=4"]
     args.append("tests/unit" if unit else "tests")
     if k:
         args += ["-k", k]

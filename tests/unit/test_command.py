@@ -175,7 +175,7 @@ def test_the_steps_pattern_finds_the_processes_of_every_step_and_no_other():
 @pytest.mark.parametrize(
     ("setting", "field", "says"),
     [
-        ('projct = "mine"\n', "tool.hpcbox.projct", "is not a [tool.hpcbox] setting (a typo? allowed: ci, code,"),
+        ('projct = "mine"\n', "tool.hpcbox.projct", "is not a [tool.hpcbox] setting (a typo? allowed: ci,"),
         ('dockerfile = 3\n', "tool.hpcbox.dockerfile", "3 must be a string"),
         ('data = ["a", "b"]\n', "tool.hpcbox.data", "must be a string"),
         ('extras = "train"\n', "tool.hpcbox.extras", "must be a list of non-empty strings"),

@@ -218,8 +218,8 @@ def test_init_ci_adds_a_workflow_the_script_it_runs_and_the_ci_table_and_never_o
         ('time = "soon"', "error: tool.hpcbox.ci.time: 'soon' is not a Slurm time"),
         ("args = [1]", "error: tool.hpcbox.ci.args: [1] must be a list of non-empty strings"),
         ('cluster = "no such/profile"', "error: tool.hpcbox.ci.cluster: 'no such/profile': use letters"),
-        ('clustr = "edi"', "error: tool.hpcbox.ci.clustr: is not a [tool.hpcbox.ci] setting (a typo? allowed: "
-         "args, cluster, slurm, time)"),
+        ('clustr = "edi"', "error: tool.hpcbox.ci.clustr: is not a [tool.hpcbox.ci] setting (a typo? "
+         "allowed: args, cluster, slurm, time)"),
     ],
 )  # fmt: skip
 def test_a_bad_ci_table_is_one_line_naming_its_field(flat_project: Path, table: str, says: str):
