@@ -1,7 +1,8 @@
 """A mini cluster running Slurm 26.05 (`hpcbox cluster.up --slurm 26.05`), Debian sid's, the release sites
 are moving to: it comes up idle with its own node image, the example trainer goes through it to
 COMPLETED and is read with `logs`, `status` and `report`, and a job meeting its time limit is requeued by
-its own script and resumes from its checkpoint, as on 24.11 and 22.05.
+its own script and resumes from its checkpoint, as on 24.11 and 22.05; and the trainer completes with
+each container runtime a site may have (Singularity alone, Apptainer with or without FUSE).
 
 Lean on purpose (the suite's budget): one cluster, brought up through the command line; the time-limited
 job is submitted first and waits out its limit while the short one runs beside it. As in
@@ -20,7 +21,7 @@ import pytest
 
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup, with_own_ledger
-from tests.integration.test_container_software import hpcbox
+from tests.integration.test_container_software import hpcbox, runs_on_each_software, switch
 from tests.integration.test_submit import SHORT, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -100,6 +101,15 @@ def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicl
     assert minicluster.shape.cgroups and "enforced: CPUs, memory and GPU devices by cgroups" in SAID["up"]
     assert "researcher|" in minicluster.ssh(["sacctmgr", "-n", "-P", "show", "user", "researcher"]).stdout
     assert re.search(r"(?m)^Slurm 26\.05\.\d+ on every node \(`sinfo --version`\)$", SAID["up"]), SAID["up"]
+
+
+def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
+    own_setup: Setup, minicluster
+):
+    """Before the other jobs: the nodes' software is changed in place, which a running job's later
+    steps would meet; then back to what the profile names (Apptainer, FUSE) for the tests after it."""
+    runs_on_each_software(own_setup, minicluster)
+    switch(own_setup, minicluster, "apptainer", "yes")
 
 
 def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
