@@ -252,7 +252,11 @@ def test_engine_not_permitted_is_one_line_error(docker_engine):
     home = Path(tempfile.mkdtemp(prefix="hpcbox-nobody-"))
     try:
         home.chmod(0o755)
-        (home / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "nobody"\n')
+        # a project the build accepts, so that the engine is the first thing it is refused
+        shutil.copytree(REPO / "docker", home / "docker")
+        (home / "pyproject.toml").write_text('[tool.hpcbox]\nproject = "nobody"\ncode = []\n')
+        for path in [home, *home.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
         done = invoke(
             "build",
             "--offline",
