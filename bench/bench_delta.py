@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from benchkit import copy_project, free_port
+from benchkit import build_cache_dropped, copy_project, free_port
 from hpcbox import jobs, minicluster
 from hpcbox.build.image import ENVIRONMENT, build_image
 from hpcbox.build.lock import refresh_pip_locks
@@ -78,15 +78,17 @@ VARIANTS: dict[str, tuple[tuple[str, Callable[[Path], None]], ...]] = {
 
 
 def _environment_sif(root: Path, flavour: str, cache: Path, compression) -> Sif:
-    """The project's environment SIF, its image removed again once converted (a cuda one is 7.5 GB)."""
+    """The project's environment SIF, its image and the build cache it left removed again once converted
+    (a cuda one is 7.5 GB, and as much again of build cache)."""
     project = load_project(root)
-    image = build_image(
-        project, flavour=flavour, offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet
-    )
-    try:
-        return build_sif(image, compression=compression, cache=cache, say=_quiet, on_line=_quiet)
-    finally:
-        docker.remove_image(image.ref)
+    with build_cache_dropped():
+        image = build_image(
+            project, flavour=flavour, offline=True, target=ENVIRONMENT, say=_quiet, on_line=_quiet
+        )
+        try:
+            return build_sif(image, compression=compression, cache=cache, say=_quiet, on_line=_quiet)
+        finally:
+            docker.remove_image(image.ref)
 
 
 def _limited(work: Path) -> Path:
@@ -108,7 +110,8 @@ class _Submitter:
         self.resources = resolve(self.profile, ResourceRequest(job_name="bench-delta", time="10"))
         self.dataset = ship.Dataset(data, file_sha256(data))
 
-    def submit(self, sif: Sif, flavour: str, root: str) -> tuple[float, jobs.JobRecord]:
+    def submit(self, sif: Sif, flavour: str, root: str) -> tuple[float, jobs.JobRecord, float]:
+        """Seconds to the job id, the job, and the machine's 1-min load as it started."""
         payload = ship.Payload(
             sif.path,
             sif.sha256,
@@ -118,6 +121,7 @@ class _Submitter:
             flavour,
             sif.compression,
         )
+        load = os.getloadavg()[0]
         started = time.perf_counter()
         record = jobs.submit(
             self.project,
@@ -134,7 +138,7 @@ class _Submitter:
         assert record is not None
         with ssh.Connection(self.target) as connection:
             connection.run(["scancel", record.job_id], what="cancel the bench's job")
-        return elapsed, record
+        return elapsed, record, load
 
 
 def _matched_rows(base: Sif, variant: Sif, work: Path, flavour: str) -> list[dict]:
@@ -195,7 +199,7 @@ def _measure(flavour: str, work: Path, cluster, data: Path, cache: Path) -> list
             if limit:
                 os.environ["PATH"] = f"{_limited(work)}{os.pathsep}{path}"
             for number, (label, sif) in enumerate(variants):
-                delta_s, delta = submitter.submit(sif, flavour, delta_root)
+                delta_s, delta, load = submitter.submit(sif, flavour, delta_root)
                 with ssh.Connection(cluster.ssh_target()) as connection:
                     _forget(connection, delta_root, sif)
                 # The whole file, where the cluster has no basis; at the limit once (it is the same
@@ -205,14 +209,15 @@ def _measure(flavour: str, work: Path, cluster, data: Path, cache: Path) -> list
                     full_root = f"bench-full-{uuid.uuid4().hex[:8]}"
                     full = submitter.submit(sif, flavour, full_root)
                     cluster.ssh(["rm", "-rf", full_root], check=True)
-                rows += _rows(flavour, label, link, sif, delta_s, delta, full, limited=bool(limit))
+                rows += _rows(flavour, label, link, sif, (delta_s, delta, load), full, limited=bool(limit))
     finally:
         os.environ["PATH"] = path
         cluster.ssh(["rm", "-rf", delta_root])
     return rows
 
 
-def _rows(flavour, label, link, sif, delta_s, delta, full, *, limited: bool) -> list[dict]:
+def _rows(flavour, label, link, sif, sent, full, *, limited: bool) -> list[dict]:
+    delta_s, delta, load = sent
     share = delta.bytes_sent / sif.size
     what = f"{flavour}, {label}"
     rows = []
@@ -224,12 +229,15 @@ def _rows(flavour, label, link, sif, delta_s, delta, full, *, limited: bool) -> 
                  "code snapshot)"),
         )  # fmt: skip
     target = f"<= {TARGET_LIMITED_S} s" if limited else None
-    rows.append(_row(f"{what}, {link}: submit to job id, delta", delta_s, "s", target, None))
+    rows.append(
+        _row(f"{what}, {link}: submit to job id, delta", delta_s, "s", target, f"1-min load {load:.1f}")
+    )
     if full is not None:
-        full_s, full_record = full
+        full_s, full_record, full_load = full
         rows.append(
             _row(f"{what}, {link}: submit to job id, whole SIF", full_s, "s", None,
-                 f"{full_record.bytes_sent / 1e6:,.0f} MB sent; the cluster had no basis"),
+                 f"{full_record.bytes_sent / 1e6:,.0f} MB sent; the cluster had no basis; 1-min load "
+                 f"{full_load:.1f}"),
         )  # fmt: skip
         rows.append(_row(f"{what}, {link}: delta / whole SIF", delta_s / full_s, "ratio", None, None))
     return rows

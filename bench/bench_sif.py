@@ -9,7 +9,8 @@ with the same compressor on both sides:
   of the helper less zlib-libdeflate.so, as HPCBOX_APPTAINER_HELPER may name one), which is what
   `apptainer build`'s mksquashfs compresses with. The like-for-like ratio is zlib's (target <= 0.6);
   libdeflate's row says it compares libdeflate with zlib;
-- the cache hit (library call and the whole `invoke sif` command);
+- the cache hit (library call and the whole `invoke sif` command), and the library call again once the
+  SIF's sha256 memo is gone, as after the SIF changed on disk: the file read whole;
 - SIF size against image size, for each compressor and each path;
 - whether two fast conversions give a byte-identical squashfs payload.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,7 @@ import time
 from pathlib import Path
 
 from hpcbox.build.image import build_image
+from hpcbox.files import SHA256_MEMO
 from hpcbox.project.config import load_project
 from hpcbox.sif.compression import SifCompression, parse_compression
 from hpcbox.sif.convert import build_sif, rootfs_sha256
@@ -153,6 +156,9 @@ def run() -> list[dict]:
             identical = rootfs_sha256(deflate.path, tool) == rootfs_sha256(deflate_again.path, tool)
             hit_s, hit = _timed(lambda: _convert(image, root / "sif", GZIP9))
             assert hit.built is False
+            shutil.rmtree(root / "sif" / SHA256_MEMO)
+            reread_s, reread = _timed(lambda: _convert(image, root / "sif", GZIP9))
+            assert reread.built is False
             env = {**os.environ, "HPCBOX_CACHE": str(root)}  # its sif/ is the first conversion's cache
             cli_s, _ = _timed(
                 lambda: subprocess.run(
@@ -240,10 +246,17 @@ def run() -> list[dict]:
         },
         {
             "metric": "cache hit: build_sif()",
-            "value": round(hit_s, 2),
+            "value": round(hit_s, 3),
             "unit": "s",
             "target": "< 2 s",
-            "note": "includes re-hashing the SIF (corruption check)",
+            "note": "the SIF unchanged since it was written: its stat matches the sha256 memo, not re-read",
+        },
+        {
+            "metric": "cache hit, the SIF's sha256 memo gone: build_sif()",
+            "value": round(reread_s, 2),
+            "unit": "s",
+            "target": "< 2 s",
+            "note": "the SIF read whole and hashed (the corruption check of a SIF changed on disk)",
         },
         {
             "metric": "cache hit: whole `invoke sif --image` command",

@@ -1,8 +1,10 @@
 """What several benchmarks share: a free port for a mini cluster's login, a copy of this repository's
-project to build and change, and the floor of a SIF conversion (`docker export` read to the end)."""
+project to build and change, the floor of a SIF conversion (`docker export` read to the end), and the
+build cache of the cuda environments a benchmark builds, removed again."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 
 from hpcbox.sif.rootfs import exported
+from hpcbox.tools import docker
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("pyproject.toml", "docker", "src/hpctrain")
@@ -42,3 +45,34 @@ def export_seconds(image: str) -> float:
         for chunk in chunks:
             sink.write(chunk)
     return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def build_cache_dropped():
+    """Within it, builds of the cuda environment; when it ends, the build cache records made while it ran
+    that no build uses are removed, those on which others stand last (a record is removed only once
+    nothing stands on it). A cuda environment leaves ~15 GB of build cache once its image is removed:
+    a benchmark that builds three of them would fill the disk. Records older than it stay."""
+    api = docker.client().api
+    before = {record["ID"] for record in api.df().get("BuildCache") or ()}
+    try:
+        yield
+    finally:
+        while True:
+            records = api.df().get("BuildCache") or ()
+            stood_on = {
+                parent
+                for record in records
+                for parent in (record.get("Parents") or ([record["Parent"]] if record.get("Parent") else []))
+            }
+            leaves = [
+                record["ID"]
+                for record in records
+                if record["ID"] not in before and not record["InUse"] and record["ID"] not in stood_on
+            ]
+            if not leaves:
+                break
+            for leaf in leaves:
+                api.prune_builds(filters={"id": [leaf]})
+            if {record["ID"] for record in api.df().get("BuildCache") or ()} & set(leaves) == set(leaves):
+                break  # none of them went: nothing more will
