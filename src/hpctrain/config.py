@@ -120,6 +120,14 @@ OPTIONS: tuple[Option, ...] = (
         "steps_per_epoch", int, 0, "cap on training steps per epoch, for smoke runs (0: no cap)", _at_least(0)
     ),
     Option(
+        "step_pause",
+        float,
+        0.0,
+        "seconds to rest after each training step, for rehearsals that wait for a time limit or a signal "
+        "without holding a CPU the whole time (0: none; the results are the same)",
+        _at_least(0),
+    ),
+    Option(
         "gpu_sample_interval",
         float,
         2.0,
@@ -149,6 +157,7 @@ class TrainConfig:
     keep_checkpoints: int
     log_interval: int
     steps_per_epoch: int
+    step_pause: float
     gpu_sample_interval: float
 
     @property

@@ -34,6 +34,10 @@ ACCOUNT = "research"
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 NASTY_NAME = 'digits "quoted" #1 \\ it\'s $HOME'
 TRAIN_ARGS = ("--epochs", "1", "--device", "cpu", "--workers", "0", "--steps-per-epoch", "5")
+CPU_ONLY = ("--device", "cpu", "--workers", "0")
+# A job that trains until a signal or its time limit stops it: each step rests a tenth of a second, so
+# that its minutes of waiting do not take a CPU from the suite's other lanes.
+RESTING = (*CPU_ONLY, "--step-pause", "0.1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,9 +185,7 @@ def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDi
     (Slurm's TERM on scancel also reaches Apptainer's FUSE daemon, so a trainer cannot count on writing
     one more checkpoint then; the time limit's USR1 goes to the batch shell alone and is forwarded.)
     """
-    script = render_local(
-        ResourceRequest(job_name="cancelled"), ("--epochs", "1000", "--device", "cpu", "--workers", "0")
-    )
+    script = render_local(ResourceRequest(job_name="cancelled"), ("--epochs", "1000", *RESTING))
     job_id = job_dir.submit(script, "cancel.sh")
     cluster = job_dir.cluster
     deadline = time.monotonic() + 180
@@ -271,9 +273,10 @@ def test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_
     --signal=B:USR1@60, so that when it comes does not hang on this machine's speed; Slurm's own timer
     sends it in the tests below): the trainer checkpoints, the job requeues itself, the next run
     resumes and runs to COMPLETED, and its final figures are those of the same job never stopped."""
-    # About 1.2 s an epoch here: the signal after the second leaves a minute of training to cut short (with
-    # 30 epochs, the polling over SSH was once slower than the rest of the job under the suite's lanes).
-    training = ("--epochs", "60", "--batch-size", "16", "--seed", "3", "--device", "cpu", "--workers", "0")
+    # About 3.5 s an epoch here, most of it at rest: the signal after the second leaves a minute of
+    # training to cut short (with 30 epochs of 1.2 s, the polling over SSH was once slower than the rest
+    # of the job under the suite's lanes).
+    training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025", *CPU_ONLY)
     stopped = job_dir.submit(render_local(ResourceRequest(job_name="stopped", time="10"), training), "s.sh")
     whole = job_dir.submit(render_local(ResourceRequest(job_name="whole", time="10"), training), "w.sh")
     deadline = time.monotonic() + 240
@@ -290,12 +293,12 @@ def test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_
     assert sacct(job_dir.cluster, stopped, "Restarts") == ["1"]
     starts = [json.loads(line) for line in log.splitlines() if line.startswith('{"event": "start"')]
     assert [bool(start["resumed"]) for start in starts] == [False, True], log
-    assert metric_events(job_dir, stopped, "preempted")[0]["epoch"] < 60, log  # cut short, then resumed
+    assert metric_events(job_dir, stopped, "preempted")[0]["epoch"] < 20, log  # cut short, then resumed
     figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
     final = [
         {name: metric_events(job_dir, job, "epoch")[-1][name] for name in figures} for job in (stopped, whole)
     ]
-    assert final[0] == final[1] and final[0]["epoch"] == 60, final
+    assert final[0] == final[1] and final[0]["epoch"] == 20, final
     wait_scratch_gone(job_dir.cluster, stopped)
 
 
@@ -303,7 +306,7 @@ def test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_
 def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
     """The jobs that wait for their time limit, submitted together so that their minutes overlap (the
     test cluster's third CPU per node makes room for all four): job name → job id."""
-    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    training = ("--epochs", "1000", *RESTING)
     limited = render_local(ResourceRequest(job_name="limited", time="2"), training)
     ddp_limited = render_local(ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES), training)
     each_task = 'trap "" USR1; echo "task $SLURM_PROCID" >{output_dir}/task-$SLURM_PROCID; exec sleep 600'
@@ -406,7 +409,7 @@ def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_togethe
     """The time limit's USR1 while node1's torchrun waits in the rendezvous and node2's has not joined
     (it is stopped there, then let go): each holds the signal, starts its workers all the same and
     tells them at once, and the ranks stop together at their first step: 75, requeue, resume."""
-    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    training = ("--epochs", "1000", *RESTING)
     job_id = job_dir.submit(
         render_local(ResourceRequest(job_name="rdzv", time="10", **TWO_NODES), training), "rdzv.sh"
     )
@@ -434,7 +437,7 @@ def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_togethe
 def signalled_with_node2_stopped(job_dir: JobDir, name: str, pattern: str) -> tuple[str, str, list[dict]]:
     """A two-node training job whose node2 process matching ``pattern`` is stopped in its third epoch,
     then given the time limit's USR1: its id, and its log and start events once it has resumed."""
-    training = ("--epochs", "1000", "--device", "cpu", "--workers", "0")
+    training = ("--epochs", "1000", *RESTING)
     job_id = job_dir.submit(
         render_local(ResourceRequest(job_name=name, time="10", **TWO_NODES), training), f"{name}.sh"
     )

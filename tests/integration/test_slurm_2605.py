@@ -28,8 +28,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 TIMINGS: dict[str, float] = {}  # printed at the end of the module (pytest -s): what 26.05 adds to a run
 SAID: dict[str, str] = {}  # what `cluster.up` printed
-# Trains far past its two minutes: the limit's signal (60 s before it) stops it, at any machine's speed.
-LIMITED = ("--epochs", "1000", "--workers", "0")
+# Trains far past its two minutes: the limit's signal (60 s before it) stops it, at any machine's speed;
+# each step rests a tenth of a second, so that the wait takes no CPU from the suite's other lanes.
+LIMITED = ("--epochs", "1000", "--workers", "0", "--step-pause", "0.1")
 
 
 @pytest.fixture(scope="module")

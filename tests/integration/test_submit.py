@@ -379,7 +379,7 @@ def test_two_steps_run_in_order_and_the_second_reads_what_the_first_wrote(
 
 
 def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setup: Setup, minicluster):
-    record = submit(setup, minicluster, ("--epochs", "1000", "--workers", "0"))
+    record = submit(setup, minicluster, ("--epochs", "1000", "--workers", "0", "--step-pause", "0.1"))
     assert record is not None
     probe = ["sh", "-c", f"ls /disk/scratch/*/hpcbox-{record.job_id}/out/checkpoints/ 2>/dev/null"]
     deadline = time.monotonic() + 240

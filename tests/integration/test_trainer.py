@@ -59,7 +59,10 @@ class TrainerRunner:
             name=f"{self.prefix}-trainer-{self.count}-{os.urandom(2).hex()}",
             volumes=volumes,
             user=self.user,
-            environment={"HOME": "/tmp", **(env or {})},
+            # One thread, as a one-CPU Slurm job has it (the job script sets OMP_NUM_THREADS): PyTorch's
+            # default of one per core spins when the suite's other lanes hold the cores, and took twice
+            # the CPU time for the same run.
+            environment={"HOME": "/tmp", "OMP_NUM_THREADS": "1", **(env or {})},
             detach=True,
         )
 

@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[2]
 # One Debian package more in the cpu environment: what a user's "add one dependency" looks like, pinned
 # at the version the mirror serves today (as `invoke lock` would pin it), so that the test knows no date.
 ADDED_PACKAGE = "python3-tqdm"
-LONG = ("--epochs", "200", "--steps-per-epoch", "500", "--workers", "0")
+# Runs while the test goes on, resting a tenth of a second each step (no CPU taken from the rest).
+LONG = ("--epochs", "200", "--steps-per-epoch", "500", "--workers", "0", "--step-pause", "0.1")
 SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
 
 
