@@ -537,18 +537,27 @@ def test_the_master_connection_stays_for_the_next_command_for_a_bounded_idle_tim
     assert 60 <= ssh.CONTROL_PERSIST_S <= 600
 
 
-def test_waiting_looks_again_soon_at_first_then_at_growing_intervals_up_to_poll_s(monkeypatch):
-    """A job of a few seconds is seen ending within a fraction of one; a long one costs a look every
-    poll_s."""
+def test_waiting_looks_every_quarter_second_at_first_then_every_tenth_of_the_wait_up_to_poll_s(monkeypatch):
+    """A job of a few seconds is seen ending within a quarter of one, a longer one within a tenth of its
+    run; a long one costs a look every poll_s."""
     from hpcbox.jobs import follow
     from hpcbox.tools.slurm import JobState
 
-    states = iter([*(["PENDING"] * 3), *(["RUNNING"] * 6), "COMPLETED"])
+    states = iter([*(["PENDING"] * 12), *(["RUNNING"] * 40), "COMPLETED"])
+    clock = [100.0]
     slept: list[float] = []
-    monkeypatch.setattr(follow.time, "sleep", slept.append)
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds + 0.05  # each look itself takes a moment
+
+    monkeypatch.setattr(follow.time, "sleep", sleep)
+    monkeypatch.setattr(follow.time, "monotonic", lambda: clock[0])
     seen: list[str] = []
     found = follow.poll(
         lambda: JobState("7", next(states)), "7", poll_s=2, on_change=lambda state: seen.append(state.state)
     )
     assert found.state == "COMPLETED" and seen == ["PENDING", "RUNNING", "COMPLETED"]
-    assert slept == [0.25, 0.375, 0.5625, 0.84375, 1.265625, 1.8984375, 2, 2, 2]
+    waited = [sum(each + 0.05 for each in slept[:index]) for index in range(len(slept))]
+    assert slept == pytest.approx([min(max(0.25, before / 10), 2) for before in waited])
+    assert slept[:9] == [0.25] * 9 and 0.25 < slept[12] < 2 and slept[-3:] == [2, 2, 2]

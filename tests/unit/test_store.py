@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grp
 import gzip
+import hashlib
 import io
 import os
 import shlex
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.errors import FieldError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.jobs import prune, ship, store
 from hpcbox.tools import proc
 
@@ -272,6 +273,53 @@ def test_a_store_shared_with_a_group_is_the_groups_and_readable_by_it_only(tmp_p
     (code / "a.py").chmod(0o666)
     Here().run(access.settle([str(code)], recursive=True), what="settle")
     assert (mode(code)[-3:], mode(code / "a.py"), mode(code / "run.sh")) == ("750", "640", "750")
+
+
+def _small_payload(tmp_path: Path, dataset_sha256: str | None = None) -> ship.Payload:
+    """A SIF and a dataset under ship.INLINE_MAX_BYTES, with the code snapshot; ``dataset_sha256``: the
+    dataset's sha256 as the payload claims it (default: its own)."""
+    sif, data = tmp_path / "env.sif", tmp_path / "d.tar"
+    sif.write_bytes(os.urandom(200_000))
+    data.write_bytes(os.urandom(300_000))
+    claimed = dataset_sha256 or hashlib.sha256(data.read_bytes()).hexdigest()
+    return ship.Payload(
+        sif, hashlib.sha256(sif.read_bytes()).hexdigest(), sif.stat().st_size,
+        code_snapshot(("a.py", 0o644)), ship.Dataset(data, claimed), "cpu", "zstd:3",
+    )  # fmt: skip
+
+
+def test_small_files_go_whole_in_ships_one_command_before_the_code_and_leave_no_temporary(tmp_path: Path):
+    """What the cluster lacks under ship.INLINE_MAX_BYTES (a call's pickles, a small dataset) goes in the
+    same command as the code archive, read from one stdin to each file's size: each in place with its
+    sha256 and the store's access, the code unpacked after them, the index recording them; a second
+    ship sends nothing."""
+    root = tmp_path / "hpcbox"
+    payload = _small_payload(tmp_path)
+    said: list[str] = []
+    remote = ship.ship(Here(), payload, "trainer", root=str(root), say=said.append)
+    assert remote.sent == ("sif", "dataset", "code")
+    assert remote.bytes_sent == payload.sif_size + 300_000 + len(payload.code.archive)
+    for local, placed in ((payload.sif_path, remote.sif), (payload.dataset.path, remote.dataset)):
+        assert Path(placed).read_bytes() == local.read_bytes() and mode(Path(placed)) == "600"
+    assert (Path(remote.code_dir) / "a.py").read_text() == "x=1"
+    hidden = [p.name for p in root.rglob(".*") if ".partial" in p.name or p.name.startswith(".incoming")]
+    assert hidden == []
+    listed = ship._probe(Here(), ship._Layout(str(root), "trainer", payload), str(root)).store
+    assert listed.users("dataset", Path(remote.dataset).name) == {"trainer"}
+    assert any("uploading the dataset (300,000 bytes)" in line for line in said), said
+    again = ship.ship(Here(), payload, "trainer", root=str(root), say=said.append)
+    assert (again.sent, again.bytes_sent) == ((), 0)
+
+
+def test_a_small_file_that_arrives_different_is_removed_and_nothing_after_it_is_done(tmp_path: Path):
+    root = tmp_path / "hpcbox"
+    payload = _small_payload(tmp_path, dataset_sha256="0" * 64)
+    with pytest.raises(HpcboxError) as refused:
+        ship.ship(Here(), payload, "trainer", root=str(root), say=lambda _line: None)
+    assert "d.tar arrived with a different sha256; removed" in refused.value.message
+    data = root / "data" / "sha256"
+    assert sorted(p.name for p in data.iterdir() if p.is_file()) == []  # neither in place nor left
+    assert not (root / "trainer" / "code").exists() or not any((root / "trainer" / "code").iterdir())
 
 
 def test_a_store_group_the_user_is_not_in_is_one_line_naming_the_setting(tmp_path: Path):

@@ -17,9 +17,11 @@ from hpcbox.tools import slurm, ssh
 
 # How long `cancel` lets the job script copy its results back before it cancels outright.
 CANCEL_GRACE_S = 120
-# The first wait between two looks at a job's state: each next one is half again as long, up to the
-# caller's poll_s, so that a job of a few seconds is seen ending within a fraction of one.
+# The shortest wait between two looks at a job's state, and each wait's share of the time waited so far
+# (up to the caller's poll_s): a job of a few seconds is seen ending within a quarter of one, a longer
+# one within a tenth of its run, and a day's wait costs a look every poll_s.
 FIRST_POLL_S = 0.25
+LOOK_SHARE = 0.1
 
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
@@ -151,11 +153,11 @@ def poll(
     on_change: Callable[[slurm.JobState], None] | None = None,
 ) -> slurm.JobState:
     """Call ``read`` for job ``job_id``'s state until ``until`` holds, telling ``on_change`` each new
-    state (wait's loop, for a job no ledger records): first after FIRST_POLL_S, then at growing
-    intervals up to ``poll_s``."""
-    deadline = time.monotonic() + timeout_s
+    state (wait's loop, for a job no ledger records): every FIRST_POLL_S at first, then every tenth of
+    the time waited, up to ``poll_s``."""
+    started = time.monotonic()
+    deadline = started + timeout_s
     last = None
-    delay = min(FIRST_POLL_S, poll_s)
     while True:
         try:
             found = read()
@@ -163,8 +165,7 @@ def poll(
             # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
             if time.monotonic() > deadline:
                 raise
-            time.sleep(delay)
-            delay = min(delay * 1.5, poll_s)
+            time.sleep(_next_look(time.monotonic() - started, poll_s))
             continue
         if on_change is not None and (found.state, found.reason) != last:
             on_change(found)
@@ -173,8 +174,11 @@ def poll(
             return found
         if time.monotonic() > deadline:
             raise HpcboxError(f"job {job_id} is still {found.state} after {timeout_s:.0f} s")
-        time.sleep(delay)
-        delay = min(delay * 1.5, poll_s)
+        time.sleep(_next_look(time.monotonic() - started, poll_s))
+
+
+def _next_look(waited_s: float, poll_s: float) -> float:
+    return min(max(FIRST_POLL_S, waited_s * LOOK_SHARE), poll_s)
 
 
 def follow_command(record: JobRecord, follow: bool) -> str:

@@ -44,6 +44,9 @@ from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import docker, proc, ssh
 
 DEFAULT_REMOTE_ROOT = "hpcbox"
+# A file missing on the cluster this small goes up in ship's last round trip, whole (a delta would save
+# little and cost rsync's start and four more round trips): a call's pickles, a small dataset.
+INLINE_MAX_BYTES = 1 << 20
 _DATA_SUFFIXES = (".tar.gz", ".tar.zst", ".tar.xz", ".tar.bz2", ".tgz", ".tar")
 
 
@@ -242,11 +245,12 @@ def ship(
         ),
     }
     missing = [name for name in uploads if not probe.present[name]]
+    inline = [] if dry_run else [name for name in missing if uploads[name].size <= INLINE_MAX_BYTES]
     if not dry_run:
         # No room for a file that must go up: said before anything is made there.
         for name in missing:
             _check_room(uploads[name], probe.free_bytes[name])
-        if missing:
+        if len(missing) > len(inline):
             _make_folders(connection, layout, access)
     # What this project's last job here used: the first choice of basis.
     last_used = (
@@ -255,6 +259,9 @@ def ship(
     for name, upload in uploads.items():
         if probe.present[name]:
             say(f"hpcbox: the cluster has the {name} already ({upload.sha256[:12]})")
+            continue
+        if name in inline:
+            say(f"hpcbox: uploading the {name} ({upload.size:,} bytes) to {upload.remote}")
             continue
         basis = store.choose_basis(probe.store, upload.use, last_used.get(name))
         if dry_run:
@@ -274,7 +281,16 @@ def ship(
         # says which project still needs a file, and which of this project's files is the newest, the
         # next delta's basis. The files the job uses get their access, those an earlier hpcbox left
         # readable to others included.
-        steps = [] if missing else [store.folders_script(layout.root, layout.project, access)]
+        steps = (
+            [] if len(missing) > len(inline) else [store.folders_script(layout.root, layout.project, access)]
+        )
+        # The small files first, each read to its size from stdin, then the code archive to its end.
+        stream = b""
+        for name in inline:
+            steps.append(_inline_script(uploads[name], access))
+            stream += uploads[name].local.read_bytes()
+            sent.append(name)
+        total += len(stream)
         code = None
         if not probe.present["code"]:
             steps.append(_code_script(layout.code_dir, access))
@@ -284,13 +300,14 @@ def ship(
         steps.append(store.record_script(layout.root, [upload.use for upload in uploads.values()], access))
         steps.append(access.settle([layout.sif, layout.dataset]))
         steps.append(access.settle([layout.code_dir], recursive=True))
+        sending = [*(f"the {name}" for name in inline), *(["the code snapshot"] if code else [])]
         _in_store(
             connection,
             " && ".join(steps),
             access,
-            what=f"{'send the code snapshot and ' if code else ''}record the files this job uses in the "
-            f"index on {connection.target.address}",
-            input_bytes=code,
+            what=f"{'send ' + ', '.join(sending) + ' and ' if sending else ''}record the files this job "
+            f"uses in the index on {connection.target.address}",
+            input_bytes=stream + (code or b"") if stream or code else None,
         )
     return Remote(
         host=connection.target.address,
@@ -520,6 +537,25 @@ def _settle(
             "the cluster needs `sha256sum` (GNU coreutils)",
         )
     return done.returncode == 0
+
+
+def _inline_script(upload: _Upload, access: store.Access) -> str:
+    """Shell that writes the next ``upload.size`` bytes of its stdin (GNU head reads no further) to a
+    temporary of its own beside the upload's place, named as rsync's are (so that prune knows what an
+    interrupted one left), and moves it there if its sha256 is right; a concurrent submit of the same
+    file moves the same bytes. A wrong one is removed and said (exit 5). No lock: the file is written
+    within the command, and a prune that took the temporary meanwhile fails the submit, nothing worse."""
+    folder, name = upload.remote.rsplit("/", 1)
+    right = f'printf "%s  %s\\n" {upload.sha256} "$incoming" | sha256sum --check --status'
+    group = f'chgrp {shlex.quote(access.group)} "$incoming" 2>/dev/null; ' if access.group else ""
+    wrong = shlex.quote(f"hpcbox: the upload of {upload.local.name} arrived with a different sha256; removed")
+    return (
+        f"incoming=$(mktemp {shlex.quote(f'{folder}/.{name}.partial.')}XXXXXX) && "
+        f'head -c {upload.size} > "$incoming" && '
+        f'if {right}; then {group}chmod {access.file_mode} "$incoming" && '
+        f'mv -f "$incoming" {shlex.quote(upload.remote)}; '
+        f'else rm -f "$incoming"; echo {wrong} >&2; exit 5; fi'
+    )
 
 
 def _code_script(code_dir: str, access: store.Access) -> str:

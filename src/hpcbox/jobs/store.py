@@ -135,7 +135,8 @@ def index_folder(root: str, kind: str) -> str:
 # What an upload leaves beside the file NAME it makes (ship.py), hidden: the lock every upload of NAME
 # holds for its whole duration (`.NAME.lock`, empty), the part rsync --partial keeps where an upload
 # stops (`.NAME.partial`, as big as what arrived), rsync's own temporary that it writes and renames
-# to that name (`.NAME.partial.XXXXXX`), and the copy of a basis that was not ours to link
+# to that name (`.NAME.partial.XXXXXX`; a small file sent whole in ship's last command, which takes no
+# lock, is written under such a name too), and the copy of a basis that was not ours to link
 # (`.NAME.copy.PID`); a code snapshot is unpacked in `<project>/code/.incoming-XXXXXX` and renamed
 # into place. Each pattern gives NAME; a code snapshot's folder has none (its upload takes no lock).
 _LEFTOVERS = {
