@@ -240,6 +240,7 @@ class ProjectSession:
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", f"--basetemp={basetemp}",
              test_file],
             cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=_ctrl_c_as_in_a_terminal,
         )  # fmt: skip
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -265,7 +266,12 @@ class ProjectSession:
         try:
             code = self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            # pytest's faulthandler prints every thread's stack on SIGABRT: where it hangs, in the output.
+            self.process.send_signal(signal.SIGABRT)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
             self._reader.join(10)
             raise AssertionError(f"not ended after {timeout_s:.0f} s:\n{self.output}") from None
         self._reader.join(10)
@@ -280,21 +286,34 @@ class ProjectSession:
         return CLUSTER_UP.search(self.output).group(1)
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT back to its default in the session (a pytest-xdist worker ignores it, and a program
+    started with SIGINT ignored keeps ignoring it: Python then raises no KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def ledger_of(root: Path) -> list[str]:
     """The project's own ledger's entries (none before its first job)."""
     folder = root / ".hpcbox" / "jobs"
     return sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
 
 
-def _left_of(cluster: str) -> list[str]:
-    """Every container, network and volume of ``cluster`` (by its label, or its name) still there."""
+def _left_of(cluster: str, *, remove: bool = False) -> list[str]:
+    """Every container, network and volume of ``cluster`` (by its label, or its name) still there; with
+    ``remove``, each removed (what a session killed by the test left)."""
     client = docker.client()
     labelled = {"label": f"io.hpcbox.minicluster={cluster}"}
     named = {"name": cluster}
-    found = [c.name for f in (labelled, named) for c in client.containers.list(all=True, filters=f)]
-    found += [n.name for f in (labelled, named) for n in client.networks.list(filters=f)]
-    found += [v.name for f in (labelled, named) for v in client.volumes.list(filters=f)]
-    return sorted(set(found))
+    containers = [c for f in (labelled, named) for c in client.containers.list(all=True, filters=f)]
+    networks = [n for f in (labelled, named) for n in client.networks.list(filters=f)]
+    volumes = [v for f in (labelled, named) for v in client.volumes.list(filters=f)]
+    found = sorted({each.name for each in (*containers, *networks, *volumes)})
+    if remove:
+        for container in {c.id: c for c in containers}.values():
+            container.remove(force=True, v=True)
+        for resource in {r.id: r for r in (*networks, *volumes)}.values():
+            resource.remove()
+    return found
 
 
 @pytest.mark.cluster
@@ -329,6 +348,10 @@ def test_the_projects_own_pytest_rehearses_its_job_on_a_cluster_of_its_session_a
         for session in (green, waiting):
             if session.process.poll() is None:
                 session.process.kill()
+            if session.process.returncode not in (0, pytest.ExitCode.INTERRUPTED) and CLUSTER_UP.search(
+                session.output
+            ):
+                _left_of(session.cluster, remove=True)  # killed, or failed: its cluster goes with it
     assert "1 passed" in green.output, green.output
     assert "KeyboardInterrupt" in waiting.output, waiting.output
     assert green.cluster != waiting.cluster

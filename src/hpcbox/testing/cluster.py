@@ -199,6 +199,7 @@ def running(
 def _remove(name: str, folder: Path, say: Say) -> None:
     """Remove the cluster, a second Ctrl-C or SIGTERM held off until it is gone (a few seconds): one
     arriving mid-way would leave containers behind."""
+    say(f"hpcbox: removing mini cluster {name}")
     with signals_held() as held:
         removed = stop(name, folder)
     again = f" (interrupted again meanwhile: {', '.join(held)} held off until it was gone)" if held else ""
