@@ -90,7 +90,7 @@ def run() -> list[dict]:
 
         from hpcbox.submitit import Executor
 
-        measured: dict[str, list[float]] = {"call": [], "floor": []}
+        measured: dict[str, list[float]] = {"call": [], "floor": [], "to_job_id": []}
         try:
             cluster = minicluster.up(spec, state)
             target = cluster.ssh_target()
@@ -111,7 +111,9 @@ def run() -> list[dict]:
                             measured["floor"].append(_floor(target, connection))
                             continue
                         started = time.perf_counter()
-                        if executor.submit(identity, round_number).result() != round_number:
+                        job = executor.submit(identity, round_number)
+                        measured["to_job_id"].append(time.perf_counter() - started)
+                        if job.result() != round_number:
                             raise RuntimeError("a call came back wrong")
                         measured["call"].append(time.perf_counter() - started)
                 _idle(connection)
@@ -139,6 +141,8 @@ def _rows(measured: dict[str, list[float]], array_seconds: float, array_floor: f
     return [
         _row("one call: submit to result", call, "s", None,
              f"`executor.submit(identity, x).result()`, median of {ROUNDS}; runs {runs('call')}"),
+        _row("one call: submit to job id", statistics.median(measured["to_job_id"]), "s", None,
+             f"pickled, shipped in ship's one command, sbatch; runs {runs('to_job_id')}"),
         _row("floor: ssh sbatch, wait, cat", floor, "s", None,
              f"a trivial script, same --mem and --time; median of {ROUNDS}; runs {runs('floor')}"),
         _row("one call / floor", ratio, "ratio", "<= 1.5", "each call over its round's floor, the median"),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.cluster import frozen
 from tests.fixtures.submitting import Setup
 from tests.integration.test_submit import dropping_port, invoke
 
@@ -109,12 +110,10 @@ def test_the_bound_holds_with_accounting_paused_and_a_login_shell_that_takes_2_s
     still answers within its bound, naming the probes that did not answer by the deadline."""
     slow_login = "/etc/profile.d/zz-hpcbox-test-slow.sh"
     minicluster.exec("login", ["sh", "-c", f"echo 'sleep 2' > {slow_login}"])
-    accounting = minicluster.node_container("accounting")
-    accounting.pause()
     try:
-        done, took = doctor(setup, "--cluster=local")
+        with frozen(minicluster.node_container("accounting")):
+            done, took = doctor(setup, "--cluster=local")
     finally:
-        accounting.unpause()
         minicluster.exec("login", ["rm", "-f", slow_login])
     assert took < DOCTOR_BOUND_S, (took, done.stdout, done.stderr)
     lines = done.stdout.splitlines()

@@ -11,6 +11,7 @@ import pytest
 
 from hpcbox import jobs
 from hpcbox.tools import ssh
+from tests.fixtures.cluster import frozen
 from tests.fixtures.submitting import Setup
 from tests.integration.test_submit import finished, invoke, submit
 
@@ -29,9 +30,8 @@ def test_accounting_that_stops_answering_mid_job_never_makes_the_job_failed(setu
     record = submit(setup, minicluster, STEADY)
     assert record is not None
     running(minicluster, record)
-    accounting = minicluster.node_container("accounting")
-    accounting.pause()  # slurmdbd takes connections and never answers, as a hung host does
-    try:
+    # slurmdbd takes connections and never answers, as a hung host does
+    with frozen(minicluster.node_container("accounting")):
         final = finished(minicluster, record)
         assert (final.state, final.source) == ("COMPLETED", "squeue"), final
         started = time.monotonic()
@@ -49,8 +49,6 @@ def test_accounting_that_stops_answering_mid_job_never_makes_the_job_failed(setu
         errors = [line for line in report.stderr.splitlines() if line.startswith("error: ")]
         assert report.returncode != 0 and len(errors) == 1, report.stderr
         assert "Slurm's accounting (slurmdbd) does not answer" in errors[0]
-    finally:
-        accounting.unpause()
     # slurmctld sends what accounting missed once it answers again: status and the report catch up.
     deadline = time.monotonic() + 120
     while True:
