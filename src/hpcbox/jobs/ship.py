@@ -246,11 +246,12 @@ def ship(
     }
     missing = [name for name in uploads if not probe.present[name]]
     inline = [] if dry_run else [name for name in missing if uploads[name].size <= INLINE_MAX_BYTES]
+    rsynced = [name for name in missing if name not in inline]
     if not dry_run:
         # No room for a file that must go up: said before anything is made there.
         for name in missing:
             _check_room(uploads[name], probe.free_bytes[name])
-        if len(missing) > len(inline):
+        if rsynced:
             _make_folders(connection, layout, access)
     # What this project's last job here used: the first choice of basis.
     last_used = (
@@ -281,9 +282,7 @@ def ship(
         # says which project still needs a file, and which of this project's files is the newest, the
         # next delta's basis. The files the job uses get their access, those an earlier hpcbox left
         # readable to others included.
-        steps = (
-            [] if len(missing) > len(inline) else [store.folders_script(layout.root, layout.project, access)]
-        )
+        steps = [] if rsynced else [store.folders_script(layout.root, layout.project, access)]
         # The small files first, each read to its size from stdin, then the code archive to its end.
         stream = b""
         for name in inline:
@@ -307,7 +306,7 @@ def ship(
             access,
             what=f"{'send ' + ', '.join(sending) + ' and ' if sending else ''}record the files this job "
             f"uses in the index on {connection.target.address}",
-            input_bytes=stream + (code or b"") if stream or code else None,
+            input_bytes=(stream + (code or b"")) or None,
         )
     return Remote(
         host=connection.target.address,
@@ -522,13 +521,11 @@ def _settle(
     first's right file in place, which is its success too.
     """
     temporary, final = shlex.quote(f".{name}.partial"), shlex.quote(name)
-    right = f"printf '%s  %s\\n' {sha256} {{}} | sha256sum --check --status"
-    group = f"chgrp {shlex.quote(access.group)} {temporary} 2>/dev/null; " if access.group else ""
     check = (
         f"cd {shlex.quote(folder)} && "
-        f"if {right.format(temporary)}; then {group}chmod {access.file_mode} {temporary} 2>/dev/null; "
+        f"if {_sha256_is(sha256, temporary)}; then {_given_access(temporary, access)} 2>/dev/null; "
         f"mv -f {temporary} {final} 2>/dev/null; fi; "
-        f"if {right.format(final)}; then :; else rm -f {temporary}; exit 3; fi"
+        f"if {_sha256_is(sha256, final)}; then :; else rm -f {temporary}; exit 3; fi"
     )
     done = connection.run(check, what=f"check the upload of {what}", check=False)
     if done.returncode not in (0, 3):
@@ -546,16 +543,27 @@ def _inline_script(upload: _Upload, access: store.Access) -> str:
     file moves the same bytes. A wrong one is removed and said (exit 5). No lock: the file is written
     within the command, and a prune that took the temporary meanwhile fails the submit, nothing worse."""
     folder, name = upload.remote.rsplit("/", 1)
-    right = f'printf "%s  %s\\n" {upload.sha256} "$incoming" | sha256sum --check --status'
-    group = f'chgrp {shlex.quote(access.group)} "$incoming" 2>/dev/null; ' if access.group else ""
     wrong = shlex.quote(f"hpcbox: the upload of {upload.local.name} arrived with a different sha256; removed")
+    incoming = '"$incoming"'
     return (
         f"incoming=$(mktemp {shlex.quote(f'{folder}/.{name}.partial.')}XXXXXX) && "
         f'head -c {upload.size} > "$incoming" && '
-        f'if {right}; then {group}chmod {access.file_mode} "$incoming" && '
+        f"if {_sha256_is(upload.sha256, incoming)}; then {_given_access(incoming, access)} && "
         f'mv -f "$incoming" {shlex.quote(upload.remote)}; '
         f'else rm -f "$incoming"; echo {wrong} >&2; exit 5; fi'
     )
+
+
+def _sha256_is(sha256: str, path: str) -> str:
+    """Shell that succeeds where the file ``path`` (a shell word) has ``sha256``."""
+    return f"printf '%s  %s\\n' {sha256} {path} | sha256sum --check --status"
+
+
+def _given_access(path: str, access: store.Access) -> str:
+    """Shell that gives the file ``path`` (a shell word) the store's group (where it has one) and mode;
+    its status is chmod's."""
+    group = f"chgrp {shlex.quote(access.group)} {path} 2>/dev/null; " if access.group else ""
+    return f"{group}chmod {access.file_mode} {path}"
 
 
 def _code_script(code_dir: str, access: store.Access) -> str:
