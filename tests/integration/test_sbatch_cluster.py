@@ -66,14 +66,27 @@ def sacct(cluster, job_id: str, fields: str) -> list[str]:
 
 
 def wait_finished(cluster, job_id: str, timeout_s: float = 300) -> tuple[str, str]:
+    """The job's final state and exit code from accounting, once the controller no longer runs or queues
+    it: a job requeued after its node died has its first run's NODE_FAIL line in accounting while the
+    controller already holds it PENDING, before slurmdbd has its next run's line (seen on CI)."""
     deadline = time.monotonic() + timeout_s
     row: list[str] = []
     while time.monotonic() < deadline:
-        row = sacct(cluster, job_id, "State,ExitCode")
-        if row and row[0].split()[0] in FINISHED:
-            return row[0].split()[0], row[1]
+        if not still_held(cluster, job_id):
+            row = sacct(cluster, job_id, "State,ExitCode")
+            if row and row[0].split()[0] in FINISHED:
+                return row[0].split()[0], row[1]
         time.sleep(2)
     raise AssertionError(f"job {job_id} did not finish in {timeout_s}s: {row}")
+
+
+def still_held(cluster, job_id: str) -> bool:
+    """Whether the controller still queues or runs the job, or cannot say (squeue failed)."""
+    queued = cluster.ssh(["squeue", "--noheader", "--states=all", "--jobs", job_id, "--format=%T"])
+    if queued.returncode != 0:
+        return "Invalid job id" not in queued.stderr  # gone from the controller's memory: finished
+    state = queued.stdout.strip()
+    return bool(state) and state.split()[0] not in slurm.FINISHED_STATES
 
 
 def scratch_left(cluster, job_id: str) -> list[str]:

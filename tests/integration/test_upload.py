@@ -88,10 +88,25 @@ def let_go(minicluster, job_id: str) -> None:
 
 
 def _wait_for_state(minicluster, job_id: str, wanted: str, passing: tuple[str, ...]) -> None:
+    """Until squeue says ``wanted``; a squeue that fails (a controller slow to answer under a full run's
+    load) is asked again, and any other state fails with what accounting knows of the job."""
     deadline = time.monotonic() + 300
-    while (state := minicluster.ssh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()) != wanted:
-        assert state in passing and time.monotonic() < deadline, f"job {job_id}: {state}, not {wanted}"
+    while True:
+        queued = minicluster.ssh(["squeue", "--noheader", "--states=all", "--jobs", job_id, "--format=%T"])
+        state = queued.stdout.strip()
+        if queued.returncode == 0 and state == wanted:
+            return
+        accounted = "" if queued.returncode != 0 or state in passing else _accounted(minicluster, job_id)
+        assert not accounted and time.monotonic() < deadline, (
+            f"job {job_id}: {state or queued.stderr.strip()!r}, not {wanted}; sacct: {accounted}"
+        )
         time.sleep(1)
+
+
+def _accounted(minicluster, job_id: str) -> str:
+    fields = "JobID,State,ExitCode,Elapsed,NodeList,Reason"
+    done = minicluster.ssh(["sacct", "--noheader", "--parsable2", "-j", job_id, f"--format={fields}"])
+    return done.stdout.strip() or done.stderr.strip() or "nothing"
 
 
 def served_today(package: str) -> str:
