@@ -20,8 +20,10 @@ from tests.integration.test_sbatch_cluster import prepare_job_dir, render_local,
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 # Long enough that the job is still training when a periodic copy (every 5 s) first brings an epoch's
-# checkpoint to shared storage, on an idle machine as on a loaded one.
-EPOCHS = 40
+# checkpoint to shared storage, on an idle machine as on a loaded one: each epoch about 2.5 s, most of
+# it resting between steps, so that the job takes little CPU from the tests beside it.
+EPOCHS = 20
+TRAINING = ("--epochs", str(EPOCHS), "--steps-per-epoch", "10", "--step-pause", "0.2")
 
 
 def epochs_done(job_dir, job_id: str) -> int:
@@ -36,7 +38,7 @@ def test_a_dead_node_costs_the_job_only_what_it_did_since_its_last_copy(miniclus
     job_dir = prepare_job_dir(cluster, trainer_sif, f"{run_id}-loss")
     script = render_local(
         ResourceRequest(job_name="doomed", sync_every="0:05"),
-        ("--epochs", str(EPOCHS), "--steps-per-epoch", "40", "--device", "cpu", "--workers", "0"),
+        (*TRAINING, "--device", "cpu", "--workers", "0"),
     )
     job_id = job_dir.submit(script, "doomed.sh")
     deadline = time.monotonic() + 240
