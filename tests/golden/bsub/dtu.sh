@@ -83,13 +83,19 @@ clean_up() {
         # It finishes the copy it is making, if any, before this one starts. Polled: bash's `wait` for it
         # can block on the janitor step instead once Slurm has signalled the whole job, until KillWait.
         # TERM goes again each second: one sent as the syncer started, before its own trap was set, is
-        # lost (bash resets the traps a subshell inherits), and it would sleep out its interval.
-        local polls=0
+        # lost (bash resets the traps a subshell inherits), and it would sleep out its interval. The
+        # first looks come 0.01 s apart: a syncer between copies ends at once, and every job's end waits.
+        kill "$syncer_pid" 2>/dev/null || true
+        local looks=0
         while kill -0 "$syncer_pid" 2>/dev/null; do
-            if (( polls++ % 5 == 0 )); then
-                kill "$syncer_pid" 2>/dev/null || true
+            if (( ++looks <= 10 )); then
+                sleep 0.01
+            else
+                sleep 0.2
+                if (( looks % 5 == 0 )); then
+                    kill "$syncer_pid" 2>/dev/null || true
+                fi
             fi
-            sleep 0.2
         done
         syncer_pid=""
     fi

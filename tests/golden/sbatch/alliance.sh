@@ -86,13 +86,19 @@ clean_up() {
         # It finishes the copy it is making, if any, before this one starts. Polled: bash's `wait` for it
         # can block on the janitor step instead once Slurm has signalled the whole job, until KillWait.
         # TERM goes again each second: one sent as the syncer started, before its own trap was set, is
-        # lost (bash resets the traps a subshell inherits), and it would sleep out its interval.
-        local polls=0
+        # lost (bash resets the traps a subshell inherits), and it would sleep out its interval. The
+        # first looks come 0.01 s apart: a syncer between copies ends at once, and every job's end waits.
+        kill "$syncer_pid" 2>/dev/null || true
+        local looks=0
         while kill -0 "$syncer_pid" 2>/dev/null; do
-            if (( polls++ % 5 == 0 )); then
-                kill "$syncer_pid" 2>/dev/null || true
+            if (( ++looks <= 10 )); then
+                sleep 0.01
+            else
+                sleep 0.2
+                if (( looks % 5 == 0 )); then
+                    kill "$syncer_pid" 2>/dev/null || true
+                fi
             fi
-            sleep 0.2
         done
         syncer_pid=""
     fi
@@ -105,9 +111,14 @@ clean_up() {
     if [[ -n $janitor_pid ]]; then
         # USR2 reaches the janitor's tasks once they run; a step still starting is ended outright.
         kill -s USR2 "$janitor_pid" 2>/dev/null || true
-        for _ in {1..50}; do
+        local look
+        for look in {1..59}; do  # 5 s at most: 0.01 s apart at first, as it usually ends at once
             kill -0 "$janitor_pid" 2>/dev/null || break
-            sleep 0.1
+            if (( look <= 10 )); then
+                sleep 0.01
+            else
+                sleep 0.1
+            fi
         done
         kill "$janitor_pid" 2>/dev/null || true
         if wait "$janitor_pid"; then
