@@ -28,7 +28,7 @@ from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
-from hpcbox.tools import slurm, ssh
+from hpcbox.tools import proc, slurm, ssh
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -316,10 +316,12 @@ def test_submit_makes_the_log_folders_and_unsets_what_the_script_says(tmp_path: 
            "SBATCH_ACCOUNT": "remote-default", "SBATCH_QOS": "remote-qos"}  # fmt: skip
 
     class Here:
-        def run(self, command, *, what, hint="", input_bytes=None):
+        def run(self, command, *, what, hint="", check=True, input_bytes=None):
             done = subprocess.run(["sh", "-c", command], input=input_bytes, env=env, capture_output=True)
-            assert done.returncode == 0, done.stderr
-            return subprocess.CompletedProcess(done.args, 0, done.stdout.decode(), done.stderr.decode())
+            assert done.returncode == 0 or not check, done.stderr
+            return proc.Completed(
+                tuple(done.args), done.returncode, done.stdout.decode(), done.stderr.decode()
+            )
 
     local = profiles.load_profile("local")
     checked = resolve(local, ResourceRequest(job_name="fit", account="mine", log="out/%x/%j.log"))
@@ -334,6 +336,14 @@ def test_submit_makes_the_log_folders_and_unsets_what_the_script_says(tmp_path: 
     assert (submit_dir / "out" / "fit").is_dir() and (submit_dir / "runs").is_dir()
     # The script's own --account wins; the QOS it leaves to the site comes from the environment.
     assert (tmp_path / "seen").read_text() == "account=unset qos=remote-qos script=scripts/fit.sh\n"
+
+    # Refused: Slurm's own words in one line, and the script gone again.
+    (bin_dir / "sbatch").write_text(
+        "#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid account' >&2\nexit 1\n"
+    )
+    with pytest.raises(HpcboxError, match=r"submit the job with sbatch: sbatch: error: .*Invalid account"):
+        slurm.submit(Here(), str(submit_dir), "again.sh", script.text, script.directories_to_create("me"))
+    assert not (submit_dir / "scripts" / "again.sh").exists()
 
 
 def test_code_snapshot_is_reproducible_and_holds_only_the_code(tmp_path: Path):

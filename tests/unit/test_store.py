@@ -244,7 +244,7 @@ def test_the_store_is_the_users_alone_by_default_and_a_looser_one_is_tightened(t
     assert mode(root / "images" / "index" / use.entry) == "600"
     assert mode(old_sif) == "600"
     snapshot = code_snapshot(("pkg/a.py", 0o644), ("run.sh", 0o755))
-    unpack = ship._code_script(f"{root}/trainer/code/c", access)
+    unpack = ship._code_script(f"{root}/trainer/code/c", len(snapshot.archive), access)
     Here().run(unpack, what="unpack", input_bytes=snapshot.archive)
     code = root / "trainer" / "code" / "c"
     assert (mode(code), mode(code / "pkg"), mode(code / "pkg" / "a.py"), mode(code / "run.sh")) == (
@@ -265,7 +265,7 @@ def test_a_store_shared_with_a_group_is_the_groups_and_readable_by_it_only(tmp_p
     Here().run(store.record_script(str(root), [use], access), what="record")
     assert mode(root / "data" / "index" / use.entry) == "640"
     snapshot = code_snapshot(("a.py", 0o644), ("run.sh", 0o755))
-    unpack = ship._code_script(f"{root}/trainer/code/c", access)
+    unpack = ship._code_script(f"{root}/trainer/code/c", len(snapshot.archive), access)
     Here().run(unpack, what="unpack", input_bytes=snapshot.archive)
     code = root / "trainer" / "code" / "c"
     assert (mode(code), mode(code / "a.py"), mode(code / "run.sh")) == ("2750", "640", "750")
@@ -309,6 +309,39 @@ def test_small_files_go_whole_in_ships_one_command_before_the_code_and_leave_no_
     assert any("uploading the dataset (300,000 bytes)" in line for line in said), said
     again = ship.ship(Here(), payload, "trainer", root=str(root), say=said.append)
     assert (again.sent, again.bytes_sent) == ((), 0)
+
+
+def test_a_then_ends_ships_last_command_reading_its_stdin_after_the_files_and_its_statuses_are_the_callers(
+    tmp_path: Path,
+):
+    """What submit puts at the end of ship's last command (sbatch): it runs once the small files and the
+    code are in place, given where they are, and reads its own bytes after theirs; a failure with one of
+    its statuses is handed back, any other is one line saying what it was doing."""
+    root = tmp_path / "hpcbox"
+    payload = _small_payload(tmp_path)
+    seen: list[ship.Remote] = []
+    out = tmp_path / "then.out"
+
+    def then(remote: ship.Remote) -> ship.Then:
+        seen.append(remote)
+        script = f"test -d {remote.code_dir} && cat > {out} && echo job-7"
+        return ship.Then(script, "submit the job", b"#!/bin/bash\necho the job\n", (9,))
+
+    remote = ship.ship(Here(), payload, "trainer", root=str(root), then=then, say=lambda _line: None)
+    assert seen and seen[0].sif == remote.sif and seen[0].then_done is None
+    assert out.read_bytes() == b"#!/bin/bash\necho the job\n"
+    assert remote.then_done is not None and remote.then_done.stdout.strip() == "job-7"
+    assert Path(remote.dataset).read_bytes() == payload.dataset.path.read_bytes()
+
+    handed = ship.ship(
+        Here(), payload, "trainer", root=str(root), then=lambda _r: ship.Then("exit 9", "x", b"", (9,))
+    )
+    assert handed.then_done is not None and handed.then_done.returncode == 9
+    with pytest.raises(HpcboxError, match=r"then submit the job: no such thing"):
+        ship.ship(
+            Here(), payload, "trainer", root=str(root),
+            then=lambda _r: ship.Then("echo no such thing >&2; exit 8", "submit the job", b"", (9,)),
+        )  # fmt: skip
 
 
 def test_a_small_file_that_arrives_different_is_removed_and_nothing_after_it_is_done(tmp_path: Path):

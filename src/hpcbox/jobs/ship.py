@@ -26,6 +26,7 @@ waits and then finds it in place, so it goes up once.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import os
@@ -102,6 +103,20 @@ class Remote:
     dataset: str
     sent: tuple[str, ...]  # which of "sif", "dataset", "code" were uploaded now
     bytes_sent: int
+    # ship's last command, where a `Then` ended it (its status one of the Then's, or 0)
+    then_done: proc.Completed | None = None
+
+
+@dataclass(frozen=True)
+class Then:
+    """Shell that ends ship's last command, once what the job needs is in place: ``script``, reading
+    ``stdin`` after the files the command sends (`sbatch`, so that a submit after a code-only change is
+    one round trip after the probe). A failure with one of ``statuses`` is the caller's to read."""
+
+    script: str
+    what: str = ""  # what it does, in the words of a failure's line: "submit the job with sbatch"
+    stdin: bytes = b""
+    statuses: tuple[int, ...] = ()
 
 
 def code_snapshot(project: ProjectConfig) -> CodeSnapshot:
@@ -214,12 +229,15 @@ def ship(
     previous: JobRecord | None = None,
     access: store.Access = store.PRIVATE,
     dry_run: bool = False,
+    then: Callable[[Remote], Then] | None = None,
     say: Callable[[str], None] = print,
 ) -> Remote:
     """Send what the cluster lacks of ``payload``; with ``dry_run``, only say what would be sent.
 
     ``previous``: this project's last job on the cluster, whose SIF and dataset are the first choice of
-    basis for a delta upload. ``access``: who may read what is there (the user alone by default)."""
+    basis for a delta upload. ``access``: who may read what is there (the user alone by default).
+    ``then``: given where everything is, what ends the last command (not with ``dry_run``); how that
+    command ended is the returned Remote's ``then_done``."""
     relative = _Layout(root, project, payload)
     probe = _probe(connection, relative, root)
     layout = _Layout(remote_root(probe.home, root), project, payload)
@@ -283,32 +301,23 @@ def ship(
         # next delta's basis. The files the job uses get their access, those an earlier hpcbox left
         # readable to others included.
         steps = [] if rsynced else [store.folders_script(layout.root, layout.project, access)]
-        # The small files first, each read to its size from stdin, then the code archive to its end.
+        # The small files first, then the code archive, each read to its size from stdin (a Then's
+        # stdin follows).
         stream = b""
         for name in inline:
             steps.append(_inline_script(uploads[name], access))
             stream += uploads[name].local.read_bytes()
             sent.append(name)
         total += len(stream)
-        code = None
         if not probe.present["code"]:
-            steps.append(_code_script(layout.code_dir, access))
-            code = payload.code.archive
-            total += len(code)
+            steps.append(_code_script(layout.code_dir, len(payload.code.archive), access))
+            stream += payload.code.archive
+            total += len(payload.code.archive)
             sent.append("code")
         steps.append(store.record_script(layout.root, [upload.use for upload in uploads.values()], access))
         steps.append(access.settle([layout.sif, layout.dataset]))
         steps.append(access.settle([layout.code_dir], recursive=True))
-        sending = [*(f"the {name}" for name in inline), *(["the code snapshot"] if code else [])]
-        _in_store(
-            connection,
-            " && ".join(steps),
-            access,
-            what=f"{'send ' + ', '.join(sending) + ' and ' if sending else ''}record the files this job "
-            f"uses in the index on {connection.target.address}",
-            input_bytes=(stream + (code or b"")) or None,
-        )
-    return Remote(
+    remote = Remote(
         host=connection.target.address,
         user=probe.user,
         submit_dir=layout.submit_dir,
@@ -318,6 +327,20 @@ def ship(
         sent=tuple(sent),
         bytes_sent=total,
     )
+    if dry_run:
+        return remote
+    ending = then(remote) if then is not None else Then("")
+    sending = [*(f"the {name}" for name in inline), *(["the code snapshot"] if "code" in sent else [])]
+    done = _in_store(
+        connection,
+        " && ".join([*steps, *([ending.script] if ending.script else [])]),
+        access,
+        what=f"{'send ' + ', '.join(sending) + ' and ' if sending else ''}record the files this job "
+        f"uses in the index on {connection.target.address}{', then ' + ending.what if ending.what else ''}",
+        input_bytes=(stream + ending.stdin) or None,
+        passing=ending.statuses,
+    )
+    return dataclasses.replace(remote, then_done=done if then is not None else None)
 
 
 def _make_folders(connection: ssh.Connection, layout: _Layout, access: store.Access) -> None:
@@ -334,11 +357,12 @@ def _in_store(
     *,
     what: str,
     input_bytes: bytes | None = None,
-) -> None:
+    passing: tuple[int, ...] = (),
+) -> proc.Completed:
     """Run ``script``, which may begin with store.folders_script: a store group the login user is not in
     is one line naming the setting (its exit 3, before anything is made), any other failure one line
-    with the cluster's own words."""
-    done = _run_settling(connection, script, what=what, refuse=(3,), input_bytes=input_bytes)
+    with the cluster's own words, but for ``passing`` statuses: how it ended, for the caller."""
+    done = _run_settling(connection, script, what=what, refuse=(3, *passing), input_bytes=input_bytes)
     if done.returncode == 3:
         groups = next(
             (line.split("\t", 1)[1] for line in done.stdout.splitlines() if line.startswith("notmember\t")),
@@ -351,6 +375,7 @@ def _in_store(
             f"name one of your groups there ({groups or 'see `id -Gn` on the login node'}), or leave out "
             "[store] group for a store that is yours alone; nothing was sent",
         )
+    return done
 
 
 def _run_settling(
@@ -566,15 +591,16 @@ def _given_access(path: str, access: store.Access) -> str:
     return f"{group}chmod {access.file_mode} {path}"
 
 
-def _code_script(code_dir: str, access: store.Access) -> str:
-    """Shell that unpacks the code snapshot's archive (its stdin) into ``code_dir``: beside its final
-    place, then renamed whole; a concurrent submit of the same snapshot wins the rename and this one's
-    copy is dropped. tar applies the umask to the archive's modes: each file keeps its owner's bits,
-    execute included, and gets the store's group bits."""
+def _code_script(code_dir: str, size: int, access: store.Access) -> str:
+    """Shell that unpacks the code snapshot's archive (the next ``size`` bytes of its stdin) into
+    ``code_dir``: beside its final place, then renamed whole; a concurrent submit of the same snapshot
+    wins the rename and this one's copy is dropped. tar applies the umask to the archive's modes: each
+    file keeps its owner's bits, execute included, and gets the store's group bits."""
     parent = code_dir.rsplit("/", 1)[0]
     return (
         f"umask {access.umask} && mkdir -p {shlex.quote(parent)} && "
         f"incoming=$(mktemp -d {shlex.quote(parent)}/.incoming-XXXXXX) && "
-        f'tar --no-same-permissions -xzf - -C "$incoming" && chmod {access.folder_mode} "$incoming" && '
+        f'head -c {size} | tar --no-same-permissions -xzf - -C "$incoming" && '
+        f'chmod {access.folder_mode} "$incoming" && '
         f'{{ mv -T "$incoming" {shlex.quote(code_dir)} 2>/dev/null || rm -rf "$incoming"; }}'
     )

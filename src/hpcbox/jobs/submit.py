@@ -132,6 +132,43 @@ def submit(
         if not dry_run:
             doctor.first_look(connection, profile, project.state_dir, say=say)
         looked = time.monotonic()
+        stamp = datetime.now(UTC)
+        script_name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
+        code_revision = inputs_revision(project.root, project.code)
+        scripts: list[JobScript] = []
+
+        def script_for(remote: ship.Remote) -> JobScript:
+            inputs = JobInputs(
+                sif=remote.sif,
+                code_dir=remote.code_dir,
+                dataset=remote.dataset,
+                runs_dir="runs",
+                log_dir="logs",
+                sif_sha256=payload.sif_sha256,
+                code_revision=code_revision,
+            )
+            scripts.append(
+                render_sbatch(profile, resources, inputs, trainer_args, command or project.run, sweep=sweep)
+            )
+            return scripts[-1]
+
+        def sbatch(remote: ship.Remote) -> ship.Then:
+            """sbatch at the end of ship's last command: one round trip fewer than a command of its own."""
+            script = script_for(remote)
+            text = script.text.encode()
+            return ship.Then(
+                slurm.submit_script(
+                    remote.submit_dir,
+                    script_name,
+                    len(text),
+                    script.directories_to_create(remote.user),
+                    unset=script.overriding_environment,
+                ),
+                "submit the job with sbatch",
+                text,
+                (slurm.SBATCH_REFUSED,),
+            )
+
         remote = ship.ship(
             connection,
             payload,
@@ -140,38 +177,21 @@ def submit(
             previous=_last_job_on(project, target),
             access=store.Access(profile.store.group),
             dry_run=dry_run,
+            then=sbatch,
             say=say,
         )
-        shipped = time.monotonic()
-        inputs = JobInputs(
-            sif=remote.sif,
-            code_dir=remote.code_dir,
-            dataset=remote.dataset,
-            runs_dir="runs",
-            log_dir="logs",
-            sif_sha256=payload.sif_sha256,
-            code_revision=inputs_revision(project.root, project.code),
-        )
-        script = render_sbatch(profile, resources, inputs, trainer_args, command or project.run, sweep=sweep)
-        stamp = datetime.now(UTC)
-        script_name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
         if dry_run:
             say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
-            say(script.text)
+            say(script_for(remote).text)
             return None
-        job_id = slurm.submit(
-            connection,
-            remote.submit_dir,
-            script_name,
-            script.text,
-            script.directories_to_create(remote.user),
-            unset=script.overriding_environment,
-        )
+        assert remote.then_done is not None  # sbatch ended ship's last command
+        job_id = slurm.submitted(remote.then_done)
+        script = scripts[-1]
+        shipped = time.monotonic()
     timings = {
         "connect": round(connected - started, 3),
         "first_look": round(looked - connected, 3),
-        "ship": round(shipped - looked, 3),
-        "sbatch": round(time.monotonic() - shipped, 3),
+        "ship and sbatch": round(shipped - looked, 3),
     }
     record = _record(
         profile,

@@ -413,6 +413,45 @@ def _read(parse: Callable[..., Any], text: str, *args: Any) -> Any:
         raise HpcboxError(f"sacct answered in a form hpcbox did not ask for: {exc}") from exc
 
 
+# How `submit_script` ends where sbatch refuses the job (Slurm's message on its stderr).
+SBATCH_REFUSED = 6
+_SBATCH_WHAT = "submit the job with sbatch"
+_SBATCH_HINT = "the message is Slurm's own: change the resource it names, or the cluster profile"
+
+
+def submit_script(
+    submit_dir: str,
+    script_name: str,
+    script_size: int,
+    directories: tuple[str, ...],
+    unset: tuple[str, ...] = (),
+) -> str:
+    """Shell that writes the job script, the next ``script_size`` bytes of its stdin (GNU head reads no
+    further, so the script may follow other input), into ``submit_dir/scripts`` and `sbatch --parsable`s
+    it from ``submit_dir``; it ends with the job id on stdout.
+
+    ``directories`` (the log and run folders, relative ones under ``submit_dir``) are made first:
+    Slurm writes no log into a missing folder. ``unset``: environment variables sbatch must not see.
+    Where sbatch refuses, the script is removed again and the status is SBATCH_REFUSED.
+    """
+    script = f"scripts/{script_name}"
+    unset_first = f"unset {shlex.join(unset)} && " if unset else ""
+    return (
+        f"cd {shlex.quote(submit_dir)} && mkdir -p -- {shlex.join(['scripts', *directories])} && "
+        f"head -c {script_size} > {shlex.quote(script)} && {unset_first}"
+        f"{{ sbatch --parsable {shlex.quote(script)} || {{ rm -f {shlex.quote(script)}; "
+        f"exit {SBATCH_REFUSED}; }}; }}"
+    )
+
+
+def submitted(done: proc.Completed) -> str:
+    """The job id a command ending in `submit_script` printed; sbatch's refusal (or any failure) as one
+    line with Slurm's own words."""
+    if done.returncode != 0:
+        raise proc.failure(_SBATCH_WHAT, done.returncode, done.stderr or done.stdout, _SBATCH_HINT, done.argv)
+    return parse_job_id(done.stdout)
+
+
 def submit(
     connection: ssh.Connection,
     submit_dir: str,
@@ -421,27 +460,12 @@ def submit(
     directories: tuple[str, ...],
     unset: tuple[str, ...] = (),
 ) -> str:
-    """Write the script into ``submit_dir/scripts`` and `sbatch --parsable` it from ``submit_dir``.
-
-    ``directories`` (the log and run folders, relative ones under ``submit_dir``) are made first:
-    Slurm writes no log into a missing folder. ``unset``: environment variables sbatch must not
-    see. If sbatch refuses, its own message is the error and the script is removed again.
-    """
-    script = f"scripts/{script_name}"
-    unset_first = f"unset {shlex.join(unset)} && " if unset else ""
-    command = (
-        f"cd {shlex.quote(submit_dir)} && mkdir -p -- {shlex.join(['scripts', *directories])} && "
-        f"cat > {shlex.quote(script)} && {unset_first}"
-        f"{{ sbatch --parsable {shlex.quote(script)} || {{ status=$?; rm -f {shlex.quote(script)}; "
-        "exit $status; }; }"
-    )
-    done = connection.run(
-        command,
-        what="submit the job with sbatch",
-        hint="the message is Slurm's own: change the resource it names, or the cluster profile",
-        input_bytes=script_text.encode(),
-    )
-    return parse_job_id(done.stdout)
+    """Write the script into ``submit_dir/scripts`` and `sbatch --parsable` it from ``submit_dir``
+    (`submit_script`, in a command of its own); its job id. If sbatch refuses, its own message is the
+    error and the script is removed again."""
+    text = script_text.encode()
+    command = submit_script(submit_dir, script_name, len(text), directories, unset)
+    return submitted(connection.run(command, what=_SBATCH_WHAT, check=False, input_bytes=text))
 
 
 def cancel(connection: ssh.Connection, job_id: str, *, batch_signal: str | None = None) -> None:
