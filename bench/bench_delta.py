@@ -36,11 +36,11 @@ from hpcbox.build.image import ENVIRONMENT, build_image
 from hpcbox.build.lock import refresh_pip_locks
 from hpcbox.cli.demo import make_dataset
 from hpcbox.files import file_sha256
-from hpcbox.jobs import ship
 from hpcbox.project.config import load_project
 from hpcbox.render.profiles import load_profile
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.sif.convert import Sif, build_sif
+from hpcbox.store import ship
 from hpcbox.tools import docker, proc, ssh
 
 REPO = Path(__file__).resolve().parents[1]

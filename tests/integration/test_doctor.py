@@ -74,8 +74,8 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
 def test_the_probe_sifs_are_the_same_bytes_wherever_made_and_the_site_gets_each_once(
     setup: Setup, minicluster, tmp_path
 ):
-    from hpcbox.jobs.doctor import PROBE_SIFS
     from hpcbox.sif import probe
+    from hpcbox.survey.doctor import PROBE_SIFS
 
     made = [probe.probe_sifs("x86_64", probe.compressions(), cache=tmp_path / c, say=print) for c in "ab"]
     assert [s.path.read_bytes() for s in made[0]] == [s.path.read_bytes() for s in made[1]]

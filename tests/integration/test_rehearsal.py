@@ -24,11 +24,11 @@ import pytest
 
 from hpcbox import jobs, minicluster
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import draft
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
+from hpcbox.survey import draft
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup

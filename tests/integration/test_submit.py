@@ -27,10 +27,10 @@ import pytest
 
 from hpcbox import jobs
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import datasets, ship
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
+from hpcbox.store import datasets, ship
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
@@ -142,7 +142,7 @@ def test_first_submit_ships_everything_runs_the_trainer_and_fetches_results(
 def test_report_gives_every_figure_with_a_verdict_and_a_plot(
     first_job: jobs.JobRecord, setup: Setup, minicluster
 ):
-    from hpcbox.jobs import efficiency
+    from hpcbox.report import efficiency
 
     finished(minicluster, first_job)
     with ssh.Connection(minicluster.ssh_target()) as connection:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import jobs
+from hpcbox import jobs, store
 from hpcbox.build import baseimage
 from hpcbox.build.lock import candidate_versions
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.jobs import ship, store
+from hpcbox.store import ship
 from hpcbox.tools import ssh
 from tests.fixtures.submitting import Setup
 from tests.integration.test_submit import finished, invoke, local_resources, log_of, submit

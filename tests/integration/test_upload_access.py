@@ -9,9 +9,10 @@ import shlex
 
 import pytest
 
+from hpcbox import store
 from hpcbox.errors import FieldError
-from hpcbox.jobs import ship, store
 from hpcbox.render import profiles
+from hpcbox.store import ship
 from hpcbox.tools import ssh
 from tests.fixtures.submitting import Setup
 from tests.integration.test_submit import SHORT, finished, log_of, session_payload, submit

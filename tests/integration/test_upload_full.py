@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox import jobs
+from hpcbox import jobs, store
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
-from hpcbox.jobs import ship, store
+from hpcbox.store import ship
 from tests.fixtures.submitting import Setup
 from tests.integration.test_submit import SHORT, invoke, local_resources, session_payload
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import datasets, ship
+from hpcbox.store import datasets, ship
 
 
 def make_dataset(root: Path, *, reverse: bool = False, umask: int = 0o022) -> Path:

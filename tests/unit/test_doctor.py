@@ -9,7 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from hpcbox.jobs.doctor import (
+from hpcbox.render import profiles
+from hpcbox.survey.doctor import (
     DIFFERS,
     FAILS,
     OK,
@@ -21,7 +22,6 @@ from hpcbox.jobs.doctor import (
     probing,
     render,
 )
-from hpcbox.render import profiles
 from hpcbox.tools import ssh
 
 PROBES = {

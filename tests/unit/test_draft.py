@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from hpcbox.errors import FieldError, HpcboxError
-from hpcbox.jobs import draft
-from hpcbox.jobs.doctor import Probed
 from hpcbox.render import profiles
+from hpcbox.survey import draft
+from hpcbox.survey.doctor import Probed
 from hpcbox.tools import ssh
 
 DATA = Path(__file__).resolve().parent / "data" / "draft"

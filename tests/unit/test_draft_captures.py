@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import draft
-from hpcbox.jobs.doctor import NOT_RUN, Probed
 from hpcbox.render import profiles
+from hpcbox.survey import draft
+from hpcbox.survey.doctor import NOT_RUN, Probed
 from hpcbox.tools import ssh
 
 CAPTURES = Path(__file__).resolve().parent / "data" / "draft" / "captures"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpcbox import units
-from hpcbox.jobs import efficiency
-from hpcbox.jobs.efficiency import Figure
+from hpcbox.report import efficiency
+from hpcbox.report.efficiency import Figure
 from hpcbox.tools import slurm
 
 DATA = Path(__file__).parent / "data" / "report"

@@ -23,11 +23,11 @@ import pytest
 from hpcbox import jobs
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import SHA256_MEMO
-from hpcbox.jobs import ship
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
+from hpcbox.store import ship
 from hpcbox.tools import proc, slurm, ssh
 
 REPO = Path(__file__).resolve().parents[2]
@@ -550,7 +550,6 @@ def test_the_master_connection_stays_for_the_next_command_for_a_bounded_idle_tim
 def test_waiting_looks_every_quarter_second_at_first_then_every_tenth_of_the_wait_up_to_poll_s(monkeypatch):
     """A job of a few seconds is seen ending within a quarter of one, a longer one within a tenth of its
     run; a long one costs a look every poll_s."""
-    from hpcbox.jobs import follow
     from hpcbox.tools.slurm import JobState
 
     states = iter([*(["PENDING"] * 12), *(["RUNNING"] * 40), "COMPLETED"])
@@ -561,10 +560,10 @@ def test_waiting_looks_every_quarter_second_at_first_then_every_tenth_of_the_wai
         slept.append(seconds)
         clock[0] += seconds + 0.05  # each look itself takes a moment
 
-    monkeypatch.setattr(follow.time, "sleep", sleep)
-    monkeypatch.setattr(follow.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(slurm.time, "sleep", sleep)
+    monkeypatch.setattr(slurm.time, "monotonic", lambda: clock[0])
     seen: list[str] = []
-    found = follow.poll(
+    found = slurm.poll(
         lambda: JobState("7", next(states)), "7", poll_s=2, on_change=lambda state: seen.append(state.state)
     )
     assert found.state == "COMPLETED" and seen == ["PENDING", "RUNNING", "COMPLETED"]

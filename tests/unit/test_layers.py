@@ -12,7 +12,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hpcbox"
 # Top first. A module may import its own stage, any stage below it, and tools/.
 LAYERS = (
-    "cli", "submitit", "testing", "api", "jobs", "minicluster", "render", "sif", "build", "project", "base",
+    "cli", "submitit", "testing", "api", "jobs", "survey", "store", "ledger", "report", "minicluster",
+    "render", "sif", "build", "project", "base",
 )  # fmt: skip
 # The shared helpers at the bottom; the faces at the top (the program, users' `hpcbox.tasks`).
 BASE = {"errors", "files", "tables", "units"}
@@ -100,11 +101,13 @@ def test_the_reader_sees_imports_inside_functions_and_from_the_package(tmp_path:
 
 
 def test_the_commands_about_jobs_stand_on_the_public_api():
-    """`cli/` reaches jobs only through hpcbox.api (Site, Job): the submit sequence exists once, there."""
+    """`cli/` reaches jobs, the store, the site's survey, the ledger and the report only through hpcbox.api
+    (Site, Job): the submit sequence exists once, there."""
+    below_the_api = ("jobs", "survey", "store", "ledger", "report")
     reaching = [
         f"{path.relative_to(PACKAGE.parent)}:{line}: {target}"
         for path in sorted((PACKAGE / "cli").glob("*.py"))
         for line, target in hpcbox_imports(path)
-        if target == "hpcbox.jobs" or target.startswith("hpcbox.jobs.")
+        if stage_of(target) in below_the_api
     ]
     assert reaching == []

@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox import store
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import prune, store
 from hpcbox.project.command import ContainerCommand, Step, Steps
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.render.sweep import Sweep
+from hpcbox.store import prune
 from hpcbox.tools import proc, slurm
 
 SIF_SHA = "a" * 64

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.jobs import efficiency, follow
+from hpcbox.jobs import follow
 from hpcbox.minicluster.lifecycle import UnfinishedJob, parse_unfinished
+from hpcbox.report import efficiency
 from hpcbox.tools import proc, slurm
 
 DATA = Path(__file__).parent / "data" / "report" / "slurm-22.05"

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.jobs import doctor, draft, efficiency, follow
+from hpcbox.jobs import follow
 from hpcbox.minicluster import versions
 from hpcbox.minicluster.lifecycle import UnfinishedJob, parse_unfinished
 from hpcbox.minicluster.shape import slurm_like
 from hpcbox.render import profiles
+from hpcbox.report import efficiency
+from hpcbox.survey import doctor, draft
 from hpcbox.tools import slurm, ssh
 
 DATA = Path(__file__).parent / "data" / "report" / "slurm-26.05"

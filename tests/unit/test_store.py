@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox import store
 from hpcbox.errors import FieldError, HpcboxError
-from hpcbox.jobs import prune, ship, store
+from hpcbox.store import prune, ship
 from hpcbox.tools import proc
 
 

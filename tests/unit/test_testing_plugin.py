@@ -18,7 +18,7 @@ import pytest
 
 from hpcbox.errors import FieldError
 from hpcbox.jobs.fetch import local_run_dir
-from hpcbox.jobs.ledger import Ledger
+from hpcbox.ledger import Ledger
 from hpcbox.minicluster.spec import DEFAULT_NAME, check_name
 from hpcbox.project.config import ProjectConfig
 from hpcbox.testing import ClusterSettings
@@ -83,7 +83,7 @@ def test_each_session_names_its_cluster_anew_and_never_as_the_users_own():
 def test_a_projects_ledger_and_results_can_live_elsewhere(tmp_path: Path):
     """The session's jobs count from 1 on a fresh cluster: their records and results go to its folder,
     not over those of the user's own `local` jobs."""
-    from hpcbox.jobs.ledger import JobRecord
+    from hpcbox.ledger import JobRecord
 
     plain = ProjectConfig(root=tmp_path, name="p", code=())
     moved = ProjectConfig(

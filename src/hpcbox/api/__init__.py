@@ -24,7 +24,7 @@ __all__ = [
 def __getattr__(name: str) -> object:
     # The site conventions come with the profile drafter and the doctor, which no other command loads.
     if name == "CONVENTIONS":
-        from hpcbox.jobs.draft import CONVENTIONS
+        from hpcbox.survey.draft import CONVENTIONS
 
         return CONVENTIONS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

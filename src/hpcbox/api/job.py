@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcbox.api.site import Site
-    from hpcbox.jobs.ledger import JobRecord
+    from hpcbox.ledger import JobRecord
     from hpcbox.project.config import ProjectConfig
     from hpcbox.tools.slurm import JobState
 

@@ -18,13 +18,13 @@ from hpcbox.render.options import RESOURCE_OPTIONS
 if TYPE_CHECKING:
     from hpcbox.api.job import Job
     from hpcbox.jobs.connect import Place
-    from hpcbox.jobs.prune import Plan, Removable
     from hpcbox.project.command import ContainerCommand
     from hpcbox.project.config import ProjectConfig
     from hpcbox.render.profiles import ClusterProfile
     from hpcbox.render.resources import Resources
     from hpcbox.render.sbatch import JobScript
     from hpcbox.render.sweep import Sweep
+    from hpcbox.store.prune import Plan, Removable
     from hpcbox.tools.ssh import Target
 
 Say = Callable[[str], None]
@@ -113,8 +113,8 @@ class Site:
         on_line: Say | None = None,
     ) -> None:
         from hpcbox.jobs.connect import Place
-        from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
         from hpcbox.render.profiles import load_profile
+        from hpcbox.store.ship import DEFAULT_REMOTE_ROOT
 
         self.profile: ClusterProfile = load_profile(name)
         self.place: Place = Place(via=via, host=host, user=user, port=_port(port))
@@ -462,7 +462,8 @@ class Site:
     def doctor(self) -> Checkup:
         """What the login node says of Slurm, partitions, accounts, the container runtime and storage,
         against the profile."""
-        from hpcbox.jobs import doctor, require_slurm
+        from hpcbox.jobs import require_slurm
+        from hpcbox.survey import doctor
 
         require_slurm(self.profile)
         table, failing = doctor.check(self.target, self.profile, say=self.say)
@@ -473,7 +474,7 @@ class Site:
         last ``keep`` jobs and any still queued or running are kept (default: of every job queued,
         running or ended in the last 30 days); deleted only with ``delete``."""
         from hpcbox import jobs
-        from hpcbox.jobs import prune as pruning
+        from hpcbox.store import prune as pruning
         from hpcbox.tools import ssh
 
         if keep is not None and not str(keep).isdigit():
@@ -529,7 +530,8 @@ def draft_profile(
     runtime; what it cannot tell is marked unknown or assumed. ``probe_job``: a one-minute job for what
     only a compute node tells; ``partitions``: only these (default: those with nodes, open to you)."""
     from hpcbox.files import project_root
-    from hpcbox.jobs import draft, running_mini_cluster
+    from hpcbox.jobs import running_mini_cluster
+    from hpcbox.survey import draft
     from hpcbox.tools import ssh
 
     if (host is None) == (via is None):

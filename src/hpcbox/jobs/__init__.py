@@ -1,6 +1,6 @@
-"""Submit a job and follow its life: ship what the cluster lacks, submit, the ledger, status, logs,
-fetch, the efficiency report, cancel, and a shell beside it. The commands (hpcbox.cli) use the names
-below; each module holds one part of the job's life.
+"""A job's life: submit (what the cluster lacks shipped first, by hpcbox.store), status, logs, fetch
+and the efficiency report, cancel, and a shell beside it; its record is hpcbox.ledger's. The public API
+(hpcbox.api) uses the names below; each module holds one part of the job's life.
 
 Each name is imported from its module at first use: `status` needs the ledger and squeue, not the
 build, the SIF conversion and the Docker SDK that `submit` stands on."""
@@ -11,11 +11,11 @@ import importlib
 import sys
 import types
 
-# name → the module of hpcbox.jobs that defines it
+# name → the module that defines it: one of hpcbox.jobs, or a package's own (the ledger's)
 _DEFINED_IN = {
     "CANCEL_GRACE_S": "follow",
-    "JobRecord": "ledger",
-    "Ledger": "ledger",
+    "JobRecord": "hpcbox.ledger",
+    "Ledger": "hpcbox.ledger",
     "Place": "connect",
     "array_state": "follow",
     "cancel": "follow",
@@ -57,7 +57,7 @@ class _NamesFromTheirModules(types.ModuleType):
         module = _DEFINED_IN.get(name)
         if module is None:
             return super().__getattribute__(name)
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        return getattr(importlib.import_module(module if "." in module else f"{__name__}.{module}"), name)
 
     def __dir__(self) -> list[str]:
         return sorted({*super().__dir__(), *_DEFINED_IN})

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.errors import FieldError, HpcboxError
-from hpcbox.jobs.ledger import JobRecord
+from hpcbox.ledger import JobRecord
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render.profiles import ClusterProfile, check_login_word
 from hpcbox.render.resources import Resources

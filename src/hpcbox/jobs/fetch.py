@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs.follow import log_words, state
-from hpcbox.jobs.ledger import JobRecord
+from hpcbox.ledger import JobRecord
 from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Steps
 from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import slurm, ssh
@@ -51,7 +51,7 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     Fetches the results first (incremental), so the trainer's metrics and the GPU samples are read
     from the local copy; sacct gives the rest.
     """
-    from hpcbox.jobs import efficiency
+    from hpcbox.report import efficiency
 
     found = state(connection, record)
     if found.state == "PENDING":

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import time
 from collections.abc import Callable
 
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import efficiency
 from hpcbox.jobs.connect import connection_target
-from hpcbox.jobs.ledger import JobRecord, Ledger
+from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render.sweep import Sweep
+from hpcbox.report import efficiency
 from hpcbox.tools import slurm, ssh
 
 # How long `cancel` lets the job script copy its results back before it cancels outright.
 CANCEL_GRACE_S = 120
-# The shortest wait between two looks at a job's state, and each wait's share of the time waited so far
-# (up to the caller's poll_s): a job of a few seconds is seen ending within a quarter of one, a longer
-# one within a tenth of its run, and a day's wait costs a look every poll_s.
-FIRST_POLL_S = 0.25
-LOOK_SHARE = 0.1
 
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
@@ -140,45 +134,9 @@ def wait(
 ) -> slurm.JobState:
     """Poll the job until ``until`` holds (default: it finished), telling ``on_change`` each new state."""
     read = lambda: state(connection, record)  # noqa: E731
-    return poll(read, record.job_id, until=until, timeout_s=timeout_s, poll_s=poll_s, on_change=on_change)
-
-
-def poll(
-    read: Callable[[], slurm.JobState],
-    job_id: str,
-    *,
-    until: Callable[[slurm.JobState], bool] = lambda found: found.finished,
-    timeout_s: float = 3600,
-    poll_s: float = 2,
-    on_change: Callable[[slurm.JobState], None] | None = None,
-) -> slurm.JobState:
-    """Call ``read`` for job ``job_id``'s state until ``until`` holds, telling ``on_change`` each new
-    state (wait's loop, for a job no ledger records): every FIRST_POLL_S at first, then every tenth of
-    the time waited, up to ``poll_s``."""
-    started = time.monotonic()
-    deadline = started + timeout_s
-    last = None
-    while True:
-        try:
-            found = read()
-        except slurm.AccountingSilent:
-            # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(_next_look(time.monotonic() - started, poll_s))
-            continue
-        if on_change is not None and (found.state, found.reason) != last:
-            on_change(found)
-        last = (found.state, found.reason)
-        if until(found):
-            return found
-        if time.monotonic() > deadline:
-            raise HpcboxError(f"job {job_id} is still {found.state} after {timeout_s:.0f} s")
-        time.sleep(_next_look(time.monotonic() - started, poll_s))
-
-
-def _next_look(waited_s: float, poll_s: float) -> float:
-    return min(max(FIRST_POLL_S, waited_s * LOOK_SHARE), poll_s)
+    return slurm.poll(
+        read, record.job_id, until=until, timeout_s=timeout_s, poll_s=poll_s, on_change=on_change
+    )
 
 
 def follow_command(record: JobRecord, follow: bool) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.jobs import follow
-from hpcbox.jobs.ledger import JobRecord, Ledger
+from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.project.command import NOTEBOOK_RUNTIME_DIR
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render.profiles import ClusterProfile

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hpcbox.jobs.ledger import JobRecord
+from hpcbox.ledger import JobRecord
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.render.resources import Resources
 from hpcbox.tools import ssh

@@ -12,13 +12,13 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from hpcbox import store
 from hpcbox.build.image import CUDA_FLAVOURS, ENVIRONMENT, Image, build_image, last_image, resolve_flavour
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug
-from hpcbox.jobs import doctor, ship, store
 from hpcbox.jobs.connect import require_slurm
-from hpcbox.jobs.ledger import JobRecord, Ledger
+from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.project.command import EXAMPLE_DATASET, EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render import logpaths
@@ -27,6 +27,8 @@ from hpcbox.render.resources import Resources
 from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch
 from hpcbox.render.sweep import Sweep
 from hpcbox.sif.compression import SifCompression
+from hpcbox.store import ship
+from hpcbox.survey import doctor
 from hpcbox.tools import slurm, ssh
 
 
@@ -55,8 +57,8 @@ def prepare_payload(
     directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data). ``target``
     NOTEBOOK: the environment with JupyterLab (`hpcbox notebook`).
     """
-    from hpcbox.jobs.datasets import cache_dir
     from hpcbox.sif.convert import build_sif
+    from hpcbox.store.datasets import cache_dir
 
     # Bad input first, before anything is built.
     base = None

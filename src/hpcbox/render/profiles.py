@@ -77,7 +77,7 @@ class Login:
 
 @dataclass(frozen=True)
 class StoreSettings:
-    """`[store]`: who besides the user may read what hpcbox keeps on the cluster (jobs/store.py)."""
+    """`[store]`: who besides the user may read what hpcbox keeps on the cluster (hpcbox.store)."""
 
     group: str | None = None  # the group that may read it, read only; None: the user alone
 

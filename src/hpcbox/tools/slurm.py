@@ -10,6 +10,7 @@ import dataclasses
 import re
 import shlex
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,11 @@ def parse_job_id(parsable: str) -> str:
     return job_id
 
 
+# The shortest wait between two looks at a job's state, and each wait's share of the time waited so far
+# (up to the caller's poll_s): a job of a few seconds is seen ending within a quarter of one, a longer
+# one within a tenth of its run, and a day's wait costs a look every poll_s.
+FIRST_POLL_S = 0.25
+LOOK_SHARE = 0.1
 _SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
 # sacct gives up on a slurmdbd that takes the connection but never answers only after 40 s (measured on
 # Slurm 24.11); hpcbox waits this long, then says that accounting does not answer.
@@ -243,6 +249,44 @@ def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
             raise AccountingSilent(job_id)
         return dataclasses.replace(state, note="exit code unknown: Slurm's accounting does not answer")
     return state
+
+
+def poll(
+    read: Callable[[], JobState],
+    job_id: str,
+    *,
+    until: Callable[[JobState], bool] = lambda found: found.finished,
+    timeout_s: float = 3600,
+    poll_s: float = 2,
+    on_change: Callable[[JobState], None] | None = None,
+) -> JobState:
+    """Call ``read`` for job ``job_id``'s state until ``until`` holds, telling ``on_change`` each new
+    state (wait's loop, for a job no ledger records): every FIRST_POLL_S at first, then every tenth of
+    the time waited, up to ``poll_s``."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    last = None
+    while True:
+        try:
+            found = read()
+        except AccountingSilent:
+            # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(_next_look(time.monotonic() - started, poll_s))
+            continue
+        if on_change is not None and (found.state, found.reason) != last:
+            on_change(found)
+        last = (found.state, found.reason)
+        if until(found):
+            return found
+        if time.monotonic() > deadline:
+            raise HpcboxError(f"job {job_id} is still {found.state} after {timeout_s:.0f} s")
+        time.sleep(_next_look(time.monotonic() - started, poll_s))
+
+
+def _next_look(waited_s: float, poll_s: float) -> float:
+    return min(max(FIRST_POLL_S, waited_s * LOOK_SHARE), poll_s)
 
 
 def _sacct(connection: ssh.Connection, arguments: Sequence[str], *, what: str) -> proc.Completed:

@@ -1,6 +1,7 @@
 """The cluster's content-addressed store (SIFs under `images/sha256/`, dataset archives under
 `data/sha256/`) and the index beside it: which project used which stored file, of which flavour and
-compression, and when last.
+compression, and when last. Its modules: `ship` (what a job needs, sent where the cluster lacks it),
+`prune` (what no kept job uses, removed), `datasets` (a dataset directory as one archive).
 
 The store is shared by every project of the user on that cluster and addressed by content alone, so it
 cannot say by itself which file is this project's previous environment. The index can: a delta upload

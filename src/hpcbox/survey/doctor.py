@@ -29,11 +29,11 @@ from pathlib import Path
 
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug, write_atomically
-from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
-from hpcbox.jobs.store import PRIVATE
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.sif import probe
 from hpcbox.sif.compression import SifCompression, fastest
+from hpcbox.store import PRIVATE
+from hpcbox.store.ship import DEFAULT_REMOTE_ROOT
 from hpcbox.tools import slurm, ssh
 from hpcbox.units import format_time, parse_time
 

@@ -36,12 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcbox import store
 from hpcbox.build.image import code_files
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import SHA256_MEMO, known_sha256
-from hpcbox.jobs import datasets, store
-from hpcbox.jobs.ledger import JobRecord
+from hpcbox.ledger import JobRecord
 from hpcbox.project.config import ProjectConfig
+from hpcbox.store import datasets
 from hpcbox.tools import docker, proc, ssh
 
 DEFAULT_REMOTE_ROOT = "hpcbox"

@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from hpcbox import store
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs import store
-from hpcbox.jobs.ledger import JobRecord
-from hpcbox.jobs.ship import remote_root
+from hpcbox.ledger import JobRecord
+from hpcbox.store.ship import remote_root
 from hpcbox.tools import slurm, ssh
 
 KEEP_DAYS = 30

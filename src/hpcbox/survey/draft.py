@@ -28,11 +28,10 @@ from pathlib import Path
 
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import write_atomically
-from hpcbox.jobs import follow
-from hpcbox.jobs.doctor import NOT_RUN, Probed, ask
-from hpcbox.jobs.ship import DEFAULT_REMOTE_ROOT
-from hpcbox.jobs.store import PRIVATE
 from hpcbox.render.profiles import parse_profile
+from hpcbox.store import PRIVATE
+from hpcbox.store.ship import DEFAULT_REMOTE_ROOT
+from hpcbox.survey.doctor import NOT_RUN, Probed, ask
 from hpcbox.tables import NAME, toml_value
 from hpcbox.tools import slurm, ssh
 
@@ -528,7 +527,7 @@ def run_probe_job(
             say(f"hpcbox: probe job {job_id}: {found.state}{why}")
 
     try:
-        found = follow.poll(read, job_id, timeout_s=wait_s, on_change=said)
+        found = slurm.poll(read, job_id, timeout_s=wait_s, on_change=said)
     except BaseException as exc:  # given up on, Ctrl-C, or a connection lost: the job goes too
         connection.run(["scancel", job_id], what=f"cancel probe job {job_id}", check=False)
         if isinstance(exc, HpcboxError):
