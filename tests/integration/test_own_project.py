@@ -321,9 +321,11 @@ def test_the_projects_own_pytest_rehearses_its_job_on_a_cluster_of_its_session_a
     own_project: OwnProject, tmp_path: Path
 ):
     """The project's tests ask for `hpcbox_cluster` (hpcbox's pytest plugin, found through its entry
-    point); two sessions at once, as two CI jobs on one machine: each brings up a mini cluster of its own,
-    the one submits, waits, fetches and passes, the other is interrupted (SIGINT) while it waits on its job;
-    neither leaves a container, network, volume or key behind, nor touches the project's own ledger."""
+    point); sessions at once, as CI jobs on one machine: each brings up a mini cluster of its own, one
+    submits, waits, fetches and passes, one is interrupted (SIGINT) while it waits on its job, and one is
+    killed outright (SIGKILL: nothing of it can clean up) while it waits: the next session to start
+    removes what that one left, and none of the others'. None leaves a container, network, volume or key
+    behind, nor touches the project's own ledger."""
     root = own_project.root
     (root / "tests").mkdir(exist_ok=True)
     (root / "tests" / "test_on_slurm.py").write_text(PROJECT_TEST)
@@ -338,14 +340,24 @@ def test_the_projects_own_pytest_rehearses_its_job_on_a_cluster_of_its_session_a
         if key not in ("HPCBOX_MINICLUSTER", "HPCBOX_MINICLUSTER_STATE") and not key.startswith("PYTEST_")
     }
     green = ProjectSession(root, env, tmp_path / "green", "tests/test_on_slurm.py")
-    waiting = ProjectSession(root, env, tmp_path / "waiting", "tests/test_waiting.py")
+    killed = ProjectSession(root, env, tmp_path / "killed", "tests/test_waiting.py")
+    waiting = None
     try:
+        killed.await_line(r"waiting on job \d+", timeout_s=600)
+        killed.process.kill()
+        killed.finish(60)
+        assert _left_of(killed.cluster) != []  # what a killed session leaves, until the next one starts
+        waiting = ProjectSession(root, env, tmp_path / "waiting", "tests/test_waiting.py")
         waiting.await_line(r"waiting on job \d+", timeout_s=600)
+        reaped = f"hpcbox: removing mini cluster {killed.cluster}, left by a test session that ended"
+        assert reaped in waiting.output, waiting.output
+        assert _left_of(killed.cluster) == []
+        assert not [path for path in killed.basetemp.rglob(killed.cluster)], "its keys are left"
         waiting.process.send_signal(signal.SIGINT)
         assert waiting.finish(300) == pytest.ExitCode.INTERRUPTED, waiting.output
         assert green.finish(600) == 0, green.output
     finally:
-        for session in (green, waiting):
+        for session in (green, killed, *([waiting] if waiting else [])):
             if session.process.poll() is None:
                 session.process.kill()
             if session.process.returncode not in (0, pytest.ExitCode.INTERRUPTED) and CLUSTER_UP.search(
@@ -354,7 +366,8 @@ def test_the_projects_own_pytest_rehearses_its_job_on_a_cluster_of_its_session_a
                 _left_of(session.cluster, remove=True)  # killed, or failed: its cluster goes with it
     assert "1 passed" in green.output, green.output
     assert "KeyboardInterrupt" in waiting.output, waiting.output
-    assert green.cluster != waiting.cluster
+    assert len({green.cluster, killed.cluster, waiting.cluster}) == 3
+    assert f"removing mini cluster {green.cluster}, left" not in waiting.output  # it ran meanwhile
     for session in (green, waiting):
         removed = f"hpcbox: removed mini cluster {session.cluster}: 5 containers"
         assert removed in session.output, session.output

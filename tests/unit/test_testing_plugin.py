@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from importlib.metadata import entry_points
@@ -22,7 +24,7 @@ from hpcbox.ledger import Ledger
 from hpcbox.minicluster.spec import DEFAULT_NAME, check_name
 from hpcbox.project.config import ProjectConfig
 from hpcbox.testing import ClusterSettings
-from hpcbox.testing.cluster import NAME_PREFIX, signals_held, unique_name
+from hpcbox.testing.cluster import NAME_PREFIX, orphans, signals_held, unique_name
 from hpcbox.testing.plugin import settings_of
 
 pytest_plugins = ["pytester"]
@@ -153,7 +155,21 @@ cluster.start, cluster.stop = start, stop
 
 
 @pytest.fixture
-def stand_in(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+def own_private_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary folder of the test's own (TMPDIR, here and in what it starts), so that the sessions
+    it runs find only their own clusters' owner files: never those of real sessions beside it (the
+    stand-in stop would leave such a cluster up and take its owner file)."""
+    folder = tmp_path / "tmpdir"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    return folder
+
+
+@pytest.fixture
+def stand_in(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, own_private_folder
+) -> pytest.Pytester:
     """pytester with STAND_IN as its conftest; the real start and stop put back after the test (a
     session run in this process replaces them)."""
     from hpcbox.testing import cluster
@@ -240,7 +256,7 @@ def test_a_session_interrupted_by_ctrl_c_still_removes_its_cluster(stand_in: pyt
     assert "hpcbox: removed mini cluster hpcbox-pytest-" in ran.stdout.str()
 
 
-def test_sigterm_interrupts_the_session_as_ctrl_c_does(pytester: pytest.Pytester):
+def test_sigterm_interrupts_the_session_as_ctrl_c_does(pytester: pytest.Pytester, own_private_folder):
     """As a CI runner cancelling a job sends it: without the plugin's handler, SIGTERM would end pytest
     at once and leave the cluster running."""
     pytester.makeconftest(STAND_IN)
@@ -251,6 +267,47 @@ def test_sigterm_interrupts_the_session_as_ctrl_c_does(pytester: pytest.Pytester
     assert ran.ret == pytest.ExitCode.INTERRUPTED
     assert [call["call"] for call in _calls(pytester)] == ["start", "stop"]
     assert "hpcbox: removed mini cluster hpcbox-pytest-" in ran.stdout.str()
+
+
+# A process that owns a session cluster (its owner file flock'ed) until it is killed.
+OWNER = """
+import sys, time
+from pathlib import Path
+from hpcbox.testing.cluster import _owned
+with _owned(sys.argv[1], Path(sys.argv[2])):
+    print("owned", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_cluster_whose_session_was_killed_outright_is_found_and_a_running_sessions_is_not(
+    own_private_folder: Path, tmp_path: Path
+):
+    """What a session finds before it starts its own: the cluster of one killed by SIGKILL (no clean-up
+    ran) with its session's folder, and never the cluster of one that runs."""
+    owners = []
+    for name in (f"{NAME_PREFIX}00000001", f"{NAME_PREFIX}00000002"):
+        (tmp_path / name).mkdir()
+        owner = subprocess.Popen(
+            [sys.executable, "-c", OWNER, name, str(tmp_path / name)], stdout=subprocess.PIPE, text=True
+        )
+        assert owner.stdout is not None and owner.stdout.readline() == "owned\n"
+        owners.append(owner)
+    running, killed = owners
+    try:
+        killed.kill()
+        killed.wait(10)
+        found = list(orphans())
+        assert found == [(f"{NAME_PREFIX}00000002", tmp_path / f"{NAME_PREFIX}00000002")]
+        assert list(orphans()) == []  # its owner file went once it was named
+        running.kill()
+        running.wait(10)
+        (tmp_path / f"{NAME_PREFIX}00000001").rmdir()  # its session's temporary files gone too
+        assert list(orphans()) == [(f"{NAME_PREFIX}00000001", None)]
+    finally:
+        for owner in owners:
+            owner.kill()
+            owner.wait(10)
 
 
 @pytest.mark.skipif(
@@ -267,8 +324,6 @@ def test_signals_during_the_removal_are_held_off_until_it_is_done():
 
 
 def test_the_plugin_imports_nothing_heavy():
-    import subprocess
-
     code = (
         "import sys, hpcbox.testing.plugin; "
         f"print(sorted({{name.split('.')[0] for name in sys.modules}} & set({HEAVY!r})))"

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import os
 import secrets
 import signal
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +39,8 @@ Say = Callable[[str], None]
 DEFAULT_PROFILE = "local"
 STATE_VARIABLE = "HPCBOX_MINICLUSTER_STATE"  # where hpcbox finds mini clusters' keys (minicluster/state.py)
 NAME_PREFIX = "hpcbox-pytest-"  # then 8 hex digits: a valid cluster name, never the user's hpcbox-local
+# Under the user's private folder: one file per session cluster, flock'ed by the process whose it is.
+OWNERS = "pytest-clusters"
 
 
 @dataclass(frozen=True)
@@ -170,10 +174,11 @@ def running(
     raises its own error (where the engine does not answer, the removal fails too)."""
     name = unique_name()
     started = time.monotonic()
+    remove_orphans(say)
     previous = os.environ.get(STATE_VARIABLE)
     os.environ[STATE_VARIABLE] = str(state_root(folder))
     try:
-        with _interrupt_on_sigterm():
+        with _interrupt_on_sigterm(), _owned(name, folder):
             say(f"hpcbox: starting mini cluster {name}, shaped like {settings.profile}")
             try:
                 handle = start(name, settings, project_root, folder, say=_prefixed(say))
@@ -194,6 +199,66 @@ def running(
             os.environ.pop(STATE_VARIABLE, None)
         else:
             os.environ[STATE_VARIABLE] = previous
+
+
+def _owners() -> Path:
+    """The user's folder of session clusters' owner files (in the private folder: 0700)."""
+    from hpcbox.files import private_folder
+
+    folder = private_folder() / OWNERS
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def _owned(name: str, folder: Path) -> Iterator[None]:
+    """Cluster ``name`` this process's for the block: its owner file, naming the session's ``folder``
+    and flock'ed meanwhile (the kernel frees the lock however the process ends, SIGKILL included), made
+    before the cluster's first container and removed after its last."""
+    path = _owners() / f"{name}.lock"
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(str(folder))
+        handle.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def orphans() -> Iterator[tuple[str, Path | None]]:
+    """The session clusters whose owner file no process holds (their sessions killed outright, or a CI
+    runner lost): each name with its session's folder (None where that is gone), its owner file locked
+    by this process until the next is asked for, then removed. A cluster whose owner file is not in
+    this user's folder on this machine is never among them (another user's, or a session's in another
+    container)."""
+    for path in sorted(_owners().glob(f"{NAME_PREFIX}*.lock")):
+        try:
+            handle = open(path)  # noqa: SIM115  (closed below, on every way out)
+        except FileNotFoundError:
+            continue  # its session removed its cluster meanwhile
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # its session runs
+            folder = handle.read().strip()
+            if not folder:
+                continue  # a session between making its file and locking it
+            yield path.name.removesuffix(".lock"), Path(folder) if Path(folder).is_dir() else None
+            path.unlink(missing_ok=True)
+
+
+def remove_orphans(say: Say) -> list[str]:
+    """Remove the clusters `orphans` finds, saying so; their names."""
+    removed = []
+    for name, folder in orphans():
+        say(f"hpcbox: removing mini cluster {name}, left by a test session that ended without removing it")
+        # Its session's folder may be gone with that session's temporary files: its keys then too.
+        with tempfile.TemporaryDirectory() as elsewhere:
+            stop(name, folder or Path(elsewhere))
+        removed.append(name)
+    return removed
 
 
 def _remove(name: str, folder: Path, say: Say) -> None:
