@@ -88,12 +88,17 @@ def record(
 
 
 def measured_at() -> str:
-    """The checkout's commit, `-dirty` where it has uncommitted changes to tracked files."""
+    """The checkout's commit, `-dirty` where it has uncommitted changes to tracked files other than what
+    benchmarks write (bench/results/ and the docs' figure blocks): a run of several benchmarks would
+    otherwise call every one after the first dirty."""
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout.strip()
     changed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!docs"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     return f"{commit}-dirty" if changed else commit
 
