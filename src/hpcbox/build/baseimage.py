@@ -34,13 +34,9 @@ import tarfile
 import tempfile
 import time
 import tomllib
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http import HTTPStatus
 from pathlib import Path
 
 from hpcbox.build import offlock
@@ -409,6 +405,9 @@ def snapshot_time_of(pins: Mapping[str, str], locked_at: int | None = None) -> t
 
 def _first_seen(package: str, version: str) -> tuple[str | None, str]:
     """When the snapshot archive first had ``package`` (NAME, or NAME:ARCH) at ``version``; else None, why."""
+    import urllib.parse  # the snapshot archive's modules at first use: every submit imports this module
+    from http import HTTPStatus
+
     name, _, arch = package.partition(":")
     arch = arch or _debian_arch()
     quoted = f"{urllib.parse.quote(name, safe='')}/{urllib.parse.quote(version, safe='')}"
@@ -462,6 +461,9 @@ def _deb_arch(name: str) -> str:
 
 def _ask_mr(path: str) -> tuple[dict | None, int | None, str]:
     """The snapshot archive's JSON answer at /mr/``path``; else None, the HTTP status if any, and why."""
+    import urllib.error
+    import urllib.request
+
     url = f"{snapshot_url()}/mr/{path}"
     try:
         with urllib.request.urlopen(url, timeout=_SNAPSHOT_PROBE_SECONDS) as answer:
@@ -477,6 +479,9 @@ def _ask_mr(path: str) -> tuple[dict | None, int | None, str]:
 
 def snapshot_unreachable(snapshot: str, suite: str) -> str | None:
     """Why the snapshot archive cannot serve ``suite`` as it was at ``snapshot``; None when it can."""
+    import urllib.error
+    import urllib.request
+
     url = f"{snapshot_mirror(snapshot)}/dists/{suite}/Release"
     try:
         with urllib.request.urlopen(

@@ -16,7 +16,6 @@ import os
 import re
 import sys
 import tomllib
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -208,6 +207,8 @@ def flavour_without_registry(name: str | None, index: str = PACKAGE_INDEX) -> Fl
 
 def index_reachable(url: str, timeout_s: float = 5) -> bool:
     """Whether the package index at ``url`` answers over HTTP(S) within ``timeout_s``."""
+    import urllib.request  # here: every submit imports this module, and only a build asks
+
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s):
             return True
@@ -456,9 +457,6 @@ def build_image(
     plan = plan_build(
         project, flavour=flavour, offline=offline, base=base, target=target, strict=strict, say=say
     )
-    revision = inputs_revision(
-        project.root, (project.docker_dir, project.dockerfile, *(project.code if target == RUNTIME else ()))
-    )
     existing = docker.image(plan.ref)
     if existing is None and not no_cache:
         # where Debian moved on, the off-lock build that stands in for this one
@@ -478,6 +476,10 @@ def build_image(
             f"CA bundle {ca} does not exist", "point PIP_CERT / SSL_CERT_FILE at a readable file"
         )
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
+    # Asked of git only for a build (three git commands): an image found up to date needs no label.
+    revision = inputs_revision(
+        project.root, (project.docker_dir, project.dockerfile, *(project.code if target == RUNTIME else ()))
+    )
     pip_lock = project.root / project.docker_dir / plan.flavour.pip_lock
     unpinned = sourcebuild.unpinned_build_tools(pip_lock, (project.root / project.dockerfile).read_text())
     if unpinned:

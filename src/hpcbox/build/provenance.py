@@ -27,16 +27,15 @@ def inputs_revision(root: Path, paths: Sequence[str]) -> str:
     """
     if not paths:
         raise ValueError("inputs_revision needs a path: git reads none as the whole tree")
-    head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
-    if not head:
-        return "unknown"
-    # rev-list, not log: plumbing, which no log.* setting (log.follow) changes.
+    # rev-list, not log: plumbing, which no log.* setting (log.follow) changes. It fails where there is
+    # no commit at all (or no repository).
     last = _git(root, "rev-list", "--max-count=1", "HEAD", "--", *paths)
     status = _git(root, "status", "--porcelain", "--untracked-files=normal", "--", *paths)
     if last is None or status is None:
         return "unknown"
     if not last:
-        return f"{head}-dirty"
+        head = _git(root, "rev-parse", "--verify", "--quiet", "HEAD")
+        return f"{head}-dirty" if head else "unknown"
     return last + ("-dirty" if status else "")
 
 

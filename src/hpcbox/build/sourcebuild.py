@@ -17,11 +17,8 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-import ssl
 import tarfile
 import tomllib
-import urllib.request
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,6 +227,9 @@ def _debian_name(name: str) -> str:
 
 def _fetch(package: SourceOnly, cafile: Path | None) -> bytes:
     """The package's sdist, checked against the lock's sha256."""
+    import ssl  # here, not at the top: every submit imports this module, and only a lock fetches
+    import urllib.request
+
     context = ssl.create_default_context(cafile=str(cafile) if cafile else None)
     try:
         with urllib.request.urlopen(package.url, timeout=_FETCH_SECONDS, context=context) as answer:
@@ -249,6 +249,8 @@ def _fetch(package: SourceOnly, cafile: Path | None) -> bytes:
 
 def _pyproject(sdist: bytes, package: SourceOnly) -> str | None:
     """The text of the sdist's top-level pyproject.toml (`NAME-VERSION/pyproject.toml`), or None."""
+    import zipfile
+
     try:
         if zipfile.is_zipfile(io.BytesIO(sdist)):
             with zipfile.ZipFile(io.BytesIO(sdist)) as archive:
