@@ -221,6 +221,20 @@ def code_snapshot(*files: tuple[str, int]) -> ship.CodeSnapshot:
     return ship.CodeSnapshot("c0de" * 16, gzip.compress(buffer.getvalue()), len(files))
 
 
+def test_settling_is_one_command_in_a_chain_and_changes_only_the_users_own(tmp_path: Path):
+    """Access.settle gathers the user's own paths and changes them in one chmod: inside a chain of
+    `&&` steps it is one step (a step before it that fails stops it and what follows), and a missing
+    path is left alone."""
+    mine = tmp_path / "mine"
+    mine.write_text("x")
+    mine.chmod(0o644)
+    settle = store.Access().settle([str(mine), str(tmp_path / "missing")])
+    stopped = Here().run(f"false && {settle} && echo after", what="chain", check=False)
+    assert stopped.returncode != 0 and "after" not in stopped.stdout and mode(mine) == "644"
+    went = Here().run(f"true && {settle} && echo after", what="chain")
+    assert went.stdout.strip() == "after" and mode(mine) == "600"
+
+
 def test_the_store_is_the_users_alone_by_default_and_a_looser_one_is_tightened(tmp_path: Path):
     root = tmp_path / "hpcbox"
     # A store an earlier hpcbox made under umask 022: readable by every user of a 0755 home.

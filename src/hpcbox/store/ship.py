@@ -177,25 +177,27 @@ class _Probe:
     home: str
     user: str
     present: dict[str, bool]
-    free_bytes: dict[str, int]  # kind -> bytes free where its store is (or would be)
+    free_bytes: dict[str, int]  # kind -> bytes free where its store is (or would be), for those missing
     store: store.Store
 
 
 def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
     """The remote home, which of the inputs are there already, the free space where the store's files
-    go, and the store's listing (one round trip)."""
+    that are not go, and the store's listing (one round trip)."""
     checks = {"sif": ("-f", layout.sif), "dataset": ("-f", layout.dataset), "code": ("-d", layout.code_dir)}
     lines = ['printf "home\\t%s\\n" "$HOME"', 'printf "user\\t%s\\n" "$(id -un)"']
-    lines += [
-        f"if test {flag} {shlex.quote(path)}; then echo 'present\t{name}'; fi"
-        for name, (flag, path) in checks.items()
-    ]
-    for kind in store.FOLDERS:
-        # The nearest folder that exists: the store's own once there is one.
+    for name, (flag, path) in checks.items():
+        present = f"echo 'present\t{name}'"
+        if name not in store.FOLDERS:
+            lines.append(f"if test {flag} {shlex.quote(path)}; then {present}; fi")
+            continue
+        # Where it is missing, the free space in the nearest folder that exists: the store's own once
+        # there is one (asked only then: a submit that finds both spares the cluster two df).
         lines.append(
-            f"d={shlex.quote(store.folder(root, kind))}; "
+            f"if test {flag} {shlex.quote(path)}; then {present}; else "
+            f"d={shlex.quote(store.folder(root, name))}; "
             'while test ! -d "$d"; do d=$(dirname "$d"); done; '
-            f"printf 'free\\t{kind}\\t%s\\n' \"$(df -Pk \"$d\" | awk 'NR==2 {{print $4}}')\""
+            f"printf 'free\\t{name}\\t%s\\n' \"$(df -Pk \"$d\" | awk 'NR==2 {{print $4}}')\"; fi"
         )
     lines.append(store.listing_script(root))
     done = connection.run("; ".join(lines), what=f"look at {root} on {connection.target.address}")
@@ -203,16 +205,16 @@ def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
     home = [line.split("\t", 1)[1] for line in answers if line.startswith("home\t")]
     user = [line.split("\t", 1)[1] for line in answers if line.startswith("user\t")]
     free = dict(line.split("\t")[1:3] for line in answers if line.startswith("free\t"))
+    present = {name: f"present\t{name}" in answers for name in checks}
     if (
         len(home) != 1
         or len(user) != 1
-        or set(free) != set(store.FOLDERS)
+        or set(free) != {kind for kind in store.FOLDERS if not present[kind]}
         or not all(v.isdigit() for v in free.values())
     ):
         raise HpcboxError(
             f"unexpected answer from {connection.target.address}: {done.stdout.strip()[:200]!r}"
         )
-    present = {name: f"present\t{name}" in answers for name in checks}
     free_bytes = {kind: int(kilobytes) * 1024 for kind, kilobytes in free.items()}
     return _Probe(home[0], user[0], present, free_bytes, store.parse_listing(answers))
 
