@@ -319,11 +319,15 @@ def test_small_files_go_whole_in_ships_one_command_before_the_code_and_leave_no_
     assert (Path(remote.code_dir) / "a.py").read_text() == "x=1"
     hidden = [p.name for p in root.rglob(".*") if ".partial" in p.name or p.name.startswith(".incoming")]
     assert hidden == []
-    listed = ship._probe(Here(), ship._Layout(str(root), "trainer", payload), str(root)).store
+    listing = Here().run(store.listing_script(str(root)), what="list the store").stdout
+    listed = store.parse_listing(listing.splitlines())
     assert listed.users("dataset", Path(remote.dataset).name) == {"trainer"}
     assert any("uploading the dataset (300,000 bytes)" in line for line in said), said
     again = ship.ship(Here(), payload, "trainer", root=str(root), say=said.append)
     assert (again.sent, again.bytes_sent) == ((), 0)
+    # With everything there, the probe asks no free space and no listing (no upload needs a basis).
+    probe = ship._probe(Here(), ship._Layout(str(root), "trainer", payload), str(root))
+    assert all(probe.present.values()) and probe.free_bytes == {} and probe.store.uses == ()
 
 
 def test_a_then_ends_ships_last_command_reading_its_stdin_after_the_files_and_its_statuses_are_the_callers(

@@ -227,9 +227,10 @@ def listing_script(root: str, project: str | None = None) -> str:
             f"-printf 'stored\\t{kind}\\t%s\\t%f\\n' -o -type f \\( {hidden} \\) "
             f"-printf 'unfinished\\t{kind}\\t%s\\t%C@\\t%f\\n'; fi"
         )
+        # Every entry's first line (4096 characters at most) in one awk, however many entries there are.
         lines.append(
-            f"if test -d {index}; then for f in {index}/*; do "
-            'test -f "$f" || continue; printf "index\\t%s\\n" "$(head -c 4096 "$f")"; done; fi'
+            f"if test -d {index}; then find {index} -maxdepth 1 -type f ! -name '.*' -exec awk "
+            "'FNR == 1 { print \"index\\t\" substr($0, 1, 4096) }' {} +; fi"
         )
     if project is not None:
         code = shlex.quote(f"{root}/{project}/code")

@@ -199,7 +199,9 @@ def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
             'while test ! -d "$d"; do d=$(dirname "$d"); done; '
             f"printf 'free\\t{name}\\t%s\\n' \"$(df -Pk \"$d\" | awk 'NR==2 {{print $4}}')\"; fi"
         )
-    lines.append(store.listing_script(root))
+    # The store's listing chooses a basis for an upload: asked only where the SIF or dataset is missing.
+    wanted = " || ".join(f"! test -f {shlex.quote(checks[kind][1])}" for kind in store.FOLDERS)
+    lines.append(f"if {wanted}; then {store.listing_script(root)}; fi")
     done = connection.run("; ".join(lines), what=f"look at {root} on {connection.target.address}")
     answers = done.stdout.splitlines()
     home = [line.split("\t", 1)[1] for line in answers if line.startswith("home\t")]
