@@ -227,10 +227,16 @@ def listing_script(root: str, project: str | None = None) -> str:
             f"-printf 'stored\\t{kind}\\t%s\\t%f\\n' -o -type f \\( {hidden} \\) "
             f"-printf 'unfinished\\t{kind}\\t%s\\t%C@\\t%f\\n'; fi"
         )
-        # Every entry's first line (4096 characters at most) in one awk, however many entries there are.
+        # Every entry's first line (4096 characters at most) in one awk however many entries there are,
+        # read with getline: an entry that cannot be read (another user's, or one a prune removed since
+        # find saw it) is passed over, where awk's own reading of its files would stop at it (mawk).
+        read_each = (
+            "'BEGIN { for (i = 1; i < ARGC; i++) { if ((getline line < ARGV[i]) > 0) "
+            'print "index\\t" substr(line, 1, 4096); close(ARGV[i]) } }\''
+        )
         lines.append(
-            f"if test -d {index}; then find {index} -maxdepth 1 -type f ! -name '.*' -exec awk "
-            "'FNR == 1 { print \"index\\t\" substr($0, 1, 4096) }' {} +; fi"
+            f"if test -d {index}; then find {index} -maxdepth 1 -type f ! -name '.*' -exec awk {read_each} "
+            "{} +; fi"
         )
     if project is not None:
         code = shlex.quote(f"{root}/{project}/code")
