@@ -134,12 +134,11 @@ def submit(
         if not dry_run:
             doctor.first_look(connection, profile, project.state_dir, say=say)
         looked = time.monotonic()
-        stamp = datetime.now(UTC)
-        script_name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
         code_revision = inputs_revision(project.root, project.code)
-        scripts: list[JobScript] = []
+        rendered: list[tuple[JobScript, str, datetime]] = []
 
-        def script_for(remote: ship.Remote) -> JobScript:
+        def render(remote: ship.Remote) -> tuple[JobScript, str, datetime]:
+            """The job script with the shipped paths, its name, and when: once the uploads are done."""
             inputs = JobInputs(
                 sif=remote.sif,
                 code_dir=remote.code_dir,
@@ -149,19 +148,22 @@ def submit(
                 sif_sha256=payload.sif_sha256,
                 code_revision=code_revision,
             )
-            scripts.append(
-                render_sbatch(profile, resources, inputs, trainer_args, command or project.run, sweep=sweep)
+            script = render_sbatch(
+                profile, resources, inputs, trainer_args, command or project.run, sweep=sweep
             )
-            return scripts[-1]
+            stamp = datetime.now(UTC)
+            name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
+            rendered.append((script, name, stamp))
+            return rendered[-1]
 
         def sbatch(remote: ship.Remote) -> ship.Then:
             """sbatch at the end of ship's last command: one round trip fewer than a command of its own."""
-            script = script_for(remote)
+            script, name, _ = render(remote)
             text = script.text.encode()
             return ship.Then(
                 slurm.submit_script(
                     remote.submit_dir,
-                    script_name,
+                    name,
                     len(text),
                     script.directories_to_create(remote.user),
                     unset=script.overriding_environment,
@@ -183,12 +185,13 @@ def submit(
             say=say,
         )
         if dry_run:
+            script, script_name, _ = render(remote)
             say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
-            say(script_for(remote).text)
+            say(script.text)
             return None
         assert remote.then_done is not None  # sbatch ended ship's last command
         job_id = slurm.submitted(remote.then_done)
-        script = scripts[-1]
+        script, script_name, stamp = rendered[-1]
         shipped = time.monotonic()
     timings = {
         "connect": round(connected - started, 3),

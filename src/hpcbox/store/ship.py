@@ -185,7 +185,7 @@ def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
     """The remote home, which of the inputs are there already, the free space where the store's files
     that are not go, and the store's listing (one round trip)."""
     checks = {"sif": ("-f", layout.sif), "dataset": ("-f", layout.dataset), "code": ("-d", layout.code_dir)}
-    lines = ['printf "home\\t%s\\n" "$HOME"', 'printf "user\\t%s\\n" "$(id -un)"']
+    lines = ['printf "home\\t%s\\n" "$HOME"', 'printf "user\\t%s\\n" "$(id -un)"', 'missing=""']
     for name, (flag, path) in checks.items():
         present = f"echo 'present\t{name}'"
         if name not in store.FOLDERS:
@@ -194,14 +194,13 @@ def _probe(connection: ssh.Connection, layout: _Layout, root: str) -> _Probe:
         # Where it is missing, the free space in the nearest folder that exists: the store's own once
         # there is one (asked only then: a submit that finds both spares the cluster two df).
         lines.append(
-            f"if test {flag} {shlex.quote(path)}; then {present}; else "
+            f"if test {flag} {shlex.quote(path)}; then {present}; else missing=1; "
             f"d={shlex.quote(store.folder(root, name))}; "
             'while test ! -d "$d"; do d=$(dirname "$d"); done; '
             f"printf 'free\\t{name}\\t%s\\n' \"$(df -Pk \"$d\" | awk 'NR==2 {{print $4}}')\"; fi"
         )
     # The store's listing chooses a basis for an upload: asked only where the SIF or dataset is missing.
-    wanted = " || ".join(f"! test -f {shlex.quote(checks[kind][1])}" for kind in store.FOLDERS)
-    lines.append(f"if {wanted}; then {store.listing_script(root)}; fi")
+    lines.append(f'if test -n "$missing"; then {store.listing_script(root)}; fi')
     done = connection.run("; ".join(lines), what=f"look at {root} on {connection.target.address}")
     answers = done.stdout.splitlines()
     home = [line.split("\t", 1)[1] for line in answers if line.startswith("home\t")]

@@ -122,11 +122,6 @@ def parse_job_id(parsable: str) -> str:
     return job_id
 
 
-# The shortest wait between two looks at a job's state, and each wait's share of the time waited so far
-# (up to the caller's poll_s): a job of a few seconds is seen ending within a quarter of one, a longer
-# one within a tenth of its run, and a day's wait costs a look every poll_s.
-FIRST_POLL_S = 0.25
-LOOK_SHARE = 0.1
 _SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
 # sacct gives up on a slurmdbd that takes the connection but never answers only after 40 s (measured on
 # Slurm 24.11); hpcbox waits this long, then says that accounting does not answer.
@@ -249,6 +244,13 @@ def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
             raise AccountingSilent(job_id)
         return dataclasses.replace(state, note="exit code unknown: Slurm's accounting does not answer")
     return state
+
+
+# The shortest wait between two looks at a job's state, and each wait's share of the time waited so far
+# (up to the caller's poll_s): a job of a few seconds is seen ending within a quarter of one, a longer
+# one within a tenth of its run, and a day's wait costs a look every poll_s.
+FIRST_POLL_S = 0.25
+LOOK_SHARE = 0.1
 
 
 def poll(
