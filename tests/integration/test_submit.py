@@ -26,11 +26,12 @@ from pathlib import Path
 import pytest
 
 from hpcbox import jobs
+from hpcbox.api import Site
 from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
-from hpcbox.store import datasets, ship
+from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
@@ -63,22 +64,23 @@ def session_payload(setup: Setup, profile, data=None):
 
 
 def submit(
-    setup: Setup, cluster, args=SHORT, *, profile_and_resources=None, target=None, data=None, remote_root=None
-):
-    project = setup.project()
-    profile, checked = profile_and_resources or local_resources()
-    payload, environment = session_payload(setup, profile, data)
-    return jobs.submit(
-        project,
+    setup: Setup, cluster, args=SHORT, *, profile="local", target=None, data=None, remote_root=None, **options
+) -> jobs.JobRecord | None:
+    """`Site.submit` as a user's script calls it: the session's cpu environment (built offline, its SIF
+    in the session's cache) and dataset, ``options`` as resources (a 10-minute `submit-test` unless
+    told), to ``cluster``'s login (or ``target``)."""
+    site = Site(
         profile,
-        target or cluster.ssh_target(),
-        checked,
-        args,
-        payload,
-        image=environment.ref,
-        remote_root=remote_root or ship.DEFAULT_REMOTE_ROOT,
+        login=target or cluster.ssh_target(),
+        project=setup.project_dir,
+        cache=setup.cache,
+        remote_root=remote_root,
         say=lambda _: None,
+        on_line=lambda _: None,
     )
+    resources = {"job_name": "submit-test", "time": "10", **options}
+    job = site.submit(args, data=data or setup.data, flavour="cpu", offline=True, **resources)
+    return None if job is None else job.record
 
 
 def finished(cluster, record: jobs.JobRecord, timeout_s: float = 300) -> slurm.JobState:
@@ -297,9 +299,7 @@ def test_a_dataset_directory_reaches_node_scratch_and_the_trainer(setup: Setup, 
     directory = tmp_path / "digits"
     with tarfile.open(setup.data) as archive:
         archive.extractall(directory, filter="data")
-    record = submit(
-        setup, minicluster, data=directory, profile_and_resources=local_resources(sif_on_scratch=True)
-    )
+    record = submit(setup, minicluster, data=directory, sif_on_scratch=True)
     assert record is not None and "dataset" in record.sent
     store = record.sif.rsplit("/images/", 1)[0] + "/data/sha256"
     remote = minicluster.ssh(["sha256sum", f"{store}/{record.dataset_sha256}.tar"], check=True).stdout
@@ -316,7 +316,7 @@ def test_a_dataset_directory_reaches_node_scratch_and_the_trainer(setup: Setup, 
     assert scratch_left(minicluster, record.job_id) == []
     # The unchanged directory is not archived again: the cache gives the same content address.
     said: list[str] = []
-    again = datasets.archive(directory, datasets.cache_dir(setup.project_dir), say=said.append)
+    again = datasets.archive(directory, setup.cache / "data", say=said.append)
     assert (again.made, again.sha256) == (False, record.dataset_sha256), said
 
 
@@ -354,10 +354,7 @@ def test_two_steps_run_in_order_and_the_second_reads_what_the_first_wrote(
     pyproject.write_text(re.sub(run_table, TRAIN_THEN_EVALUATE, pyproject.read_text()))
     project = load_project(project_dir)
     assert [step.name for step in project.run.steps] == ["train", "evaluate"]
-    resources = local_resources(sif_on_scratch=True)
-    record = submit(
-        dataclasses.replace(setup, project_dir=project_dir), minicluster, (), profile_and_resources=resources
-    )
+    record = submit(dataclasses.replace(setup, project_dir=project_dir), minicluster, (), sif_on_scratch=True)
     assert record is not None
     final = finished(minicluster, record)
     log = log_of(minicluster, record)
@@ -411,7 +408,7 @@ def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(
         setup,
         minicluster,
         ("--epochs", "1", "--workers", "0", "--batch-size", "512"),
-        profile_and_resources=local_resources(mem="300M"),
+        mem="300M",
     )
     assert record is not None
     final = finished(minicluster, record)
@@ -438,11 +435,10 @@ def test_sbatch_refusal_shows_slurms_message_and_records_nothing(first_job, setu
     local = profiles.load_profile("local")
     claims_more = dataclasses.replace(local.partition("gpu"), gpus_per_node=8, default=True)
     profile = dataclasses.replace(local, partitions=(claims_more,))
-    checked = resolve(profile, ResourceRequest(job_name="refused", gpus=8))
     before = sorted(jobs.Ledger(setup.project()).directory.iterdir())
     scripts = minicluster.ssh(["ls", f"{first_job.submit_dir}/scripts"]).stdout
     with pytest.raises(HpcboxError) as caught:
-        submit(setup, minicluster, profile_and_resources=(profile, checked), remote_root=FIRST_ROOT)
+        submit(setup, minicluster, profile=profile, remote_root=FIRST_ROOT, job_name="refused", gpus=8)
     # 8 DDP processes, one per claimed GPU, on nodes of 2 CPUs: refused at once (EnforcePartLimits).
     assert "More processors requested than permitted" in caught.value.message
     assert sorted(jobs.Ledger(setup.project()).directory.iterdir()) == before
@@ -590,7 +586,19 @@ def test_the_commands_users_type_submit_status_logs_fetch(first_job, setup: Setu
     status = invoke(setup, "status", "-j", job_id)
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith(f"job {job_id}: COMPLETED") and "exit code 0:0" in status.stdout
-    listed = invoke(setup, "jobs")
+    # A job the cluster no longer knows (a ledger entry from a mini cluster made again since), listed
+    # first: its own line says so, and the jobs after it are still asked.
+    ledger = jobs.Ledger(setup.project())
+    forgotten = dataclasses.replace(first_job, job_id="999999", submitted_at="2000-01-01T00:00:00+00:00")
+    path = ledger.add(forgotten, "#!/bin/bash\n")
+    try:
+        listed = invoke(setup, "jobs")
+    finally:
+        path.unlink()
+        path.with_suffix(".sh").unlink()
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert "job 999999: state unknown (job 999999 is known to neither squeue nor sacct" in lines[0], lines
     assert (
         f"job {job_id}: COMPLETED" in listed.stdout and f"job {first_job.job_id}: COMPLETED" in listed.stdout
     )

@@ -26,7 +26,7 @@ from hpcbox.files import file_sha256
 from hpcbox.store import ship
 from hpcbox.tools import ssh
 from tests.fixtures.submitting import Setup
-from tests.integration.test_submit import finished, invoke, local_resources, log_of, submit
+from tests.integration.test_submit import finished, invoke, log_of, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -52,7 +52,7 @@ def delta_jobs(setup: Setup, minicluster):
     the trainer made to import that package; the long one is cancelled at the end."""
     # Its limit well past the module's length (the second build alone can take minutes on a busy
     # machine): at 10 minutes it could be requeued at its limit, no longer RUNNING, mid-module.
-    running = submit(setup, minicluster, LONG, profile_and_resources=local_resources(time="60"))
+    running = submit(setup, minicluster, LONG, time="60")
     assert running is not None
     held_still(minicluster, running.job_id)
     lock = setup.project_dir / "docker" / "lock" / "apt-cpu.txt"
@@ -354,9 +354,7 @@ def test_prune_from_a_second_checkout_keeps_what_a_job_queued_from_the_first_nee
     marker = setup.project_dir / "src" / "hpctrain" / f"_prune_{uuid.uuid4().hex[:8]}.py"
     marker.write_text(f"# {run_id}: a code snapshot only this test's job uses\n")
     try:
-        queued = submit(
-            setup, minicluster, profile_and_resources=local_resources(extra=("--begin=now+3600",))
-        )
+        queued = submit(setup, minicluster, extra=("--begin=now+3600",))
     finally:
         marker.unlink()
     assert queued is not None

@@ -4,6 +4,7 @@ tests/integration/test_api.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -119,3 +120,23 @@ def test_the_api_s_names_are_what_hpcbox_exports():
     assert {"Site", "Job", "Project", "HpcboxError", "FieldError"} <= set(dir(hpcbox))
     with pytest.raises(AttributeError):
         hpcbox.Nothing  # noqa: B018
+
+
+def test_a_site_stands_on_a_profile_in_hand_and_the_login_it_is_given(bare_project: Path, tmp_path: Path):
+    """`Site(profile, login=...)`: a profile loaded and changed (here, GPU nodes of 8) is the one its
+    requests are checked against, and the given login (a key of its own) is the one reached."""
+    from hpcbox.render.profiles import load_profile
+    from hpcbox.tools.ssh import Target
+
+    local = load_profile("local")
+    with pytest.raises(hpcbox.FieldError):
+        hpcbox.Site(local, project=bare_project).resources({"gpus": 8})
+    eight = dataclasses.replace(local.partition("gpu"), gpus_per_node=8, default=True)
+    login = Target("login.example.org", 2200, "someone", key_path=tmp_path / "ci_key")
+    site = hpcbox.Site(
+        dataclasses.replace(local, partitions=(eight,)), login=login, cache=tmp_path, project=bare_project
+    )
+    assert site.resources({"gpus": 8}).gpus == 8
+    assert site.target == login and site.cache == tmp_path
+    rehearsal = site.at(dataclasses.replace(site.place, via="local"))
+    assert rehearsal.profile is site.profile and rehearsal.cache == tmp_path

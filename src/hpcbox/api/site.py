@@ -82,13 +82,17 @@ def check_option_names(options: Mapping[str, Any], allowed: Sequence[str] = RESO
 
 class Site:
     """A cluster, resolved once: ``name``'s profile (render/clusters/, ~/.config/hpcbox/clusters/ or
-    $HPCBOX_CLUSTERS_DIR), the login node to reach and the project whose jobs go there.
+    $HPCBOX_CLUSTERS_DIR; or a profile already loaded), the login node to reach and the project whose
+    jobs go there.
 
     ``via="local"`` rehearses the site's jobs on the mini cluster shaped like it (`hpcbox cluster.up
     --like NAME`); ``host``, ``user`` and ``port`` override the profile's login (~/.ssh/config fills the
-    rest). ``mini_cluster``: the name of the mini cluster that `local` and a rehearsal run on (default:
+    rest); ``login``: the login node reached exactly so (host, port, user, and the only key offered and
+    host keys trusted, e.g. a CI runner's deploy key), instead of the profile's or the mini cluster's.
+    ``mini_cluster``: the name of the mini cluster that `local` and a rehearsal run on (default:
     HPCBOX_MINICLUSTER's, else hpcbox-local). ``remote_root``: where hpcbox keeps SIFs, data and jobs on
-    the cluster, under the login's home.
+    the cluster, under the login's home. ``cache``: where built SIFs (`sif/`) and dataset archives
+    (`data/`) are kept here (default: $HPCBOX_CACHE, else the project's .hpcbox).
     ``project``: the project folder (default: the one around the current directory). ``say`` hears the
     progress lines (default: stderr), ``on_line`` the image build's and the SIF conversion's own output
     (default: shown).
@@ -100,26 +104,30 @@ class Site:
 
     def __init__(
         self,
-        name: str,
+        name: str | ClusterProfile,
         *,
         via: str | None = None,
         host: str | None = None,
         user: str | None = None,
         port: int | str | None = None,
+        login: Target | None = None,
         mini_cluster: str | None = None,
         remote_root: str | None = None,
+        cache: str | Path | None = None,
         project: ProjectConfig | str | Path | None = None,
         say: Say = to_stderr,
         on_line: Say | None = None,
     ) -> None:
         from hpcbox.jobs.connect import Place
-        from hpcbox.render.profiles import load_profile
+        from hpcbox.render.profiles import ClusterProfile, load_profile
         from hpcbox.store.ship import DEFAULT_REMOTE_ROOT
 
-        self.profile: ClusterProfile = load_profile(name)
+        self.profile = name if isinstance(name, ClusterProfile) else load_profile(name)
         self.place: Place = Place(via=via, host=host, user=user, port=_port(port))
+        self.login = login
         self.mini_cluster = mini_cluster
         self.remote_root = remote_root or DEFAULT_REMOTE_ROOT
+        self.cache = None if cache is None else Path(cache)
         self.project: ProjectConfig = project_of(project)
         self.say = say
         self.on_line = on_line
@@ -141,6 +149,8 @@ class Site:
         """The login node to reach (the mini cluster, which must be up, for `local` or a rehearsal)."""
         from hpcbox.jobs.connect import connection_target
 
+        if self.login is not None:
+            return self.login
         return connection_target(
             self.profile, self.project, **dataclasses.asdict(self.place), mini_cluster=self.mini_cluster
         )
@@ -150,8 +160,9 @@ class Site:
         if place == self.place:
             return self
         return Site(
-            self.name, **dataclasses.asdict(place), mini_cluster=self.mini_cluster,
-            remote_root=self.remote_root, project=self.project, say=self.say, on_line=self.on_line,
+            self.profile, **dataclasses.asdict(place), mini_cluster=self.mini_cluster,
+            remote_root=self.remote_root, cache=self.cache, project=self.project, say=self.say,
+            on_line=self.on_line,
         )  # fmt: skip
 
     # --- the job's request and script ------------------------------------------------------------
@@ -372,6 +383,7 @@ class Site:
         return jobs.prepare_payload(
             self.project, jobs.data_path(self.project, data, program, say=self.say),
             self.profile.apptainer.compression, flavour=flavour, offline=offline, gpus=checked.gpus,
+            cache=self.cache and self.cache / "sif", data_cache=self.cache and self.cache / "data",
             say=self.say, **{"on_line": self.on_line, **stage},
         )  # fmt: skip
 

@@ -224,10 +224,16 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
             target = connection_target(load_profile(mine[0].cluster), project, via=mine[0].via)
             with ssh.Connection(target) as connection:
                 for record in mine:
-                    described[name, record.job_id] = describe(state(connection, record))
+                    # One job the cluster forgot (a mini cluster made again since) is that job's line only.
+                    try:
+                        described[name, record.job_id] = describe(state(connection, record))
+                    except HpcboxError as exc:
+                        described[name, record.job_id] = _unknown(record, exc)
         except HpcboxError as exc:
             for record in mine:
-                described.setdefault(
-                    (name, record.job_id), f"job {record.job_id}: state unknown ({exc.message})"
-                )
+                described.setdefault((name, record.job_id), _unknown(record, exc))
     return [f"{r.submitted_at}  {r.where:<10} {described[r.where, r.job_id]}" for r in records]
+
+
+def _unknown(record: JobRecord, exc: HpcboxError) -> str:
+    return f"job {record.job_id}: state unknown ({exc.message})"
