@@ -36,6 +36,13 @@ def _wipe() -> None:
     if containers.split():
         subprocess.run(["docker", "rm", "-f", *containers.split()], capture_output=True, check=True)
     subprocess.run(["docker", "system", "prune", "-af", "--volumes"], capture_output=True, check=True)
+    # BuildKit's cache outlives the prune here (seen: every build step cached after it), and the
+    # Debian base is the same bytes each time, so its steps would all hit: emptied on its own.
+    subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, check=True)
+    counts = ["docker", "system", "df", "--format", "{{.TotalCount}} {{.Type}}"]
+    left = subprocess.run(counts, capture_output=True, text=True, check=True).stdout
+    if any(not line.startswith("0 ") for line in left.splitlines()):
+        raise HpcboxError(f"the engine still holds something after its wipe: {left!r}")
 
 
 def _environment_image(clone: Path, env: dict[str, str]) -> str:

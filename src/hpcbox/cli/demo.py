@@ -5,8 +5,10 @@ the job's state as it changes → fetch → the trainer's final figures. Every s
 call themselves, so a second `hpcbox demo` rebuilds and re-uploads nothing that did not change.
 
 The cluster comes up beside the build and the dataset (its node image is the other long build of a
-first run, and the two leave each other CPU while they fetch and unpack packages): its lines are held
-back until its stage, which then waits only for what is left of it.
+first run, and the two leave each other CPU while they fetch and unpack packages), and the SIF
+converter's helper image is built after it in the same thread (the trainer image's last packages
+configure on one core meanwhile); their lines are held back until the cluster's stage, which then waits
+only for what is left of them.
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from typing import Any
 
 from hpcbox import minicluster
 from hpcbox.api import Job, Site, describe
-from hpcbox.build import baseimage
+from hpcbox.build import baseimage, offlock
 from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.minicluster.spec import DEFAULT_NAME, DEFAULT_PORT
 from hpcbox.project.command import EXAMPLE_DATASET
 from hpcbox.project.config import ProjectConfig, load_project
+from hpcbox.sif import helper
 from hpcbox.tools import docker
 
 DEMO_FLAVOUR = "cpu"  # small, and built with no registry (on the bootstrapped Debian base)
@@ -135,7 +138,12 @@ def run_demo(
     # The user's cluster, whichever project brought it up: replaced (ending its jobs) only with force.
     root = minicluster.shared_state(name, project.state_dir, say=say)
     spec = minicluster.ClusterSpec(name=name, port=port)
-    cluster = Beside(lambda on_line: minicluster.up(spec, root, force=force, on_line=on_line), say)
+
+    def cluster_then_helper(on_line: Callable[[str], None]) -> None:
+        minicluster.up(spec, root, force=force, on_line=on_line)
+        helper.ensure_helper(strict=offlock.strict_lock(), on_line=lambda _line: None, say=on_line)
+
+    cluster = Beside(cluster_then_helper, say)
     try:
         image = build_image(project, flavour=DEMO_FLAVOUR, offline=True, say=say, on_line=lambda _line: None)
         record_image(project, image)
@@ -147,7 +155,10 @@ def run_demo(
         with contextlib.suppress(Exception):  # what stopped the build is the error to say
             cluster.result()
         raise
-    stages.start("cluster", "the mini cluster (Slurm + Apptainer + sshd in containers), what is left of it")
+    stages.start(
+        "cluster", "the mini cluster (Slurm + Apptainer + sshd in containers) and the SIF's helper image, "
+        "what is left of them",
+    )  # fmt: skip
     cluster.result()
     stages.start("submit", "environment SIF, code snapshot and data to the cluster over SSH, then sbatch")
     # The project's own request for the local cluster ([tool.hpcbox.resources.local]) under the demo's.
