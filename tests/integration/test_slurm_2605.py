@@ -4,6 +4,10 @@ COMPLETED and is read with `logs`, `status` and `report`, and a job meeting its 
 its own script and resumes from its checkpoint, as on 24.11 and 22.05; and the trainer completes with
 each container runtime a site may have (Singularity alone, Apptainer with or without FUSE).
 
+sid moves on to each new Slurm release: `--slurm 26.05` runs the release sid serves, 26.05 or newer, and
+`up` says so where it is newer. These tests hold that, whichever release sid serves on the day they run;
+a node image for a release sid has moved past is built too, and gets sid's.
+
 Lean on purpose (the suite's budget): one cluster, brought up through the command line; the time-limited
 job is submitted first and waits out its limit while the short one runs beside it. As in
 test_slurm_2205.py, the tests get this cluster in place of the session's (this module's `minicluster`)
@@ -19,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.build import baseimage
+from hpcbox.minicluster import node_image, versions
+from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup, with_own_ledger
 from tests.integration.test_container_software import hpcbox, runs_on_each_software, switch
@@ -78,12 +85,26 @@ def limited_job(own_setup: Setup, minicluster) -> str:
     return job_id
 
 
+def running(minicluster) -> str:
+    """The Slurm release the cluster runs (`26.05.5`), as `sinfo --version` says."""
+    return minicluster.ssh(["sinfo", "--version"], check=True).stdout.split()[-1]
+
+
+def at_least(release: str, version: str) -> bool:
+    return tuple(map(int, release.split(".")[:2])) >= tuple(map(int, version.split(".")))
+
+
 def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicluster):
     version = minicluster.ssh(["sinfo", "--version"], check=True).stdout.strip()
-    assert re.fullmatch(r"slurm(-wlm)? 26\.05\.\d+", version), version
+    assert re.fullmatch(r"slurm(-wlm)? \d+\.\d+\.\d+", version), version
+    release = running(minicluster)
+    assert at_least(release, "26.05"), version  # sid's: 26.05 when this was written, or a later one since
     for host, daemon in (("controller", "slurmctld"), ("node1", "slurmd"), ("accounting", "slurmdbd")):
         said = minicluster.exec(host, [daemon, "-V"]).stdout.strip()
-        assert said.startswith("slurm-wlm 26.05."), (host, said)
+        assert said == f"slurm-wlm {release}", (host, said)
+    # `up` says which release runs where sid has moved past 26.05, and says nothing of it where not.
+    moved = versions.moved_note("26.05", release)
+    assert (moved in SAID["up"]) if moved else ("no longer 26.05" not in SAID["up"]), SAID["up"]
     out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
     assert sorted(tuple(line.split()) for line in out.splitlines()) == [
         ("node1", "cpu*", "idle", "gpu:2"), ("node1", "gpu", "idle", "gpu:2"),
@@ -101,7 +122,8 @@ def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicl
         assert not re.search(bad, logs), logs
     assert minicluster.shape.cgroups and "enforced: CPUs, memory and GPU devices by cgroups" in SAID["up"]
     assert "researcher|" in minicluster.ssh(["sacctmgr", "-n", "-P", "show", "user", "researcher"]).stdout
-    assert re.search(r"(?m)^Slurm 26\.05\.\d+ on every node \(`sinfo --version`\)$", SAID["up"]), SAID["up"]
+    shown = rf"(?m)^Slurm {re.escape(release)} on every node \(`sinfo --version`\)$"
+    assert re.search(shown, SAID["up"]), SAID["up"]
 
 
 def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
@@ -147,7 +169,34 @@ def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
 
     shown = hpcbox("cluster.status", f"--name={minicluster.name}", env=setup.env, cwd=setup.project_dir)
     assert shown.returncode == 0, shown.stderr
-    assert re.match(r"Slurm 26\.05\.\d+ on every node \(`sinfo --version`\)\n", shown.stdout), shown.stdout
+    said = rf"Slurm {re.escape(running(minicluster))} on every node \(`sinfo --version`\)\n"
+    assert re.match(said, shown.stdout), shown.stdout
+
+
+def test_a_node_image_for_a_release_sid_has_moved_past_gets_the_release_sid_serves(
+    run_id: str, docker_engine
+):
+    """The node image's `SLURM_OR_NEWER` path for real, as it runs the day sid drops 26.05: built for
+    25.11, which sid served before 26.05, it installs sid's Slurm (26.05 or later) and passes its own
+    check. Built while the limited job waits out its limit; it shares every layer before Slurm's."""
+    args = {**node_image.build_args("26.05"), "SLURM_VERSION": "25.11"}
+    assert args["SLURM_OR_NEWER"] == "1" and args["SLURM_SUITE"] == "sid"
+    base = baseimage.ensure_base(lock=baseimage.own_lock(), say=lambda _line: None)
+    tag = f"{run_id}/node-moved:1"
+    context = node_image.CONTEXT
+    files = {path.relative_to(context).as_posix(): path for path in context.rglob("*") if path.is_file()}
+    started = time.monotonic()
+    try:
+        docker.build(
+            docker.context_tar(files), dockerfile="Dockerfile", tag_ref=tag,
+            build_args={"BASE": base.ref, **args}, labels={}, secrets={},
+        )  # fmt: skip
+        TIMINGS["node image for 25.11 (sid moved past it)"] = time.monotonic() - started
+        said = docker_engine.containers.run(tag, ["-V"], entrypoint="slurmd", remove=True).decode().strip()
+    finally:
+        docker.remove_image(tag)
+    release = said.removeprefix("slurm-wlm ")
+    assert said.startswith("slurm-wlm ") and at_least(release, "26.05"), said
 
 
 def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(

@@ -372,7 +372,8 @@ def test_torchrun_ends_workers_that_do_not_stop_in_time_and_exits_75_with_the_la
     """A rank that cannot answer the time limit's signal (stopped here, as one waiting in a collective
     for a peer that is gone or stuck writing would be): HPCTRAIN_STOP_WITHIN_S after the signal the
     agent kills its workers and exits 75, so the job is requeued, and the run resumes from the last
-    checkpoint written whole (epoch 1's), not from a half-written one."""
+    checkpoint written whole (epoch 1's, or epoch 2's where epoch 2 ended before rank 1 was stopped),
+    not from a half-written one."""
     argv = (*TWO_PROCESSES, *trainer.train_argv("stuck", "--workers", "0")[3:])
     container = trainer.start(*argv, env={"HPCTRAIN_STOP_WITHIN_S": "5"})
     output = trainer.workdir / "stuck"
@@ -388,9 +389,13 @@ def test_torchrun_ends_workers_that_do_not_stop_in_time_and_exits_75_with_the_la
     assert "the workers did not stop within 5 s of SIGUSR1; ending them and exiting 75" in finished.stderr
     assert took < 60, took
     assert not events(output, "preempted"), "no rank could have written a checkpoint"
+    # The checkpoints written whole, as their files say (a save ends in a rename; its event is written
+    # only after every rank's barrier, which a stopped rank 1 never reaches).
+    whole = sorted(path.name for path in (output / "checkpoints").glob("ckpt-*.pt"))
+    assert whole and whole[-1] in ("ckpt-e0001-s000000.pt", "ckpt-e0002-s000000.pt"), whole
     resumed = trainer.run(*argv)
     assert_ok(resumed)
-    assert events(output, "start")[-1]["resumed"]["checkpoint"] == "ckpt-e0001-s000000.pt"
+    assert events(output, "start")[-1]["resumed"]["checkpoint"] == whole[-1]
     assert [e["epoch"] for e in events(output, "epoch")][-1] == 3
 
 

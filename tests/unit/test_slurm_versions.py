@@ -84,6 +84,18 @@ def test_the_version_a_rehearsal_runs_and_the_line_that_says_so():
     )
 
 
+def test_sids_version_follows_sid_and_says_so_once_sid_has_moved_on():
+    """sid drops each Slurm release for the next: the version named for it is the newest Debian carries,
+    and a cluster asked for it that runs a later release says which, in one line."""
+    assert [version for version in versions.SUITES if versions.moves_on(version)] == ["26.05"]
+    assert versions.moved_note("26.05", "26.05.5") == ""
+    assert versions.moved_note("26.05", "26.05.12") == ""
+    assert versions.moved_note("26.05", "26.11.1") == (
+        "hpcbox: Debian sid serves Slurm 26.11.1 now, no longer 26.05: this cluster runs 26.11.1 "
+        "(`--slurm 26.05` is the newest Slurm Debian carries)"
+    )
+
+
 def test_each_version_has_its_own_node_image_tag(tmp_path):
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
     tags = {
@@ -93,8 +105,10 @@ def test_each_version_has_its_own_node_image_tag(tmp_path):
     assert len(set(tags.values())) == len(versions.SUITES)
     assert node_image.build_args("22.05") == {"SLURM_VERSION": "22.05", "SLURM_SUITE": "bookworm"}
     assert node_image.build_args("24.11") == {"SLURM_VERSION": "24.11", "SLURM_SUITE": "trixie"}
+    # sid's: whatever release sid serves when it is built, 26.05 or newer.
     assert node_image.build_args("26.05") == {
         "SLURM_VERSION": "26.05", "SLURM_SUITE": "sid", "SLURM_SUITE_LIBRARIES": "libhwloc15",
+        "SLURM_OR_NEWER": "1",
     }  # fmt: skip
     # The same inputs, the same tag: built once, then found.
     assert node_image.content_hash(tmp_path, "sha256:base", node_image.build_args("22.05")) == tags["22.05"]
@@ -104,8 +118,11 @@ def test_the_node_dockerfile_takes_the_version_and_checks_what_it_installed():
     dockerfile = (node_image.CONTEXT / "Dockerfile").read_text()
     assert "ARG SLURM_VERSION=24.11" in dockerfile and "ARG SLURM_SUITE=trixie" in dockerfile
     # Slurm's packages pinned by version, the rest of the older suite below trixie's.
-    assert "Pin: version %s.*" in dockerfile and "Pin-Priority: 100" in dockerfile
+    assert 'pin="version $SLURM_VERSION.*"' in dockerfile and "Pin-Priority: 100" in dockerfile
     assert 'slurmd -V | grep -q "^slurm-wlm $SLURM_VERSION\\."' in dockerfile
+    # A suite that moves on: its Slurm whatever release it is, checked to be the version or newer.
+    assert "ARG SLURM_OR_NEWER=" in dockerfile and 'pin="release n=$SLURM_SUITE"' in dockerfile
+    assert 'dpkg --compare-versions "$installed" ge "$SLURM_VERSION"' in dockerfile
     # A newer Slurm's libraries from its own suite, by name (sid's source is there already, for Apptainer).
     assert "ARG SLURM_SUITE_LIBRARIES=" in dockerfile
     assert 'echo "$library/$SLURM_SUITE"' in dockerfile

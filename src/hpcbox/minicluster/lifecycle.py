@@ -28,7 +28,7 @@ from typing import Any
 import docker.errors
 
 from hpcbox.errors import HpcboxError
-from hpcbox.minicluster import nodes, state
+from hpcbox.minicluster import nodes, state, versions
 from hpcbox.minicluster.cluster import Cluster, find, record
 from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import generate
@@ -94,6 +94,9 @@ def up(
         except BaseException:
             _remove(spec.name, state_root)
             raise
+        running = slurm_release(cluster) if versions.moves_on(spec.slurm) else None
+        if running is not None and (line := versions.moved_note(spec.slurm, running)):
+            say(line)
         return cluster
 
 
@@ -331,6 +334,13 @@ def running_slurm(cluster: Cluster) -> str:
     if said.returncode != 0 or not words:
         return f"Slurm: `sinfo --version` failed ({said.stderr.strip() or f'exit status {said.returncode}'})"
     return f"Slurm {words[-1]} on every node (`sinfo --version`)"
+
+
+def slurm_release(cluster: Cluster) -> str | None:
+    """The Slurm the cluster runs (`26.05.5`), None where `sinfo --version` does not say."""
+    said = cluster.exec("controller", ["sinfo", "--version"])
+    words = said.stdout.split()
+    return words[-1] if said.returncode == 0 and words else None
 
 
 def node_states(cluster: Cluster) -> dict[str, str]:

@@ -42,12 +42,15 @@ def content_hash(context: Path, base_id: str, build_args: Mapping[str, str] | No
 
 
 def build_args(slurm: str) -> dict[str, str]:
-    """What the Dockerfile is told of the Slurm version: it, the Debian suite that carries it, and the
-    libraries that suite must supply as well (only where there are any, so that the other versions'
-    arguments, and so their tags' inputs, are what they were)."""
+    """What the Dockerfile is told of the Slurm version: it, the Debian suite that carries it, the
+    libraries that suite must supply as well, and whether a newer release of that suite's does (the last
+    two only where they apply, so that the other versions' arguments, and so their tags' inputs, are what
+    they were)."""
     args = {"SLURM_VERSION": slurm, "SLURM_SUITE": versions.SUITES[versions.check(slurm)]}
     if libraries := versions.SUITE_LIBRARIES.get(slurm):
         args["SLURM_SUITE_LIBRARIES"] = " ".join(libraries)
+    if versions.moves_on(slurm):
+        args["SLURM_OR_NEWER"] = "1"
     return args
 
 

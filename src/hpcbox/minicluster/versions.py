@@ -7,6 +7,12 @@ so bookworm's Slurm 22.05 links against trixie's libraries, MariaDB client and m
 26.05 needs trixie's glibc (2.38 or newer) and one library newer than trixie's: it comes from sid
 with it (SUITE_LIBRARIES; a library trixie lacks altogether, llhttp, comes from sid unasked). A version
 whose packages need more than that would need a base of its own (docs/minicluster.md).
+
+sid moves on: it takes each new Slurm release within weeks and no longer serves the last. Its version
+here is the release it served when this was written, and its node image takes whatever release sid
+serves when it is built, that one or newer (MOVING_SUITES), so that a cluster asked for it still comes
+up the day sid moves on; `up` then says which release it runs (`moved_note`). A release that needs more
+of sid than SUITE_LIBRARIES names fails its build with apt's own words.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ SUITES: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"
 # Release -> libraries its suite supplies too, where trixie has them at a version too old for its Slurm
 # (sid's slurmd 26.05 depends on libhwloc15 >= 2.15.0, trixie has 2.12).
 SUITE_LIBRARIES: dict[str, tuple[str, ...]] = {"26.05": ("libhwloc15",)}
+# Suites whose Slurm moves on: their version's node image takes the release the suite serves, or newer.
+MOVING_SUITES = ("sid",)
 DEFAULT = "24.11"  # the node image's own suite's Slurm
 # A site's version as profiles and `sinfo --version` give it: 23.02, 23.02.7, 24.11.5.
 _VERSION = re.compile(r"^(\d{2})\.(\d{2})(?:\.\d+)?$")
@@ -80,3 +88,19 @@ def note(profile: str, site: str | None, running: str) -> str:
         else f"as asked (the nearest the mini cluster has is {closest})"
     )
     return f"hpcbox: {profile} runs Slurm {site}; its rehearsal runs Slurm {running}, {why}"
+
+
+def moves_on(version: str) -> bool:
+    """Whether ``version``'s node image takes whatever release its suite serves (that one or newer)."""
+    return SUITES[version] in MOVING_SUITES
+
+
+def moved_note(version: str, running: str) -> str:
+    """One line where a cluster asked for ``version`` runs a newer release (``running``, as `sinfo
+    --version` gives it) because its suite moved on; empty where it runs the release asked for."""
+    if release(running) == version:
+        return ""
+    return (
+        f"hpcbox: Debian {SUITES[version]} serves Slurm {running} now, no longer {version}: this cluster "
+        f"runs {running} (`--slurm {version}` is the newest Slurm Debian carries)"
+    )
