@@ -125,10 +125,9 @@ def test_the_api_s_names_are_what_hpcbox_exports():
 def test_a_site_stands_on_a_profile_in_hand_and_the_login_it_is_given(bare_project: Path, tmp_path: Path):
     """`Site(profile, login=...)`: a profile loaded and changed (here, GPU nodes of 8) is the one its
     requests are checked against, and the given login (a key of its own) is the one reached."""
-    from hpcbox.render.profiles import load_profile
-    from hpcbox.tools.ssh import Target
+    from hpcbox.api import Target
 
-    local = load_profile("local")
+    local = hpcbox.Site("local", project=bare_project).profile
     with pytest.raises(hpcbox.FieldError):
         hpcbox.Site(local, project=bare_project).resources({"gpus": 8})
     eight = dataclasses.replace(local.partition("gpu"), gpus_per_node=8, default=True)
