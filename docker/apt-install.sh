@@ -31,7 +31,10 @@ if [ -s "$mirror" ]; then
 fi
 # --error-on=any: a source that cannot be fetched fails here, not as "unable to locate" further on
 apt-get "$@" update --error-on=any
-grep -v -e '^#' -e '^$' "$lock" | xargs apt-get "$@" install -y --no-install-recommends
+# dpkg syncs each file it unpacks to disk; a build step's layer is kept whole or not at all, so here the
+# syncs only cost time (8 % of the PyTorch step measured): the files are the same without them.
+grep -v -e '^#' -e '^$' "$lock" \
+    | xargs apt-get "$@" -o Dpkg::Options::=--force-unsafe-io install -y --no-install-recommends
 for file in $sources; do
     mv "/tmp/hpcbox-$(basename "$file")" "$file"
 done
