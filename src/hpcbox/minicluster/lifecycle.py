@@ -36,6 +36,7 @@ from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.slurmconf import config_files, node_groups
 from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, state_dir
 from hpcbox.tools import docker as engine
+from hpcbox.tools import proc
 
 DEFAULT_TIMEOUT_S = 180
 SQUEUE_TIMEOUT_S = 20  # squeue against a slurmctld that is up answers in well under a second
@@ -330,15 +331,18 @@ def status(cluster: Cluster) -> str:
 def running_slurm(cluster: Cluster) -> str:
     """Which Slurm the cluster runs, as its own `sinfo --version` says (Debian's: `slurm-wlm 22.05.8`)."""
     said = cluster.exec("controller", ["sinfo", "--version"])
-    words = said.stdout.split()
-    if said.returncode != 0 or not words:
+    if (release := _release_in(said)) is None:
         return f"Slurm: `sinfo --version` failed ({said.stderr.strip() or f'exit status {said.returncode}'})"
-    return f"Slurm {words[-1]} on every node (`sinfo --version`)"
+    return f"Slurm {release} on every node (`sinfo --version`)"
 
 
 def slurm_release(cluster: Cluster) -> str | None:
     """The Slurm the cluster runs (`26.05.5`), None where `sinfo --version` does not say."""
-    said = cluster.exec("controller", ["sinfo", "--version"])
+    return _release_in(cluster.exec("controller", ["sinfo", "--version"]))
+
+
+def _release_in(said: proc.Completed) -> str | None:
+    """The release in what `sinfo --version` answered (its last word), None where it failed."""
     words = said.stdout.split()
     return words[-1] if said.returncode == 0 and words else None
 
