@@ -183,12 +183,10 @@ def test_a_node_image_for_a_release_sid_has_moved_past_gets_the_release_sid_serv
     assert args["SLURM_OR_NEWER"] == "1" and args["SLURM_SUITE"] == "sid"
     base = baseimage.ensure_base(lock=baseimage.own_lock(), say=lambda _line: None)
     tag = f"{run_id}/node-moved:1"
-    context = node_image.CONTEXT
-    files = {path.relative_to(context).as_posix(): path for path in context.rglob("*") if path.is_file()}
     started = time.monotonic()
     try:
         docker.build(
-            docker.context_tar(files), dockerfile="Dockerfile", tag_ref=tag,
+            docker.context_tar(node_image.context_files()), dockerfile="Dockerfile", tag_ref=tag,
             build_args={"BASE": base.ref, **args}, labels={}, secrets={},
         )  # fmt: skip
         TIMINGS["node image for 25.11 (sid moved past it)"] = time.monotonic() - started

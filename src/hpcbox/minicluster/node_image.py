@@ -41,6 +41,11 @@ def content_hash(context: Path, base_id: str, build_args: Mapping[str, str] | No
     return digest.hexdigest()[:12]
 
 
+def context_files(context: Path = CONTEXT) -> dict[str, Path]:
+    """The node image's build context: each file by its path in it."""
+    return {path.relative_to(context).as_posix(): path for path in context.rglob("*") if path.is_file()}
+
+
 def build_args(slurm: str) -> dict[str, str]:
     """What the Dockerfile is told of the Slurm version: it, the Debian suite that carries it, the
     libraries that suite must supply as well, and whether a newer release of that suite's does (the last
@@ -94,7 +99,7 @@ def _build(
 ) -> NodeImage:
     say(f"hpcbox: building the mini cluster's node image {ref}, Slurm {slurm} (once per change of its files)")
     docker.build(
-        docker.context_tar({p.relative_to(context).as_posix(): p for p in context.rglob("*") if p.is_file()}),
+        docker.context_tar(context_files(context)),
         dockerfile="Dockerfile",
         tag_ref=ref,
         build_args={"BASE": base.ref, **args},
