@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hpcbox.errors import HpcboxError
 from hpcbox.units import parse_cpu_time
 from tests.fixtures.cluster import free_port
 
@@ -49,16 +50,56 @@ def accounting(cluster, job_id: str, timeout_s: float = 30) -> dict[str, str]:
 
 
 def wait_for_state(cluster, host: str, wanted: str, timeout_s: float) -> None:
+    """Until slurmctld gives ``host`` the state ``wanted`` (`idle`, whatever its suffix), or, for a
+    suffix alone (`*`), any state with it."""
     from hpcbox.minicluster import node_states
 
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = node_states(cluster)
-        if states.get(host, "").rstrip("*~#") == wanted:
+        state = states.get(host, "")
+        if state.rstrip("*~#") == wanted or (wanted in "*~#" and state.endswith(wanted)):
             return
         time.sleep(1)
     raise AssertionError(f"{host} not {wanted} after {timeout_s}s: {states}")
+
+
+def test_up_on_a_cluster_busy_on_every_node_returns_and_its_jobs_run_on(minicluster, minicluster_state):
+    """A node busy with the user's jobs is up (issue 58: `up`, and the demo with it, waited for every
+    job to end, and failed past 180 s): `up` on the running cluster returns while the jobs run, touches
+    none of them, and they complete."""
+    from hpcbox import minicluster as mc
+
+    whole = submit(minicluster, "sleep 15", "--nodelist=node1", "--cpus-per-task=3", "--mem=100M", wait=False)
+    part = submit(minicluster, "sleep 15", "--nodelist=node2", "--cpus-per-task=1", "--mem=100M", wait=False)
+    try:
+        states = running(minicluster, whole, part)
+        assert mc.node_states(minicluster) == {"node1": "allocated", "node2": "mixed"}, states
+        again = mc.up(minicluster.spec, minicluster_state)
+        assert again.node_container("node1").id == minicluster.node_container("node1").id
+        # Returned while both still run: before, it returned only once they had ended.
+        assert squeue_states(minicluster, whole, part) == {whole: "RUNNING", part: "RUNNING"}
+        assert [accounting(minicluster, job, timeout_s=90)["State"] for job in (whole, part)] == [
+            "COMPLETED", "COMPLETED"
+        ]  # fmt: skip
+    finally:
+        minicluster.ssh(["scancel", whole, part])
+
+
+def squeue_states(cluster, *job_ids: str) -> dict[str, str]:
+    argv = ["squeue", "--noheader", "--states=all", "--format=%i %T", f"--jobs={','.join(job_ids)}"]
+    listed = cluster.ssh(argv)
+    return dict(line.split() for line in listed.stdout.splitlines() if line.strip())
+
+
+def running(cluster, *job_ids: str, timeout_s: float = 60) -> dict[str, str]:
+    """Until Slurm runs every one of ``job_ids``."""
+    deadline = time.monotonic() + timeout_s
+    while (states := squeue_states(cluster, *job_ids)) != dict.fromkeys(job_ids, "RUNNING"):
+        assert time.monotonic() < deadline, f"not all running after {timeout_s}s: {states}"
+        time.sleep(0.5)
+    return states
 
 
 def test_compute_nodes_idle_in_both_partitions(minicluster):
@@ -301,6 +342,19 @@ def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, 
         assert again.ssh("hostname", check=True).stdout.strip() == "login"
         assert {c.name: c.id for c in docker_engine.containers.list(all=True, filters=label)} == ids
         assert first.key_path.stat().st_mode & 0o777 == 0o600
+        # A node whose slurmd stops answering (stopped, its container running) is not up: `up` names
+        # it and the state slurmctld gives it, with its own log and the controller's lines about it.
+        first.exec("node1", ["pkill", "--signal", "STOP", "--exact", "slurmd"])
+        wait_for_state(first, "node1", "*", timeout_s=60)
+        with pytest.raises(HpcboxError) as refused:
+            mc.up(spec, minicluster_state, timeout_s=2)
+        assert re.fullmatch(
+            rf"cluster {spec.name} did not come up: node1: (IDLE|DOWN)\* \(not responding\), after 2 s",
+            refused.value.message,
+        ), refused.value.message
+        shown = re.findall(r"^--- (.+)$", refused.value.details, re.MULTILINE)
+        assert shown == [spec.container("node1"), f"{spec.container('controller')}, its lines about node1"]
+        assert "node1" in refused.value.details.split(shown[1])[1]
     finally:
         removed = mc.down(spec.name, minicluster_state)
     assert len(removed.containers) == 4 and len(removed.networks) == 1 and len(removed.volumes) == 2

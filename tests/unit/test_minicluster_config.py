@@ -290,3 +290,32 @@ def test_a_gpu_type_added_to_a_shape_whose_profile_leaves_types_unknown():
     assert ClusterSpec(**json.loads(json.dumps(asdict(spec)))) == spec
     with pytest.raises(HpcboxError, match="added_gpu_types: 'v100;rm' is not a Slurm GPU type name"):
         ClusterSpec(name="rehearsal", added_gpu_types=("v100;rm",))
+
+
+@pytest.mark.parametrize(
+    ("line", "usable", "held", "said"),
+    [
+        ("idle|none", True, False, "IDLE"),
+        # Busy with the user's jobs is as up as idle (issue 58: `up` waited for them to end).
+        ("mixed|none", True, False, "MIXED"),
+        ("allocated|none", True, False, "ALLOCATED"),
+        ("completing|none", True, False, "COMPLETING"),
+        ("planned|none", True, False, "PLANNED"),
+        ("idle-|none", True, False, "IDLE- (planned for a pending job)"),
+        ("down*|Not responding", False, False, "DOWN* (not responding)"),
+        ("idle*|none", False, False, "IDLE* (not responding)"),
+        ("unknown*|none", False, False, "UNKNOWN* (not responding)"),
+        ("idle~|none", False, False, "IDLE~ (powered off)"),
+        ("down|Node unexpectedly rebooted", False, False, "DOWN (reason: Node unexpectedly rebooted)"),
+        ("drained|Kill task failed", False, True, "DRAINED (reason: Kill task failed)"),
+        ("draining|hpcbox test", False, True, "DRAINING (reason: hpcbox test)"),
+        ("inval|gres/gpu count too low", False, False, "INVAL (reason: gres/gpu count too low)"),
+    ],
+)
+def test_a_compute_node_is_up_in_every_state_that_takes_jobs_and_said_by_state_otherwise(
+    line: str, usable: bool, held: bool, said: str
+):
+    from hpcbox.minicluster.nodes import NodeState
+
+    state = NodeState.parse(line)
+    assert (state.usable, state.held, str(state)) == (usable, held, said)

@@ -361,8 +361,8 @@ def wait_ready(cluster: Cluster, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         readiness = nodes.node_class(host).readiness(cluster, host).with_startup_timeout(timeout_s)
         try:
             readiness.with_poll_interval(nodes.POLL_S).wait_for(cluster.node_container(host))
-        except (TimeoutError, nodes.NodeStopped) as exc:
-            raise _not_ready(cluster, f"{host}: {exc}") from exc
+        except nodes.NodeNotReady as exc:
+            raise _not_ready(cluster, exc) from exc
 
 
 def _start(cluster: Cluster, timeout_s: float, say: Callable[[str], None]) -> None:
@@ -395,8 +395,8 @@ def _start(cluster: Cluster, timeout_s: float, say: Callable[[str], None]) -> No
                 for container in _resources(spec.name)[0]:
                     container.stop(timeout=0)
                 failed[0].result()
-    except (TimeoutError, nodes.NodeStopped) as exc:
-        raise _not_ready(cluster, str(exc)) from exc
+    except nodes.NodeNotReady as exc:
+        raise _not_ready(cluster, exc) from exc
     finally:
         for node in made:
             node.get_docker_client().client.close()
@@ -478,13 +478,32 @@ def _check_port_free(port: int) -> None:
             ) from exc
 
 
-def _not_ready(cluster: Cluster, message: str) -> HpcboxError:
+LOG_LINES = 12  # of the node that is not ready: its last lines, and the controller's about it
+
+
+def _not_ready(cluster: Cluster, failure: nodes.NodeNotReady) -> HpcboxError:
+    """The one line naming the node and what was seen of it, with the lines that explain it: the node's
+    own last log lines, and for a compute node the controller's last lines that name it (where slurmctld
+    says why it set the node down, or that it stopped answering)."""
+    host = failure.host
+    containers = {c.labels.get(nodes.HOST_LABEL): c for c in _resources(cluster.name)[0]}
     tails = []
-    for container in _resources(cluster.name)[0]:
-        logs = container.logs(tail=8).decode(errors="replace").rstrip()
-        tails.append(f"--- {container.name}\n{logs}")
+    if (own := containers.get(host)) is not None:
+        tails.append(f"--- {own.name}\n{_log_tail(own, LOG_LINES)}")
+    controller = containers.get("controller")
+    if host in cluster.spec.compute_hosts and controller is not None:
+        about = [line for line in _log_tail(controller, 400).splitlines() if host in line][-LOG_LINES:]
+        if about:
+            tails.append(f"--- {controller.name}, its lines about {host}\n" + "\n".join(about))
     return HpcboxError(
-        f"cluster {cluster.name} did not come up: {message}",
-        "its container logs are above; `hpcbox cluster.down` cleans up",
+        f"cluster {cluster.name} did not come up: {failure}",
+        failure.hint or "the lines that explain it are above; `hpcbox cluster.down` removes the cluster",
         details="\n".join(tails),
     )
+
+
+def _log_tail(container: Any, lines: int) -> str:
+    try:
+        return container.logs(tail=lines).decode(errors="replace").rstrip()
+    except docker.errors.APIError as exc:
+        return f"(its log could not be read: {exc.explanation or exc})"

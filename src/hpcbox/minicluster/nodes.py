@@ -12,8 +12,10 @@ registry, so it is switched off and `down` removes what `up` made.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,15 +42,27 @@ POLL_S = 0.5
 _ALIVE = ("created", "running")
 
 
-class NodeStopped(RuntimeError):
-    """A node's container stopped while `up` waited for it to be ready."""
+class NodeNotReady(RuntimeError):
+    """A node did not pass its readiness check: ``host``, and what was last seen of it."""
+
+    def __init__(self, host: str, seen: str, hint: str = "") -> None:
+        super().__init__(f"{host}: {seen}")
+        self.host = host
+        self.hint = hint
+
+
+class NodeStopped(NodeNotReady):
+    """A node's container stopped (or went) while `up` waited for it to be ready."""
 
 
 class NodeReady(WaitStrategy):
-    """Ready once ``probe(container)`` holds; fails at once if the container stops meanwhile."""
+    """Ready once ``probe(container)`` sees nothing missing (None); otherwise the probe says what it
+    sees instead, which is what a timeout reports. A probe raises NodeNotReady for a state that does
+    not end by itself; a container that stops meanwhile ends the wait at once."""
 
-    def __init__(self, what: str, probe: Callable[[Container], bool]) -> None:
+    def __init__(self, host: str, what: str, probe: Callable[[Container], str | None]) -> None:
         super().__init__()
+        self.host = host
         self.what = what
         self.probe = probe
 
@@ -62,14 +76,16 @@ class NodeReady(WaitStrategy):
             try:
                 container.reload()
             except docker.errors.NotFound as exc:
-                raise NodeStopped(f"container {container.name} was removed before {self.what}") from exc
+                removed = f"container {container.name} was removed before {self.what}"
+                raise NodeStopped(self.host, removed) from exc
             if container.status not in _ALIVE:
                 stopped = f"container {container.name} stopped ({container.status})"
-                raise NodeStopped(f"{stopped} before {self.what}")
-            if self.probe(container):
+                raise NodeStopped(self.host, f"{stopped} before {self.what}")
+            seen = self.probe(container)
+            if seen is None:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {self.what} after {self._startup_timeout:.0f}s")
+                raise NodeNotReady(self.host, f"{seen}, after {self._startup_timeout:.0f} s")
             time.sleep(self._poll_interval)
 
 
@@ -142,10 +158,12 @@ class AccountingNode(ClusterNode):
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
         argv = ["sacctmgr", "--noheader", "--parsable2", "show", "user", USER]
 
-        def knows_user(container: Container) -> bool:
-            return (_output(container, argv) or "").startswith(f"{USER}|")
+        def knows_user(container: Container) -> str | None:
+            if (_output(container, argv) or "").startswith(f"{USER}|"):
+                return None
+            return f"slurmdbd does not list user {USER} (yet)"
 
-        return NodeReady(f"slurmdbd answer listing user {USER}", knows_user)
+        return NodeReady(host, f"slurmdbd answer listing user {USER}", knows_user)
 
 
 class ControllerNode(ClusterNode):
@@ -155,10 +173,13 @@ class ControllerNode(ClusterNode):
 
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
-        def is_up(container: Container) -> bool:
-            return "is UP" in (_output(container, ["scontrol", "ping"]) or "")
+        def is_up(container: Container) -> str | None:
+            said = _output(container, ["scontrol", "ping"])
+            if said is not None and "is UP" in said:
+                return None
+            return f"`scontrol ping` says {said.strip()!r}" if said else "`scontrol ping` fails"
 
-        return NodeReady("`scontrol ping` saying UP", is_up)
+        return NodeReady(host, "`scontrol ping` saying UP", is_up)
 
 
 # Apptainer as an ordinary user: user namespaces and FUSE (no --privileged here).
@@ -168,8 +189,57 @@ _RUNTIME_OPTIONS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class NodeState:
+    """A compute node's state as sinfo's long form gives it (`mixed`, `down*`), and its reason."""
+
+    # sinfo's states in which slurmctld gives a node jobs, whether or not it runs any now: a node busy
+    # with the user's jobs is as up as an idle one.
+    USABLE: ClassVar[frozenset[str]] = frozenset(
+        {"idle", "mixed", "allocated", "completing", "planned", "reserved"}
+    )
+    # States only someone's `scontrol update nodename=... state=resume` ends (Slurm drains a node whose
+    # job's processes outlived their kill, too).
+    HELD: ClassVar[frozenset[str]] = frozenset({"drained", "draining", "drain"})
+    # sinfo's state suffixes (man sinfo, NODE STATE CODES): what each says of the node.
+    SUFFIXES: ClassVar[dict[str, str]] = {
+        "*": "not responding", "~": "powered off", "#": "powering up", "!": "pending power down",
+        "%": "powering down", "^": "rebooting", "@": "pending reboot", "$": "in a maintenance reservation",
+        "-": "planned for a pending job", "+": "completing a job",
+    }  # fmt: skip
+    # The suffixes of a node that still takes jobs.
+    USABLE_SUFFIXES: ClassVar[str] = "@$-+"
+    SEPARATOR: ClassVar[str] = "|"
+
+    base: str
+    suffixes: str = ""
+    reason: str = ""
+
+    @classmethod
+    def parse(cls, line: str) -> NodeState:
+        """From `sinfo --format=%T|%E` (`down*|Not responding`); a reason of `none` is no reason."""
+        text, _, reason = line.strip().partition(cls.SEPARATOR)
+        base = text.rstrip("".join(cls.SUFFIXES))
+        return cls(base.lower(), text[len(base) :], "" if reason.strip() == "none" else reason.strip())
+
+    @property
+    def usable(self) -> bool:
+        return self.base in self.USABLE and all(mark in self.USABLE_SUFFIXES for mark in self.suffixes)
+
+    @property
+    def held(self) -> bool:
+        return self.base in self.HELD
+
+    def __str__(self) -> str:
+        said = [self.SUFFIXES[mark] for mark in self.suffixes]
+        if self.reason and self.reason.lower() not in said:
+            said.append(f"reason: {self.reason}")
+        return f"{self.base.upper()}{self.suffixes}" + (f" ({'; '.join(said)})" if said else "")
+
+
 class ComputeNode(ClusterNode):
-    """slurmd + Apptainer: ready when slurmctld reports this node idle."""
+    """slurmd + Apptainer: ready when slurmctld reports this node in a state that takes jobs (idle, or
+    busy with jobs), not when it is down, not responding or drained."""
 
     role = "compute"
 
@@ -195,13 +265,25 @@ class ComputeNode(ClusterNode):
 
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
-        argv = ["sinfo", "--noheader", "--Node", f"--nodes={host}", "--format=%T"]
+        argv = ["sinfo", "--noheader", "--Node", f"--nodes={host}", f"--format=%T{NodeState.SEPARATOR}%E"]
 
-        def is_idle(container: Container) -> bool:
-            # One line per partition the node is in.
-            return set((_output(container, argv) or "").split()) == {"idle"}
+        def is_usable(container: Container) -> str | None:
+            # One line per partition the node is in, each with the node's one state.
+            lines = (_output(container, argv) or "").splitlines()
+            if not lines:
+                return "slurmctld does not list it (yet)"
+            state = NodeState.parse(lines[0])
+            if state.usable:
+                return None
+            if state.held:
+                resume = ["docker", "exec", cluster.spec.container("controller"), "scontrol", "update"]
+                resume += [f"nodename={host}", "state=resume"]
+                raise NodeNotReady(
+                    host, f"{state}, which lasts until it is resumed", f"resume it: `{shlex.join(resume)}`"
+                )
+            return str(state)
 
-        return NodeReady(f"{host} idle in sinfo", is_idle)
+        return NodeReady(host, "a usable state in sinfo (idle, mixed, allocated...)", is_usable)
 
 
 class LoginNode(ClusterNode):
@@ -231,11 +313,15 @@ class LoginNode(ClusterNode):
 
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:
-        def accepts_key(_container: Container) -> bool:
-            # A plain login, not a master: one refused while sshd starts is the answer "not yet" here.
-            return ssh.run(cluster.ssh_target(), "true", check=False).returncode == 0
+        where = f"sshd on 127.0.0.1:{cluster.login_port}"
 
-        return NodeReady(f"sshd on 127.0.0.1:{cluster.login_port} accepting the key", accepts_key)
+        def accepts_key(_container: Container) -> str | None:
+            # A plain login, not a master: one refused while sshd starts is the answer "not yet" here.
+            if ssh.run(cluster.ssh_target(), "true", check=False).returncode == 0:
+                return None
+            return f"{where} does not accept the key"
+
+        return NodeReady(host, f"{where} accepting the key", accepts_key)
 
 
 NODE_CLASSES: dict[str, type[ClusterNode]] = {
