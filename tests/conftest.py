@@ -40,6 +40,7 @@ LANES = {
     ),
     "cluster submits": (
         "test_submit",
+        "test_job_identity",
         "test_executor",
         "test_upload",
         "test_notebook",

@@ -586,11 +586,13 @@ def test_the_commands_users_type_submit_status_logs_fetch(first_job, setup: Setu
     status = invoke(setup, "status", "-j", job_id)
     assert status.returncode == 0, status.stderr
     assert status.stdout.startswith(f"job {job_id}: COMPLETED") and "exit code 0:0" in status.stdout
-    # A job the cluster no longer knows (a ledger entry from a mini cluster made again since), listed
+    # A job the cluster no longer knows (as where accounting is off and it has aged out of squeue), listed
     # first: its own line says so, and the jobs after it are still asked.
     ledger = jobs.Ledger(setup.project())
-    forgotten = dataclasses.replace(first_job, job_id="999999", submitted_at="2000-01-01T00:00:00+00:00")
-    path = ledger.add(forgotten, "#!/bin/bash\n")
+    forgotten = dataclasses.replace(
+        first_job, job_id="999999", submitted_at="2000-01-01T00:00:00+00:00", run_name=None
+    )
+    path = ledger.path("local", ledger.add(forgotten, "#!/bin/bash\n").run)
     try:
         listed = invoke(setup, "jobs")
     finally:
@@ -627,10 +629,12 @@ def test_bad_input_is_one_line_and_changes_nothing(args, message, setup: Setup):
 
 
 def test_a_job_slurm_has_forgotten_is_one_line_that_says_where_its_results_are(first_job, setup: Setup):
-    # As after the cluster was rebuilt, or where accounting is off and the job has aged out of squeue.
+    # As where accounting is off and the job has aged out of squeue (a mini cluster made again since is
+    # told apart by its incarnation: test_job_identity).
     ledger = jobs.Ledger(setup.project())
-    ghost = dataclasses.replace(first_job, job_id="987654", run_dir=first_job.run_dir + "-ghost")
-    path = ledger.add(ghost, "")
+    ghost = dataclasses.replace(first_job, job_id="987654", run_name=None)
+    ghost = dataclasses.replace(ghost, run_dir=first_job.run_dir + "-ghost")
+    path = ledger.path("local", ledger.add(ghost, "").run)
     try:
         done = invoke(setup, "status", "-j", "987654")
     finally:

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -65,8 +66,11 @@ def project(tmp_path: Path):
 def test_ledger_round_trips_records_and_finds_the_last_by_default(project):
     ledger = jobs.Ledger(project)
     ledger.add(record("7", at="2026-11-23T10:00:00+00:00"), "#!/bin/bash\n")
-    ledger.add(record("12", cluster="edi", at="2026-11-23T11:00:00+00:00"), "#!/bin/bash\necho edi\n")
-    assert ledger.find() == record("12", cluster="edi", at="2026-11-23T11:00:00+00:00")
+    kept = ledger.add(record("12", cluster="edi", at="2026-11-23T11:00:00+00:00"), "#!/bin/bash\necho edi\n")
+    assert kept == dataclasses.replace(
+        record("12", cluster="edi", at="2026-11-23T11:00:00+00:00"), run_name="12"
+    )
+    assert ledger.find() == kept
     assert ledger.find("7").trainer_args == ("--epochs", "3", "it's $HOME")
     assert ledger.find(cluster="local").job_id == "7"
     assert ledger.path("edi", "12").with_suffix(".sh").read_text() == "#!/bin/bash\necho edi\n"
@@ -111,14 +115,76 @@ def test_the_same_job_id_on_two_clusters_needs_the_cluster(project):
 def test_a_rehearsal_is_kept_apart_from_the_sites_own_jobs(project):
     ledger = jobs.Ledger(project)
     ledger.add(record("5", "edi"), "")
-    rehearsed = dataclasses.replace(record("5", "edi", at="2026-11-23T12:00:00+00:00"), via="local")
-    ledger.add(rehearsed, "")
+    rehearsed = ledger.add(
+        dataclasses.replace(record("5", "edi", at="2026-11-23T12:00:00+00:00"), via="local"), ""
+    )
     assert sorted(p.name for p in ledger.directory.glob("*.json")) == ["edi-5.json", "edi-via-local-5.json"]
     assert ledger.find("5", "edi-via-local") == rehearsed
     assert ledger.find(cluster="edi") == rehearsed  # the last edi job, rehearsed or not
     with pytest.raises(HpcboxError, match="several clusters"):
         ledger.find("5")
     assert jobs.JobRecord.from_json(rehearsed.to_json()).where == "edi-via-local"
+
+
+def test_a_job_given_an_id_an_earlier_job_had_gets_a_run_of_its_own_and_replaces_nothing(project):
+    """Issue 59: a mini cluster made again (or a site's Slurm) reuses ids; the later job 1's record and
+    run folder are `1-2`, and the first job 1's stay as they were, found by that name."""
+    ledger = jobs.Ledger(project)
+    first = ledger.add(dataclasses.replace(record("1"), script="/s/first.sh"), "#!/bin/bash\necho first\n")
+    assert first.run == "1" and ledger.path("local", "1").is_file()
+    fetched = project.runs_dir / "local" / "1"
+    fetched.mkdir(parents=True)
+    (fetched / "metrics.jsonl").write_text("{}\n")
+    later = ledger.add(
+        dataclasses.replace(record("1", at="2026-11-23T11:00:00+00:00"), script="/s/later.sh"), "echo later\n"
+    )
+    assert later.run == "1-2"
+    assert jobs.JobRecord.from_json(ledger.path("local", "1").read_text()) == first
+    assert ledger.path("local", "1").with_suffix(".sh").read_text() == "#!/bin/bash\necho first\n"
+    assert jobs.local_run_dir(project, later) == project.runs_dir / "local" / "1-2"
+    assert ledger.find("1") == later and ledger.find("1-2") == later
+    assert ledger.earlier(later) == [first]
+    # A run folder with no record (fetched by hand, or its record deleted) is not taken either.
+    (project.runs_dir / "local" / "7").mkdir()
+    assert ledger.add(record("7"), "").run == "7-2"
+    with pytest.raises(HpcboxError, match="is not a job id"):
+        ledger.find("1-x")
+
+
+def test_a_job_of_a_mini_cluster_made_again_is_said_where_it_ran_and_where_its_results_are(
+    project, tmp_path: Path, monkeypatch
+):
+    from hpcbox.minicluster.cluster import Cluster, Incarnation, note_removed
+    from hpcbox.minicluster.cluster import record as keep
+    from hpcbox.minicluster.secrets import generate
+    from hpcbox.minicluster.shape import shape_like
+    from hpcbox.minicluster.spec import spec_like, state_dir
+
+    monkeypatch.setenv("HPCBOX_MINICLUSTER_STATE", str(tmp_path / "state"))
+    root = tmp_path / "state"
+    spec = spec_like("local", name="mc-ident", port=2298)
+    first = Cluster(
+        spec, "img", generate(spec, state_dir(root, spec.name)), shape_like("local"), Incarnation.new()
+    )
+    keep(first, root)
+    ran = dataclasses.replace(record("1"), mini_cluster=spec.name, incarnation=first.incarnation.id)
+    assert jobs.gone(ran, project) is None  # its cluster still runs
+    note_removed(root, spec.name)
+    again = dataclasses.replace(first, incarnation=Incarnation.new())
+    keep(again, root)
+    gone = jobs.gone(ran, project)
+    assert gone is not None
+    assert re.fullmatch(
+        rf"job 1 ran on mini cluster mc-ident as brought up at {re.escape(first.incarnation.up_at)}, "
+        r"removed at \S+; its results were never fetched and went with it",
+        gone,
+    )
+    (project.runs_dir / "local" / "1").mkdir(parents=True)
+    (project.runs_dir / "local" / "1" / "job.out").write_text("done\n")
+    assert jobs.gone(ran, project).endswith("; its results were fetched to runs/local/1")
+    with pytest.raises(HpcboxError, match="job 1 ran on mini cluster mc-ident"):
+        jobs.check_reachable(ran, project)
+    assert jobs.gone(record("1"), project) is None  # a site's job, or one recorded before incarnations
 
 
 def test_rehearsing_anywhere_but_the_mini_cluster_is_refused_naming_the_flag(project):

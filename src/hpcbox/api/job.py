@@ -44,10 +44,11 @@ class Job:
 
         found = project_of(project)
         record = Ledger(found).find(job_id, cluster)
-        place = place_of(record)
-        return cls(
-            Site(record.cluster, **dataclasses.asdict(place), project=found, say=say or to_stderr), record
+        place = dataclasses.asdict(place_of(record))
+        site = Site(
+            record.cluster, **place, mini_cluster=record.mini_cluster, project=found, say=say or to_stderr
         )
+        return cls(site, record)
 
     @property
     def job_id(self) -> str:
@@ -57,8 +58,12 @@ class Job:
         return f"Job({self.job_id!r}, site={self.record.where!r})"
 
     def _connection(self):
+        """To the login node it ran behind; a job of a mini cluster removed (or made again) since is
+        refused first, in one line saying where it ran and where its results are."""
+        from hpcbox.jobs import check_reachable
         from hpcbox.tools import ssh
 
+        check_reachable(self.record, self.site.project)
         return ssh.Connection(self.site.target)
 
     def state(self) -> JobState:

@@ -18,6 +18,8 @@ from hpcbox.render.options import RESOURCE_OPTIONS
 if TYPE_CHECKING:
     from hpcbox.api.job import Job
     from hpcbox.jobs.connect import Place
+    from hpcbox.minicluster.cluster import Cluster
+    from hpcbox.minicluster.lifecycle import Removed
     from hpcbox.project.command import ContainerCommand
     from hpcbox.project.config import ProjectConfig
     from hpcbox.render.profiles import ClusterProfile
@@ -154,6 +156,16 @@ class Site:
         return connection_target(
             self.profile, self.project, **dataclasses.asdict(self.place), mini_cluster=self.mini_cluster
         )
+
+    @functools.cached_property
+    def mini(self) -> Cluster | None:
+        """The mini cluster its jobs run on (`local`, or a rehearsal), which must be up; None for a
+        site's login node, or a login given (``login=``)."""
+        from hpcbox.jobs.connect import on_mini_cluster, running_mini_cluster
+
+        if self.login is not None or not on_mini_cluster(self.profile, self.place.via, self.place.host):
+            return None
+        return running_mini_cluster(self.project.state_dir, like=self.profile.name, name=self.mini_cluster)
 
     def at(self, place: Place) -> Site:
         """This site reached another way (where a job ran): the same profile and project."""
@@ -352,7 +364,7 @@ class Site:
         record = jobs.submit(
             self.project, self.profile, self.target, checked, args, payload,
             image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
-            sweep=points, resubmits=resubmits, command=command, say=self.say,
+            sweep=points, resubmits=resubmits, command=command, mini=self.mini, say=self.say,
         )  # fmt: skip
         return None if record is None else Job(self, record)
 
@@ -507,6 +519,19 @@ def overview(cluster: str | None = None, *, project: ProjectConfig | str | Path 
     from hpcbox import jobs
 
     return jobs.overview(project_of(project), cluster)
+
+
+def remove_mini_cluster(name: str, state_root: Path, *, force: bool = False, say: Say = print) -> Removed:
+    """Remove mini cluster ``name`` (its containers, network, volumes and keys), refused while Slurm
+    holds a job there that has not ended or while it holds results never fetched (the jobs named, by
+    project); with ``force``, what goes with it is said and it goes."""
+    from hpcbox import jobs, minicluster
+
+    minicluster.refuse_unfinished(name, "remove", force=force, say=say)
+    cluster = minicluster.find(name, state_root)
+    if cluster is not None:
+        jobs.refuse_unfetched(cluster, force=force, say=say)
+    return minicluster.down(name, state_root, on_line=say)
 
 
 def project_of(project: ProjectConfig | str | Path | None) -> ProjectConfig:

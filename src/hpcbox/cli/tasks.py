@@ -673,7 +673,7 @@ def _cluster_tasks() -> Collection:
         zstd=None,
     ):
         """Start the mini Slurm cluster (idempotent, from any project), shaped like a profile, and wait
-        until it is idle."""
+        until every node is up."""
         from hpcbox import minicluster
 
         version = minicluster.slurm_like(like, slurm, say=print)
@@ -702,16 +702,19 @@ def _cluster_tasks() -> Collection:
 
         print(minicluster.status(_find(name)), end="")
 
-    @task(help={"name": "cluster name", "force": "remove it even while Slurm has unfinished jobs on it"})
+    @task(
+        help={
+            "name": "cluster name",
+            "force": "remove it even while Slurm has unfinished jobs on it or it holds results never fetched",
+        }
+    )
     @friendly
     def down(c, name=DEFAULT_NAME, force=False):
         """Remove the cluster's containers, network, volumes and keys (refused while it has unfinished
-        jobs, unless --force)."""
-        from hpcbox import minicluster
+        jobs or results never fetched, unless --force)."""
+        from hpcbox.api import remove_mini_cluster
 
-        root = _state(name)
-        minicluster.refuse_unfinished(name, "remove", force=force, say=print)
-        removed = minicluster.down(name, root, on_line=print)
+        removed = remove_mini_cluster(name, _state(name), force=force, say=print)
         print(
             f"removed {len(removed.containers)} containers, {len(removed.networks)} network(s), "
             f"{len(removed.volumes)} volume(s) of {name}"

@@ -14,7 +14,14 @@ from hpcbox.tools import slurm, ssh
 
 
 def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
-    return project.runs_dir / record.where / record.job_id
+    """runs/<cluster>/<run> here: the job id, or `<id>-<n>` where an earlier job here had that id."""
+    return project.runs_dir / record.where / record.run
+
+
+def fetched(project: ProjectConfig, record: JobRecord) -> bool:
+    """Whether anything of the job's has been fetched here."""
+    local = local_run_dir(project, record)
+    return local.is_dir() and any(local.iterdir())
 
 
 class NoResults(HpcboxError):

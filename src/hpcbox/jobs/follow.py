@@ -213,26 +213,33 @@ def cancel(
 
 
 def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
-    """A line per ledger entry with its live state, one connection per cluster."""
+    """A line per ledger entry with its live state, one connection per cluster; a job whose mini
+    cluster has gone since is said so (identity.gone), without asking the new one about its id."""
+    from hpcbox.jobs.identity import gone
     from hpcbox.render.profiles import load_profile
 
     records = [record for record in Ledger(project).all() if cluster in (None, record.cluster, record.where)]
     described: dict[tuple[str, str], str] = {}
+    for record in records:
+        if (line := gone(record, project)) is not None:
+            described[record.where, record.run] = line
     for name in sorted({record.where for record in records}):
-        mine = [record for record in records if record.where == name]
+        mine = [record for record in records if record.where == name and (name, record.run) not in described]
+        if not mine:
+            continue
         try:
             target = connection_target(load_profile(mine[0].cluster), project, via=mine[0].via)
             with ssh.Connection(target) as connection:
                 for record in mine:
-                    # One job the cluster forgot (a mini cluster made again since) is that job's line only.
+                    # One job the cluster forgot is that job's line only.
                     try:
-                        described[name, record.job_id] = describe(state(connection, record))
+                        described[name, record.run] = describe(state(connection, record))
                     except HpcboxError as exc:
-                        described[name, record.job_id] = _unknown(record, exc)
+                        described[name, record.run] = _unknown(record, exc)
         except HpcboxError as exc:
             for record in mine:
-                described.setdefault((name, record.job_id), _unknown(record, exc))
-    return [f"{r.submitted_at}  {r.where:<10} {described[r.where, r.job_id]}" for r in records]
+                described.setdefault((name, record.run), _unknown(record, exc))
+    return [f"{r.submitted_at}  {r.where:<10} {described[r.where, r.run]}" for r in records]
 
 
 def _unknown(record: JobRecord, exc: HpcboxError) -> str:

@@ -17,8 +17,10 @@ from hpcbox.build.image import CUDA_FLAVOURS, ENVIRONMENT, Image, build_image, l
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.files import slug
+from hpcbox.jobs import identity
 from hpcbox.jobs.connect import require_slurm
 from hpcbox.ledger import JobRecord, Ledger
+from hpcbox.minicluster.cluster import Cluster
 from hpcbox.project.command import EXAMPLE_DATASET, EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
 from hpcbox.project.config import ProjectConfig
 from hpcbox.render import logpaths
@@ -120,13 +122,15 @@ def submit(
     resubmits: str | None = None,
     command: ContainerCommand | None = None,
     connection: ssh.Connection | None = None,
+    mini: Cluster | None = None,
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
     """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
 
     With a ``sweep`` the job is an array, a task per point (``resources.array`` names which). ``command``:
     what the job runs instead of the project's program (NOTEBOOK); ``connection``: one to ``target``
-    already open, to use (and leave open) rather than a connection of its own."""
+    already open, to use (and leave open) rather than a connection of its own; ``mini``: the mini
+    cluster ``target`` is, whose life the record names (identity.gone)."""
     require_slurm(profile)
     started = time.monotonic()
     with ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection:
@@ -217,8 +221,17 @@ def submit(
         sweep=sweep.points if sweep else (),
         resubmits=resubmits,
         notebook=command == NOTEBOOK,
+        mini_cluster=mini and mini.name,
+        incarnation=mini and mini.incarnation.id,
     )
-    Ledger(project).add(record, script.text)
+    if mini is not None:
+        identity.note_project(mini, project)
+    ledger = Ledger(project)
+    record = ledger.add(record, script.text)
+    if record.run != job_id:
+        earlier = ledger.earlier(record)[-1]
+        where = identity.gone(earlier, project) or f"job {earlier.run}, submitted at {earlier.submitted_at}"
+        say(f"hpcbox: job {job_id}'s results go to runs/{record.where}/{record.run} here: an earlier {where}")
     return record
 
 

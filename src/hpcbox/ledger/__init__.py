@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from hpcbox.files import write_atomically
 from hpcbox.project.config import ProjectConfig
 
 _JOB_ID = re.compile(r"^\d+$")
+_RUN_NAME = re.compile(r"^\d+-\d+$")  # the second job of an id here is `<id>-2`
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,22 @@ class JobRecord:
     sweep: tuple[tuple[str, ...], ...] = ()  # a sweep's points: array task i ran with sweep[i]
     resubmits: str | None = None  # the sweep job whose failed tasks this one runs again
     notebook: bool = False  # JupyterLab (`hpcbox notebook`), not the project's program
+    # Which mini cluster it ran on (None: a site's login node): its name, and its incarnation (made at
+    # each `up` that starts one), which tells this job from the same id's job on a cluster made since.
+    mini_cluster: str | None = None
+    incarnation: str | None = None
+    # Its folder under runs/<where>/ here: the job id, or `<id>-<n>` where an earlier job of that id
+    # holds that name (None: the job id, as every record before run names).
+    run_name: str | None = None
 
     @property
     def is_array(self) -> bool:
         return bool(self.resources.get("array"))
+
+    @property
+    def run(self) -> str:
+        """Its name among this project's jobs at its cluster: its run folder's name."""
+        return self.run_name or self.job_id
 
     @property
     def where(self) -> str:
@@ -67,20 +80,39 @@ class JobRecord:
 
 
 class Ledger:
-    """The project's submitted jobs: `<state>/jobs/<cluster>-<job id>.json`."""
+    """The project's submitted jobs: `<state>/jobs/<cluster>-<run>.json` (the run: the job id, or
+    `<id>-<n>` for a later job given an id an earlier one here had)."""
 
     def __init__(self, project: ProjectConfig) -> None:
         self.directory = project.jobs_dir
+        self.runs_dir = project.runs_dir
 
-    def path(self, where: str, job_id: str) -> Path:
-        return self.directory / f"{where}-{job_id}.json"
+    def path(self, where: str, run: str) -> Path:
+        return self.directory / f"{where}-{run}.json"
 
-    def add(self, record: JobRecord, script_text: str) -> Path:
-        """Record the job (and a copy of its script beside it); a reader never sees half a file."""
-        path = self.path(record.where, record.job_id)
+    def run_name(self, where: str, job_id: str) -> str:
+        """The run folder's name for a new job ``job_id`` at ``where``: its id, unless an earlier job
+        here had that id (a mini cluster made again since, an id Slurm reused) and holds the name in
+        the ledger or in runs/; then `<id>-2`, `-3`... whichever is free."""
+        taken = {record.run for record in self.all() if record.where == where}
+        name, n = job_id, 1
+        while name in taken or (self.runs_dir / where / name).exists() or self.path(where, name).exists():
+            n += 1
+            name = f"{job_id}-{n}"
+        return name
+
+    def add(self, record: JobRecord, script_text: str) -> JobRecord:
+        """Record the job (and a copy of its script beside it), named by its run (``run_name``), and
+        return it as kept; a reader never sees half a file, and no other job's record is replaced."""
+        path = self.path(record.where, record.run)
+        if record.run_name is None or (
+            path.exists() and JobRecord.from_json(path.read_text()).script != record.script
+        ):
+            record = replace(record, run_name=self.run_name(record.where, record.job_id))
+            path = self.path(record.where, record.run)
         write_atomically(path.with_suffix(".sh"), script_text)
         write_atomically(path, record.to_json())
-        return path
+        return record
 
     def all(self) -> list[JobRecord]:
         if not self.directory.is_dir():
@@ -89,13 +121,14 @@ class Ledger:
         return sorted(records, key=lambda record: (record.submitted_at, int(record.job_id)))
 
     def find(self, job_id: str | None = None, cluster: str | None = None) -> JobRecord:
-        """The job ``job_id`` (the last submitted when None), on ``cluster`` when given."""
-        if job_id is not None and not _JOB_ID.match(job_id):
+        """The job ``job_id`` (the last submitted when None), on ``cluster`` when given: the last one
+        submitted with that id, or the one whose run is named so (`12-2`: the second job 12 here)."""
+        if job_id is not None and not (_JOB_ID.match(job_id) or _RUN_NAME.match(job_id)):
             raise HpcboxError(f"job: {job_id!r} is not a job id", "job ids are numbers, e.g. 1234")
         records = [
             record
             for record in self.all()
-            if cluster in (None, record.cluster, record.where) and job_id in (None, record.job_id)
+            if cluster in (None, record.cluster, record.where) and job_id in (None, record.job_id, record.run)
         ]
         if not records:
             where = f" on cluster {cluster}" if cluster else ""
@@ -109,3 +142,14 @@ class Ledger:
             clusters = ", ".join(sorted({record.where for record in records}))
             raise HpcboxError(f"job {job_id} exists on several clusters ({clusters})", "add --cluster=NAME")
         return records[-1]
+
+    def earlier(self, record: JobRecord) -> list[JobRecord]:
+        """The jobs here at ``record``'s cluster that had its id before it (each with a run of its own)."""
+        return [
+            other
+            for other in self.all()
+            if other.where == record.where
+            and other.job_id == record.job_id
+            and other.run != record.run
+            and other.submitted_at <= record.submitted_at
+        ]

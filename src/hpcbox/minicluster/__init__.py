@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 _HOLDER = {
     "Cluster": "cluster",
+    "Incarnation": "cluster",
+    "removed_incarnations": "cluster",
     "Removed": "lifecycle",
     "add_gpu_type": "lifecycle",
     "down": "lifecycle",
@@ -27,8 +29,9 @@ _HOLDER = {
     "spec_like": "spec",
 }
 __all__ = [
-    "Cluster", "ClusterSpec", "Removed", "add_gpu_type", "down", "find", "node_states", "refuse_unfinished",
-    "shared_state", "slurm_like", "spec_like", "status", "up", "wait_ready",
+    "Cluster", "ClusterSpec", "Incarnation", "Removed", "add_gpu_type", "down", "find", "node_states",
+    "refuse_unfinished", "removed_incarnations", "shared_state", "slurm_like", "spec_like", "status", "up",
+    "wait_ready",
 ]  # fmt: skip
 
 
@@ -41,7 +44,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from hpcbox.minicluster.cluster import Cluster, find, shared_state
+    from hpcbox.minicluster.cluster import Cluster, Incarnation, find, removed_incarnations, shared_state
     from hpcbox.minicluster.lifecycle import (
         Removed,
         add_gpu_type,

@@ -5,12 +5,15 @@ does not load the Docker SDK and testcontainers."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from secrets import token_hex
 from typing import TYPE_CHECKING
 
 from hpcbox.errors import HpcboxError
@@ -27,6 +30,23 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Incarnation:
+    """One life of a mini cluster of some name, from the `up` that started it to its removal."""
+
+    id: str
+    up_at: str
+    removed_at: str | None = None
+
+    @classmethod
+    def new(cls) -> Incarnation:
+        return cls(token_hex(6), now())
+
+    def __str__(self) -> str:
+        removed = f", removed at {self.removed_at}" if self.removed_at else ""
+        return f"brought up at {self.up_at}{removed}"
+
+
+@dataclass(frozen=True)
 class Cluster:
     """A running mini cluster, as users and tests reach it."""
 
@@ -34,6 +54,10 @@ class Cluster:
     image: str
     secrets: ClusterSecrets
     shape: ClusterShape
+    # Which cluster of that name this is: made at each `up` that starts one (fresh Slurm state, its job
+    # ids from 1 again), kept while it lives (a changed runtime or GPU type is the same cluster). A job
+    # records it, so that job 1 of one cluster is never taken for job 1 of the next (ledger.JobRecord).
+    incarnation: Incarnation = field(default_factory=lambda: Incarnation("", ""))
 
     @property
     def name(self) -> str:
@@ -125,8 +149,41 @@ RECORD = "cluster.json"  # in the cluster's state folder, beside its keys
 
 def record(cluster: Cluster, state_root: Path) -> None:
     """Keep what `up` (or a later change) made of ``cluster`` where ``find`` reads it back."""
-    saved = {"spec": asdict(cluster.spec), "image": cluster.image, "shape": asdict(cluster.shape)}
+    saved = {
+        "spec": asdict(cluster.spec), "image": cluster.image, "shape": asdict(cluster.shape),
+        "incarnation": asdict(cluster.incarnation),
+    }  # fmt: skip
     write_atomically(state_dir(state_root, cluster.name) / RECORD, json.dumps(saved))
+
+
+def history_path(state_root: Path, name: str) -> Path:
+    """The clusters of ``name`` removed so far (beside its lock: the state folder goes with a cluster)."""
+    return state_root / f"{name}.removed.jsonl"
+
+
+def note_removed(state_root: Path, name: str) -> None:
+    """Add cluster ``name``'s incarnation, as recorded, to its history as removed now (nothing where no
+    `up` recorded one). Call it holding ``state.locked``, before the state folder goes."""
+    found = find(name, state_root)
+    if found is None or not found.incarnation.id:
+        return
+    gone = dataclasses.replace(found.incarnation, removed_at=now())
+    with history_path(state.private_dir(state_root), name).open("a") as history:
+        history.write(json.dumps(asdict(gone)) + "\n")
+
+
+def removed_incarnations(state_root: Path, name: str) -> dict[str, Incarnation]:
+    """Cluster ``name``'s incarnations removed so far, by id."""
+    try:
+        lines = history_path(state_root, name).read_text().splitlines()
+    except OSError:
+        return {}
+    found = [Incarnation(**json.loads(line)) for line in lines if line.strip()]
+    return {incarnation.id: incarnation for incarnation in found}
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def find(name: str, state_root: Path) -> Cluster | None:
@@ -138,7 +195,10 @@ def find(name: str, state_root: Path) -> Cluster | None:
     if "shape" not in saved:  # brought up by an hpcbox before shapes: `up` replaces it
         return None
     shape = ClusterShape.from_dict(saved["shape"])
-    return Cluster(ClusterSpec(**saved["spec"]), saved["image"], ClusterSecrets(recorded.parent), shape)
+    # One brought up by an hpcbox before incarnations has none: its jobs are told from no other's.
+    incarnation = Incarnation(**saved.get("incarnation", {"id": "", "up_at": ""}))
+    spec = ClusterSpec(**saved["spec"])
+    return Cluster(spec, saved["image"], ClusterSecrets(recorded.parent), shape, incarnation)
 
 
 def shared_state(name: str, project_state: Path | None, *, say: Callable[[str], None] = print) -> Path:

@@ -29,7 +29,7 @@ import docker.errors
 
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import nodes, state, versions
-from hpcbox.minicluster.cluster import Cluster, find, record
+from hpcbox.minicluster.cluster import Cluster, Incarnation, find, note_removed, record
 from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
@@ -88,7 +88,7 @@ def up(
             _remove(spec.name, state_root)
             _check_port_free(spec.port)
         directory = state_dir(state_root, spec.name)
-        cluster = Cluster(spec, image.ref, generate(spec, directory), shape)
+        cluster = Cluster(spec, image.ref, generate(spec, directory), shape, Incarnation.new())
         record(cluster, state_root)
         try:
             _start(cluster, timeout_s, say)
@@ -144,7 +144,7 @@ def add_gpu_type(
                 "wait until they end (`hpcbox cluster.status`), or name a GPU type it has",
             )
         spec = dataclasses.replace(cluster.spec, added_gpu_types=(*cluster.spec.added_gpu_types, gpu_type))
-        grown = Cluster(spec, cluster.image, cluster.secrets, cluster.shape.with_gpu_types((gpu_type,)))
+        grown = dataclasses.replace(cluster, spec=spec, shape=cluster.shape.with_gpu_types((gpu_type,)))
         config = config_files(spec, grown.shape)
         for host in spec.hosts:
             grown.put_files(host, nodes.INIT_DIR, config)
@@ -185,7 +185,7 @@ def _change_software(
     """``current`` with another container runtime or FUSE on its compute nodes, changed in place in
     seconds (no daemon restarts: a rehearsal tries each in turn). A job already running keeps what it
     has mounted; its later steps meet the new software."""
-    changed = Cluster(spec, current.image, current.secrets, shape)
+    changed = dataclasses.replace(current, spec=spec, shape=shape)
     node_env = {"node.env": config_files(spec, shape)["node.env"]}
     for host in spec.hosts:  # every node's copy, which a restarted node reads too
         changed.put_files(host, nodes.INIT_DIR, node_env)
@@ -307,6 +307,7 @@ def _ing(verb: str) -> str:
 
 
 def _remove(name: str, state_root: Path) -> Removed:
+    note_removed(state_root, name)
     containers, networks, volumes = _resources(name)
     for container in containers:
         container.remove(force=True, v=True)

@@ -1,0 +1,139 @@
+"""A job is itself, not its id (issue 59): a mini cluster made again numbers its jobs from 1 again, and
+nothing of an earlier job 1 (its ledger record, its fetched results) is replaced or mixed with the new
+one's; every command about the earlier job says where it ran and where its results are; `cluster.down`
+names the jobs whose results would go with the cluster. All through the CLI, as a user types it."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.cluster import free_port
+from tests.fixtures.submitting import Setup, with_own_ledger
+from tests.integration.test_submit import SHORT, invoke
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+
+@pytest.fixture(scope="module")
+def setup(project_setup: Setup, run_id: str, tmp_path_factory) -> Setup:
+    """A project with a ledger of its own, pointed at this module's cluster (made and removed here)."""
+    own = with_own_ledger(project_setup, tmp_path_factory, "identity-project")
+    return Setup(
+        own.project_dir, own.data, own.sif_cache, {**own.env, "HPCBOX_MINICLUSTER": f"{run_id}-ident"}
+    )
+
+
+@pytest.fixture(scope="module")
+def spec(setup: Setup, minicluster_state: Path) -> Iterator[object]:
+    from hpcbox import minicluster as mc
+
+    made = mc.ClusterSpec(name=setup.env["HPCBOX_MINICLUSTER"], nodes=1, port=free_port())
+    try:
+        yield made
+    finally:
+        mc.down(made.name, minicluster_state)
+
+
+def submitted(setup: Setup) -> tuple[str, str]:
+    """`hpcbox submit` of a short training: (job id, what it said on stderr)."""
+    done = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
+        "--", *SHORT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1], done.stderr
+
+
+def completed(setup: Setup, job: str) -> None:
+    """Once job ``job`` has ended (`logs --follow` returns then), it completed."""
+    followed = invoke(setup, "logs", "-j", job, "--follow")
+    assert followed.returncode == 0, followed.stderr
+    status = invoke(setup, "status", "-j", job)
+    assert status.stdout.startswith(f"job {job}: COMPLETED"), status.stdout + status.stderr
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder``, by its path there, with its content's sha256."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one(setup: Setup, spec, minicluster_state):
+    from hpcbox import minicluster as mc
+
+    project = setup.project().root
+    first = mc.up(spec, minicluster_state)
+    fetched_job, _ = submitted(setup)
+    kept_job, _ = submitted(setup)
+    assert (fetched_job, kept_job) == ("1", "2")  # a fresh cluster's first jobs
+    completed(setup, fetched_job)
+    completed(setup, kept_job)
+    fetch = invoke(setup, "fetch", "-j", fetched_job)
+    assert fetch.returncode == 0, fetch.stderr
+    old_results = tree(project / "runs" / "local" / "1")
+    assert "metrics.jsonl" in old_results
+    ledger = project / ".hpcbox" / "jobs"
+    old_records = tree(ledger)
+
+    # Job 2's results are on the cluster alone: removing it is refused, naming the job and its project.
+    refused = invoke(setup, "cluster.down", f"--name={spec.name}")
+    assert refused.returncode == 1
+    assert refused.stderr.splitlines() == [
+        f"error: cluster {spec.name} holds the results of job 2 of {project}, never fetched: removing it "
+        "loses them",
+        f"  hint: fetch them first (`hpcbox fetch -j 2` in {project}), or pass --force",
+    ]
+    assert mc.find(spec.name, minicluster_state) == first
+    forced = invoke(setup, "cluster.down", f"--name={spec.name}", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert f"loses the results of job 2 of {project}, never fetched" in forced.stdout
+
+    again = mc.up(spec, minicluster_state)
+    assert again.incarnation.id != first.incarnation.id
+    life = rf"mini cluster {spec.name} as brought up at {re.escape(first.incarnation.up_at)}, removed at \S+"
+    said = {
+        fetched_job: rf"job 1 ran on {life}; its results were fetched to runs/local/1",
+        kept_job: rf"job 2 ran on {life}; its results were never fetched and went with it",
+    }
+    for job, line in said.items():
+        for command in ("status", "logs", "fetch", "report", "cancel"):
+            done = invoke(setup, command, "-j", job)
+            assert done.returncode == 1, (command, done.stdout, done.stderr)
+            assert re.fullmatch(rf"error: {line}", done.stderr.splitlines()[0]), (command, done.stderr)
+    listed = invoke(setup, "jobs")
+    assert listed.returncode == 0, listed.stderr
+    rows = listed.stdout.splitlines()
+    assert len(rows) == 2 and all(
+        re.search(line, row) for row, line in zip(rows, said.values(), strict=True)
+    ), rows
+
+    # The new cluster's job 1: its own record and run folder; the old ones as they were.
+    new_job, told = submitted(setup)
+    assert new_job == "1"
+    assert re.search(
+        rf"^hpcbox: job 1's results go to runs/local/1-2 here: an earlier {said['1']}$", told, re.M
+    ), told
+    completed(setup, new_job)
+    fetch = invoke(setup, "fetch", "-j", new_job)
+    assert fetch.returncode == 0, fetch.stderr
+    assert fetch.stdout.strip() == str(project / "runs" / "local" / "1-2")
+    assert "metrics.jsonl" in tree(project / "runs" / "local" / "1-2")
+    assert tree(project / "runs" / "local" / "1") == old_results
+    assert {name: digest for name, digest in tree(ledger).items() if name in old_records} == old_records
+    assert sorted(set(tree(ledger)) - set(old_records)) == ["local-1-2.json", "local-1-2.sh"]
+    status = invoke(setup, "status", "-j", new_job)
+    assert status.returncode == 0 and status.stdout.startswith("job 1: COMPLETED"), status.stderr
+    # By its run's name, the new job 1 is `1-2`, and the old one's line is still its own.
+    assert invoke(setup, "status", "-j", "1-2").stdout == status.stdout
+    listed = invoke(setup, "jobs").stdout.splitlines()
+    assert re.search(said[fetched_job], listed[0]) and "job 1: COMPLETED" in listed[2], listed
+    forced = invoke(setup, "cluster.down", f"--name={spec.name}")
+    assert forced.returncode == 0, forced.stderr  # its one job's results fetched: nothing to lose
