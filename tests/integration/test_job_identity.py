@@ -6,7 +6,10 @@ names the jobs whose results would go with the cluster. All through the CLI, as 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,7 +57,7 @@ def completed(setup: Setup, job: str) -> None:
     followed = invoke(setup, "logs", "-j", job, "--follow")
     assert followed.returncode == 0, followed.stderr
     status = invoke(setup, "status", "-j", job)
-    assert status.stdout.startswith(f"job {job}: COMPLETED"), status.stdout + status.stderr
+    assert status.stdout.startswith(f"job {job.split('-')[0]}: COMPLETED"), status.stdout + status.stderr
 
 
 def tree(folder: Path) -> dict[str, str]:
@@ -137,3 +140,82 @@ def test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one(setup: Setu
     assert re.search(said[fetched_job], listed[0]) and "job 1: COMPLETED" in listed[2], listed
     forced = invoke(setup, "cluster.down", f"--name={spec.name}")
     assert forced.returncode == 0, forced.stderr  # its one job's results fetched: nothing to lose
+
+
+def run_of(setup: Setup, job_id: str) -> str:
+    """The run of the last job ``job_id`` submitted from the project (as `-j` takes it)."""
+    from hpcbox.ledger import Ledger
+
+    return Ledger(setup.project()).find(job_id).run
+
+
+def final_epoch(project: Path, run: str) -> dict[str, object]:
+    """The last epoch's figures in a fetched run's metrics.jsonl."""
+    lines = (project / "runs" / "local" / run / "metrics.jsonl").read_text().splitlines()
+    epochs = [json.loads(line) for line in lines if '"event": "epoch"' in line]
+    return {
+        name: epochs[-1][name]
+        for name in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    }
+
+
+def test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopped(
+    setup: Setup, spec, minicluster_state
+):
+    """Issue 59: the report said "rerun to resume", and the rerun started again at epoch 1. `submit
+    --resume-from JOB` starts from JOB's last checkpoint, copied on the cluster (nothing sent again),
+    with its arguments; the report of a cancelled job gives exactly that command."""
+    from hpcbox import minicluster as mc
+
+    mc.up(spec, minicluster_state)
+    project = setup.project().root
+    training = (
+        "--epochs",
+        "8",
+        "--steps-per-epoch",
+        "10",
+        "--workers",
+        "0",
+        "--seed",
+        "3",
+        "--step-pause",
+        "0.1",
+    )
+    base = ["submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10"]
+    stopped, whole = (
+        invoke(setup, *base, f"--job-name={name}", "--", *training) for name in ("stopped", "whole")
+    )
+    assert stopped.returncode == whole.returncode == 0, stopped.stderr + whole.stderr
+    # Each job's run: its id, or `<id>-<n>` on this cluster made again after the test above.
+    stopped_id, whole_id = (run_of(setup, done.stdout.split()[-1]) for done in (stopped, whole))
+    deadline = time.monotonic() + 240
+    while '"epoch": 2,' not in (log := invoke(setup, "logs", "-j", stopped_id).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(1)
+    cancelled = invoke(setup, "cancel", "-j", stopped_id)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
+    report = invoke(setup, "report", "-j", stopped_id)
+    assert report.returncode == 0, report.stderr
+    advice = re.search(r"resume from its last checkpoint: `([^`]+)`", report.stdout)
+    assert advice, report.stdout
+    command = shlex.split(advice[1])
+    assert (
+        command[:4] == ["hpcbox", "submit", "--cluster=local", "--resume-from"] and command[4] == stopped_id
+    )
+    assert re.fullmatch(r"--time=\d\d:\d\d:\d\d", command[5]) and len(command) == 6, command
+
+    resumed = invoke(setup, *command[1:], f"--data={setup.data}", "--flavour=cpu", "--offline")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"hpcbox: resuming job {stopped_id} with its arguments: {shlex.join(training)}" in resumed.stderr
+    assert "sent 0 bytes (nothing new)" in resumed.stderr  # its checkpoints were copied there, not sent
+    resumed_id = run_of(setup, resumed.stdout.split()[-1])
+    for job in (resumed_id, whole_id):
+        completed(setup, job)
+        assert invoke(setup, "fetch", "-j", job).returncode == 0
+    log = (project / "runs" / "local" / resumed_id / "metrics.jsonl").read_text()
+    starts = [json.loads(line) for line in log.splitlines() if '"event": "start"' in line]
+    assert [bool(start["resumed"]) for start in starts] == [False, True], log
+    assert final_epoch(project, resumed_id) == final_epoch(project, whole_id)
+    assert final_epoch(project, resumed_id)["epoch"] == 8
+    ledger = json.loads((project / ".hpcbox" / "jobs" / f"local-{resumed_id}.json").read_text())
+    assert ledger["resumes"] == stopped_id

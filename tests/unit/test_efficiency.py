@@ -283,6 +283,33 @@ def test_time_of_a_cancelled_job_gives_no_smaller_limit():
     )
 
 
+def test_a_run_cancelled_before_its_last_epoch_is_told_the_command_that_resumes_it(tmp_path):
+    """Issue 59: the advice was "rerun to resume", and a rerun started again at epoch 1; its --time came
+    from the cancelled run's elapsed time. Now: the command that resumes it, with a limit for the epochs
+    left, and the limit a whole run needs from its epochs' time."""
+    lines = []
+    for line in (DATA / "metrics-2epochs.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["event"] == "done":
+            continue  # cancelled after its second epoch of 10
+        if record["event"] == "epoch":
+            record["epochs"] = 10
+        lines.append(json.dumps(record))
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(lines) + "\n")
+    resume = "hpcbox submit --cluster=local --resume-from 7"
+    built = efficiency.build_report(sacct("cancelled"), metrics, None, resume=resume)
+    found = {figure.name: figure for figure in built.figures}
+    # (8.6381 + 12.3425) / 2 = 10.49 s an epoch: 8 left take 83.9 s, all 10 take 104.9 s.
+    assert found["throughput"].verdict == (
+        f"stopped after 2 of 10 epochs: resume from its last checkpoint: `{resume} --time=00:03:00`"
+    )
+    assert found["time"].verdict == (
+        "stopped (CANCELLED by 1500) after 00:01:49; its 10 epochs at 10.5 s each take about 00:01:45: "
+        "a whole run needs --time=00:04:00"
+    )
+
+
 def test_time_without_a_limit_suggests_one():
     time = figures("gpus-nolimit")["time"]
     assert time.value == "00:00:12, no time limit"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from hpcbox.render.options import RESOURCE_OPTIONS
 if TYPE_CHECKING:
     from hpcbox.api.job import Job
     from hpcbox.jobs.connect import Place
+    from hpcbox.ledger import JobRecord
     from hpcbox.minicluster.cluster import Cluster
     from hpcbox.minicluster.lifecycle import Removed
     from hpcbox.project.command import ContainerCommand
@@ -279,6 +281,7 @@ class Site:
         sweep: Sweep | str | Path | None = None,
         dry_run: bool = False,
         command: ContainerCommand | None = None,
+        resume_from: Job | str | None = None,
         **options: Any,
     ) -> Job | None:
         """Build the environment image, convert it to a SIF, ship what the cluster lacks (a changed SIF
@@ -289,11 +292,21 @@ class Site:
         image's (default: the one `hpcbox build` last made); ``offline``: build on the Debian base
         bootstrapped here; ``sweep``: an array task per point; ``dry_run``: say what would be sent and
         run, send nothing, and return None; ``command``: what the job runs in the container instead of
-        the project's program (`[tool.hpcbox.run]`)."""
+        the project's program (`[tool.hpcbox.run]`); ``resume_from``: a stopped job of this site (a
+        `Job`, its id or its run's name), whose results and checkpoints the job starts from, copied on
+        the cluster (its arguments too, where ``args`` gives none)."""
         from hpcbox.jobs.connect import require_slurm
 
         require_slurm(self.profile)
         points = self.sweep(sweep)
+        earlier = None
+        if resume_from is not None:
+            earlier = self._resumable(resume_from, points)
+            if not args:
+                args = earlier.trainer_args
+                self.say(
+                    f"hpcbox: resuming job {earlier.run} with its arguments: {shlex.join(args) or '(none)'}"
+                )
         return self._submit(
             tuple(args),
             points,
@@ -305,7 +318,32 @@ class Site:
             None,
             options,
             command=command,
+            resume_from=earlier,
         )
+
+    def _resumable(self, job: Job | str, points: Sweep | None) -> JobRecord:
+        """The record of ``job``, a job of this site that a new one can start from."""
+        from hpcbox import jobs
+        from hpcbox.api.job import Job
+
+        if points is not None:
+            raise FieldError(
+                "resume_from", "a sweep's tasks each start afresh", "leave out --sweep to resume a job"
+            )
+        earlier = job.record if isinstance(job, Job) else jobs.Ledger(self.project).find(str(job), self.where)
+        if earlier.where != self.where:
+            where = f"--cluster {earlier.cluster}" + (f" --via {earlier.via}" if earlier.via else "")
+            raise FieldError(
+                "resume_from",
+                f"job {earlier.run} ran on {earlier.where}, not {self.where}",
+                f"resume it there: {where}",
+            )
+        if earlier.is_array:
+            raise FieldError(
+                "resume_from", f"job {earlier.run} is a sweep", "resume one point's job, not a sweep"
+            )
+        jobs.check_reachable(earlier, self.project)
+        return earlier
 
     def resubmit_failed(
         self,
@@ -354,6 +392,7 @@ class Site:
         options: Mapping[str, Any],
         *,
         command: ContainerCommand | None = None,
+        resume_from: JobRecord | None = None,
     ) -> Job | None:
         from hpcbox import jobs
         from hpcbox.api.job import Job
@@ -364,7 +403,8 @@ class Site:
         record = jobs.submit(
             self.project, self.profile, self.target, checked, args, payload,
             image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
-            sweep=points, resubmits=resubmits, command=command, mini=self.mini, say=self.say,
+            sweep=points, resubmits=resubmits, command=command, mini=self.mini, resume_from=resume_from,
+            say=self.say,
         )  # fmt: skip
         return None if record is None else Job(self, record)
 

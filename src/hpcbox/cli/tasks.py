@@ -384,6 +384,8 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         "sweep": SWEEP_HELP,
         "resubmit_failed": "JOB: run the points of sweep JOB that did not complete again, and only those, "
         "with its arguments (and the resources given now)",
+        "resume_from": "JOB: start from the results and last checkpoint of stopped job JOB (copied on the "
+        "cluster), with its arguments unless given after --",
     },
 )
 def submit(
@@ -400,6 +402,7 @@ def submit(
     via=None,
     sweep=None,
     resubmit_failed=None,
+    resume_from=None,
     **resources,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`."""
@@ -409,7 +412,9 @@ def submit(
     trainer_args = _trainer_args(c.remainder)
     stages = {"data": data, "flavour": flavour, "offline": offline, "dry_run": dry_run}
     if resubmit_failed is None:
-        job = site.submit(trainer_args, sweep=sweep, **stages, **resources)
+        job = site.submit(trainer_args, sweep=sweep, resume_from=resume_from, **stages, **resources)
+    elif resume_from is not None:
+        raise HpcboxError("--resubmit-failed reruns a sweep's points afresh", "leave out --resume-from")
     elif sweep is not None or trainer_args:
         raise HpcboxError(
             "--resubmit-failed runs the job's own sweep with its own arguments",

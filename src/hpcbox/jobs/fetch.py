@@ -80,12 +80,21 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     gpu_path = gpu_csv if gpu_csv.is_file() else None
     try:
         built = efficiency.build_report(
-            rows, metrics_path, gpu_path, _own_program(project.run), why_no_metrics=why_no_metrics
-        )
+            rows, metrics_path, gpu_path, _own_program(project.run), why_no_metrics=why_no_metrics,
+            resume=resume_command(record),
+        )  # fmt: skip
     except ValueError as exc:
         raise HpcboxError(f"cannot report on job {record.job_id}: {exc}") from exc
     png = efficiency.plot_report(metrics_path, gpu_path, local / "report.png")
     return efficiency.format_report(built), png
+
+
+def resume_command(record: JobRecord) -> str | None:
+    """The command that starts a job from ``record``'s last checkpoint (None for a sweep's tasks)."""
+    if record.is_array:
+        return None
+    via = f" --via {record.via}" if record.via else ""
+    return f"hpcbox submit --cluster={record.cluster}{via} --resume-from {record.run}"
 
 
 def _own_program(run: ContainerCommand | Steps) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -123,6 +124,7 @@ def submit(
     command: ContainerCommand | None = None,
     connection: ssh.Connection | None = None,
     mini: Cluster | None = None,
+    resume_from: JobRecord | None = None,
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
     """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
@@ -130,13 +132,16 @@ def submit(
     With a ``sweep`` the job is an array, a task per point (``resources.array`` names which). ``command``:
     what the job runs instead of the project's program (NOTEBOOK); ``connection``: one to ``target``
     already open, to use (and leave open) rather than a connection of its own; ``mini``: the mini
-    cluster ``target`` is, whose life the record names (identity.gone)."""
+    cluster ``target`` is, whose life the record names (identity.gone); ``resume_from``: an earlier job
+    there, whose results and checkpoints the job starts from (copied on the cluster, not sent again)."""
     require_slurm(profile)
     started = time.monotonic()
     with ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection:
         connected = time.monotonic()
         if not dry_run:
             doctor.first_look(connection, profile, project.state_dir, say=say)
+        if resume_from is not None:
+            _require_results(connection, resume_from)
         looked = time.monotonic()
         code_revision = inputs_revision(project.root, project.code)
         rendered: list[tuple[JobScript, str, datetime]] = []
@@ -151,6 +156,8 @@ def submit(
                 log_dir="logs",
                 sif_sha256=payload.sif_sha256,
                 code_revision=code_revision,
+                resume_from=resume_from and resume_from.run_dir,
+                resumes=resume_from and resume_from.run,
             )
             script = render_sbatch(
                 profile, resources, inputs, trainer_args, command or project.run, sweep=sweep
@@ -223,16 +230,38 @@ def submit(
         notebook=command == NOTEBOOK,
         mini_cluster=mini and mini.name,
         incarnation=mini and mini.incarnation.id,
+        resumes=resume_from and resume_from.run,
     )
     if mini is not None:
         identity.note_project(mini, project)
     ledger = Ledger(project)
     record = ledger.add(record, script.text)
     if record.run != job_id:
-        earlier = ledger.earlier(record)[-1]
-        where = identity.gone(earlier, project) or f"job {earlier.run}, submitted at {earlier.submitted_at}"
-        say(f"hpcbox: job {job_id}'s results go to runs/{record.where}/{record.run} here: an earlier {where}")
+        taken = _taken(project, record)
+        say(f"hpcbox: job {job_id}'s results go to runs/{record.where}/{record.run} here: {taken}")
     return record
+
+
+def _taken(project: ProjectConfig, record: JobRecord) -> str:
+    """Why ``record``'s run is not named by its job id alone: what holds that name here."""
+    earlier = Ledger(project).earlier(record)
+    if not earlier:
+        return f"runs/{record.where}/{record.job_id} holds files of no job in this project's ledger"
+    gone = identity.gone(earlier[-1], project)
+    return f"an earlier {gone or f'job {earlier[-1].run}, submitted at {earlier[-1].submitted_at}'}"
+
+
+def _require_results(connection: ssh.Connection, earlier: JobRecord) -> None:
+    """The run folder a resumed job starts from is there (before anything is sent)."""
+    there = connection.run(
+        f"test -d {shlex.quote(earlier.run_dir)} && echo yes || echo no",
+        what="look for the results to resume",
+    )
+    if there.stdout.strip() != "yes":
+        raise HpcboxError(
+            f"resume_from: job {earlier.run} left no results in {earlier.run_dir} to resume from",
+            "it stopped before it copied anything back: submit it afresh",
+        )
 
 
 def _last_job_on(project: ProjectConfig, target: ssh.Target) -> JobRecord | None:

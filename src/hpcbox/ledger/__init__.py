@@ -44,6 +44,7 @@ class JobRecord:
     via: str | None = None  # "local": the cluster's job rehearsed on the mini cluster shaped like it
     sweep: tuple[tuple[str, ...], ...] = ()  # a sweep's points: array task i ran with sweep[i]
     resubmits: str | None = None  # the sweep job whose failed tasks this one runs again
+    resumes: str | None = None  # the job (its run) whose results and checkpoints this one started from
     notebook: bool = False  # JupyterLab (`hpcbox notebook`), not the project's program
     # Which mini cluster it ran on (None: a site's login node): its name, and its incarnation (made at
     # each `up` that starts one), which tells this job from the same id's job on a cluster made since.

@@ -144,6 +144,9 @@ class JobInputs:
     log_dir: str  # where the log goes unless the job names its own path
     sif_sha256: str | None = None
     code_revision: str | None = None
+    # An earlier job's run folder (absolute), whose results and checkpoints this job starts from.
+    resume_from: str | None = None
+    resumes: str | None = None  # that job, as people name it
 
     @classmethod
     def defaults(cls, project: str, **given: str | None) -> JobInputs:
@@ -247,7 +250,7 @@ def job_script(
         _variables(profile, resources, inputs, dialect),
         _functions(profile, resources, command, dialect),
         _sweep_point(sweep) if sweep else "",
-        _stage_in(profile, resources, dialect),
+        _stage_in(profile, resources, inputs, dialect),
         _sampler(resources),
         _gpu_check(profile, resources, command, dialect),
         _syncer(resources.sync_every_s),
@@ -418,6 +421,7 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             f"dataset={_path(inputs.dataset)}",
             f'job_key="{job_key}"',
             f'run_dir={_path(inputs.runs_dir)}/"$job_key"',
+            *([f"resume_from={shlex.quote(inputs.resume_from)}"] if inputs.resume_from else []),
             f"job_scratch={job_scratch(profile, dialect)}",
             'trainer_pid=""',
             'sampler_pid=""',
@@ -483,8 +487,10 @@ def _functions(
     )
 
 
-def _stage_in(profile: ClusterProfile, resources: Resources, dialect: Dialect) -> str:
-    sif_dir = copy_sif = janitor = unpack_sif = ""
+def _stage_in(profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect) -> str:
+    sif_dir = copy_sif = janitor = unpack_sif = resume = ""
+    if inputs.resume_from is not None:
+        resume = _bash("resume", earlier=inputs.resumes or "an earlier one") + "\n"
     if dialect.steps:
         janitor = "".join(
             f"{line}\n"
@@ -533,6 +539,7 @@ def _stage_in(profile: ClusterProfile, resources: Resources, dialect: Dialect) -
         sif_dir=sif_dir,
         copy_sif=copy_sif,
         unpack_sif=unpack_sif,
+        resume=resume,
     )
 
 

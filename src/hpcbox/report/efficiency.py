@@ -315,8 +315,9 @@ def memory_figure(job: dict[str, str], steps: list[dict[str, str]]) -> Figure:
     return Figure("memory", value, f"{peaked}: the request fits")
 
 
-def time_figure(job: dict[str, str]) -> Figure:
-    """Elapsed against the time limit, with a limit that fits the run and hpcbox's checkpoint signal."""
+def time_figure(job: dict[str, str], training: Training | None = None) -> Figure:
+    """Elapsed against the time limit, with a limit that fits the run and hpcbox's checkpoint signal;
+    for a run stopped early, one that fits its planned epochs at the time its epochs took."""
     if _not_started(job):
         return _unknown("time", "the job has not started")
     elapsed = int(job["ElapsedRaw"])
@@ -340,8 +341,20 @@ def time_figure(job: dict[str, str]) -> Figure:
             f"--time={format_time(suggest_time(limit))}, or checkpoint and requeue",
         )
     if _stopped_early(job):
+        whole = _planned_s(training)
+        if whole is None:
+            return Figure(
+                "time",
+                value,
+                f"stopped ({job['State']}) after {ran}: no full run to size it from, keep {asked}",
+            )
+        assert training is not None and training.mean_epoch_s is not None
         return Figure(
-            "time", value, f"stopped ({job['State']}) after {ran}: no full run to size it from, keep {asked}"
+            "time",
+            value,
+            f"stopped ({job['State']}) after {ran}; its {training.epochs_planned} epochs at "
+            f"{training.mean_epoch_s:.1f} s each take about {format_time(round(whole))}: a whole run needs "
+            f"--time={format_time(suggest_time(whole))}",
         )
     restarts = int(job["Restarts"] or 0)
     if restarts:
@@ -387,8 +400,30 @@ def gpu_figure(job: dict[str, str], gpu_csv: Path | None) -> Figure:
     return Figure("GPUs", value, f"busy {mean:.0f}% on average: well used")
 
 
-def throughput_figures(training: Training | None, why_missing: str) -> tuple[Figure, Figure]:
-    """Epoch time and samples/s, and the share of training time spent waiting for data."""
+def _planned_s(training: Training | None) -> float | None:
+    """How long all the planned epochs take at the time each took, where both are known."""
+    if training is None or training.epochs_planned is None or training.mean_epoch_s is None:
+        return None
+    return training.epochs_planned * training.mean_epoch_s
+
+
+def resume_advice(training: Training, resume: str | None) -> str:
+    """What to do about a run stopped before its last epoch: ``resume`` (the command that starts a job
+    from its last checkpoint) with a time limit for the epochs left, where both are known."""
+    if resume is None:  # a sweep's task: its point reruns whole
+        return "`submit --resubmit-failed` runs the points that stopped again"
+    left = None
+    if training.epochs_planned is not None and training.mean_epoch_s is not None:
+        left = (training.epochs_planned - training.epochs_done) * training.mean_epoch_s
+    limit = "" if left is None else f" --time={format_time(suggest_time(left))}"
+    return f"resume from its last checkpoint: `{resume}{limit}`"
+
+
+def throughput_figures(
+    training: Training | None, why_missing: str, resume: str | None = None
+) -> tuple[Figure, Figure]:
+    """Epoch time and samples/s, and the share of training time spent waiting for data; ``resume``: the
+    command that resumes the job, for a run stopped early."""
     if training is None:
         return _unknown("throughput", why_missing), _unknown("data wait", why_missing)
     restarts = f", resumed {_times(training.resumed)}" if training.resumed else ""
@@ -408,7 +443,7 @@ def throughput_figures(training: Training | None, why_missing: str) -> tuple[Fig
         )
     else:
         verdict = (
-            f"stopped after {training.epochs_done} of {planned} epochs: rerun to resume from the checkpoint"
+            f"stopped after {training.epochs_done} of {planned} epochs: {resume_advice(training, resume)}"
         )
     wait = f"{training.data_wait:.0%} of training time waiting for the next batch"
     if training.data_wait > DATA_BOUND:
@@ -523,11 +558,14 @@ def build_report(
     program: str | None = None,
     *,
     why_no_metrics: str | None = None,
+    resume: str | None = None,
 ) -> Report:
     """The report of one job from its sacct rows (job line first, as sacct prints it) and whichever
     of its metrics and GPU samples were fetched. ``program``: what the job ran, where that is not the
     example trainer (which always writes metrics.jsonl): its missing metrics are then its own choice.
-    ``why_no_metrics``: why there are none, where the caller knows (the job copied nothing back)."""
+    ``why_no_metrics``: why there are none, where the caller knows (the job copied nothing back).
+    ``resume``: the command that starts a job from this one's last checkpoint (said where it stopped
+    before its last epoch)."""
     jobs = [row for row in sacct_rows if "." not in row["JobID"]]
     if not jobs:
         raise ValueError("sacct printed no job line (is the job id right, and is accounting enabled?)")
@@ -548,9 +586,9 @@ def build_report(
     figures = (
         cpu_figure(job, training),
         memory_figure(job, steps),
-        time_figure(job),
+        time_figure(job, training),
         gpu_figure(job, gpu_csv),
-        *throughput_figures(training, why_missing),
+        *throughput_figures(training, why_missing, resume),
     )
     killed = memory_kill([job, *steps])
     return Report(
