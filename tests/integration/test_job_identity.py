@@ -17,7 +17,7 @@ import pytest
 
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup, with_own_ledger
-from tests.integration.test_submit import SHORT, invoke
+from tests.integration.test_submit import SHORT, invoke, sweep_project
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -219,3 +219,53 @@ def test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopp
     assert final_epoch(project, resumed_id)["epoch"] == 8
     ledger = json.loads((project / ".hpcbox" / "jobs" / f"local-{resumed_id}.json").read_text())
     assert ledger["resumes"] == stopped_id
+
+
+def test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points(
+    setup: Setup, project_setup: Setup, spec, minicluster_state, tmp_path: Path, run_id: str
+):
+    """Issue 59: `--resubmit-failed` on a sweep Slurm no longer knew said "every task completed" and
+    reran nothing. Each point's run folder keeps its exit status; with its cluster made again, the
+    fetched results tell which points failed, and exactly those run again."""
+    from hpcbox import minicluster as mc
+
+    project_dir = sweep_project(project_setup, tmp_path / "sweep")
+    gate = f"/home/researcher/{run_id}-gate"
+    gated = (1, 3)
+    points = "".join(
+        f"[[points]]\nindex = {n}\n" + (f'needs = "{gate}"\n' if n in gated else "") for n in range(4)
+    )
+    (project_dir / "sweep.toml").write_text(points)
+    swept = Setup(project_dir, setup.data, setup.sif_cache, setup.env)
+    mc.up(spec, minicluster_state)
+    first = invoke(
+        swept, "submit", "--cluster=local", f"--data={setup.data}", "--time=5", "--sweep=sweep.toml"
+    )
+    assert first.returncode == 0, first.stderr
+    sweep = run_of(swept, first.stdout.split()[-1])
+    followed = invoke(swept, "logs", "-j", sweep, "--follow")
+    assert followed.returncode == 0, followed.stderr
+    status = invoke(swept, "status", "-j", sweep).stdout.splitlines()
+    assert status[0].endswith(": 4 array tasks: 2 COMPLETED, 2 FAILED"), status
+    assert invoke(swept, "fetch", "-j", sweep).returncode == 0
+    removed = invoke(swept, "cluster.down", f"--name={spec.name}")  # every result fetched: not refused
+    assert removed.returncode == 0, removed.stderr
+
+    again = mc.up(spec, minicluster_state)
+    again.ssh(["touch", gate], check=True)
+    rerun = invoke(
+        swept, "submit", "--cluster=local", f"--data={setup.data}", "--time=5", f"--resubmit-failed={sweep}"
+    )
+    assert rerun.returncode == 0, rerun.stderr
+    life = rf"job {re.escape(sweep)} ran on mini cluster {spec.name} as brought up at \S+, removed at \S+"
+    read = rf"{life}; its results were fetched to runs/local/{re.escape(sweep)}: which points failed is read"
+    assert re.search(
+        rf"^hpcbox: {read} from its results fetched to runs/local/{re.escape(sweep)}$", rerun.stderr, re.M
+    )
+    assert f"2 of 4 tasks of job {sweep.split('-')[0]} again: 1,3" in rerun.stderr, rerun.stderr
+    second = run_of(swept, rerun.stdout.split()[-1])
+    assert invoke(swept, "logs", "-j", second, "--follow").returncode == 0
+    status = invoke(swept, "status", "-j", second).stdout.splitlines()
+    assert status[0].endswith(": 2 array tasks: 2 COMPLETED"), status
+    fetched = Path(invoke(swept, "fetch", "-j", second).stdout.strip())
+    assert sorted(int(found.parent.name) for found in fetched.glob("*/point.json")) == [1, 3]

@@ -187,6 +187,32 @@ def test_a_job_of_a_mini_cluster_made_again_is_said_where_it_ran_and_where_its_r
     assert jobs.gone(record("1"), project) is None  # a site's job, or one recorded before incarnations
 
 
+def test_a_sweeps_outcomes_kept_in_its_run_folders_say_which_points_to_run_again(project):
+    """Where Slurm has forgotten a sweep (or its cluster is gone), each point's run folder keeps its exit
+    status: 0 completed, another failed, none (killed, or lost) run again too."""
+    sweep = dataclasses.replace(
+        record("69"), resources={"job_name": "s", "array": "0-3"}, sweep=(("--lr", "1"),) * 4
+    )
+    local = jobs.local_run_dir(project, sweep)
+    for task, status in (("0", "0"), ("1", "1"), ("3", "0")):
+        (local / task).mkdir(parents=True)
+        (local / task / ".hpcbox-exit").write_text(status + "\n")
+    found = jobs.fetched_outcomes(project, sweep)
+    assert {index: task.state for index, task in found.tasks.items()} == {
+        0: "COMPLETED",
+        1: "FAILED",
+        2: "NO_OUTCOME",
+        3: "COMPLETED",
+    }
+    assert jobs.failed_tasks(sweep, found.tasks) == (1, 2)
+    lines = jobs.describe_tasks(sweep, found.tasks, found.read_from)
+    assert lines[0] == (
+        "job 69: 4 array tasks: 2 COMPLETED, 1 FAILED, 1 NO_OUTCOME "
+        "(Slurm no longer knows it: from its results fetched to runs/local/69)"
+    )
+    assert lines[2] == "  job 69_1: FAILED, exit code 1:0 (--lr 1)"
+
+
 def test_rehearsing_anywhere_but_the_mini_cluster_is_refused_naming_the_flag(project):
     from hpcbox.render.profiles import load_profile
 

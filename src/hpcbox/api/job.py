@@ -87,7 +87,8 @@ class Job:
 
         with self._connection() as connection:
             if self.record.is_array:
-                return jobs.describe_tasks(self.record, jobs.task_states(connection, self.record))
+                found = jobs.sweep_outcomes(connection, self.record)
+                return jobs.describe_tasks(self.record, found.tasks, found.read_from)
             return [jobs.describe(jobs.state(connection, self.record))]
 
     def wait(

@@ -356,7 +356,9 @@ class Site:
         **options: Any,
     ) -> Job | None:
         """Run the points of sweep ``job`` that did not complete again, and only those, with its
-        arguments (and ``options`` as resources), where it ran; None when every point completed."""
+        arguments (and ``options`` as resources), where it ran; None when every point completed.
+        Which did not: Slurm's word, else (Slurm has forgotten the job) the exit status each point's
+        run folder kept on the cluster, else (its mini cluster is gone) in the results fetched here."""
         from hpcbox import jobs
         from hpcbox.api.job import Job
         from hpcbox.tools import ssh
@@ -365,8 +367,20 @@ class Site:
         original = job.record if isinstance(job, Job) else jobs.Ledger(self.project).find(job, self.name)
         # The rerun goes where the job ran (a rehearsal stays one): a site reached otherwise is refused.
         site = self.at(jobs.place_of(original, **dataclasses.asdict(self.place)))
-        with ssh.Connection(site.target) as connection:
-            failed = jobs.failed_tasks(connection, original)
+        if (gone := jobs.gone(original, self.project)) is None:
+            with ssh.Connection(site.target) as connection:
+                outcomes = jobs.sweep_outcomes(connection, original)
+            if outcomes.read_from:
+                self.say(f"hpcbox: Slurm no longer knows job {original.run}: {outcomes}")
+        elif jobs.fetched(self.project, original):
+            outcomes = jobs.fetched_outcomes(self.project, original)
+            self.say(f"hpcbox: {gone}: which points failed is read {outcomes}")
+        else:
+            raise HpcboxError(
+                f"{gone}: nothing tells which of its points failed",
+                f"`--sweep` with its sweep file runs all {len(original.sweep)} points anew",
+            )
+        failed = jobs.failed_tasks(original, outcomes.tasks)
         if not failed:
             self.say(f"hpcbox: every task of job {original.job_id} completed: nothing to resubmit")
             return None
@@ -376,7 +390,7 @@ class Site:
             f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}"
         )
         return site._submit(
-            original.trainer_args, points, array, data, flavour, offline, dry_run, original.job_id, options
+            original.trainer_args, points, array, data, flavour, offline, dry_run, original.run, options
         )
 
     def _submit(

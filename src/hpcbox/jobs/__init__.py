@@ -27,6 +27,7 @@ _DEFINED_IN = {
     "failed_tasks": "follow",
     "fetch": "fetch",
     "fetched": "fetch",
+    "fetched_outcomes": "follow",
     "follow_command": "follow",
     "gone": "identity",
     "local_run_dir": "fetch",
@@ -46,6 +47,7 @@ _DEFINED_IN = {
     "state": "follow",
     "submit": "submit",
     "sweep_of": "follow",
+    "sweep_outcomes": "follow",
     "task_states": "follow",
     "wait": "follow",
 }

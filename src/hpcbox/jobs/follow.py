@@ -5,17 +5,21 @@ from __future__ import annotations
 import dataclasses
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs.connect import connection_target
 from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.project.config import ProjectConfig
+from hpcbox.render.sbatch import OUTCOME_FILE
 from hpcbox.render.sweep import Sweep
 from hpcbox.report import efficiency
 from hpcbox.tools import slurm, ssh
 
 # How long `cancel` lets the job script copy its results back before it cancels outright.
 CANCEL_GRACE_S = 120
+# A sweep's point whose run folder kept no exit status: killed before its script ended, or lost.
+NO_OUTCOME = "NO_OUTCOME"
 
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
@@ -69,13 +73,73 @@ def array_state(tasks: dict[int, slurm.JobState]) -> slurm.JobState | None:
     )
 
 
-def describe_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> list[str]:
-    """The array's tasks for people: how many are in each state, then one line per task (its point)."""
+@dataclass(frozen=True)
+class Outcomes:
+    """A sweep's tasks' states, by task, and where they were read where not from Slurm."""
+
+    tasks: dict[int, slurm.JobState]
+    read_from: str = ""  # "": Slurm; else the run folders that kept each task's exit status
+
+    def __str__(self) -> str:
+        return f"from {self.read_from}" if self.read_from else "from Slurm"
+
+
+def sweep_outcomes(connection: ssh.Connection, record: JobRecord) -> Outcomes:
+    """Each task's state: Slurm's; where Slurm no longer knows the job (its accounting has forgotten
+    it), the exit status each task's run folder on the cluster keeps (render.sbatch.OUTCOME_FILE)."""
+    tasks = task_states(connection, record)
+    if tasks:
+        return Outcomes(tasks)
+    listed = connection.run(
+        f'for kept in {shlex.quote(record.run_dir)}/*/{OUTCOME_FILE}; do if test -f "$kept"; then '
+        'task=${kept%/*}; printf "%s %s\\n" "${task##*/}" "$(cat "$kept")"; fi; done',
+        what="read the outcome each task's run folder keeps",
+    )
+    kept = dict(line.split(maxsplit=1) for line in listed.stdout.splitlines() if " " in line)
+    return outcomes_kept(record, kept, f"the run folders on the cluster ({record.run_dir})")
+
+
+def fetched_outcomes(project: ProjectConfig, record: JobRecord) -> Outcomes:
+    """Each task's state from the exit status its fetched run folder here keeps (a sweep whose cluster
+    is gone: what was fetched is all there is)."""
+    from hpcbox.jobs.fetch import local_run_dir
+
+    local = local_run_dir(project, record)
+    kept = {
+        found.parent.name: found.read_text().strip()
+        for found in local.glob(f"*/{OUTCOME_FILE}")
+        if found.is_file()
+    }
+    shown = local.relative_to(project.root) if local.is_relative_to(project.root) else local
+    return outcomes_kept(record, kept, f"its results fetched to {shown}")
+
+
+def outcomes_kept(record: JobRecord, kept: dict[str, str], read_from: str) -> Outcomes:
+    """Each point's state from the exit statuses its run folders kept (task id -> status): COMPLETED
+    for 0, FAILED for another; a point with none kept (killed before its script ended, or lost) is
+    NO_OUTCOME, which a rerun of the failed points runs again too."""
+    tasks = {}
+    for index in range(len(record.sweep)):
+        status = kept.get(str(index))
+        task = f"{record.job_id}_{index}"
+        if status is None:
+            tasks[index] = slurm.JobState(task, NO_OUTCOME, source="run folder", note="no exit status kept")
+        else:
+            state = "COMPLETED" if status == "0" else "FAILED"
+            tasks[index] = slurm.JobState(task, state, exit_code=f"{status}:0", source="run folder")
+    return Outcomes(tasks, read_from)
+
+
+def describe_tasks(record: JobRecord, tasks: dict[int, slurm.JobState], read_from: str = "") -> list[str]:
+    """The array's tasks for people: how many are in each state, then one line per task (its point);
+    ``read_from``: where the states come from, where not from Slurm."""
     counts: dict[str, int] = {}
     for task in tasks.values():
         counts[task.state] = counts.get(task.state, 0) + 1
     summary = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
     lines = [f"job {record.job_id}: {len(tasks)} array tasks: {summary}"]
+    if read_from:
+        lines[0] += f" (Slurm no longer knows it: from {read_from})"
     for index, task in tasks.items():
         point = record.sweep[index] if index < len(record.sweep) else ()
         lines.append("  " + describe(task) + (f" ({shlex.join(point)})" if point else ""))
@@ -88,16 +152,16 @@ def sweep_of(record: JobRecord) -> Sweep:
     return Sweep(f"job {record.job_id}'s sweep", record.sweep, int(throttle) if percent else None)
 
 
-def failed_tasks(connection: ssh.Connection, record: JobRecord) -> tuple[int, ...]:
+def failed_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> tuple[int, ...]:
     """The tasks of a finished sweep that did not complete (failed, timed out, cancelled, out of
-    memory, lost with their node): what `submit --resubmit-failed` runs again."""
+    memory, lost with their node, or with no outcome kept): what `submit --resubmit-failed` runs
+    again."""
     if not record.sweep:
         raise HpcboxError(
             f"job {record.job_id} is not a sweep",
             "--resubmit-failed reruns the failed points of a --sweep job",
         )
-    tasks = task_states(connection, record)
-    running = [index for index, task in tasks.items() if not task.finished]
+    running = [index for index, task in tasks.items() if not task.finished and task.state != NO_OUTCOME]
     if running:
         raise HpcboxError(
             f"job {record.job_id} still has {len(running)} tasks pending or running",

@@ -41,6 +41,8 @@ from hpcbox.units import format_time
 
 # The trainer's exit status for "checkpointed on a signal, run me again" (EX_TEMPFAIL).
 CHECKPOINTED_EXIT = 75
+# In a job's run folder (an array task's own): the program's exit status, written as the script ends it.
+OUTCOME_FILE = ".hpcbox-exit"
 GPU_SAMPLE_INTERVAL_S = 30
 # What a process started by srun learns of its place in the job (MPI and most launchers read these).
 SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")
@@ -490,7 +492,7 @@ def _functions(
 def _stage_in(profile: ClusterProfile, resources: Resources, inputs: JobInputs, dialect: Dialect) -> str:
     sif_dir = copy_sif = janitor = unpack_sif = resume = ""
     if inputs.resume_from is not None:
-        resume = _bash("resume", earlier=inputs.resumes or "an earlier one") + "\n"
+        resume = _bash("resume", earlier=inputs.resumes or "an earlier one", outcome=OUTCOME_FILE) + "\n"
     if dialect.steps:
         janitor = "".join(
             f"{line}\n"
@@ -860,6 +862,7 @@ def _finish(max_restarts: int, dialect: Dialect) -> str:
         requeue=textwrap.indent(dialect.requeue, " " * 8),
         requeue_by_hand=dialect.requeue_by_hand,
         stopped=stopped,
+        outcome=OUTCOME_FILE,
     )
 
 

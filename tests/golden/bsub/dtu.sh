@@ -281,6 +281,9 @@ if [[ $status -eq 75 && -z $terminated ]]; then
         "\`brequeue ${LSB_JOBID}\` carries on from them" >&2
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
+# Its outcome, kept with its results: what tells a sweep's completed points from the others once Slurm
+# has forgotten the job, or its cluster is gone (`hpcbox status`, `submit --resubmit-failed`).
+echo "$status" >"$job_scratch/out/.hpcbox-exit" || true
 if [[ -n $terminated ]]; then
     # Stopped on request: the results go to shared storage before the scheduler ends the job.
     clean_up

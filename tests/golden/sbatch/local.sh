@@ -345,6 +345,9 @@ if [[ $status -eq 75 && -z $terminated ]]; then
         "\`scontrol requeue ${SLURM_JOB_ID}\` carries on from them" >&2
 fi
 echo "hpcbox: the trainer exited with status $status" >&2
+# Its outcome, kept with its results: what tells a sweep's completed points from the others once Slurm
+# has forgotten the job, or its cluster is gone (`hpcbox status`, `submit --resubmit-failed`).
+echo "$status" >"$job_scratch/out/.hpcbox-exit" || true
 if [[ -n $terminated ]]; then
     # Stopped on request: once the results are safe on shared storage, end the job as cancelled.
     clean_up
