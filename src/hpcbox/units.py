@@ -53,7 +53,8 @@ def format_time(seconds: int) -> str:
 
 
 def parse_mem(text: str) -> str:
-    """A Slurm memory size normalised to `<n><unit>` (unit M when none is given)."""
+    """A Slurm memory size normalised to `<n><unit>`; a number without a unit only for 0 (the whole
+    node): Slurm reads `16` as 16 megabytes, where who wrote it most often meant gigabytes."""
     match = _MEM.match(text.strip())
     if not match:
         raise FieldError(
@@ -61,7 +62,14 @@ def parse_mem(text: str) -> str:
             f"{text!r} is not a Slurm memory size "
             "(allowed: a whole number with a K, M, G or T suffix, e.g. 16G)",
         )
-    return f"{int(match.group(1))}{(match.group(2) or 'M').upper()}"
+    number, unit = int(match.group(1)), match.group(2).upper()
+    if not unit and number:
+        raise FieldError(
+            "mem",
+            f"{text!r} has no unit, which Slurm reads as megabytes ({number}M)",
+            f"write {number}M if that is what you mean, or {number}G",
+        )
+    return f"{number}{unit or 'M'}"
 
 
 def parse_size(text: str, default_unit: str = "") -> int:

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shlex
-import time
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,14 +191,25 @@ def test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopp
     assert stopped.returncode == whole.returncode == 0, stopped.stderr + whole.stderr
     # Each job's run: its id, or `<id>-<n>` on this cluster made again after the test above.
     stopped_id, whole_id = (run_of(setup, done.stdout.split()[-1]) for done in (stopped, whole))
-    deadline = time.monotonic() + 240
-    while '"epoch": 2,' not in (log := invoke(setup, "logs", "-j", stopped_id).stdout):
-        assert time.monotonic() < deadline, log
-        time.sleep(1)
+    # Followed until its second epoch, then Ctrl-C: following stops, the job goes on.
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "hpcbox", "logs", "-j", stopped_id, "--follow"], cwd=setup.project_dir,
+        env={**os.environ, **setup.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert follower.stdout is not None
+    seen = next((line for line in iter(follower.stdout.readline, "") if '"epoch": 2,' in line), "")
+    follower.send_signal(signal.SIGINT)
+    _, interrupted = follower.communicate(timeout=60)
+    assert seen and follower.returncode == 130, interrupted
+    assert interrupted.splitlines()[-1] == (
+        f"hpcbox: stopped following job {stopped_id}; it goes on (`hpcbox logs -j {stopped_id} --follow` "
+        "follows it again)"
+    )
     cancelled = invoke(setup, "cancel", "-j", stopped_id)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled.stdout + cancelled.stderr
     report = invoke(setup, "report", "-j", stopped_id)
     assert report.returncode == 0, report.stderr
+    assert ": CANCELLED by researcher" in report.stdout.splitlines()[0], report.stdout  # a name, not a uid
     advice = re.search(r"resume from its last checkpoint: `([^`]+)`", report.stdout)
     assert advice, report.stdout
     command = shlex.split(advice[1])

@@ -142,12 +142,23 @@ def test_own_project_init_lock_build_submit_fetch(own_project: OwnProject):
     cuda_lock = (project / "docker/lock/cuda-requirements.txt").read_text()
     assert "tabulate==0.9.0" in cpu_lock and "\nnumpy==" not in cpu_lock, own_project.locked  # Debian's numpy
     assert "tabulate==0.9.0" in cuda_lock and "\nnumpy==" in cuda_lock
+    # A checkout with a change not committed: the submit says in one line that no commit holds what runs.
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", "-c", "commit.gpgsign=false"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "first"]):
+        subprocess.run([*git, *command], cwd=project, check=True, capture_output=True)
+    (project / "scaling.py").write_text((project / "scaling.py").read_text() + "# changed, not committed\n")
     submitted = hpcbox(
         project, "submit", "--cluster=local", "--offline", "--data=data", "--time=10",
         "--", "--factor", "10", env=env,
     )  # fmt: skip
     job_id = submitted.stdout.strip().splitlines()[-1]
     assert job_id.isdigit(), submitted.stdout
+    dirty = re.search(
+        r"^hpcbox: the code has changes not committed \(recorded as [0-9a-f]{7,}-dirty\)",
+        submitted.stderr,
+        re.M,
+    )
+    assert dirty, submitted.stderr
     followed = hpcbox(project, "logs", "--follow", env=env)
     assert "mean" in followed.stdout and "25" in followed.stdout, followed.stdout  # tabulate's table
     fetched = Path(hpcbox(project, "fetch", env=env).stdout.strip())

@@ -263,6 +263,15 @@ def test_describe_explains_a_pending_reason_and_a_finished_job():
     assert jobs.describe(done) == "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0"
 
 
+def test_describe_says_no_none_for_a_job_not_yet_looked_at_or_never_placed():
+    # squeue's reason None (no reason yet) and sacct's `None assigned` (cancelled before it started).
+    waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00|\n", "9")
+    assert jobs.describe(waiting) == "job 9: PENDING, (being scheduled), elapsed 0:00 of 10:00"
+    never = slurm.accounted_state("9|CANCELLED by 1500|None|00:00:00|00:10:00|0:0|None assigned\n", "9")
+    assert never is not None
+    assert jobs.describe(never) == "job 9: CANCELLED, elapsed 00:00:00 of 00:10:00, exit code 0:0"
+
+
 def test_rsync_stats_are_parsed_with_thousands_separators():
     lines = ["Number of files: 1 (reg: 1)", "Total bytes sent: 501,234,567", "Total bytes received: 1,035"]
     assert ssh.parse_rsync_stats(lines) == ssh.Transfer(501_234_567, 1_035)

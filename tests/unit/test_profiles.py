@@ -380,3 +380,18 @@ def test_a_login_that_ssh_would_read_as_an_option_is_refused(
 ):
     error = _error_for(user_dir, MINIMAL.replace(*change))
     assert error.field == field and says in error.message
+
+
+def test_an_unknown_partition_is_added_to_a_copy_of_a_shipped_profile_not_to_the_installed_file(
+    tmp_path, monkeypatch
+):
+    """Issue 59: the hint said to edit the installed package's edi.toml, which an upgrade replaces."""
+    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(tmp_path))
+    with pytest.raises(FieldError) as shipped:
+        profiles.load_profile("edi").partition("nope")
+    assert shipped.value.hint.endswith(f"in {tmp_path}/ (a profile there shadows the shipped one)")
+    assert "a copy of " in shipped.value.hint and "edi.toml" in shipped.value.hint
+    (tmp_path / "edi.toml").write_text((profiles.SHIPPED_DIR / "edi.toml").read_text())
+    with pytest.raises(FieldError) as own:
+        profiles.load_profile("edi").partition("nope")
+    assert own.value.hint == f"pick one of them, or add it to {tmp_path / 'edi.toml'}"

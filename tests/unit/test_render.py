@@ -433,6 +433,10 @@ def test_failing_trainer_still_copies_back_and_cleans_up(sandbox: Sandbox):
     status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="fail")), mode="fail")
     assert status == 3, output
     assert (sandbox.run_dir / "metrics.jsonl").exists()
+    assert (sandbox.run_dir / ".hpcbox-exit").read_text() == "3\n"  # its outcome, kept with its results
+    # Its copy-back worked and says nothing: the EXIT trap's bare `return` once made it "failed".
+    said = [line for line in output.splitlines() if line.startswith("hpcbox: ")]
+    assert said[-1] == "hpcbox: the trainer exited with status 3", output
     assert not sandbox.scratch_was.exists()
     assert sandbox.scontrol_calls() == []
 

@@ -99,9 +99,21 @@ def test_a_time_of_zero_is_refused_rather_than_dropped(site, text: str):
     )
 
 
-@pytest.mark.parametrize(("text", "normal"), [("16G", "16G"), ("500", "500M"), ("2gb", "2G"), ("1T", "1T")])
+@pytest.mark.parametrize(
+    ("text", "normal"), [("16G", "16G"), ("500m", "500M"), ("2gb", "2G"), ("1T", "1T"), ("0", "0M")]
+)
 def test_parse_mem_normalises(text: str, normal: str):
     assert parse_mem(text) == normal
+
+
+def test_a_memory_size_without_a_unit_is_refused_saying_what_slurm_would_read(site):
+    """Issue 59: `--mem 16` on a 2-GPU job became --mem=16M without a word (0, the whole node, stays)."""
+    error = _field_of(site, _ok(mem="16"))
+    assert (error.field, error.message) == (
+        "mem",
+        "mem: '16' has no unit, which Slurm reads as megabytes (16M)",
+    )
+    assert error.hint == "write 16M if that is what you mean, or 16G"
 
 
 @pytest.mark.parametrize("text", ["16 GB", "sixteen", "1.5G", "16X", "-4G"])

@@ -47,6 +47,34 @@ def test_every_task_is_listed():
     assert {"sbatch", "submit", "shell", "logs", "cluster.up"} <= set(NAMES)
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ("jobs", "-j", "64"),
+            [
+                "error: hpcbox jobs: no option -j (its options: --cluster)",
+                "  hint: `hpcbox jobs` lists every job; -j JOB names one for status, logs, fetch, report and "
+                "cancel",
+            ],
+        ),
+        (
+            ("status", "--nope"),
+            [
+                "error: hpcbox status: no option --nope (its options: --cluster, --job)",
+                "  hint: `hpcbox status --help` says what each does",
+            ],
+        ),
+    ],
+)
+def test_an_option_a_command_does_not_take_is_said_with_the_ones_it_does(argv, said, tmp_path: Path):
+    """Issue 59: `hpcbox jobs -j 64` was invoke's own "No idea what '-j' is!"."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcbox", *argv], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stderr.splitlines(), done.stdout) == (1, said, "")
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("form", ["--help TASK", "TASK --help", "TASK -h"])
 def test_help_works_for_every_task(name: str, form: str, capsys):

@@ -22,11 +22,39 @@ class _ImportedOnFirstUse(types.ModuleType):
 # few users have: about 0.1 s of every command (bench/bench_submit.py's rows count it).
 sys.modules.setdefault("invoke.vendor.yaml", _ImportedOnFirstUse("invoke.vendor.yaml"))
 
-from invoke import Program  # noqa: E402
+from invoke import ParseError, Program  # noqa: E402
 
 from hpcbox import __version__  # noqa: E402
 from hpcbox.cli.tasks import collection  # noqa: E402
 
+# Flags users bring from the commands about one job to one that takes none of them.
+_ONE_JOB_FLAGS = ("-j", "--job")
+
+
+class HpcboxProgram(Program):
+    """invoke's Program, with a command's unknown option said as hpcbox says errors: what is wrong,
+    the options the command has, and how to do what was meant."""
+
+    def parse_tasks(self) -> None:
+        try:
+            super().parse_tasks()
+        except ParseError as error:
+            raise ParseError(_unknown_option(error), error.context) from error
+
+
+def _unknown_option(error: ParseError) -> str:
+    context = error.context
+    said = str(error)
+    if context is None or not context.name or not said.startswith("No idea what "):
+        return said
+    option = said.removeprefix("No idea what ").removesuffix(" is!").strip("'\"")
+    flags = sorted({name for name in context.flags if name.startswith("--")})
+    known = f" (its options: {', '.join(flags)})" if flags else " (it takes no options)"
+    hint = f"`hpcbox {context.name} --help` says what each does"
+    if option in _ONE_JOB_FLAGS and context.name == "jobs":
+        hint = "`hpcbox jobs` lists every job; -j JOB names one for status, logs, fetch, report and cancel"
+    return f"error: hpcbox {context.name}: no option {option}{known}\n  hint: {hint}"
+
 
 def main() -> None:
-    Program(namespace=collection(), name="hpcbox", binary="hpcbox", version=__version__).run()
+    HpcboxProgram(namespace=collection(), name="hpcbox", binary="hpcbox", version=__version__).run()

@@ -1,8 +1,8 @@
-"""`hpcbox demo`: the whole pipeline on the mini cluster, the way the README's quick start runs it.
+"""`invoke demo`: the whole pipeline on the mini cluster, the way the README's quick start runs it.
 
 build → dataset → cluster up → submit (environment SIF, code, data shipped over SSH) → wait, showing
 the job's state as it changes → fetch → the trainer's final figures. Every stage is the one users
-call themselves, so a second `hpcbox demo` rebuilds and re-uploads nothing that did not change.
+call themselves, so a second `invoke demo` rebuilds and re-uploads nothing that did not change.
 
 The cluster comes up beside the build and the dataset (its node image is the other long build of a
 first run, and the two leave each other CPU while they fetch and unpack packages), and the SIF
@@ -175,7 +175,7 @@ def run_demo(
         job.logs(on_line=say)
         raise HpcboxError(
             f"the demo job {job.job_id} ended {final.state} ({final.exit_code})",
-            "its log is above; `hpcbox cluster.down` and run `hpcbox demo` again to start afresh",
+            "its log is above; `hpcbox cluster.down` and run `invoke demo` again to start afresh",
         )
     stages.start("results", "fetch and report")
     text, png = job.report()

@@ -467,7 +467,13 @@ def jobs(c, cluster=None):
 @friendly
 def logs(c, job=None, cluster=None, follow=False):
     """The job's output (Slurm log), optionally following it until the job ends."""
-    _job(job, cluster).logs(follow=follow, on_line=print)
+    found = _job(job, cluster)
+    try:
+        found.logs(follow=follow, on_line=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        again = f"hpcbox logs -j {found.record.run} --follow"
+        say(f"hpcbox: stopped following job {found.record.run}; it goes on (`{again}` follows it again)")
+        sys.exit(130)
 
 
 @task(help=JOB_HELP)

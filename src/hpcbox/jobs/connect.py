@@ -206,7 +206,7 @@ def running_mini_cluster(project_state: Path | None, *, like: str | None = None,
     if running is None:
         raise HpcboxError(
             f"the mini cluster {name} is not up",
-            f"start it with `hpcbox cluster.up{shaped}` (or run `hpcbox demo`)",
+            f"start it with `hpcbox cluster.up{shaped}`",
         )
     if like is not None and running.spec.like != like:
         raise HpcboxError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
         local = local_run_dir(project, record)
         local.mkdir(parents=True, exist_ok=True)  # for the report's plot
         why_no_metrics = f"the job copied no results back to {record.run_dir}"
-    rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
+    rows = _cancelled_by_name(
+        connection, slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
+    )
     metrics = local / "metrics.jsonl"
     metrics_path = metrics if metrics.is_file() else None
     gpu_csv = local / "gpu-utilization.csv"
@@ -87,6 +90,31 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
         raise HpcboxError(f"cannot report on job {record.job_id}: {exc}") from exc
     png = efficiency.plot_report(metrics_path, gpu_path, local / "report.png")
     return efficiency.format_report(built), png
+
+
+_CANCELLED_BY = re.compile(r"^CANCELLED by (\d+)$")
+
+
+def _cancelled_by_name(connection: ssh.Connection, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """sacct's rows with `CANCELLED by 1500` said as the login node names that user (one look)."""
+    uids = sorted({found[1] for row in rows if (found := _CANCELLED_BY.match(row["State"]))})
+    if not uids:
+        return rows
+    looked = connection.run(
+        f"for uid in {' '.join(uids)}; do "
+        'printf "%s %s\\n" "$uid" "$(getent passwd "$uid" | cut -d: -f1)"; done',
+        what="name who cancelled the job",
+        check=False,
+    )
+    names = {
+        uid: name for uid, _, name in (line.partition(" ") for line in looked.stdout.splitlines()) if name
+    }
+    return [
+        {**row, "State": f"CANCELLED by {names[found[1]]}"}
+        if (found := _CANCELLED_BY.match(row["State"])) and found[1] in names
+        else row
+        for row in rows
+    ]
 
 
 def resume_command(record: JobRecord) -> str | None:

@@ -173,7 +173,9 @@ def failed_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> tuple[i
 def describe(found: slurm.JobState) -> str:
     """One line for people: state, and what a pending reason means or how a finished job ended."""
     parts = [f"job {found.job_id}: {found.state}"]
-    if found.state == "PENDING" and found.reason:
+    if found.state == "PENDING" and found.reason == "None":  # no reason: Slurm has not looked at it yet
+        parts.append(f"({found.reason_in_words})")
+    elif found.state == "PENDING" and found.reason:
         words = found.reason_in_words
         parts.append(f"({found.reason}{': ' + words if words else ''})")
     if found.elapsed:

@@ -144,6 +144,11 @@ def submit(
             _require_results(connection, resume_from)
         looked = time.monotonic()
         code_revision = inputs_revision(project.root, project.code)
+        if code_revision and code_revision.endswith("-dirty"):
+            say(
+                f"hpcbox: the code has changes not committed (recorded as {code_revision}): the job runs "
+                "them, and no commit holds what it ran"
+            )
         rendered: list[tuple[JobScript, str, datetime]] = []
 
         def render(remote: ship.Remote) -> tuple[JobScript, str, datetime]:

@@ -160,8 +160,17 @@ class ClusterProfile:
         raise FieldError(
             "partition",
             f"{name!r} is not a {self.place} of cluster {self.name!r} (allowed: {allowed})",
-            f"pick one of them, or add it to {self.source or 'the profile'}",
+            f"pick one of them, or add it to {self.editable_source()}",
         )
+
+    def editable_source(self) -> str:
+        """Where to change this profile: its own file, unless that is one hpcbox ships (an upgrade would
+        replace it), which is copied to the user's profiles first, where it shadows the shipped one."""
+        if self.source is None:
+            return "the profile"
+        if self.source.parent != SHIPPED_DIR:
+            return str(self.source)
+        return f"a copy of {self.source} in {profile_dirs()[0]}/ (a profile there shadows the shipped one)"
 
     @property
     def node_scratch_variable(self) -> str | None:

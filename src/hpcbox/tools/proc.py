@@ -124,13 +124,19 @@ def stream(
     assert proc.stdout is not None
     if input_bytes is not None:
         threading.Thread(target=_feed, args=(proc.stdin, input_bytes), daemon=True).start()
-    with proc.stdout:
-        for raw in _lines(proc.stdout, carriage_returns):
-            line = raw.decode(errors="replace").rstrip("\r\n")
-            if carriage_returns and not line.strip():
-                continue  # the empty pieces between "\r" and "\n"
-            tail.append(line)
-            echo(line)
+    try:
+        with proc.stdout:
+            for raw in _lines(proc.stdout, carriage_returns):
+                line = raw.decode(errors="replace").rstrip("\r\n")
+                if carriage_returns and not line.strip():
+                    continue  # the empty pieces between "\r" and "\n"
+                tail.append(line)
+                echo(line)
+    except BaseException:
+        # Interrupted (Ctrl-C while following a log): the program goes with us, not on in the background.
+        proc.kill()
+        proc.wait()
+        raise
     returncode = proc.wait()
     if returncode != 0:
         raise failure(what, returncode, "\n".join(tail), hint, argv)

@@ -151,7 +151,7 @@ def parse_squeue(text: str, job_id: str) -> JobState | None:
         fields = line.strip().split("|")
         if len(fields) == 6 and fields[0] == job_id:
             state, reason, elapsed, limit, nodes = fields[1:]
-            return JobState(job_id, state, reason, elapsed, limit, "", nodes, "squeue")
+            return JobState(job_id, state, reason, elapsed, limit, "", _assigned(nodes), "squeue")
     return None
 
 
@@ -187,8 +187,13 @@ def _state_of(row: dict[str, str]) -> JobState:
     state = row["State"].split()[0] if row["State"] else ""
     return JobState(
         row["JobID"], state, row["Reason"], row["Elapsed"], row["Timelimit"], row["ExitCode"],
-        row["NodeList"], "sacct",
+        _assigned(row["NodeList"]), "sacct",
     )  # fmt: skip
+
+
+def _assigned(nodes: str) -> str:
+    """The nodes a job was given; none where Slurm says so in words (`None assigned`, `(null)`)."""
+    return "" if nodes in ("None assigned", "(null)") else nodes
 
 
 def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, JobState]:
@@ -204,7 +209,7 @@ def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, Job
         if len(fields) == 6 and (found := task.match(fields[0])) and fields[1] not in FINISHED_STATES:
             state, reason, elapsed, limit, nodes = fields[1:]
             tasks[int(found.group(1))] = JobState(
-                fields[0], state, reason, elapsed, limit, "", nodes, "squeue"
+                fields[0], state, reason, elapsed, limit, "", _assigned(nodes), "squeue"
             )
     return dict(sorted(tasks.items()))
 

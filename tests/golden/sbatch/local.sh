@@ -62,10 +62,12 @@ copy_back() {
         rm -rf -- "$incoming"
         mkdir -p "$incoming"
         if cp -a "$job_scratch/out/." "$incoming/"; then
+            # The status said explicitly: a bare `return` in the EXIT trap's call returns the status
+            # the script was exiting with, and a program that failed made every copy "failed".
             (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
                 find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
-                rm -rf -- "$incoming"
-            return
+                rm -rf -- "$incoming" && return 0
+            return 1
         fi
         if (( attempt < 3 )); then
             echo "hpcbox: the results changed while being copied; copying them again" >&2
