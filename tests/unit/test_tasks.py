@@ -75,6 +75,30 @@ def test_an_option_a_command_does_not_take_is_said_with_the_ones_it_does(argv, s
     assert (done.returncode, done.stderr.splitlines(), done.stdout) == (1, said, "")
 
 
+def test_the_hpcbox_commands_own_options_have_no_letter_but_help_list_and_version():
+    """invoke's -p (pty) and -e (echo) beside sbatch's -p (partition) and -e (error log) (issue 59)."""
+    helped = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "--help"], capture_output=True, text=True, check=True
+    )
+    core = helped.stdout.split("Core options:")[1].split("Subcommands:")[0]
+    letters = sorted(set(re.findall(r"^  (-\w)\b", core, re.MULTILINE)))
+    assert letters == ["-V", "-h", "-l"], core
+    assert "--pty" in core and "--echo" in core
+
+
+def test_every_command_in_the_list_has_a_whole_summary():
+    """`hpcbox --list` shows each docstring's first line: one that wraps was cut mid-phrase (issue 59)."""
+    from hpcbox.cli.tasks import collection
+
+    def tasks(found):
+        yield from found.tasks.values()
+        for inner in found.collections.values():
+            yield from tasks(inner)
+
+    cut = [task.name for task in tasks(collection()) if "\n" in inspect.getdoc(task.body).split("\n\n")[0]]
+    assert cut == []
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("form", ["--help TASK", "TASK --help", "TASK -h"])
 def test_help_works_for_every_task(name: str, form: str, capsys):

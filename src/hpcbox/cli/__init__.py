@@ -22,18 +22,29 @@ class _ImportedOnFirstUse(types.ModuleType):
 # few users have: about 0.1 s of every command (bench/bench_submit.py's rows count it).
 sys.modules.setdefault("invoke.vendor.yaml", _ImportedOnFirstUse("invoke.vendor.yaml"))
 
-from invoke import ParseError, Program  # noqa: E402
+from invoke import Argument, ParseError, Program  # noqa: E402
 
 from hpcbox import __version__  # noqa: E402
 from hpcbox.cli.tasks import collection  # noqa: E402
 
 # Flags users bring from the commands about one job to one that takes none of them.
 _ONE_JOB_FLAGS = ("-j", "--job")
+# invoke's own options that keep their single letter: -h, -l, -V.
+_KEPT_LETTERS = ("help", "list", "version")
 
 
 class HpcboxProgram(Program):
     """invoke's Program, with a command's unknown option said as hpcbox says errors: what is wrong,
-    the options the command has, and how to do what was meant."""
+    the options the command has, and how to do what was meant; and invoke's own options by their long
+    names alone (but help, list and version): its -p (pty) and -e (echo) are sbatch's partition and
+    error log to anyone who knows Slurm, and hpcbox's single letters are Slurm's."""
+
+    def core_args(self) -> list[Argument]:
+        found = super().core_args()
+        for argument in found:
+            if argument.names[0] not in _KEPT_LETTERS:
+                argument.names = tuple(name for name in argument.names if len(name) > 1)
+        return found
 
     def parse_tasks(self) -> None:
         try:

@@ -209,8 +209,10 @@ def init(
 @task
 @friendly
 def ci(c):
-    """Rehearse this project's job as its CI does (`init --ci`): build, a mini cluster of the run's own
-    shaped like [tool.hpcbox.ci] cluster, submit, then fail unless it ends COMPLETED with outputs."""
+    """Rehearse this project's job as its CI does (`init --ci`), failing unless it completes.
+
+    Build, a mini cluster of the run's own shaped like [tool.hpcbox.ci] cluster, submit, then fail
+    unless the job ends COMPLETED with outputs."""
     from hpcbox.testing.ci import rehearse
 
     passed = rehearse(Path.cwd(), say=say)
@@ -536,8 +538,10 @@ def prune(c, cluster, keep=None, yes=False, via=None, remote_root="hpcbox"):
 )
 @friendly
 def doctor(c, cluster, via=None, host=None, port=None):
-    """What the site's login node says of Slurm, partitions, accounts, the container runtime and storage,
-    against the profile: a line per check, with the profile key to change; exit 1 if a job would fail."""
+    """Check the site against its profile: Slurm, partitions, accounts, runtime and storage.
+
+    What the login node says, a line per check, with the profile key to change; exit 1 if a job would
+    fail."""
     from hpcbox.api import Site
 
     checkup = Site(cluster, via=via, host=host, port=port, say=say).doctor()
@@ -589,8 +593,9 @@ def notebook(
     remote_root="hpcbox",
     **resources,
 ):
-    """JupyterLab from the project's environment on a compute node, as a batch job, forwarded here; prints
-    its URL. Ctrl-C ends the job (what it wrote goes to its run folder)."""
+    """JupyterLab in the project's environment on a compute node, forwarded here.
+
+    A batch job; prints its URL. Ctrl-C ends the job (what it wrote goes to its run folder)."""
     from hpcbox.api import Site
 
     site = Site(cluster, via=via, remote_root=remote_root, say=say)
@@ -683,8 +688,9 @@ def _cluster_tasks() -> Collection:
         squashfuse=None,
         zstd=None,
     ):
-        """Start the mini Slurm cluster (idempotent, from any project), shaped like a profile, and wait
-        until every node is up."""
+        """Start the mini Slurm cluster (idempotent, from any project) and wait until it is up.
+
+        Shaped like a profile (--like); a running one of other settings is replaced."""
         from hpcbox import minicluster
 
         version = minicluster.slurm_like(like, slurm, say=print)
@@ -721,8 +727,9 @@ def _cluster_tasks() -> Collection:
     )
     @friendly
     def down(c, name=DEFAULT_NAME, force=False):
-        """Remove the cluster's containers, network, volumes and keys (refused while it has unfinished
-        jobs or results never fetched, unless --force)."""
+        """Remove the cluster: its containers, network, volumes and keys.
+
+        Refused while it has unfinished jobs or results never fetched, unless --force."""
         from hpcbox.api import remove_mini_cluster
 
         removed = remove_mini_cluster(name, _state(name), force=force, say=print)
@@ -760,8 +767,10 @@ def _profile_tasks() -> Collection:
     )
     @friendly
     def draft(c, output, host=None, port=None, user=None, probe_job=False, partitions="", via=None):
-        """Write a cluster profile from what the site reports: partitions, limits, GPUs, accounts, QOS,
-        runtime; what it cannot tell is marked unknown or assumed."""
+        """Write a cluster profile from what the site reports.
+
+        Partitions, limits, GPUs, accounts, QOS, runtime; what it cannot tell is marked unknown or
+        assumed."""
         from hpcbox.api import CONVENTIONS, draft_profile
 
         named = tuple(name.strip() for name in partitions.split(",") if name.strip())
