@@ -410,16 +410,20 @@ class Site:
     ) -> Job | None:
         from hpcbox import jobs
         from hpcbox.api.job import Job
+        from hpcbox.tools import ssh
 
         program = command or self.project.run
         checked = self.resources(options, sweep_tasks=array, command=command)
-        payload, environment = self._payload(checked, data, flavour, offline, program=program)
-        record = jobs.submit(
-            self.project, self.profile, self.target, checked, args, payload,
-            image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
-            sweep=points, resubmits=resubmits, command=command, mini=self.mini, resume_from=resume_from,
-            say=self.say,
-        )  # fmt: skip
+        # Connected before anything is built: a login that does not answer is said in seconds, not after
+        # a build and a conversion; the build then runs beside the open connection, which submit uses.
+        with ssh.Connection(self.target) as connection:
+            payload, environment = self._payload(checked, data, flavour, offline, program=program)
+            record = jobs.submit(
+                self.project, self.profile, self.target, checked, args, payload,
+                image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
+                sweep=points, resubmits=resubmits, command=command, connection=connection, mini=self.mini,
+                resume_from=resume_from, say=self.say,
+            )  # fmt: skip
         return None if record is None else Job(self, record)
 
     def _rehearse(self, checked: Resources) -> None:
