@@ -127,3 +127,29 @@ def test_sbatch_refuses_a_sweep_it_cannot_run_in_one_line(tmp_path: Path, flags:
     done = hpcbox("sbatch", *flags, f"--sweep={path}")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.splitlines()[0].startswith(says), done.stderr
+
+
+def test_the_example_trainers_options_hpcbox_checks_sweeps_against_are_the_trainers_own():
+    from hpcbox.project.command import EXAMPLE_TRAINER_OPTIONS
+    from hpctrain import config
+
+    assert {option.flag for option in config.OPTIONS} == EXAMPLE_TRAINER_OPTIONS
+
+
+def test_a_sweep_key_the_example_trainer_does_not_take_is_refused_with_its_spelling(tmp_path: Path):
+    """Issue 59: `batch_size` became --batch_size, and every task failed at argparse."""
+    from hpcbox.api import Site
+
+    path = sweep_file(tmp_path, "[grid]\nlr = [0.1, 0.01]\nbatch_size = [32]\n")
+    with pytest.raises(FieldError) as refused:
+        Site("local", project=REPO).sweep(path)
+    assert (refused.value.field, refused.value.message) == (
+        "sweep.grid.batch_size",
+        "sweep.grid.batch_size: the program has no option --batch_size",
+    )
+    assert refused.value.hint == "did you mean batch-size?"
+    # Spelt as the trainer spells it, it goes; a program of a project's own takes the keys as written.
+    assert load_sweep(path).points[0] == ("--lr", "0.1", "--batch_size", "32")
+    (tmp_path / "fixed").mkdir()
+    fixed = sweep_file(tmp_path / "fixed", "[grid]\nlr = [0.1, 0.01]\nbatch-size = [32]\n")
+    assert Site("local", project=REPO).sweep(fixed).points[0] == ("--lr", "0.1", "--batch-size", "32")

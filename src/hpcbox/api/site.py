@@ -4,6 +4,7 @@ open a shell or a notebook."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -214,14 +215,20 @@ class Site:
         return checked
 
     def sweep(self, sweep: Sweep | str | Path | None) -> Sweep | None:
-        """A sweep (or a sweep file's path, read and checked); only a Slurm site runs one."""
+        """A sweep (or a sweep file's path, read and checked: for the example trainer, each key one of
+        its options); only a Slurm site runs one."""
+        from hpcbox.project.command import EXAMPLE_TRAINER_OPTIONS, runs_example_trainer
         from hpcbox.render.sweep import Sweep, load_sweep
 
         if sweep is None:
             return None
         if self.profile.lsf:
             raise FieldError("sweep", f"{self.name} uses LSF, whose arrays hpcbox does not run sweeps in yet")
-        return sweep if isinstance(sweep, Sweep) else load_sweep(Path(sweep))
+        if isinstance(sweep, Sweep):
+            return sweep
+        return load_sweep(
+            Path(sweep), EXAMPLE_TRAINER_OPTIONS if runs_example_trainer(self.project.run) else None
+        )
 
     def script(
         self,
@@ -414,14 +421,21 @@ class Site:
 
         program = command or self.project.run
         checked = self.resources(options, sweep_tasks=array, command=command)
-        # Connected before anything is built: a login that does not answer is said in seconds, not after
-        # a build and a conversion; the build then runs beside the open connection, which submit uses.
-        with ssh.Connection(self.target) as connection:
-            payload, environment = self._payload(checked, data, flavour, offline, program=program)
+        with contextlib.ExitStack() as held:
+            opened: list[ssh.Connection] = []
+
+            def connect() -> None:
+                # Once the input is checked and before anything is built: a login that does not answer
+                # is said in seconds, not after a build and a conversion; submit uses the connection.
+                opened.append(held.enter_context(ssh.Connection(self.target)))
+
+            payload, environment = self._payload(
+                checked, data, flavour, offline, program=program, before_work=connect
+            )
             record = jobs.submit(
                 self.project, self.profile, self.target, checked, args, payload,
                 image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
-                sweep=points, resubmits=resubmits, command=command, connection=connection, mini=self.mini,
+                sweep=points, resubmits=resubmits, command=command, connection=opened[0], mini=self.mini,
                 resume_from=resume_from, say=self.say,
             )  # fmt: skip
         return None if record is None else Job(self, record)
@@ -444,7 +458,7 @@ class Site:
 
     def _payload(self, checked: Resources, data, flavour, offline, *, program, **stage):
         """The rehearsal made ready (via local), then what goes there: the image (``stage``:
-        prepare_payload's target and on_line), its SIF, the code and the dataset (which ``program``, the
+        prepare_payload's target, on_line and before_work), its SIF, the code and the dataset (which ``program``, the
         job's, may do without)."""
         from hpcbox import jobs
 

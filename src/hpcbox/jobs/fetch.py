@@ -9,7 +9,7 @@ from pathlib import Path
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs.follow import log_words, state
 from hpcbox.ledger import JobRecord
-from hpcbox.project.command import EXAMPLE_TRAINER, ContainerCommand, Steps
+from hpcbox.project.command import ContainerCommand, Steps, runs_example_trainer
 from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import slurm, ssh
 
@@ -127,9 +127,9 @@ def resume_command(record: JobRecord) -> str | None:
 
 def _own_program(run: ContainerCommand | Steps) -> str | None:
     """What the job runs, in words, where that is not the example trainer (which writes metrics.jsonl)."""
-    commands = [step.command for step in run.steps] if isinstance(run, Steps) else [run]
-    if any(command.kind == "module" and command.target == EXAMPLE_TRAINER.target for command in commands):
+    if runs_example_trainer(run):
         return None
+    commands = [step.command for step in run.steps] if isinstance(run, Steps) else [run]
     return " then ".join(
         command.target if command.kind == "entry_point" else " ".join(command.program_words())
         for command in commands

@@ -46,6 +46,7 @@ def prepare_payload(
     data_cache: Path | None = None,
     gpus: int = 0,
     target: str = ENVIRONMENT,
+    before_work: Callable[[], None] = lambda: None,
     say: Callable[[str], None] = print,
     on_line: Callable[[str], None] | None = None,
 ) -> tuple[ship.Payload, Image]:
@@ -58,7 +59,8 @@ def prepare_payload(
     goes, and the trainer stops at the job's start unless told --device cpu). ``cache``: the SIF cache
     (default: $HPCBOX_CACHE/sif, else the project's .hpcbox/sif); ``data_cache``: the dataset
     directories' archives (default: $HPCBOX_CACHE/data, else the project's .hpcbox/data). ``target``
-    NOTEBOOK: the environment with JupyterLab (`hpcbox notebook`).
+    NOTEBOOK: the environment with JupyterLab (`hpcbox notebook`). ``before_work``: called once the
+    input is checked, before any archive, build or conversion (submit connects to the login there).
     """
     from hpcbox.sif.convert import build_sif
     from hpcbox.store.datasets import cache_dir
@@ -82,6 +84,8 @@ def prepare_payload(
             f"hpcbox: the job asks for GPUs in the {flavour} flavour, as asked: the example trainer stops at "
             "its start unless told --device cpu"
         )
+    ship.check_dataset(data)
+    before_work()
     dataset = ship.dataset(data, data_cache or cache_dir(project.root), say)
     code = ship.code_snapshot(project)
     environment = build_image(

@@ -142,6 +142,22 @@ class Steps:
 EXAMPLE_TRAINER = ContainerCommand(
     "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
 )
+# The example trainer's `train` options (hpctrain.config.OPTIONS; a unit test holds the two the same):
+# a sweep's keys are checked against them, as the trainer is not installed beside hpcbox to ask.
+EXAMPLE_TRAINER_OPTIONS = frozenset(
+    {"--amp", "--batch-size", "--data-dir", "--device", "--epochs", "--freeze-epochs",
+     "--gpu-sample-interval", "--image-size", "--keep-checkpoints", "--log-interval", "--lr", "--model",
+     "--momentum", "--output-dir", "--pretrained-weights", "--seed", "--step-pause", "--steps-per-epoch",
+     "--weight-decay", "--workers"}
+)  # fmt: skip
+
+
+def runs_example_trainer(run: ContainerCommand | Steps) -> bool:
+    """Whether the project's program is (or, of steps, includes) the example trainer."""
+    commands = [step.command for step in run.steps] if isinstance(run, Steps) else [run]
+    return any(command.kind == "module" and command.target == EXAMPLE_TRAINER.target for command in commands)
+
+
 # The example trainer's dataset as `invoke demo` makes it, under the project's state folder: what its
 # jobs stage when no other is named, so that a submit after the demo needs no --data.
 EXAMPLE_DATASET = Path("data", "digits.tar")

@@ -14,11 +14,14 @@
 
 Each point becomes the task's arguments, after the job's own: `--lr 0.1 --batch-size 32`; `true` is a
 bare flag (`--augment`), `false` leaves the option out, a list in a point gives the option several
-values (`--layers 2 4`). A key that starts with `-` is taken as written (`-v = true` is `-v`).
+values (`--layers 2 4`). A key that starts with `-` is taken as written (`-v = true` is `-v`). A key is
+the program's own spelling of the option (`batch-size`, not `batch_size`): for the example trainer,
+whose options hpcbox knows, each is checked; a project's own program gets them as written.
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import re
 from collections.abc import Mapping
@@ -47,13 +50,14 @@ class Sweep:
         return spec + (f"%{self.throttle}" if self.throttle else "")
 
 
-def load_sweep(path: Path) -> Sweep:
-    """Read and check a sweep file; the first problem raises FieldError naming the key."""
+def load_sweep(path: Path, options: frozenset[str] | None = None) -> Sweep:
+    """Read and check a sweep file; the first problem raises FieldError naming the key. ``options``:
+    the program's own (None: unknown, each key taken as written)."""
     if not path.is_file():
         raise FieldError("sweep", f"{path} does not exist", "give the path of a sweep file (TOML)")
     sweep = Table(load_toml(path, "sweep"), "sweep")
     grid = sweep.table("grid", required=False, hint="a table of option = [values]")
-    points = [*_grid_points(grid), *_listed_points(sweep.tables("points", required=False))]
+    points = [*_grid_points(grid, options), *_listed_points(sweep.tables("points", required=False), options)]
     throttle = sweep.get("throttle", int, must="a whole number of tasks, 1 or more")
     if throttle is not None and throttle < 1:
         raise FieldError(sweep.key("throttle"), f"{throttle!r} must be a whole number of tasks, 1 or more")
@@ -70,13 +74,23 @@ def load_sweep(path: Path) -> Sweep:
     return Sweep(path.name, tuple(points), throttle)
 
 
-def point_args(point: Mapping[str, object], where: str) -> tuple[str, ...]:
-    """One point's options as program arguments."""
+def point_args(
+    point: Mapping[str, object], where: str, options: frozenset[str] | None = None
+) -> tuple[str, ...]:
+    """One point's options as program arguments; each one of ``options`` where they are known."""
     args: list[str] = []
     for key, value in point.items():
         if not _OPTION.match(key):
             raise FieldError(f"{where}.{key}", "is not an option name (letters, digits, - _ .)")
         option = key if key.startswith("-") else f"--{key}"
+        if options is not None and option not in options:
+            close = difflib.get_close_matches(option, sorted(options), n=1)
+            meant = (
+                f"did you mean {close[0].removeprefix('--')}?"
+                if close
+                else f"its options: {', '.join(sorted(options))}"
+            )
+            raise FieldError(f"{where}.{key}", f"the program has no option {option}", meant)
         if value is True:
             args.append(option)
         elif value is False:
@@ -88,7 +102,7 @@ def point_args(point: Mapping[str, object], where: str) -> tuple[str, ...]:
     return tuple(args)
 
 
-def _grid_points(grid: Table) -> list[tuple[str, ...]]:
+def _grid_points(grid: Table, options: frozenset[str] | None) -> list[tuple[str, ...]]:
     choices = []
     for key in grid.data:
         values = grid.get(key, list, hint=f"e.g. {key} = [1, 2]", must="a non-empty list of values")
@@ -97,11 +111,11 @@ def _grid_points(grid: Table) -> list[tuple[str, ...]]:
         choices.append([(key, value) for value in values])
     if not choices:
         return []
-    return [point_args(dict(combination), grid.where) for combination in itertools.product(*choices)]
+    return [point_args(dict(combination), grid.where, options) for combination in itertools.product(*choices)]
 
 
-def _listed_points(points: list[Table]) -> list[tuple[str, ...]]:
-    return [point_args(point.data, point.where) for point in points]
+def _listed_points(points: list[Table], options: frozenset[str] | None) -> list[tuple[str, ...]]:
+    return [point_args(point.data, point.where, options) for point in points]
 
 
 def _word(value: object, where: str) -> str:

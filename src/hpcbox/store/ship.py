@@ -134,14 +134,20 @@ def code_snapshot(project: ProjectConfig) -> CodeSnapshot:
 def dataset(path: Path | None, cache: Path, say: Callable[[str], None] = print) -> Dataset:
     """The dataset at ``path``: one archive as it is, or a directory archived into ``cache``; None: no
     dataset, an empty archive (made in ``cache``)."""
+    check_dataset(path)
     if path is None:
         made = datasets.empty(cache)
         return Dataset(made.path, made.sha256)
     if path.is_dir():
         made = datasets.archive(path, cache, say)
         return Dataset(made.path, made.sha256)
-    if path.is_file():
-        return Dataset(path, known_sha256(path, cache / SHA256_MEMO))
+    return Dataset(path, known_sha256(path, cache / SHA256_MEMO))
+
+
+def check_dataset(path: Path | None) -> None:
+    """A dataset that is not there, nor a file or a folder, refused in one line (before any work)."""
+    if path is None or path.is_dir() or path.is_file():
+        return
     problem = "does not exist" if not os.path.lexists(path) else "is neither a file nor a directory"
     raise HpcboxError(
         f"data: {path} {problem}",
