@@ -261,6 +261,26 @@ def test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points(
     assert followed.returncode == 0, followed.stderr
     status = invoke(swept, "status", "-j", sweep).stdout.splitlines()
     assert status[0].endswith(": 4 array tasks: 2 COMPLETED, 2 FAILED"), status
+    # A task by its id, wherever a job id goes (`status` names them so): its own state, log and report.
+    job_id = sweep.split("-")[0]
+    task = invoke(swept, "status", "-j", f"{sweep}_1")
+    assert task.stdout.startswith(f"job {job_id}_1: FAILED"), task.stdout + task.stderr
+    log = invoke(swept, "logs", "-j", f"{sweep}_1")
+    assert (
+        f"{gate} is not there yet" in log.stdout and "hpcbox: the trainer exited with status 1" in log.stdout
+    )
+    assert "is not there yet" not in invoke(swept, "logs", "-j", f"{sweep}_0").stdout
+    report = invoke(swept, "report", "-j", sweep)
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0] == f"sweep {job_id}: 4 points: 2 COMPLETED, 2 FAILED", report.stdout
+    assert [line.split(":")[0] for line in lines[1:5]] == [
+        "  task 0 (--index 0)", f"  task 1 (--index 1 --needs {gate})", "  task 2 (--index 2)",
+        f"  task 3 (--index 3 --needs {gate})",
+    ]  # fmt: skip
+    assert lines[2].split(": ")[1].startswith("FAILED") and lines[1].split(": ")[1].startswith("COMPLETED")
+    point = invoke(swept, "report", "-j", f"{sweep}_1")
+    assert point.returncode == 0 and point.stdout.startswith(f"job {job_id}_1 "), point.stdout + point.stderr
     assert invoke(swept, "fetch", "-j", sweep).returncode == 0
     removed = invoke(swept, "cluster.down", f"--name={spec.name}")  # every result fetched: not refused
     assert removed.returncode == 0, removed.stderr

@@ -213,6 +213,50 @@ def test_a_sweeps_outcomes_kept_in_its_run_folders_say_which_points_to_run_again
     assert lines[2] == "  job 69_1: FAILED, exit code 1:0 (--lr 1)"
 
 
+def test_a_sweeps_task_is_named_by_its_id_wherever_a_job_id_goes(project):
+    """Issue 59: `report/status/logs -j 3_2` were refused ("job ids are numbers") though status prints
+    `job 3_2: ...`. A task is its sweep's record seen as one job: its id, log, run folder and arguments."""
+    sweep = dataclasses.replace(
+        record("3"), log="/h/logs/s-3_*.out", resources={"job_name": "s", "array": "0-2"},
+        sweep=(("--lr", "1"), ("--lr", "2"), ("--lr", "3")),
+    )  # fmt: skip
+    ledger = jobs.Ledger(project)
+    ledger.add(sweep, "")
+    task = ledger.find("3_2")
+    assert (task.job_id, task.run, task.log, task.is_array) == ("3_2", "3_2", "/h/logs/s-3_2.out", False)
+    assert task.run_dir == sweep.run_dir + "/2" and task.trainer_args[-2:] == ("--lr", "3")
+    assert jobs.local_run_dir(project, task) == project.runs_dir / "local" / "3" / "2"
+    for wrong, said in (("3_7", "job: sweep 3 has tasks 0-2, not 7"), ("9_0", "job 9 was not submitted")):
+        with pytest.raises(HpcboxError, match=re.escape(said)):
+            ledger.find(wrong)
+    ledger.add(record("5"), "")
+    with pytest.raises(HpcboxError, match="job: 5 is not a sweep: it has no task 1"):
+        ledger.find("5_1")
+
+
+def test_a_sweeps_report_is_a_line_per_point_and_one_of_them_all(tmp_path: Path):
+    from hpcbox.report.efficiency import sweep_report
+
+    rows = [
+        {"JobID": "3_0", "State": "COMPLETED", "Elapsed": "00:00:09", "MaxRSS": ""},
+        {"JobID": "3_0.batch", "State": "COMPLETED", "Elapsed": "00:00:09", "MaxRSS": "204800K"},
+        {"JobID": "3_1", "State": "FAILED", "Elapsed": "00:00:02", "MaxRSS": ""},
+    ]
+    for task, accuracy in ((0, 0.9), (1, 0.5)):
+        (tmp_path / str(task)).mkdir()
+        epoch = {"event": "epoch", "epoch": 2, "val_accuracy": accuracy, "val_loss": 1 - accuracy}
+        (tmp_path / str(task) / "metrics.jsonl").write_text(json.dumps(epoch) + "\n")
+    text = sweep_report("3", (("--lr", "1"), ("--lr", "2"), ("--lr", "3")), rows, tmp_path)
+    assert text.splitlines() == [
+        "sweep 3: 3 points: 1 COMPLETED, 1 FAILED, 1 unknown to sacct; best val accuracy 0.900, "
+        "task 0 (--lr 1)",
+        "  task 0 (--lr 1): COMPLETED, ran 00:00:09, peak 200M, epoch 2: val accuracy 0.900, val loss 0.100",
+        "  task 1 (--lr 2): FAILED, ran 00:00:02, epoch 2: val accuracy 0.500, val loss 0.500",
+        "  task 2 (--lr 3): unknown to sacct",
+        "  (each point's own report: `hpcbox report -j 3_TASK`)",
+    ]
+
+
 def test_rehearsing_anywhere_but_the_mini_cluster_is_refused_naming_the_flag(project):
     from hpcbox.render.profiles import load_profile
 

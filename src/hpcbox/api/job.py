@@ -126,7 +126,8 @@ class Job:
 
     def report(self) -> tuple[str, Path]:
         """Was it efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; and a PNG
-        of its figures (after fetching its results)."""
+        of its figures (after fetching its results). A sweep's: a line per point, and its results
+        folder in place of a plot."""
         from hpcbox import jobs
 
         with self._connection() as connection:

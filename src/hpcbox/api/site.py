@@ -458,8 +458,8 @@ class Site:
 
     def _payload(self, checked: Resources, data, flavour, offline, *, program, **stage):
         """The rehearsal made ready (via local), then what goes there: the image (``stage``:
-        prepare_payload's target, on_line and before_work), its SIF, the code and the dataset (which ``program``, the
-        job's, may do without)."""
+        prepare_payload's target, on_line and before_work), its SIF, the code and the dataset (which
+        ``program``, the job's, may do without)."""
         from hpcbox import jobs
 
         self.target  # noqa: B018  (a rehearsal that is not up is said before anything is built)

@@ -489,9 +489,9 @@ def fetch(c, job=None, cluster=None):
 @friendly
 def report(c, job=None, cluster=None):
     """Was the job efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; + a PNG."""
-    text, png = _job(job, cluster).report()
+    text, shown = _job(job, cluster).report()
     print(text)
-    say(f"hpcbox: plot {png}")
+    say(f"hpcbox: results in {shown}" if shown.is_dir() else f"hpcbox: plot {shown}")  # a sweep's: its folder
 
 
 @task(help=JOB_HELP)

@@ -15,8 +15,9 @@ from hpcbox.tools import slurm, ssh
 
 
 def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
-    """runs/<cluster>/<run> here: the job id, or `<id>-<n>` where an earlier job here had that id."""
-    return project.runs_dir / record.where / record.run
+    """runs/<cluster>/<run> here: the job id, or `<id>-<n>` where an earlier job here had that id (a
+    sweep's task: its folder in the sweep's)."""
+    return project.runs_dir / record.where / record.run_folder
 
 
 def fetched(project: ProjectConfig, record: JobRecord) -> bool:
@@ -61,6 +62,8 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     """
     from hpcbox.report import efficiency
 
+    if record.is_array:
+        return _sweep_report(connection, project, record)
     found = state(connection, record)
     if found.state == "PENDING":
         raise HpcboxError(f"job {record.job_id} has not started yet", "`hpcbox status` says why it waits")
@@ -115,6 +118,16 @@ def _cancelled_by_name(connection: ssh.Connection, rows: list[dict[str, str]]) -
         else row
         for row in rows
     ]
+
+
+def _sweep_report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[str, Path]:
+    """A sweep's report, a line per point, from its accounting and its fetched results; no plot of its
+    own (each point's report has one): the path returned is its results folder."""
+    from hpcbox.report import efficiency
+
+    local, _ = fetch(connection, project, record)
+    rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
+    return efficiency.sweep_report(record.job_id, record.sweep, rows, local), local
 
 
 def resume_command(record: JobRecord) -> str | None:

@@ -15,6 +15,7 @@ from hpcbox.project.config import ProjectConfig
 
 _JOB_ID = re.compile(r"^\d+$")
 _RUN_NAME = re.compile(r"^\d+-\d+$")  # the second job of an id here is `<id>-2`
+_TASK = re.compile(r"^(\d+(?:-\d+)?)_(\d+)$")  # a sweep's task: `3_2`, `3-2_2`
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,8 @@ class JobRecord:
     # Its folder under runs/<where>/ here: the job id, or `<id>-<n>` where an earlier job of that id
     # holds that name (None: the job id, as every record before run names).
     run_name: str | None = None
+    # One task of a sweep, as the commands about one job see it (`-j 3_2`; never written to the ledger).
+    task: int | None = None
 
     @property
     def is_array(self) -> bool:
@@ -60,8 +63,36 @@ class JobRecord:
 
     @property
     def run(self) -> str:
-        """Its name among this project's jobs at its cluster: its run folder's name."""
-        return self.run_name or self.job_id
+        """Its name among this project's jobs at its cluster: its run folder's name (a sweep's task's:
+        the sweep's, `_` and the task)."""
+        base = self.run_name or self.job_id.partition("_")[0]
+        return base if self.task is None else f"{base}_{self.task}"
+
+    @property
+    def run_folder(self) -> Path:
+        """Its folder under runs/<where>/ (a sweep's task's: in the sweep's)."""
+        base = Path(self.run_name or self.job_id.partition("_")[0])
+        return base if self.task is None else base / str(self.task)
+
+    def of_task(self, index: int) -> JobRecord:
+        """Task ``index`` of this sweep, as the commands about one job see it: its id (`3_2`), its own
+        log, run folder and arguments (the sweep's, then its point's), no array of its own."""
+        if not self.sweep:
+            raise HpcboxError(
+                f"job: {self.run} is not a sweep: it has no task {index}", f"name it as {self.run}"
+            )
+        if not 0 <= index < len(self.sweep):
+            raise HpcboxError(
+                f"job: sweep {self.run} has tasks 0-{len(self.sweep) - 1}, not {index}",
+                f"`hpcbox status -j {self.run}` lists them",
+            )
+        task = str(index)
+        return replace(
+            self, job_id=f"{self.job_id}_{task}", log=self.log.replace("*", task),
+            error_log=self.error_log and self.error_log.replace("*", task), run_dir=f"{self.run_dir}/{task}",
+            resources={**self.resources, "array": None}, sweep=(), task=index,
+            trainer_args=(*self.trainer_args, *self.sweep[index]),
+        )  # fmt: skip
 
     @property
     def where(self) -> str:
@@ -123,9 +154,15 @@ class Ledger:
 
     def find(self, job_id: str | None = None, cluster: str | None = None) -> JobRecord:
         """The job ``job_id`` (the last submitted when None), on ``cluster`` when given: the last one
-        submitted with that id, or the one whose run is named so (`12-2`: the second job 12 here)."""
+        submitted with that id, or the one whose run is named so (`12-2`: the second job 12 here); a
+        sweep's task `12_3`."""
+        if job_id is not None and (task := _TASK.match(job_id)):
+            return self.find(task[1], cluster).of_task(int(task[2]))
         if job_id is not None and not (_JOB_ID.match(job_id) or _RUN_NAME.match(job_id)):
-            raise HpcboxError(f"job: {job_id!r} is not a job id", "job ids are numbers, e.g. 1234")
+            raise HpcboxError(
+                f"job: {job_id!r} is not a job id",
+                "job ids are numbers, e.g. 1234, and a sweep's task 1234_5",
+            )
         records = [
             record
             for record in self.all()

@@ -12,6 +12,7 @@ import csv
 import json
 import math
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -610,6 +611,41 @@ def format_report(report: Report) -> str:
         for figure in report.figures
     ]
     return "\n".join(lines) + "\n"
+
+
+def sweep_report(
+    job_id: str, points: tuple[tuple[str, ...], ...], sacct_rows: list[dict[str, str]], results: Path
+) -> str:
+    """A sweep's report: a line per point (its state, time, memory peak and, where its fetched
+    metrics.jsonl has them, its last epoch's validation figures), then a line of them all; each
+    point's full report is `report -j JOB_TASK`."""
+    lines, counts, best = [], {}, None
+    for index, point in enumerate(points):
+        task = f"{job_id}_{index}"
+        rows = [row for row in sacct_rows if row["JobID"] == task or row["JobID"].startswith(task + ".")]
+        own = next((row for row in rows if row["JobID"] == task), None)
+        state = own["State"] if own else "unknown to sacct"
+        counts[state] = counts.get(state, 0) + 1
+        parts = [state]
+        if own and own["Elapsed"]:
+            parts.append(f"ran {own['Elapsed']}")
+        peaks = [parse_size(row["MaxRSS"]) for row in rows if row["MaxRSS"]]
+        if peaks:
+            parts.append(f"peak {format_size(max(peaks))}")
+        metrics = results / str(index) / "metrics.jsonl"
+        epochs = [r for r in read_metrics(metrics) if r["event"] == "epoch"] if metrics.is_file() else []
+        if epochs and "val_accuracy" in epochs[-1]:
+            last = epochs[-1]
+            figures = f"val accuracy {last['val_accuracy']:.3f}, val loss {last['val_loss']:.3f}"
+            parts.append(f"epoch {last['epoch']}: {figures}")
+            if best is None or last["val_accuracy"] > best[0]:
+                best = (last["val_accuracy"], index, point)
+        lines.append(f"  task {index} ({shlex.join(point) or 'no options'}): {', '.join(parts)}")
+    summary = ", ".join(f"{count} {state}" for state, count in sorted(counts.items()))
+    head = f"sweep {job_id}: {len(points)} points: {summary}"
+    if best is not None:
+        head += f"; best val accuracy {best[0]:.3f}, task {best[1]} ({shlex.join(best[2])})"
+    return "\n".join([head, *lines, f"  (each point's own report: `hpcbox report -j {job_id}_TASK`)"]) + "\n"
 
 
 # -- the plot ----------------------------------------------------------------------------------------
