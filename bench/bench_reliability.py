@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SBATCH = "tests/integration/test_sbatch_cluster.py"
 SUBMIT = "tests/integration/test_submit.py"
+IDENTITY = "tests/integration/test_job_identity.py"
 
 SCENARIOS = {
     "time limit (Slurm's USR1): checkpoint → requeue → resume, 1 and 2 nodes; --max-restarts bounds it": [
@@ -67,8 +68,21 @@ SCENARIOS = {
     "sweep: 50 points → 50 results; --resubmit-failed reruns only the 3 failed": [
         f"{SUBMIT}::test_a_50_point_sweep_ends_with_50_results_and_reruns_only_its_failed_points",
     ],
-    "login host silent, refusing the key or not listening: one line within 15 s, nothing recorded": [
+    "login host silent, refusing the key or not listening: one line before any build, nothing recorded": [
         f"{SUBMIT}::test_unreachable_or_refusing_host_fails_fast_and_records_nothing",
+    ],
+    "a busy cluster: `up`, and the demo, beside a job on every node return while the jobs run on": [
+        "tests/integration/test_minicluster.py::test_up_on_a_cluster_busy_on_every_node_returns_and_its_jobs_run_on",
+        f"{SUBMIT}::test_demo_runs_the_whole_pipeline_from_a_clean_project",
+    ],
+    "a mini cluster made again: its job 1 beside the old job 1, neither's record nor results replaced": [
+        f"{IDENTITY}::test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one",
+    ],
+    "a cancelled job resumed with --resume-from: the final figures of the same job never stopped": [
+        f"{IDENTITY}::test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopped",
+    ],
+    "a sweep's failed points, its cluster made again: --resubmit-failed reruns exactly those": [
+        f"{IDENTITY}::test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points",
     ],
     "the cluster's disk full: one line before anything is sent, nothing left": [
         f"{SUBMIT}::test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly",
