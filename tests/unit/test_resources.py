@@ -205,7 +205,8 @@ def test_missing_required_account(site):
     [
         ("accounting.account_required", {}, {}, "account"),
         ("accounting.qos_required", {"qos_required": True}, {}, "qos"),
-        ("gpus.type_required", {"gpu_type_required": True}, {"gpus": 1, "partition": "gpu"}, "gpu_type"),
+        ("gpus.type_required", {"gpu_type_required": True},
+         {"gpus": 1, "partition": "gpu", "time": "1:00:00", "mem": "8G", "cpus": 4}, "gpu_type"),
     ],
 )  # fmt: skip
 def test_a_rule_the_profile_marks_assumed_warns_and_lets_the_job_through(
@@ -494,3 +495,21 @@ def test_sif_on_scratch_comes_from_the_flag_over_pyproject_over_the_profile(tmp_
     with pytest.raises(FieldError) as refused:
         wanted(site, "sif_on_scratch = 1\n", {})
     assert refused.value.field == "tool.hpcbox.resources.sif_on_scratch"
+
+
+def test_a_gpu_job_that_leaves_its_time_memory_or_cpus_to_the_site_is_told_so():
+    """Issue 59: an edi GPU script got no --time, --mem or CPUs per GPU, and nothing said so."""
+    edi = profiles.load_profile("edi")
+    bare = resolve(edi, ResourceRequest(job_name="train", gpus=2))
+    assert bare.unverified == (
+        "a job with 2 GPUs that asks for no --time, --mem or --cpus gets edi's defaults there, which its "
+        "profile does not record (often 1 CPU, a little memory, a short limit): ask for what it needs",
+    )
+    some = resolve(edi, ResourceRequest(job_name="train", gpus=1, time="2:00:00", cpus=4))
+    assert some.unverified == (
+        "a job with 1 GPU that asks for no --mem gets edi's defaults there, which its profile does not "
+        "record (often 1 CPU, a little memory, a short limit): ask for what it needs",
+    )
+    whole = ResourceRequest(job_name="train", gpus=1, time="2:00:00", cpus=4, mem="16G")
+    assert resolve(edi, whole).unverified == ()
+    assert resolve(edi, ResourceRequest(job_name="train")).unverified == ()  # a CPU job: the defaults fit

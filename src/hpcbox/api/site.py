@@ -189,11 +189,12 @@ class Site:
         sweep_tasks: str | None = None,
         command: ContainerCommand | None = None,
         allowed: Sequence[str] = RESOURCE_NAMES,
+        warn: bool = True,
     ) -> Resources:
         """The job's request checked against the profile: ``options`` (by the option table's names) over
         SBATCH_ACCOUNT/PARTITION/QOS over the project's defaults for this site. ``sweep_tasks``: the
         array a sweep runs; ``command``: what the job runs, if not the project's program. What the
-        profile cannot check is said as a warning."""
+        profile cannot check is said as a warning (with ``warn``; else the caller says them)."""
         from hpcbox.render import resources
 
         check_option_names(options, allowed)
@@ -210,9 +211,13 @@ class Site:
             self.name, flags, self.project.root / "pyproject.toml", self.project.name, environ=os.environ
         )
         checked = resources.resolve(self.profile, request, ddp=(command or self.project.run).ddp)
+        if warn:
+            self._warn(checked)
+        return checked
+
+    def _warn(self, checked: Resources) -> None:
         for line in checked.unverified:
             self.say(f"hpcbox: warning: {line}")
-        return checked
 
     def sweep(self, sweep: Sweep | str | Path | None) -> Sweep | None:
         """A sweep (or a sweep file's path, read and checked: for the example trainer, each key one of
@@ -420,13 +425,15 @@ class Site:
         from hpcbox.tools import ssh
 
         program = command or self.project.run
-        checked = self.resources(options, sweep_tasks=array, command=command)
+        checked = self.resources(options, sweep_tasks=array, command=command, warn=False)
         with contextlib.ExitStack() as held:
             opened: list[ssh.Connection] = []
 
             def connect() -> None:
-                # Once the input is checked and before anything is built: a login that does not answer
-                # is said in seconds, not after a build and a conversion; submit uses the connection.
+                # Once the input is checked (bad input is its one line, no warning before it) and before
+                # anything is built: a login that does not answer is said in seconds, not after a build
+                # and a conversion; submit uses the connection.
+                self._warn(checked)
                 opened.append(held.enter_context(ssh.Connection(self.target)))
 
             payload, environment = self._payload(

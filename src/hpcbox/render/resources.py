@@ -203,6 +203,7 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
                 f"the {partition.cpus_per_gpu} allowed on {profile.place} {partition.name!r} "
                 f"(allowed: up to {partition.cpus_per_gpu * gpus // ntasks} CPUs per task)",
             )
+    _site_defaults(profile, gpus, request, unverified)
     time_s = parse_time(request.time) if request.time is not None else None
     if time_s is not None and partition.max_time_s is not None and time_s > partition.max_time_s:
         raise FieldError(
@@ -484,6 +485,26 @@ def _mig_slices(profile: ClusterProfile, gpu_type: str | None, slices: int) -> N
             "gpus",
             f"{slices} {gpu_type} MIG slices in one job; cluster {profile.name!r} allows up to {limit} "
             f"(allowed: {limit}, or whole GPUs)",
+        )
+
+
+def _site_defaults(
+    profile: ClusterProfile, gpus: int, request: ResourceRequest, unverified: list[str]
+) -> None:
+    """A GPU job that leaves its time, memory or CPUs to the site gets its defaults, which no profile
+    records (often one CPU, a little memory and a short limit: GPUs that wait for data, or a kill): one
+    line naming what it did not ask for."""
+    missing = [
+        flag
+        for flag, given in (("--time", request.time), ("--mem", request.mem), ("--cpus", request.cpus))
+        if given is None
+    ]
+    if gpus and missing:
+        said = ", ".join(missing[:-1]) + (" or " if len(missing) > 1 else "") + missing[-1]
+        unverified.append(
+            f"a job with {gpus} GPU{'s' if gpus > 1 else ''} that asks for no {said} gets {profile.name}'s "
+            "defaults there, which its profile does not record (often 1 CPU, a little memory, a short "
+            "limit): ask for what it needs"
         )
 
 
