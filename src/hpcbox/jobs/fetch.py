@@ -20,10 +20,24 @@ def local_run_dir(project: ProjectConfig, record: JobRecord) -> Path:
     return project.runs_dir / record.where / record.run_folder
 
 
+def shown_run_dir(project: ProjectConfig, record: JobRecord) -> str:
+    """``local_run_dir`` as a line says it: relative to the project where it is inside it."""
+    local = local_run_dir(project, record)
+    return str(local.relative_to(project.root)) if local.is_relative_to(project.root) else str(local)
+
+
 def fetched(project: ProjectConfig, record: JobRecord) -> bool:
     """Whether anything of the job's has been fetched here."""
     local = local_run_dir(project, record)
     return local.is_dir() and any(local.iterdir())
+
+
+def has_results(connection: ssh.Connection, record: JobRecord) -> bool:
+    """Whether the job's run folder is on the cluster (the job script copied something back)."""
+    present = connection.run(
+        f"test -d {shlex.quote(record.run_dir)} && echo yes || echo no", what="look for the job's results"
+    )
+    return present.stdout.strip() == "yes"
 
 
 class NoResults(HpcboxError):
@@ -33,10 +47,7 @@ class NoResults(HpcboxError):
 def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[Path, ssh.Transfer]:
     """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental)."""
     local = local_run_dir(project, record)
-    present = connection.run(
-        f"test -d {shlex.quote(record.run_dir)} && echo yes || echo no", what="look for the job's results"
-    )
-    if present.stdout.strip() != "yes":
+    if not has_results(connection, record):
         raise NoResults(
             f"job {record.job_id} has no results in {record.run_dir} yet",
             "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",

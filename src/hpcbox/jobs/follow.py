@@ -102,16 +102,14 @@ def sweep_outcomes(connection: ssh.Connection, record: JobRecord) -> Outcomes:
 def fetched_outcomes(project: ProjectConfig, record: JobRecord) -> Outcomes:
     """Each task's state from the exit status its fetched run folder here keeps (a sweep whose cluster
     is gone: what was fetched is all there is)."""
-    from hpcbox.jobs.fetch import local_run_dir
+    from hpcbox.jobs.fetch import local_run_dir, shown_run_dir
 
-    local = local_run_dir(project, record)
     kept = {
         found.parent.name: found.read_text().strip()
-        for found in local.glob(f"*/{OUTCOME_FILE}")
+        for found in local_run_dir(project, record).glob(f"*/{OUTCOME_FILE}")
         if found.is_file()
     }
-    shown = local.relative_to(project.root) if local.is_relative_to(project.root) else local
-    return outcomes_kept(record, kept, f"its results fetched to {shown}")
+    return outcomes_kept(record, kept, f"its results fetched to {shown_run_dir(project, record)}")
 
 
 def outcomes_kept(record: JobRecord, kept: dict[str, str], read_from: str) -> Outcomes:

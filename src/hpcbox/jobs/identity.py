@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs.fetch import fetched, local_run_dir
+from hpcbox.jobs.fetch import fetched, shown_run_dir
 from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.minicluster.cluster import Cluster, find, removed_incarnations, shared_state
 from hpcbox.project.config import ProjectConfig, load_project
@@ -45,9 +45,8 @@ def gone(record: JobRecord, project: ProjectConfig) -> str | None:
         return None
     past = removed_incarnations(root, record.mini_cluster).get(record.incarnation)
     life = f"as {past}" if past is not None else "in an earlier life of it"
-    local = _shown(local_run_dir(project, record), project)
     results = (
-        f"its results were fetched to {local}"
+        f"its results were fetched to {shown_run_dir(project, record)}"
         if fetched(project, record)
         else "its results were never fetched and went with it"
     )
@@ -121,10 +120,6 @@ def refuse_unfetched(cluster: Cluster, *, force: bool, say: Callable[[str], None
             f"fetch them first (`hpcbox fetch -j {first.runs[0]}` in {first.project}), or pass --force",
         )
     say(f"hpcbox: --force: removing cluster {cluster.name} loses the results of {listing}, never fetched")
-
-
-def _shown(path: Path, project: ProjectConfig) -> str:
-    return str(path.relative_to(project.root)) if path.is_relative_to(project.root) else str(path)
 
 
 def _to_stderr(line: str) -> None:

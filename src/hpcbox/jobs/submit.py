@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -20,6 +19,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.files import slug
 from hpcbox.jobs import identity
 from hpcbox.jobs.connect import require_slurm
+from hpcbox.jobs.fetch import has_results, shown_run_dir
 from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.minicluster.cluster import Cluster
 from hpcbox.project.command import EXAMPLE_DATASET, EXAMPLE_TRAINER, NOTEBOOK, ContainerCommand, Steps
@@ -246,27 +246,24 @@ def submit(
     ledger = Ledger(project)
     record = ledger.add(record, script.text)
     if record.run != job_id:
-        taken = _taken(project, record)
-        say(f"hpcbox: job {job_id}'s results go to runs/{record.where}/{record.run} here: {taken}")
+        taken = _taken(project, ledger, record)
+        say(f"hpcbox: job {job_id}'s results go to {shown_run_dir(project, record)} here: {taken}")
     return record
 
 
-def _taken(project: ProjectConfig, record: JobRecord) -> str:
+def _taken(project: ProjectConfig, ledger: Ledger, record: JobRecord) -> str:
     """Why ``record``'s run is not named by its job id alone: what holds that name here."""
-    earlier = Ledger(project).earlier(record)
+    earlier = ledger.earlier(record)
     if not earlier:
-        return f"runs/{record.where}/{record.job_id} holds files of no job in this project's ledger"
+        held = shown_run_dir(project, replace(record, run_name=None))
+        return f"{held} holds files of no job in this project's ledger"
     gone = identity.gone(earlier[-1], project)
     return f"an earlier {gone or f'job {earlier[-1].run}, submitted at {earlier[-1].submitted_at}'}"
 
 
 def _require_results(connection: ssh.Connection, earlier: JobRecord) -> None:
     """The run folder a resumed job starts from is there (before anything is sent)."""
-    there = connection.run(
-        f"test -d {shlex.quote(earlier.run_dir)} && echo yes || echo no",
-        what="look for the results to resume",
-    )
-    if there.stdout.strip() != "yes":
+    if not has_results(connection, earlier):
         raise HpcboxError(
             f"resume_from: job {earlier.run} left no results in {earlier.run_dir} to resume from",
             "it stopped before it copied anything back: submit it afresh",
