@@ -308,6 +308,15 @@ def test_a_run_cancelled_before_its_last_epoch_is_told_the_command_that_resumes_
         "stopped (CANCELLED by 1500) after 00:01:49; its 10 epochs at 10.5 s each take about 00:01:45: "
         "a whole run needs --time=00:04:00"
     )
+    # With no time limit (the mini cluster's partitions), the same sizing, not one from its 1:49.
+    unlimited = [{**row, "Timelimit": "UNLIMITED", "TimelimitRaw": "UNLIMITED"} for row in sacct("cancelled")]
+    time = {f.name: f for f in efficiency.build_report(unlimited, metrics, None, resume=resume).figures}[
+        "time"
+    ]
+    assert (time.value, time.verdict.split("; ")[1]) == (
+        "00:01:49, no time limit",
+        "its 10 epochs at 10.5 s each take about 00:01:45: a whole run needs --time=00:04:00",
+    )
 
 
 def test_time_without_a_limit_suggests_one():

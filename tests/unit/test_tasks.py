@@ -59,6 +59,10 @@ def test_every_task_is_listed():
             ],
         ),
         (
+            ("statsu",),
+            ["error: hpcbox: no command 'statsu'", "  hint: did you mean status? `hpcbox --list` lists them"],
+        ),
+        (
             ("status", "--nope"),
             [
                 "error: hpcbox status: no option --nope (its options: --cluster, --job)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 import types
@@ -50,15 +51,25 @@ class HpcboxProgram(Program):
         try:
             super().parse_tasks()
         except ParseError as error:
-            raise ParseError(_unknown_option(error), error.context) from error
+            raise ParseError(
+                _unknown_word(error, sorted(self.collection.task_names)), error.context
+            ) from error
 
 
-def _unknown_option(error: ParseError) -> str:
+def _unknown_word(error: ParseError, commands: list[str]) -> str:
+    """invoke's "No idea what 'X' is!" as hpcbox says it: a command it does not have (with the nearest
+    one), or an option the command does not take (with the ones it does)."""
     context = error.context
     said = str(error)
-    if context is None or not context.name or not said.startswith("No idea what "):
+    if not said.startswith("No idea what "):
         return said
     option = said.removeprefix("No idea what ").removesuffix(" is!").strip("'\"")
+    if context is None or not context.name:
+        if option.startswith("-"):
+            return said
+        close = difflib.get_close_matches(option, commands, n=1)
+        hint = (f"did you mean {close[0]}? " if close else "") + "`hpcbox --list` lists them"
+        return f"error: hpcbox: no command {option!r}\n  hint: {hint}"
     flags = sorted({name for name in context.flags if name.startswith("--")})
     known = f" (its options: {', '.join(flags)})" if flags else " (it takes no options)"
     hint = f"`hpcbox {context.name} --help` says what each does"

@@ -328,34 +328,30 @@ def time_figure(job: dict[str, str], training: Training | None = None) -> Figure
         of = f" of {format_time(limit)}" if limit else ""
         return Figure("time", f"running for {ran}{of}", "unknown: the job is still running")
     suggestion = f"--time={format_time(suggest_time(elapsed))}"
-    if limit is None:
+    asked = format_time(limit) if limit is not None else None
+    value = f"{ran} of {asked} ({elapsed / limit:.0%})" if limit is not None else f"{ran}, no time limit"
+    if _stopped_early(job):
+        # What it ran says nothing of what a whole run needs: its epochs' time does, where it is known.
+        stopped = f"stopped ({job['State']}) after {ran}"
+        whole = _planned_s(training)
+        if whole is None:
+            keep = f", keep {asked}" if asked else ""
+            return Figure("time", value, f"{stopped}: no full run to size it from{keep}")
+        assert training is not None and training.mean_epoch_s is not None
         return Figure(
-            "time", f"{ran}, no time limit", f"ask for {suggestion}: jobs with a short limit start sooner"
+            "time",
+            value,
+            f"{stopped}; its {training.epochs_planned} epochs at {training.mean_epoch_s:.1f} s each take "
+            f"about {format_time(round(whole))}: a whole run needs --time={format_time(suggest_time(whole))}",
         )
-    asked = format_time(limit)
-    value = f"{ran} of {asked} ({elapsed / limit:.0%})"
+    if limit is None:
+        return Figure("time", value, f"ask for {suggestion}: jobs with a short limit start sooner")
     if job["State"] == "TIMEOUT":
         return Figure(
             "time",
             value,
             f"killed at the {asked} limit before finishing: ask for at least "
             f"--time={format_time(suggest_time(limit))}, or checkpoint and requeue",
-        )
-    if _stopped_early(job):
-        whole = _planned_s(training)
-        if whole is None:
-            return Figure(
-                "time",
-                value,
-                f"stopped ({job['State']}) after {ran}: no full run to size it from, keep {asked}",
-            )
-        assert training is not None and training.mean_epoch_s is not None
-        return Figure(
-            "time",
-            value,
-            f"stopped ({job['State']}) after {ran}; its {training.epochs_planned} epochs at "
-            f"{training.mean_epoch_s:.1f} s each take about {format_time(round(whole))}: a whole run needs "
-            f"--time={format_time(suggest_time(whole))}",
         )
     restarts = int(job["Restarts"] or 0)
     if restarts:
