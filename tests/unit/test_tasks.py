@@ -79,6 +79,19 @@ def test_an_option_a_command_does_not_take_is_said_with_the_ones_it_does(argv, s
     assert (done.returncode, done.stderr.splitlines(), done.stdout) == (1, said, "")
 
 
+def test_a_misspelt_option_is_said_with_the_nearest_one(tmp_path: Path):
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "submit", "--cluster=local", "--partiton=gpu"],
+        cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    first, hint = done.stderr.splitlines()
+    assert done.returncode == 1 and first.startswith(
+        "error: hpcbox submit: no option --partiton (its options: "
+    )
+    assert "--partition, " in first
+    assert hint == "  hint: did you mean --partition? `hpcbox submit --help` says what each does"
+
+
 def test_the_hpcbox_commands_own_options_have_no_letter_but_help_list_and_version():
     """invoke's -p (pty) and -e (echo) beside sbatch's -p (partition) and -e (error log) (issue 59)."""
     helped = subprocess.run(

@@ -72,7 +72,10 @@ def _unknown_word(error: ParseError, commands: list[str]) -> str:
         return f"error: hpcbox: no command {option!r}\n  hint: {hint}"
     flags = sorted({name for name in context.flags if name.startswith("--")})
     known = f" (its options: {', '.join(flags)})" if flags else " (it takes no options)"
-    hint = f"`hpcbox {context.name} --help` says what each does"
+    close = difflib.get_close_matches(option, flags, n=1)
+    hint = (
+        f"did you mean {close[0]}? " if close else ""
+    ) + f"`hpcbox {context.name} --help` says what each does"
     if option in _ONE_JOB_FLAGS and context.name == "jobs":
         hint = "`hpcbox jobs` lists every job; -j JOB names one for status, logs, fetch, report and cancel"
     return f"error: hpcbox {context.name}: no option {option}{known}\n  hint: {hint}"
