@@ -441,6 +441,26 @@ def test_failing_trainer_still_copies_back_and_cleans_up(sandbox: Sandbox):
     assert sandbox.scontrol_calls() == []
 
 
+def test_a_janitor_that_ignores_its_signals_does_not_hold_the_job(sandbox: Sandbox):
+    """However the janitor step fails to end, the job script ends: USR2, TERM, then KILL. A janitor
+    signalled as it started once slept on, and the job script's `wait` with it (a full run's hang)."""
+    stubborn = sandbox.root / "bin" / "srun"
+    stubborn.write_text(
+        STUB_SRUN.replace(
+            "while",
+            'if [[ $* == *--job-name=hpcbox-janitor* ]]; then\n    trap "" USR2 TERM\n'
+            "    while :; do sleep 0.1; done\nfi\nwhile",
+            1,
+        )
+    )
+    started = time.monotonic()
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="stubborn")))
+    assert status == 0, output
+    assert time.monotonic() - started < 30, output
+    assert (sandbox.run_dir / "metrics.jsonl").exists()
+    assert not sandbox.scratch_was.exists()
+
+
 def test_checkpointed_trainer_is_requeued_after_copy_back(sandbox: Sandbox):
     status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="ckpt")), mode="checkpoint")
     assert status == 0, output

@@ -126,7 +126,13 @@ clean_up() {
                 sleep 0.1
             fi
         done
+        # Then TERM, and KILL if it still runs 5 s on: an unbounded `wait` here would hold the job.
         kill "$janitor_pid" 2>/dev/null || true
+        for look in {1..50}; do
+            kill -0 "$janitor_pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -s KILL "$janitor_pid" 2>/dev/null || true
         if wait "$janitor_pid"; then
             janitor_pid=""
             cleaned=1
@@ -203,10 +209,11 @@ echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, res
 janitor='batch_node=$1
 batch_pid=$2
 scratch=$3
+exec {unwritten}<> <(:)
 on_signal() {
     if [[ $SLURMD_NODENAME == "$batch_node" ]]; then
         while [[ -d $scratch ]] && kill -0 "$batch_pid" 2>/dev/null; do
-            read -r -t 1 <> <(:) || true
+            read -r -t 1 -u "$unwritten" || true
         done
     fi
     rm -rf -- "$scratch"
@@ -214,7 +221,7 @@ on_signal() {
 }
 trap on_signal TERM USR2
 while :; do
-    read -r -t 3600 <> <(:) || true
+    read -r -t 1 -u "$unwritten" || true
 done'
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --mem=0 --job-name=hpcbox-janitor bash -c "$janitor" janitor "$SLURMD_NODENAME" "$$" \
     "$job_scratch" </dev/null &
