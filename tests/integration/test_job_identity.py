@@ -305,3 +305,85 @@ def test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points(
     assert status[0].endswith(": 2 array tasks: 2 COMPLETED"), status
     fetched = Path(invoke(swept, "fetch", "-j", second).stdout.strip())
     assert sorted(int(found.parent.name) for found in fetched.glob("*/point.json")) == [1, 3]
+
+
+def controller_rebuilt(cluster) -> None:
+    """Slurm's controller started again without its saved state, as a site rebuilds one: it numbers
+    jobs from FirstJobId again while accounting keeps every job it had (as after MaxJobId, too). It is
+    frozen before its state goes, so it saves none on its way out, then killed: the container stops."""
+    controller = cluster.node_container("controller")
+    controller.exec_run(
+        [
+            "sh",
+            "-c",
+            'p=$(pidof slurmctld) && kill -STOP "$p" && rm -rf /var/lib/slurm/slurmctld/* && kill -KILL "$p"',
+        ]
+    )
+    controller.wait(timeout=60)
+    controller.start()
+
+
+def remote_files(cluster, folder: str) -> str:
+    """Every file under ``folder`` on the cluster, with its sha256."""
+    listed = cluster.ssh(
+        f"cd {shlex.quote(folder)} && find . -type f -exec sha256sum {{}} + | sort", check=True
+    )
+    return listed.stdout
+
+
+def test_an_id_slurm_gives_again_is_never_taken_for_the_earlier_job(setup: Setup, spec, minicluster_state):
+    """Issue 59 at a real site: the same cluster, its controller rebuilt, gives job 1 again while
+    accounting keeps the earlier job 1. What hpcbox says and does about the earlier job is about it
+    alone (its batch script tells them apart), and a later job 1 neither resumes from nor writes into
+    the earlier one's run folder."""
+    from hpcbox import minicluster as mc
+    from hpcbox.ledger import Ledger
+
+    mc.down(spec.name, minicluster_state)
+    cluster = mc.up(spec, minicluster_state)
+    job, _ = submitted(setup)
+    assert job == "1"  # a fresh cluster's first
+    earlier = run_of(setup, job)
+    earlier = (
+        earlier if "-" in earlier else f"{earlier}-1"
+    )  # the first job 1's run, once later ones have theirs
+    completed(setup, earlier)
+    run_dir = Ledger(setup.project()).find(earlier).run_dir
+    kept = remote_files(cluster, run_dir)
+    assert "metrics.jsonl" in kept
+
+    controller_rebuilt(cluster)
+    refused_job, _ = submitted(setup)
+    assert refused_job == "1"
+    refused = run_of(setup, refused_job)
+    followed = invoke(setup, "logs", "-j", refused, "--follow")
+    said = [line for line in followed.stdout.splitlines() if line.startswith("hpcbox: ")]
+    assert (
+        f"hpcbox: {run_dir} holds the results of an earlier job 1 (Slurm gave its id again): they are "
+        "left as they are, and this job stops; move that folder aside and submit again" in said
+    ), followed.stdout
+    assert remote_files(cluster, run_dir) == kept
+    assert invoke(setup, "status", "-j", refused).stdout.startswith("job 1: FAILED")
+    assert invoke(setup, "status", "-j", earlier).stdout.startswith("job 1: COMPLETED")
+
+    # Once more, with the earlier folder moved aside as the job said: the later job 1 runs, and
+    # cancelling the earlier job 1 cancels nothing of it.
+    controller_rebuilt(cluster)
+    cluster.ssh(["mv", run_dir, f"{run_dir}.earlier"], check=True)
+    running = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
+        "--", "--epochs", "1000", "--workers", "0", "--step-pause", "0.1",
+    )  # fmt: skip
+    assert running.returncode == 0 and running.stdout.split()[-1] == "1", running.stderr
+    later = run_of(setup, "1")
+    assert len({earlier, refused, later}) == 3
+    cancelled = invoke(setup, "cancel", "-j", earlier)
+    assert cancelled.stderr.strip() == "hpcbox: job 1 has already ended: COMPLETED", cancelled.stderr
+    assert cancelled.stdout.startswith("job 1: COMPLETED"), cancelled.stdout
+    report = invoke(setup, "report", "-j", earlier)
+    assert report.returncode == 0 and "COMPLETED" in report.stdout, report.stderr
+    assert invoke(setup, "status", "-j", refused).stdout.startswith("job 1: FAILED")
+    still = invoke(setup, "status", "-j", later)
+    assert re.match(r"job 1: (PENDING|RUNNING)", still.stdout), still.stdout + still.stderr
+    stopped = invoke(setup, "cancel", "-j", later)
+    assert stopped.returncode == 0 and "CANCELLED" in stopped.stdout, stopped.stdout + stopped.stderr

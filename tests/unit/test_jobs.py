@@ -143,6 +143,7 @@ def test_a_job_given_an_id_an_earlier_job_had_gets_a_run_of_its_own_and_replaces
     assert ledger.path("local", "1").with_suffix(".sh").read_text() == "#!/bin/bash\necho first\n"
     assert jobs.local_run_dir(project, later) == project.runs_dir / "local" / "1-2"
     assert ledger.find("1") == later and ledger.find("1-2") == later
+    assert ledger.find("1-1") == first  # its run is `1`, which names the later job 1 too
     assert ledger.earlier(later) == [first]
     # A run folder with no record (fetched by hand, or its record deleted) is not taken either.
     (project.runs_dir / "local" / "7").mkdir()
@@ -282,19 +283,72 @@ def test_sbatch_parsable_output_gives_the_job_id():
 
 
 def test_squeue_and_sacct_lines_are_read_field_by_field():
-    queued = slurm.parse_squeue("41|PENDING|QOSMaxGRESPerUser|0:00|1:00:00|\n", "41")
-    assert queued == slurm.JobState("41", "PENDING", "QOSMaxGRESPerUser", "0:00", "1:00:00", "", "", "squeue")
-    assert "GPUs" in queued.reason_in_words and not queued.finished
-    # A requeued job has several allocation lines; the last is the current one, "CANCELLED by 1500" read
-    # as CANCELLED.
-    text = (
-        "42|NODE_FAIL|None|00:00:31|00:10:00|1:0|node1\n"
-        "42|CANCELLED by 1500|None|00:00:09|00:10:00|0:15|node2\n"
+    queued = slurm.parse_squeue(
+        "41|PENDING|QOSMaxGRESPerUser|0:00|1:00:00||2026-12-05T09:00:01|/home/r/hpcbox/t/scripts/t-1.sh\n",
+        "41",
     )
-    ended = slurm.accounted_state(text, "42")
+    assert queued == slurm.JobState(
+        "41", "PENDING", "QOSMaxGRESPerUser", "0:00", "1:00:00", "", "", "squeue",
+        script="/home/r/hpcbox/t/scripts/t-1.sh", submitted="2026-12-05T09:00:01",
+    )  # fmt: skip
+    assert "GPUs" in queued.reason_in_words and not queued.finished
+    # A requeued job has several allocation lines (sacct --duplicates), each submitted anew (Slurm resets
+    # the submit time on requeue): the latest is the current one, "CANCELLED by 1500" read as CANCELLED.
+    text = (
+        "42|CANCELLED by 1500|None|00:00:09|00:10:00|0:15|node2|2026-12-05T09:05:00|/home/r/t|"
+        "sbatch --parsable scripts/t-1.sh\n"
+        "42|NODE_FAIL|None|00:00:31|00:10:00|1:0|node1|2026-12-05T09:00:01|/home/r/t|"
+        "sbatch --parsable scripts/t-1.sh\n"
+    )
+    runs = slurm.accounted_states(text, "42")
+    assert [run.state for run in runs] == ["NODE_FAIL", "CANCELLED"]
+    ended = runs[-1]
     assert (ended.state, ended.exit_code, ended.nodes, ended.finished) == ("CANCELLED", "0:15", "node2", True)
-    assert slurm.accounted_state(text, "4") is None
+    assert ended.script == "/home/r/t/scripts/t-1.sh"
+    assert slurm.accounted_states(text, "4") == []
     assert slurm.parse_squeue("", "41") is None
+
+
+SCRIPT = "/home/r/hpcbox/t/scripts/t-20261205T090001-ab12cd34.sh"
+
+
+def test_a_job_is_told_from_another_given_its_id_by_its_batch_script():
+    """Slurm gives an id again once its controller is rebuilt or its ids wrap; the batch script, whose
+    name hpcbox makes for each submission, tells the jobs apart (a requeue keeps it)."""
+    own = slurm.JobState(
+        "7", "COMPLETED", script="/gpfs/home/r/hpcbox/t/scripts/t-20261205T090001-ab12cd34.sh"
+    )
+    assert own.is_of(SCRIPT)  # the same script seen through a home folder that is a link
+    assert slurm.JobState("7", "COMPLETED").is_of(SCRIPT)  # sacct before 23.02 says no script
+    other = slurm.JobState("7", "RUNNING", script="/home/r/x/scripts/x-20270101T000000-00000000.sh")
+    assert not other.is_of(SCRIPT) and other.is_of("")
+    # sacct --duplicates: this job's run, then the other job the id names since.
+    text = (
+        "7|COMPLETED|None|00:01:00|00:10:00|0:0|node1|2026-12-05T09:00:01|/home/r/hpcbox/t|"
+        "sbatch --parsable scripts/t-20261205T090001-ab12cd34.sh\n"
+        "7|RUNNING|None|00:00:10|00:10:00|0:0|node2|2027-01-01T00:00:00|/home/r/x|"
+        "sbatch --wrap 'a | b' x-20270101T000000-00000000.sh\n"  # free text, the delimiter in it
+    )
+    runs = slurm.accounted_states(text, "7")
+    assert [run.state for run in runs] == ["COMPLETED", "RUNNING"]
+    assert [run.state for run in slurm._own(runs, "7", SCRIPT)] == ["COMPLETED"]
+    with pytest.raises(slurm.IdReused) as reused:
+        slurm._own(runs[1:], "7", SCRIPT)
+    assert str(reused.value).startswith(
+        "job 7 is no longer known to Slurm: its id now names another job "
+        "(/home/r/x/x-20270101T000000-00000000.sh, submitted 2027-01-01T00:00:00), not this one "
+        f"({SCRIPT})"
+    )
+
+
+def test_a_sweeps_id_naming_another_array_is_said_not_read_as_its_tasks():
+    squeue = "9_1|RUNNING|None|0:05|10:00|node1|2027-01-01T00:00:00|/home/r/x/scripts/x-2.sh\n"
+    with pytest.raises(slurm.IdReused):
+        slurm.parse_tasks("", squeue, "9", SCRIPT)
+    mine = squeue.replace("/home/r/x/scripts/x-2.sh", SCRIPT)
+    assert {index: task.state for index, task in slurm.parse_tasks("", mine, "9", SCRIPT).items()} == {
+        1: "RUNNING"
+    }
 
 
 def test_describe_explains_a_pending_reason_and_a_finished_job():
@@ -309,10 +363,12 @@ def test_describe_explains_a_pending_reason_and_a_finished_job():
 
 def test_describe_says_no_none_for_a_job_not_yet_looked_at_or_never_placed():
     # squeue's reason None (no reason yet) and sacct's `None assigned` (cancelled before it started).
-    waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00|\n", "9")
+    waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00||2026-12-05T09:00:01|/h/s.sh\n", "9")
     assert jobs.describe(waiting) == "job 9: PENDING, (being scheduled), elapsed 0:00 of 10:00"
-    never = slurm.accounted_state("9|CANCELLED by 1500|None|00:00:00|00:10:00|0:0|None assigned\n", "9")
-    assert never is not None
+    [never] = slurm.accounted_states(
+        "9|CANCELLED by 1500|None|00:00:00|00:10:00|0:0|None assigned|2026-12-05T09:00:01|/h|sbatch s.sh\n",
+        "9",
+    )
     assert jobs.describe(never) == "job 9: CANCELLED, elapsed 00:00:00 of 00:10:00, exit code 0:0"
 
 
@@ -715,3 +771,36 @@ def test_waiting_looks_every_quarter_second_at_first_then_every_tenth_of_the_wai
     waited = [sum(each + 0.05 for each in slept[:index]) for index in range(len(slept))]
     assert slept == pytest.approx([min(max(0.25, before / 10), 2) for before in waited])
     assert slept[:9] == [0.25] * 9 and 0.25 < slept[12] < 2 and slept[-3:] == [2, 2, 2]
+
+
+def test_a_report_reads_the_latest_run_of_its_own_job_where_the_id_named_others():
+    """`sacct --duplicates` of an id Slurm gave again: this job's two runs (requeued) and another job's,
+    each an allocation line and its steps'; the allocations' own lines (`-X`) say whose each run is.
+    Without --duplicates sacct shows the newest job's alone."""
+    own = "/home/r/hpcbox/t|sbatch --parsable scripts/t-20261205T090001-ab12cd34.sh"
+    allocations = slurm.accounted_runs(
+        "".join(
+            f"7|{state}|None|00:01:00|00:10:00|0:0|node1|{submitted}|{script}\n"
+            for state, submitted, script in (
+                ("REQUEUED", "2026-12-05T09:00:01", own),
+                ("COMPLETED", "2026-12-05T09:03:00", own),
+                # Another's, its SubmitLine of two lines (`sbatch --wrap`), the delimiter in it.
+                ("RUNNING", "2027-01-01T00:00:00", "/home/r/x|sbatch --wrap 'a | b\nc' x.sh"),
+            )
+        )
+    )
+    assert [run.script for run in allocations][1:] == [
+        "/home/r/hpcbox/t/scripts/t-20261205T090001-ab12cd34.sh", "/home/r/x/x.sh",
+    ]  # fmt: skip
+    fields = ("JobID", "State", "Submit")
+    rows = slurm.parse_sacct(
+        "7|REQUEUED|2026-12-05T09:00:01\n7.batch|CANCELLED|2026-12-05T09:00:01\n"
+        "7|COMPLETED|2026-12-05T09:03:00\n7.batch|COMPLETED|2026-12-05T09:03:00\n7.0|COMPLETED|2026-12-05T09:03:02\n"
+        "7|RUNNING|2027-01-01T00:00:00\n7.batch|RUNNING|2027-01-01T00:00:00\n",
+        fields,
+    )
+    assert [(row["JobID"], row["State"]) for row in slurm.own_rows(rows, allocations, "7", SCRIPT)] == [
+        ("7", "COMPLETED"), ("7.batch", "COMPLETED"), ("7.0", "COMPLETED"),
+    ]  # fmt: skip
+    with pytest.raises(slurm.IdReused, match=r"its id now names another job \(/home/r/x/x.sh"):
+        slurm.own_rows(rows[5:], allocations[2:], "7", SCRIPT)

@@ -342,11 +342,13 @@ class Sandbox:
         args: tuple[str, ...] = (),
         command: ContainerCommand = EXAMPLE_TRAINER,
         sweep: Sweep | None = None,
+        submission: str | None = None,
     ) -> JobScript:
         local = profiles.load_profile("local")
         profile = dataclasses.replace(local, node_scratch=str(self.node_scratch))
         checked = resolve(profile, request, ddp=command.ddp)
-        return render_sbatch(profile, checked, JobInputs.defaults("trainer"), args, command, sweep=sweep)
+        inputs = JobInputs.defaults("trainer", submission=submission)
+        return render_sbatch(profile, checked, inputs, args, command, sweep=sweep)
 
     def start(self, script: JobScript, mode: str) -> subprocess.Popen:
         path = self.submit / "job.sh"
@@ -439,6 +441,42 @@ def test_failing_trainer_still_copies_back_and_cleans_up(sandbox: Sandbox):
     assert said[-1] == "hpcbox: the trainer exited with status 3", output
     assert not sandbox.scratch_was.exists()
     assert sandbox.scontrol_calls() == []
+
+
+def test_a_run_folder_of_an_earlier_job_given_the_same_id_is_left_as_it_is(sandbox: Sandbox):
+    """Slurm gives an id again (a rebuilt controller, ids wrapped): the job whose id it is now neither
+    resumes from nor copies into the earlier job's results; its own requeue does."""
+    earlier = sandbox.run_dir
+    (earlier / "checkpoints").mkdir(parents=True)
+    (earlier / "checkpoints" / "last.pt").write_text("the earlier job's")
+    (earlier / ".hpcbox-submission").write_text("trainer-20261201T100000-aaaaaaaa.sh\n")
+    before = sorted(
+        (path.relative_to(earlier), path.read_bytes()) for path in earlier.rglob("*") if path.is_file()
+    )
+    script = sandbox.script(
+        ResourceRequest(job_name="again"), submission="trainer-20270101T000000-bbbbbbbb.sh"
+    )
+    status, output = sandbox.run(script)
+    assert status == 66, output
+    said = [line for line in output.splitlines() if line.startswith("hpcbox: ")]
+    assert said[-1] == (
+        f"hpcbox: {earlier} holds the results of an earlier job 4242 (Slurm gave its id again): they are "
+        "left as they are, and this job stops; move that folder aside and submit again"
+    ), output
+    after = sorted(
+        (path.relative_to(earlier), path.read_bytes()) for path in earlier.rglob("*") if path.is_file()
+    )
+    assert after == before
+    assert not (sandbox.root / "argv.json").exists()  # the program never ran
+    # A folder hpcbox did not mark is not taken for this job's either; its own, from its first run, is.
+    (earlier / ".hpcbox-submission").unlink()
+    assert sandbox.run(script)[0] == 66
+    shutil.rmtree(earlier)
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    assert (earlier / ".hpcbox-submission").read_text() == "trainer-20270101T000000-bbbbbbbb.sh\n"
+    status, output = sandbox.run(script)  # as its requeue runs it: the same submission
+    assert status == 0, output
 
 
 def test_a_janitor_that_ignores_its_signals_does_not_hold_the_job(sandbox: Sandbox):

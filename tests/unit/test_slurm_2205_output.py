@@ -22,6 +22,11 @@ OLDER = ("Restarts",)  # what sacct 22.05 does not know of report.SACCT_FIELDS
 REFUSED = 'sacct: error: Invalid field requested: "Restarts"\n'  # its whole answer, exit status 1
 
 
+# The forms capture.sh asked squeue and sacct for (hpcbox now also asks for each job's batch script).
+CAPTURED_SQUEUE = "%i|%T|%r|%M|%l|%N"
+CAPTURED_STATE = ("JobID", "State", "Reason", "Elapsed", "Timelimit", "ExitCode", "NodeList")
+
+
 def text(name: str) -> str:
     return (DATA / name).read_text()
 
@@ -158,16 +163,16 @@ def test_pending_running_and_cancelled_jobs_say_what_is_not_known():
 
 
 def test_squeue_22_05_lines_are_read_as_24_11s():
-    assert slurm.parse_squeue(text("pending.squeue"), "16") == slurm.JobState(
+    assert slurm.parse_squeue(text("pending.squeue"), "16", CAPTURED_SQUEUE) == slurm.JobState(
         "16", "PENDING", "Resources", "0:00", "5:00", "", "", "squeue"
     )
-    running = slurm.parse_squeue(text("running.squeue"), "15")
+    running = slurm.parse_squeue(text("running.squeue"), "15", CAPTURED_SQUEUE)
     assert running is not None and (running.state, running.nodes, running.finished) == (
         "RUNNING",
         "node2",
         False,
     )
-    done = slurm.parse_squeue(text("completed.squeue"), "15")
+    done = slurm.parse_squeue(text("completed.squeue"), "15", CAPTURED_SQUEUE)
     assert done is not None and done.finished
 
 
@@ -182,18 +187,26 @@ def test_squeue_22_05_lines_are_read_as_24_11s():
     ],
 )
 def test_sacct_22_05_gives_each_ended_jobs_state_and_exit_code(name, job_id, state, exit_code):
-    found = slurm.accounted_state(text(f"{name}.state"), job_id)
+    found = last_run(text(f"{name}.state"), job_id)
     assert found is not None and (found.state, found.exit_code, found.source) == (state, exit_code, "sacct")
 
 
 def test_an_arrays_tasks_while_pending_and_after():
-    pending = slurm.parse_tasks(text("array-running.state"), text("array-running.squeue"), "23")
+    pending = slurm.parse_tasks(
+        text("array-running.state"),
+        text("array-running.squeue"),
+        "23",
+        fields=CAPTURED_STATE,
+        squeue_format=CAPTURED_SQUEUE,
+    )
     assert {index: task.state for index, task in pending.items()} == {
         1: "PENDING",
         2: "PENDING",
         3: "PENDING",
     }
-    done = slurm.parse_tasks(text("array-done.state"), "", "23")
+    done = slurm.parse_tasks(
+        text("array-done.state"), "", "23", fields=CAPTURED_STATE, squeue_format=CAPTURED_SQUEUE
+    )
     assert {index: (task.state, task.exit_code) for index, task in done.items()} == {
         1: ("COMPLETED", "0:0"), 2: ("FAILED", "1:0"), 3: ("COMPLETED", "0:0"),
     }  # fmt: skip
@@ -211,3 +224,8 @@ def test_end_times_and_the_unfinished_jobs_a_replaced_cluster_would_lose():
         UnfinishedJob("22", "RUNNING", "rpt-timeout"),
         UnfinishedJob("20", "RUNNING", "rpt-nolimit"),
     )
+
+
+def last_run(text: str, job_id: str) -> slurm.JobState | None:
+    runs = slurm.accounted_states(text, job_id, CAPTURED_STATE)
+    return runs[-1] if runs else None

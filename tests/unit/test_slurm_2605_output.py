@@ -29,6 +29,11 @@ from hpcbox.tools import slurm, ssh
 DATA = Path(__file__).parent / "data" / "report" / "slurm-26.05"
 
 
+# The forms capture.sh asked squeue and sacct for (hpcbox now also asks for each job's batch script).
+CAPTURED_SQUEUE = "%i|%T|%r|%M|%l|%N"
+CAPTURED_STATE = ("JobID", "State", "Reason", "Elapsed", "Timelimit", "ExitCode", "NodeList")
+
+
 def text(name: str) -> str:
     return (DATA / name).read_text()
 
@@ -164,16 +169,16 @@ def test_pending_running_and_cancelled_jobs_say_what_is_not_known():
 
 
 def test_squeue_26_05_lines_are_read_as_24_11s():
-    assert slurm.parse_squeue(text("pending.squeue"), "3") == slurm.JobState(
+    assert slurm.parse_squeue(text("pending.squeue"), "3", CAPTURED_SQUEUE) == slurm.JobState(
         "3", "PENDING", "Resources", "0:00", "5:00", "", "", "squeue"
     )
-    running = slurm.parse_squeue(text("running.squeue"), "2")
+    running = slurm.parse_squeue(text("running.squeue"), "2", CAPTURED_SQUEUE)
     assert running is not None and (running.state, running.nodes, running.finished) == (
         "RUNNING",
         "node2",
         False,
     )
-    done = slurm.parse_squeue(text("completed.squeue"), "2")
+    done = slurm.parse_squeue(text("completed.squeue"), "2", CAPTURED_SQUEUE)
     assert done is not None and done.finished
 
 
@@ -188,15 +193,23 @@ def test_squeue_26_05_lines_are_read_as_24_11s():
     ],
 )
 def test_sacct_26_05_gives_each_ended_jobs_state_and_exit_code(name, job_id, state, exit_code):
-    found = slurm.accounted_state(text(f"{name}.state"), job_id)
+    found = last_run(text(f"{name}.state"), job_id)
     assert found is not None and (found.state, found.exit_code, found.source) == (state, exit_code, "sacct")
     assert follow.describe(found).startswith(f"job {job_id}: {state}")
 
 
 def test_an_arrays_tasks_while_pending_and_after():
-    pending = slurm.parse_tasks(text("array-running.state"), text("array-running.squeue"), "10")
+    pending = slurm.parse_tasks(
+        text("array-running.state"),
+        text("array-running.squeue"),
+        "10",
+        fields=CAPTURED_STATE,
+        squeue_format=CAPTURED_SQUEUE,
+    )
     assert {index: task.state for index, task in pending.items()} == dict.fromkeys((1, 2, 3), "PENDING")
-    done = slurm.parse_tasks(text("array-done.state"), "", "10")
+    done = slurm.parse_tasks(
+        text("array-done.state"), "", "10", fields=CAPTURED_STATE, squeue_format=CAPTURED_SQUEUE
+    )
     assert {index: (task.state, task.exit_code) for index, task in done.items()} == {
         1: ("COMPLETED", "0:0"), 2: ("FAILED", "1:0"), 3: ("COMPLETED", "0:0"),
     }  # fmt: skip
@@ -274,3 +287,8 @@ def test_a_profile_drafted_from_26_05_is_rehearsed_on_26_05(tmp_path, monkeypatc
     monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(tmp_path))
     said: list[str] = []
     assert slurm_like("site26", say=said.append) == "26.05" and said == []  # its own release: no note
+
+
+def last_run(text: str, job_id: str) -> slurm.JobState | None:
+    runs = slurm.accounted_states(text, job_id, CAPTURED_STATE)
+    return runs[-1] if runs else None

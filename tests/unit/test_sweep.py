@@ -75,16 +75,16 @@ def test_a_missing_sweep_file_is_one_line(tmp_path: Path):
 
 
 SACCT = """\
-812_0|COMPLETED|None|00:00:09|00:10:00|0:0|node1
-812_1|FAILED|None|00:00:03|00:10:00|1:0|node2
-812_2|RUNNING|None|00:00:05|00:10:00|0:0|node1
-812_[3-4%2]|PENDING|JobArrayTaskLimit|00:00:00|00:10:00|0:0|None assigned
-8120_1|COMPLETED|None|00:00:01|00:10:00|0:0|node1
+812_0|COMPLETED|None|00:00:09|00:10:00|0:0|node1|2026-12-05T09:00:01|/r|sbatch t.sh
+812_1|FAILED|None|00:00:03|00:10:00|1:0|node2|2026-12-05T09:00:01|/r|sbatch t.sh
+812_2|RUNNING|None|00:00:05|00:10:00|0:0|node1|2026-12-05T09:00:01|/r|sbatch t.sh
+812_[3-4%2]|PENDING|JobArrayTaskLimit|00:00:00|00:10:00|0:0|None assigned|2026-12-05T09:00:01|/r|sbatch t.sh
+8120_1|COMPLETED|None|00:00:01|00:10:00|0:0|node1|2026-12-05T09:00:01|/r|sbatch t.sh
 """
 SQUEUE = """\
-812_2|RUNNING|None|0:05|10:00|node1
-812_3|PENDING|JobArrayTaskLimit|0:00|10:00|
-812_4|PENDING|JobArrayTaskLimit|0:00|10:00|
+812_2|RUNNING|None|0:05|10:00|node1|2026-12-05T09:00:01|/r/t.sh
+812_3|PENDING|JobArrayTaskLimit|0:00|10:00||2026-12-05T09:00:01|/r/t.sh
+812_4|PENDING|JobArrayTaskLimit|0:00|10:00||2026-12-05T09:00:01|/r/t.sh
 """
 
 

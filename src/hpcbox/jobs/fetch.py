@@ -89,7 +89,7 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
         local.mkdir(parents=True, exist_ok=True)  # for the report's plot
         why_no_metrics = f"the job copied no results back to {record.run_dir}"
     rows = _cancelled_by_name(
-        connection, slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
+        connection, slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS, record.script)
     )
     metrics = local / "metrics.jsonl"
     metrics_path = metrics if metrics.is_file() else None
@@ -137,7 +137,7 @@ def _sweep_report(connection: ssh.Connection, project: ProjectConfig, record: Jo
     from hpcbox.report import efficiency
 
     local, _ = fetch(connection, project, record)
-    rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS)
+    rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS, record.script)
     return efficiency.sweep_report(record.job_id, record.sweep, rows, local), local
 
 

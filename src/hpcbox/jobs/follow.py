@@ -26,7 +26,7 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
     """The job's state; an array's is its tasks' together: running while any runs, pending while any
     waits, else COMPLETED when all did, else the state of the first that did not."""
     found = array_state(task_states(connection, record)) if record.is_array else None
-    found = found or slurm.job_state(connection, record.job_id)
+    found = found or slurm.job_state(connection, record.job_id, record.script)
     if found is None:
         raise HpcboxError(
             f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
@@ -53,7 +53,7 @@ def _with_memory_cause(connection: ssh.Connection, found: slurm.JobState) -> slu
 
 
 def task_states(connection: ssh.Connection, record: JobRecord) -> dict[int, slurm.JobState]:
-    return slurm.task_states(connection, record.job_id)
+    return slurm.task_states(connection, record.job_id, record.script)
 
 
 def array_state(tasks: dict[int, slurm.JobState]) -> slurm.JobState | None:

@@ -157,6 +157,8 @@ def submit(
 
         def render(remote: ship.Remote) -> tuple[JobScript, str, datetime]:
             """The job script with the shipped paths, its name, and when: once the uploads are done."""
+            stamp = datetime.now(UTC)
+            name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
             inputs = JobInputs(
                 sif=remote.sif,
                 code_dir=remote.code_dir,
@@ -167,12 +169,11 @@ def submit(
                 code_revision=code_revision,
                 resume_from=resume_from and resume_from.run_dir,
                 resumes=resume_from and resume_from.run,
+                submission=name,
             )
             script = render_sbatch(
                 profile, resources, inputs, trainer_args, command or project.run, sweep=sweep
             )
-            stamp = datetime.now(UTC)
-            name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
             rendered.append((script, name, stamp))
             return rendered[-1]
 

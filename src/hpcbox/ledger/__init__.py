@@ -154,8 +154,8 @@ class Ledger:
 
     def find(self, job_id: str | None = None, cluster: str | None = None) -> JobRecord:
         """The job ``job_id`` (the last submitted when None), on ``cluster`` when given: the last one
-        submitted with that id, or the one whose run is named so (`12-2`: the second job 12 here); a
-        sweep's task `12_3`."""
+        submitted with that id, or the one whose run is named so (`12-2`: the second job 12 here, and
+        `12-1` the first, whose run is `12`); a sweep's task `12_3`."""
         if job_id is not None and (task := _TASK.match(job_id)):
             return self.find(task[1], cluster).of_task(int(task[2]))
         if job_id is not None and not (_JOB_ID.match(job_id) or _RUN_NAME.match(job_id)):
@@ -166,7 +166,14 @@ class Ledger:
         records = [
             record
             for record in self.all()
-            if cluster in (None, record.cluster, record.where) and job_id in (None, record.job_id, record.run)
+            if cluster in (None, record.cluster, record.where)
+            and job_id
+            in (
+                None,
+                record.job_id,
+                record.run,
+                *((f"{record.run}-1",) if record.run == record.job_id else ()),
+            )
         ]
         if not records:
             where = f" on cluster {cluster}" if cluster else ""

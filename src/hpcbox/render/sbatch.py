@@ -43,6 +43,8 @@ from hpcbox.units import format_time
 CHECKPOINTED_EXIT = 75
 # In a job's run folder (an array task's own): the program's exit status, written as the script ends it.
 OUTCOME_FILE = ".hpcbox-exit"
+# In a job's run folder: the name of the submission it is the folder of (JobInputs.submission).
+SUBMISSION_FILE = ".hpcbox-submission"
 GPU_SAMPLE_INTERVAL_S = 30
 # What a process started by srun learns of its place in the job (MPI and most launchers read these).
 SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")
@@ -149,6 +151,8 @@ class JobInputs:
     # An earlier job's run folder (absolute), whose results and checkpoints this job starts from.
     resume_from: str | None = None
     resumes: str | None = None  # that job, as people name it
+    # This submission's own name (its script's), which marks its run folder as its own.
+    submission: str | None = None
 
     @classmethod
     def defaults(cls, project: str, **given: str | None) -> JobInputs:
@@ -250,7 +254,7 @@ def job_script(
         "set -euo pipefail",
         _prelude(profile),
         _variables(profile, resources, inputs, dialect),
-        _functions(profile, resources, command, dialect),
+        _functions(profile, resources, inputs, command, dialect),
         _sweep_point(sweep) if sweep else "",
         _stage_in(profile, resources, inputs, dialect),
         _sampler(resources),
@@ -424,6 +428,7 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             f'job_key="{job_key}"',
             f'run_dir={_path(inputs.runs_dir)}/"$job_key"',
             *([f"resume_from={shlex.quote(inputs.resume_from)}"] if inputs.resume_from else []),
+            *([f"submission={shlex.quote(inputs.submission)}"] if inputs.submission else []),
             f"job_scratch={job_scratch(profile, dialect)}",
             'trainer_pid=""',
             'sampler_pid=""',
@@ -449,7 +454,11 @@ def job_scratch(profile: ClusterProfile, dialect: Dialect = SLURM) -> str:
 
 
 def _functions(
-    profile: ClusterProfile, resources: Resources, command: ContainerCommand | Steps, dialect: Dialect
+    profile: ClusterProfile,
+    resources: Resources,
+    inputs: JobInputs,
+    command: ContainerCommand | Steps,
+    dialect: Dialect,
 ) -> str:
     each_node = f'{_SRUN_EACH_NODE} "$@"' if resources.nodes > 1 else '"$@"'
     janitor_cleanup = _bash("janitor_cleanup") if dialect.steps else ""
@@ -483,6 +492,9 @@ def _functions(
         killed_by=dialect.killed_by,
         cancel_command=dialect.cancel_command,
         janitor_cleanup=janitor_cleanup,
+        mark_run_dir=f'\n    printf \'%s\\n\' "$submission" >"$run_dir/{SUBMISSION_FILE}"'
+        if inputs.submission
+        else "",
         retry=retry,
         signals=dialect.signals,
         signal_trainer=signal_trainer,
@@ -533,9 +545,11 @@ def _stage_in(profile: ClusterProfile, resources: Resources, inputs: JobInputs, 
         after_setup=" after the profile's setup" if setup else "",
         setup=", setup" if setup else "",
     )
+    own_run_dir = _bash("own_run_dir", marker=SUBMISSION_FILE) + "\n" if inputs.submission else ""
     return _bash(
         "stage_in",
         runtime_check=runtime_check + "\n",
+        own_run_dir=own_run_dir,
         job_id=dialect.job_id,
         janitor=janitor,
         sif_dir=sif_dir,

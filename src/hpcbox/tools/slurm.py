@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import posixpath
 import re
 import shlex
 import tempfile
@@ -80,6 +81,17 @@ class JobState:
     nodes: str = ""
     source: str = ""  # squeue or sacct
     note: str = ""  # what is not known, and why (e.g. the exit code while accounting does not answer)
+    # Its batch script's path and when it was submitted (last requeued), as Slurm says them; "" where
+    # it does not (sacct before Slurm 23.02 has no SubmitLine).
+    script: str = ""
+    submitted: str = ""
+
+    def is_of(self, script: str) -> bool:
+        """Whether this is the job whose batch script is ``script`` (unknown on either side: taken so).
+        By file name, which hpcbox makes its own for each submission: Slurm records the folder as the
+        login node's getcwd() gave it, which may differ from the one hpcbox named (a home folder that
+        is a link to a parallel file system's)."""
+        return not script or not self.script or posixpath.basename(self.script) == posixpath.basename(script)
 
     @property
     def finished(self) -> bool:
@@ -122,7 +134,9 @@ def parse_job_id(parsable: str) -> str:
     return job_id
 
 
-_SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N"
+# The batch script (%o, absolute) and submit time (%V) last: they tell a job from another given its id
+# before (module doc of IdReused).
+_SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N|%V|%o"
 # sacct gives up on a slurmdbd that takes the connection but never answers only after 40 s (measured on
 # Slurm 24.11); hpcbox waits this long, then says that accounting does not answer.
 SACCT_TIMEOUT_S = 10
@@ -143,26 +157,62 @@ class AccountingSilent(HpcboxError):
         )
 
 
-_STATE_FIELDS = ("JobID", "State", "Reason", "Elapsed", "Timelimit", "ExitCode", "NodeList")
+class IdReused(HpcboxError):
+    """Slurm's job of this id is another job: Slurm numbers jobs again from FirstJobId once its
+    controller is rebuilt with its state, and wraps at MaxJobId. The batch script tells them apart
+    (requeues keep it; they reset the submit time, so that alone cannot)."""
+
+    def __init__(self, job_id: str, script: str, other: JobState) -> None:
+        submitted = f", submitted {other.submitted}" if other.submitted else ""
+        super().__init__(
+            f"job {job_id} is no longer known to Slurm: its id now names another job ({other.script}"
+            f"{submitted}), not this one ({script})",
+            "Slurm gave the id again (its controller was rebuilt, or its ids wrapped): what this job copied "
+            "back is in its run folder (`hpcbox fetch`)",
+        )
 
 
-def parse_squeue(text: str, job_id: str) -> JobState | None:
+# The batch script and submit time last: SubmitLine is free text, which may hold the delimiter.
+_STATE_FIELDS = (
+    "JobID", "State", "Reason", "Elapsed", "Timelimit", "ExitCode", "NodeList", "Submit", "WorkDir",
+    "SubmitLine",
+)  # fmt: skip
+# What sacct before Slurm 23.02 does not know: the script is then told by squeue alone.
+_NEWER_STATE_FIELDS = ("SubmitLine",)
+
+
+def parse_squeue(text: str, job_id: str, squeue_format: str = _SQUEUE_FORMAT) -> JobState | None:
+    """Job ``job_id``'s line of `squeue --format=SQUEUE_FORMAT` (this one's, or the first six fields
+    of it, as before: the captured outputs of older Slurms are in that form)."""
+    return next((state for state in _squeue_lines(text, squeue_format) if state.job_id == job_id), None)
+
+
+def _squeue_lines(text: str, squeue_format: str) -> Iterable[JobState]:
+    count = squeue_format.count("|") + 1
     for line in text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 6 and fields[0] == job_id:
-            state, reason, elapsed, limit, nodes = fields[1:]
-            return JobState(job_id, state, reason, elapsed, limit, "", _assigned(nodes), "squeue")
-    return None
+        fields = line.strip().split("|", count - 1)
+        if len(fields) != count:
+            continue
+        job_id, state, reason, elapsed, limit, nodes, *known = fields
+        submitted, script = known or ("", "")
+        yield JobState(
+            job_id, state, reason, elapsed, limit, "", _assigned(nodes), "squeue", script=script,
+            submitted=submitted,
+        )  # fmt: skip
 
 
 def parse_sacct(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
     """Rows of `sacct --noheader --parsable2 --format=<fields>`, one per job, step or task line, by field;
     ValueError on a line in another format."""
-    rows = []
+    rows: list[dict[str, str]] = []
+    free_text = fields[-1] == "SubmitLine"
     for line in text.splitlines():
         if not line.strip():
             continue
-        values = line.split("|")
+        values = line.split("|", len(fields) - 1 if free_text else -1)
+        if free_text and rows and len(values) < len(fields):
+            rows[-1]["SubmitLine"] += "\n" + line  # `sbatch --wrap` with lines in it: all of them its own
+            continue
         if len(values) != len(fields):
             raise ValueError(
                 f"sacct line has {len(values)} fields, expected {len(fields)} "
@@ -172,14 +222,15 @@ def parse_sacct(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
     return rows
 
 
-def accounted_state(text: str, job_id: str) -> JobState | None:
-    """The allocation's state from sacct's lines (JobID exactly ``job_id``); the last one when the job
-    was requeued."""
-    found = None
-    for row in parse_sacct(text, _STATE_FIELDS):
-        if row["JobID"] == job_id:
-            found = _state_of(row)
-    return found
+def accounted_states(text: str, job_id: str, fields: Sequence[str] = _STATE_FIELDS) -> list[JobState]:
+    """Each run sacct keeps of job ``job_id`` (`--duplicates`: a requeued job's earlier runs, and the
+    jobs an id named before), oldest first."""
+    return [run for run in accounted_runs(text, fields) if run.job_id == job_id]
+
+
+def accounted_runs(text: str, fields: Sequence[str] = _STATE_FIELDS) -> list[JobState]:
+    """Each allocation line of `sacct -X --duplicates` (an array's tasks, each run), oldest first."""
+    return sorted((_state_of(row) for row in parse_sacct(text, fields)), key=lambda run: run.submitted)
 
 
 def _state_of(row: dict[str, str]) -> JobState:
@@ -187,8 +238,27 @@ def _state_of(row: dict[str, str]) -> JobState:
     state = row["State"].split()[0] if row["State"] else ""
     return JobState(
         row["JobID"], state, row["Reason"], row["Elapsed"], row["Timelimit"], row["ExitCode"],
-        _assigned(row["NodeList"]), "sacct",
+        _assigned(row["NodeList"]), "sacct", script=_script_of(row), submitted=row.get("Submit", ""),
     )  # fmt: skip
+
+
+def _script_of(row: dict[str, str]) -> str:
+    """The batch script sacct's row was submitted with: SubmitLine's last word (hpcbox submits
+    `sbatch --parsable scripts/NAME`), from its WorkDir; "" where sacct has no SubmitLine."""
+    words = row.get("SubmitLine", "").split()
+    if not words or not row.get("WorkDir"):
+        return ""
+    return posixpath.join(row["WorkDir"], words[-1])
+
+
+def _own(runs: Iterable[JobState], job_id: str, script: str) -> list[JobState]:
+    """The runs that are the job whose batch script is ``script``; IdReused where there are runs of the
+    id and none is."""
+    runs = list(runs)
+    own = [run for run in runs if run.is_of(script)]
+    if runs and not own:
+        raise IdReused(job_id, script, runs[-1])
+    return own
 
 
 def _assigned(nodes: str) -> str:
@@ -196,27 +266,36 @@ def _assigned(nodes: str) -> str:
     return "" if nodes in ("None assigned", "(null)") else nodes
 
 
-def parse_tasks(sacct_text: str, squeue_text: str, job_id: str) -> dict[int, JobState]:
-    """Each task of array job ``job_id``: its sacct line (the last, if it was requeued), or squeue's
-    while Slurm still holds the task (`squeue --array` lists pending tasks one by one)."""
+def parse_tasks(
+    sacct_text: str,
+    squeue_text: str,
+    job_id: str,
+    script: str = "",
+    fields: Sequence[str] = _STATE_FIELDS,
+    squeue_format: str = _SQUEUE_FORMAT,
+) -> dict[int, JobState]:
+    """Each task of array job ``job_id`` whose batch script is ``script``: its sacct line (the last, if
+    it was requeued), or squeue's while Slurm still holds the task (`squeue --array` lists pending
+    tasks one by one). IdReused where Slurm knows only another job's tasks by the id."""
     task = re.compile(rf"^{re.escape(job_id)}_(\d+)$")
+    accounted = sorted(
+        (_state_of(row) for row in parse_sacct(sacct_text, fields) if task.match(row["JobID"])),
+        key=lambda run: run.submitted,
+    )
+    queued = [state for state in _squeue_lines(squeue_text, squeue_format) if task.match(state.job_id)]
     tasks: dict[int, JobState] = {}
-    for row in parse_sacct(sacct_text, _STATE_FIELDS):
-        if found := task.match(row["JobID"]):
-            tasks[int(found.group(1))] = _state_of(row)
-    for line in squeue_text.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 6 and (found := task.match(fields[0])) and fields[1] not in FINISHED_STATES:
-            state, reason, elapsed, limit, nodes = fields[1:]
-            tasks[int(found.group(1))] = JobState(
-                fields[0], state, reason, elapsed, limit, "", _assigned(nodes), "squeue"
-            )
+    for run in _own(accounted, job_id, script):
+        tasks[int(task.match(run.job_id).group(1))] = run  # type: ignore[union-attr]
+    for run in _own(queued, job_id, script):
+        if not run.finished:
+            tasks[int(task.match(run.job_id).group(1))] = run  # type: ignore[union-attr]
     return dict(sorted(tasks.items()))
 
 
-def task_states(connection: ssh.Connection, job_id: str) -> dict[int, JobState]:
-    """The state of each task of array job ``job_id``, by task id."""
-    accounted = _sacct_states(connection, job_id)
+def task_states(connection: ssh.Connection, job_id: str, script: str = "") -> dict[int, JobState]:
+    """The state of each task of array job ``job_id`` (the one whose batch script is ``script``), by
+    task id."""
+    accounted, fields = _sacct_states(connection, job_id)
     queued = connection.run(
         ["squeue", "--noheader", "--array", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
         what=f"ask squeue about the tasks of job {job_id}",
@@ -227,27 +306,40 @@ def task_states(connection: ssh.Connection, job_id: str) -> dict[int, JobState]:
         accounted.stdout if accounted.returncode == 0 else "",
         queued.stdout if queued.returncode == 0 else "",
         job_id,
+        script,
+        fields,
     )
 
 
-def job_state(connection: ssh.Connection, job_id: str) -> JobState | None:
-    """The job's state from squeue (while Slurm holds it) or else sacct; None if neither knows it."""
+def job_state(connection: ssh.Connection, job_id: str, script: str = "") -> JobState | None:
+    """The state of job ``job_id`` (the one whose batch script is ``script``, where given) from squeue
+    while Slurm holds it, or else sacct; None if neither knows it. IdReused where they know only
+    another job by the id."""
     queued = connection.run(
         ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
         what=f"ask squeue about job {job_id}",
         check=False,
     )
     state = parse_squeue(queued.stdout, job_id) if queued.returncode == 0 else None
+    other = None
+    if state is not None and not state.is_of(script):
+        state, other = None, state
     if state is not None and not state.finished:
         return state
     # Finished, or already gone from squeue: sacct also knows the exit code.
-    accounted = _sacct_states(connection, job_id)
+    accounted, fields = _sacct_states(connection, job_id)
     if accounted.returncode == 0:
-        return _read(accounted_state, accounted.stdout, job_id) or state
+        runs = _read(accounted_states, accounted.stdout, job_id, fields)
+        own = _own([*runs, *([other] if other else [])], job_id, script)
+        return (own[-1] if own else None) or state
     if accounting_silent(accounted):
         if state is None:
+            if other is not None:
+                raise IdReused(job_id, script, other)
             raise AccountingSilent(job_id)
         return dataclasses.replace(state, note="exit code unknown: Slurm's accounting does not answer")
+    if other is not None:
+        raise IdReused(job_id, script, other)
     return state
 
 
@@ -302,10 +394,16 @@ def _sacct(connection: ssh.Connection, arguments: Sequence[str], *, what: str) -
     return connection.run(argv, what=what, check=False)
 
 
-def _sacct_states(connection: ssh.Connection, job_id: str) -> proc.Completed:
-    """sacct's lines of the job (its array tasks too)."""
-    arguments = ["-X", f"--jobs={job_id}", f"--format={','.join(_STATE_FIELDS)}"]
-    return _sacct(connection, arguments, what=f"ask sacct about job {job_id}")
+def _sacct_states(connection: ssh.Connection, job_id: str) -> tuple[proc.Completed, tuple[str, ...]]:
+    """sacct's lines of each job the id has named (its array tasks too), and the fields they hold."""
+    fields = _STATE_FIELDS
+    while True:
+        arguments = ["-X", "--duplicates", f"--jobs={job_id}", f"--format={','.join(fields)}"]
+        done = _sacct(connection, arguments, what=f"ask sacct about job {job_id}")
+        unknown = unknown_field(done.stderr, _NEWER_STATE_FIELDS) if done.returncode != 0 else None
+        if unknown is None:
+            return done, fields
+        fields = tuple(field for field in fields if field != unknown)
 
 
 def accounting_silent(done: proc.Completed) -> bool:
@@ -388,14 +486,55 @@ def end_times(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, s
     return {row["JobID"]: row["End"] for row in rows if row["End"][:1].isdigit()}
 
 
-def sacct_rows(connection: ssh.Connection, job_id: str, fields: Sequence[str]) -> list[dict[str, str]]:
+def sacct_rows(
+    connection: ssh.Connection, job_id: str, fields: Sequence[str], script: str = ""
+) -> list[dict[str, str]]:
     """The accounting of the job and its steps: a row per line, ``fields`` by name. A field this
     cluster's sacct is too old to know is left empty, but Restarts (Slurm 23.02), which is counted from
-    the runs `sacct --duplicates` lists."""
+    the runs `sacct --duplicates` lists. With ``script``, the job whose batch script it is (own_rows),
+    where the id has named others too."""
+    if not script:
+        return _sacct_rows(connection, job_id, fields)
+    # The scripts from the allocations' lines alone: a step's SubmitLine is its srun's, lines and all.
+    runs, found = _sacct_states(connection, job_id)
+    if runs.returncode != 0:
+        return _sacct_rows(connection, job_id, fields)
+    asked = [*fields, *(() if "Submit" in fields else ("Submit",))]
+    rows = _sacct_rows(connection, job_id, asked, duplicates=True)
+    own = own_rows(rows, _read(accounted_runs, runs.stdout, found), job_id, script)
+    return [{field: row[field] for field in fields} for row in own]
+
+
+def own_rows(
+    rows: Sequence[dict[str, str]], runs: Sequence[JobState], job_id: str, script: str
+) -> list[dict[str, str]]:
+    """Of `sacct --duplicates`' rows of ``job_id`` (each run of each job the id has named, a run's
+    allocation line then its steps'), the latest run of each allocation (an array's task is one) of
+    the job whose batch script is ``script``, as ``runs`` (the allocations' states) tell: what sacct
+    shows of a job without --duplicates. IdReused where the id's runs are all another job's."""
+    own = {(run.job_id, run.submitted) for run in _own(runs, job_id, script)}
+    latest: dict[str, list[dict[str, str]]] = {}
+    current: list[dict[str, str]] | None = None
+    for row in rows:
+        if "." in row["JobID"]:
+            if current is not None:
+                current.append(row)
+            continue
+        kept = latest.get(row["JobID"])
+        current = None
+        if (row["JobID"], row["Submit"]) in own and (kept is None or row["Submit"] >= kept[0]["Submit"]):
+            current = latest[row["JobID"]] = [row]
+    return [row for run_rows in latest.values() for row in run_rows]
+
+
+def _sacct_rows(
+    connection: ssh.Connection, job_id: str, fields: Sequence[str], *, duplicates: bool = False
+) -> list[dict[str, str]]:
     what = f"read job {job_id}'s accounting with sacct"
     asked, missing = list(fields), []
+    every_run = ["--duplicates"] if duplicates else []
     while True:
-        done = _sacct(connection, [f"--jobs={job_id}", f"--format={','.join(asked)}"], what=what)
+        done = _sacct(connection, [*every_run, f"--jobs={job_id}", f"--format={','.join(asked)}"], what=what)
         # sacct names the first field it does not know, and prints nothing else.
         unknown = unknown_field(done.stderr, asked) if done.returncode != 0 else None
         if unknown is None:

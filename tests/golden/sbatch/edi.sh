@@ -41,6 +41,9 @@ time_up=""
 on_each_node() {
     "$@"
 }
+make_run_dir() {
+    mkdir -p "$run_dir"
+}
 
 # Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
 # pattern alone would also reach this shell (a program run by bash matches it) and the processes of
@@ -59,7 +62,7 @@ done'
 # later, finds the folder settled.
 copy_back() {
     local incoming="$run_dir.incoming" attempt
-    mkdir -p "$run_dir"
+    make_run_dir
     for attempt in 1 2 3; do
         rm -rf -- "$incoming"
         mkdir -p "$incoming"
@@ -262,7 +265,7 @@ if [[ -d $run_dir ]]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then
-    mkdir -p "$run_dir"
+    make_run_dir
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \
         --format=csv -l 30 >"$run_dir/gpu-utilization.csv" 2>&1 &
     sampler_pid=$!

@@ -39,6 +39,9 @@ time_up=""
 on_each_node() {
     srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --mem=0 "$@"
 }
+make_run_dir() {
+    mkdir -p "$run_dir"
+}
 
 # Run on each node: sends signal $1 to the processes of job $2 whose command line matches $3. A
 # pattern alone would also reach this shell (a program run by bash matches it) and the processes of
@@ -57,7 +60,7 @@ done'
 # later, finds the folder settled.
 copy_back() {
     local incoming="$run_dir.incoming" attempt
-    mkdir -p "$run_dir"
+    make_run_dir
     for attempt in 1 2 3; do
         rm -rf -- "$incoming"
         mkdir -p "$incoming"
@@ -260,7 +263,7 @@ if [[ -d $run_dir ]]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then
-    mkdir -p "$run_dir"
+    make_run_dir
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \
         --format=csv -l 30 >"$run_dir/gpu-utilization.csv" 2>&1 &
     sampler_pid=$!

@@ -41,6 +41,9 @@ time_up=""
 on_each_node() {
     "$@"
 }
+make_run_dir() {
+    mkdir -p "$run_dir"
+}
 
 # Copies the results to shared storage through a folder beside them, renaming each file into place
 # whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
@@ -49,7 +52,7 @@ on_each_node() {
 # later, finds the folder settled.
 copy_back() {
     local incoming="$run_dir.incoming" attempt
-    mkdir -p "$run_dir"
+    make_run_dir
     for attempt in 1 2 3; do
         rm -rf -- "$incoming"
         mkdir -p "$incoming"
@@ -246,7 +249,7 @@ if [[ -d $run_dir ]]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then
-    mkdir -p "$run_dir"
+    make_run_dir
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,utilization.memory,memory.used,memory.total \
         --format=csv -l 30 >"$run_dir/gpu-utilization.csv" 2>&1 &
     sampler_pid=$!
