@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
-from hpcbox.render.sbatch import OUTCOME_FILE
+from hpcbox.render.sbatch import OUTCOME_FILE, SUBMISSION_FILE
 from hpcbox.testing import cluster as session
 
 Say = Callable[[str], None]
@@ -22,7 +22,7 @@ Say = Callable[[str], None]
 CI_FOLDER = ".hpcbox/ci/last"  # under the project: git-ignored
 LOG_TAIL_LINES = 30  # what a failed job's log shows above the verdict: its traceback, usually
 # What the job script itself writes into a job's output folder (render/job.sh.in).
-JOB_SCRIPT_OWN = ("gpu-utilization.csv", ".hpcbox-steps", OUTCOME_FILE)
+JOB_SCRIPT_OWN = ("gpu-utilization.csv", ".hpcbox-steps", OUTCOME_FILE, SUBMISSION_FILE)
 
 
 @dataclass(frozen=True)
