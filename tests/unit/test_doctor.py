@@ -13,14 +13,21 @@ from hpcbox.render import profiles
 from hpcbox.survey.doctor import (
     DIFFERS,
     FAILS,
+    LOGIN,
+    LOGIN_FIX,
     OK,
+    Finding,
     Probed,
+    _how_far,
     failed,
     findings,
     parse_probes,
     probe_commands,
     probing,
     render,
+    sif_line,
+    stored_sifs,
+    try_sifs,
 )
 from hpcbox.tools import ssh
 
@@ -101,7 +108,7 @@ EXTRACTED = (
 def sif_probes(mount: dict[str, tuple[int, str]], unpacks: bool = True) -> dict[str, Probed]:
     """Each probe SIF's probe as the probe script reports it: the mount's output, and where it failed,
     the unpacking's marker line and its status (3: unpacked, it ran)."""
-    probed = {"runtime": Probed("/usr/bin/apptainer\napptainer version 1.4.5", 0), "sifs": Probed("", 0)}
+    probed = {}
     for algorithm in ("gzip", "zstd", "lzo", "xz", "lz4"):
         status, output = mount.get(algorithm, (0, ""))
         if status not in (0, 124):
@@ -111,7 +118,7 @@ def sif_probes(mount: dict[str, tuple[int, str]], unpacks: bool = True) -> dict[
 
 
 def sif_finding(profile: profiles.ClusterProfile, probed: dict[str, Probed]):
-    return next(finding for finding in findings(profile, probed) if finding.topic == "sif")
+    return sif_line(profile, probed)
 
 
 def test_a_profile_whose_compression_does_not_mount_where_another_does_fails_with_that_one():
@@ -159,15 +166,25 @@ def test_a_sif_that_neither_mounts_nor_unpacks_anywhere_sends_the_user_to_the_si
 
 
 def test_probe_sifs_that_could_not_be_made_are_a_line_saying_so_and_none_where_the_runtime_fails():
+    """Neither asks the login node anything: the connection given is never opened."""
     local = profiles.load_profile("local")
-    untried = {
-        "runtime": Probed("apptainer version 1.4.5", 0),
-        "sifs": Probed("no probe SIF for a riscv64", 1),
-    }
-    assert sif_finding(local, untried).verdict == DIFFERS
-    assert not [
-        finding for finding in findings(local, {"runtime": Probed("", 127)}) if finding.topic == "sif"
-    ]
+    nowhere = ssh.Connection(ssh.Target("login.example.org"))
+    untried = {"runtime": Probed("apptainer version 1.4.5", 0), "machine": Probed("riscv64", 0)}
+    line = try_sifs(nowhere, local, untried, print)
+    assert line == Finding(
+        DIFFERS, "sif", "not tried: no probe SIF for a riscv64", "run it where Docker runs"
+    )
+    assert try_sifs(nowhere, local, {"runtime": Probed("", 127)}, print) is None
+    found = findings(local, {"runtime": Probed("", 127)}, sif=None)
+    assert not [finding for finding in found if finding.topic == "sif"]
+
+
+def test_a_probe_sif_the_login_node_keeps_only_in_part_is_sent_again():
+    """An upload cut short at the doctor's deadline leaves part of the file under its name (rsync's
+    --partial): only a file whose content is its name counts as there."""
+    whole = "a" * 64
+    listed = Probed(f"{whole}  {whole}.sif\n{'b' * 64}  {'c' * 64}.sif", 0)
+    assert stored_sifs(listed) == {f"{whole}.sif"}
 
 
 def test_the_probes_run_at_once_under_one_deadline_and_one_that_hangs_is_named_as_such(tmp_path: Path):
@@ -190,3 +207,42 @@ def test_the_probes_run_at_once_under_one_deadline_and_one_that_hangs_is_named_a
     # At once: the deadline (4 s) and timeout's kill a second later, whatever a busy machine adds; in
     # turn the same probes would take 10 s (three of 2 s, then the hung one's 4).
     assert 3.5 < took < 9.5, took
+
+
+def test_the_probes_get_what_a_slow_login_shell_left_of_the_time_and_say_how_long_it_took():
+    """A login shell that took 1 s to start, with 4 s in all: the probes' deadline is 1 s (4, less the
+    start, less 2 for the kill and the report), not 5; with 2 s in all none is left, and the script says
+    only how long the start took."""
+    probes = {"quick": "echo here", "hangs": "exec sleep 600"}
+    done = subprocess.run(
+        ["bash", "-c", "sleep 1\n" + probing(probes, within_s=4)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    probed = parse_probes(done.stdout)
+    assert probed["quick"].output == "here" and probed["hangs"].timed_out
+    assert done.stdout.splitlines()[0] == "@@hpcbox-probe-login-took 1"
+    late = subprocess.run(
+        ["bash", "-c", "sleep 1\n" + probing(probes, within_s=2)], capture_output=True, text=True, timeout=60
+    )
+    assert late.returncode == 124 and parse_probes(late.stdout) == {}
+    assert (
+        _how_far(late.stdout, 2.2)
+        == "the login shell took 1 s to start, and its probes did not report in 2 s"
+    )
+    assert _how_far("", 17.4) == "the login shell did not start in 17 s"
+
+
+def test_no_login_shell_by_the_deadline_is_one_line_and_the_site_not_checked():
+    local = profiles.load_profile("local")
+    found = [
+        Finding(
+            FAILS,
+            LOGIN,
+            "no answer by the doctor's deadline: the login shell did not start in 17 s",
+            LOGIN_FIX,
+        )
+    ]
+    table = render(local, ssh.Target("login.example.org"), found, 18.25).splitlines()
+    assert len(table) == 3 and table[1].split()[:2] == ["fails", "login"]
+    assert table[-1] == "the site was not checked: no login shell answered by the doctor's deadline"
+    assert failed(found)

@@ -38,3 +38,42 @@ def test_input_given_to_a_program_still_reaches_it():
     lines: list[str] = []
     proc.stream(["cat"], what="echo", input_bytes=b"given\n", on_line=lines.append)
     assert lines == ["given"]
+
+
+def test_a_timed_program_is_killed_at_its_limit_with_what_it_said():
+    from hpcbox.tools import proc
+
+    with pytest.raises(proc.TimedOut) as late:
+        proc.run(["sh", "-c", "echo started; exec sleep 600"], what="wait", timeout_s=1)
+    assert late.value.output == "started\n"
+    assert late.value.message == "cannot wait: no answer within 1 s"
+
+
+def test_a_timed_stream_kills_what_its_program_started_too():
+    """rsync's ssh holds rsync's output pipe: killing rsync alone would leave the pipe open and the read
+    waiting on its child. The whole process group goes at the limit."""
+    import time
+    from pathlib import Path
+
+    from hpcbox.tools import proc
+
+    started = time.monotonic()
+    with pytest.raises(proc.TimedOut) as late:
+        proc.stream(["sh", "-c", "sleep 600 & echo $!; wait"], what="wait", on_line=print, timeout_s=1)
+    assert time.monotonic() - started < 30
+    status = Path(f"/proc/{int(late.value.output.split()[0])}/status")
+    for _ in range(50):  # killed with its parent: gone, or dead and not yet reaped by init
+        if not status.exists() or "State:\tZ" in status.read_text():
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the program's child ({status}) still runs")
+
+
+def test_a_timed_stream_that_ends_in_time_is_as_an_untimed_one():
+    from hpcbox.tools import proc
+
+    assert proc.stream(["sh", "-c", "echo one; echo two"], what="say", on_line=print, timeout_s=30) == [
+        "one",
+        "two",
+    ]

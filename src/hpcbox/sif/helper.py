@@ -62,11 +62,13 @@ def engine(
     choice: str = "auto",
     *,
     strict: bool = False,
+    build: bool = True,
     on_line: Callable[[str], None] | None = None,
     say: Callable[[str], None] = print,
 ) -> Apptainer:
     """Apptainer on the host when it has one (or ``choice`` says so), else the helper container (an
-    off-lock one refused when ``strict``)."""
+    off-lock one refused when ``strict``; built first where it is missing, refused instead without
+    ``build``: minutes, which a bounded command such as the doctor does not have)."""
     if choice not in ENGINES:
         raise HpcboxError(f"--engine: unknown engine {choice!r}", f"choose one of: {', '.join(ENGINES)}")
     if choice in ("auto", "host"):
@@ -75,7 +77,15 @@ def engine(
             return Apptainer("host", program)
         if choice == "host":
             raise HpcboxError("--engine host: neither `apptainer` nor `singularity` is on PATH", ENGINE_HINT)
-    return Apptainer("container", ensure_helper(strict=strict, on_line=on_line, say=say))
+    if build:
+        return Apptainer("container", ensure_helper(strict=strict, on_line=on_line, say=say))
+    made = _made_helper(strict)
+    if made is None:
+        raise HpcboxError(
+            "the Apptainer helper image is not built here",
+            "the first `hpcbox sif` builds it (minutes, once); or install Apptainer here",
+        )
+    return Apptainer("container", made)
 
 
 def helper_snapshot() -> str | None:

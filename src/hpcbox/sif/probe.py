@@ -78,22 +78,28 @@ def probe_sifs(
     tool: Apptainer | None = None,
     cache: Path | None = None,
     say: Callable[[str], None] = print,
+    timeout_s: float | None = None,
 ) -> list[ProbeSif]:
-    """The probe SIF of each compression in ``wanted`` for ``machine``, made once into the SIF cache."""
+    """The probe SIF of each compression in ``wanted`` for ``machine``, made once into the SIF cache.
+
+    With ``timeout_s`` (a bounded command's), making them is killed past it (proc.TimedOut), and a
+    helper image that is not built here is refused rather than built."""
     wanted = list(dict.fromkeys(wanted))
     folder = (cache or cache_dir()) / "probe"
     path_of = {compression: folder / f"{machine}.{compression.slug}.sif" for compression in wanted}
     missing = [compression for compression, path in path_of.items() if not path.exists()]
     if missing:
         say(f"hpcbox: making the probe SIFs for {machine} ({', '.join(map(str, missing))}) ...")
-        _make(machine, missing, tool or engine(say=say), folder)
+        _make(machine, missing, tool or engine(build=timeout_s is None, say=say), folder, timeout_s)
     return [
         ProbeSif(compression, path, hashlib.sha256(path.read_bytes()).hexdigest())
         for compression, path in path_of.items()
     ]
 
 
-def _make(machine: str, missing: list[SifCompression], tool: Apptainer, folder: Path) -> None:
+def _make(
+    machine: str, missing: list[SifCompression], tool: Apptainer, folder: Path, timeout_s: float | None
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     work = folder / f".work-{os.getpid()}"
     shutil.rmtree(work, ignore_errors=True)
@@ -117,7 +123,7 @@ def _make(machine: str, missing: list[SifCompression], tool: Apptainer, folder: 
                 Command("apptainer", ("sif", "add", "--groupid", "1", "--datatype", "4", "--partfs", "1",
                                       "--parttype", "2", "--partarch", str(architecture), sif, squashfs)),
             ]  # fmt: skip
-        tool.script(steps, work, what="make the probe SIFs")
+        tool.script(steps, work, what="make the probe SIFs", timeout_s=timeout_s)
         for compression in missing:
             made = work / f"{compression.slug}.sif"
             normalise_header(made, 0, f"hpcbox probe {machine} {compression}")

@@ -12,7 +12,8 @@ node and said so: login and compute nodes usually share their software, not alwa
 Then the login node runs a probe SIF of each compression hpcbox may ship (sif.probe: a few kilobytes,
 made here once, kept there under its content address): whether the site's runtime mounts a SIF of the
 profile's compression is known before a real one is built or uploaded. All of it goes through one SSH
-connection.
+connection, and all of it under one deadline (BOUND_S): whatever the login node does, the table comes by
+then, what did not answer in time named as such.
 """
 
 from __future__ import annotations
@@ -34,9 +35,15 @@ from hpcbox.sif import probe
 from hpcbox.sif.compression import SifCompression, fastest
 from hpcbox.store import PRIVATE
 from hpcbox.store.ship import DEFAULT_REMOTE_ROOT
-from hpcbox.tools import slurm, ssh
+from hpcbox.tools import proc, slurm, ssh
 from hpcbox.units import format_time, parse_time
 
+# The doctor's promise: its table within BOUND_S of its start (its SSH connection), whatever the login node
+# does: a login shell that never starts, an upload that stalls. Opening the connection, each SSH command
+# and the making of the probe SIFs get the time left to one deadline _RESERVE_S before it, and are killed
+# at it (the login shells by `timeout` there too); the reserve is for that kill and the table.
+BOUND_S = 20
+_RESERVE_S = 1
 # The deadline of each round of probes on the login node (they run at once): the facts, then the probe
 # SIFs. Beside them the command pays one SSH connection and one login shell a round, so however slow the
 # site's accounting is, it takes the two deadlines and two login shells at most.
@@ -45,11 +52,17 @@ PROBE_DEADLINE_S = 5
 # busy login node (seen under the test suite's three lanes on two cores).
 SIF_DEADLINE_S = 8
 _MARK = "@@hpcbox-probe"
+_STARTED = f"{_MARK}-login-took"  # the script's first line, with the seconds the login shell took to start
 PROBE_SIFS = f"{DEFAULT_REMOTE_ROOT}/images/probe"  # under the login's home, named by content
 # What Apptainer says when it runs a SIF it cannot mount by extracting it to a folder first, every time.
 _EXTRACTED = "Converting SIF file to temporary sandbox"
 
 OK, DIFFERS, FAILS = "ok", "differs", "fails"
+LOGIN = "login"  # the topic of the one line where no login shell answered: the site was not checked
+LESS_BUSY = "run the doctor again when the login node is less busy"
+LOGIN_FIX = (
+    "check ~/.bash_profile, ~/.bashrc and /etc/profile.d/ on the login node: a login shell waits there"
+)
 
 
 @dataclass(frozen=True)
@@ -116,7 +129,8 @@ def probe_commands(profile: ClusterProfile) -> dict[str, str]:
         "areas": areas or ":",
         "quota": 'quota -s 2>/dev/null || lfs quota -h -u "$USER" "$HOME" 2>/dev/null',
         "machine": "uname -m",
-        "probe_sifs": f"ls {PROBE_SIFS} 2>/dev/null || true",
+        # By content, not name: an upload cut short (at the doctor's deadline) leaves part of one there.
+        "probe_sifs": f"cd {PROBE_SIFS} 2>/dev/null && sha256sum -- *.sif 2>/dev/null || true",
     }
     return probes
 
@@ -127,13 +141,26 @@ def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
     return shlex.quote(profile.apptainer.command), setup
 
 
-def probing(probes: Mapping[str, str], *, deadline_s: int = PROBE_DEADLINE_S) -> str:
+def probing(
+    probes: Mapping[str, str], *, deadline_s: int = PROBE_DEADLINE_S, within_s: int | None = None
+) -> str:
     """The bash that runs every one of ``probes`` (name -> bash) at once, each in its own bash under
     `timeout` with the one deadline, then prints each one's output after a marker line naming it and
     its status after that (parse_probes reads them back). `ask` runs it in one login shell: a site's
-    `module` is a function its login profile defines, and its functions are exported to the probes."""
+    `module` is a function its login profile defines, and its functions are exported to the probes.
+
+    Its first line says how long the login shell took to start. ``within_s``: the seconds the shell has
+    in all, from its start; the probes' deadline is then what the start left of them, less 2 s for
+    their kill and report, where that is less than ``deadline_s`` (with none left it exits 124)."""
+    budget = (
+        f"deadline={deadline_s}\n"
+        if within_s is None
+        else f"deadline=$(( {within_s} - SECONDS - 2 ))\n"
+        f"if (( deadline > {deadline_s} )); then deadline={deadline_s}; fi\n"
+        "if (( deadline < 1 )); then exit 124; fi\n"
+    )
     started = "\n".join(
-        f'( timeout -k 1 {deadline_s} bash -c {shlex.quote(body)} >"$probes/{number}" 2>&1 </dev/null\n'
+        f'( timeout -k 1 "$deadline" bash -c {shlex.quote(body)} >"$probes/{number}" 2>&1 </dev/null\n'
         f'  echo $? >"$probes/{number}.status" ) >/dev/null 2>&1 &'
         for number, body in enumerate(probes.values())
     )
@@ -144,11 +171,17 @@ def probing(probes: Mapping[str, str], *, deadline_s: int = PROBE_DEADLINE_S) ->
         for number, name in enumerate(probes)
     )
     return (
+        f'echo {_STARTED} "$SECONDS"\n'
+        f"{budget}"
         "probes=$(mktemp -d) || exit 1\n"
         "trap 'rm -rf \"$probes\"' EXIT\n"
         'while read -r _ _ function; do export -f "$function"; done < <(declare -F)\n'
         f"{started}\nwait\n{reported}\n"
     )
+
+
+class Unanswered(HpcboxError):
+    """No login shell answered by the connection's deadline; the message says how far it got."""
 
 
 def ask(
@@ -160,10 +193,37 @@ def ask(
     deadline_s: int = PROBE_DEADLINE_S,
 ) -> dict[str, Probed]:
     """Each of ``probes`` as the login node at the other end of ``connection`` answers it (NOT_RUN for
-    one the script did not report), in one login shell, within ``deadline_s`` and a second more."""
-    done = connection.run(["bash", "-lc", probing(probes, deadline_s=deadline_s)], what=what, hint=hint)
+    one the script did not report), in one login shell, within ``deadline_s`` and a second more.
+
+    Where the connection has a deadline, the login shell gets the time left to it (ended by `timeout`
+    there, the ssh killed here at it): one that has not reported by then raises Unanswered."""
+    left = connection.seconds_left()
+    # A second short of the time left: `timeout` there kills the login shell before ssh is killed here.
+    within = None if left is None else int(left) - 1
+    if within is not None and within < 1:
+        raise Unanswered("no time was left for a login shell")
+    command = ["bash", "-lc", probing(probes, deadline_s=deadline_s, within_s=within)]
+    if within is not None:
+        command = ["timeout", "-k", "1", str(within), *command]
+    started = time.monotonic()
+    try:
+        done = connection.run(command, what=what, hint=hint, check=False)
+    except proc.TimedOut as late:
+        raise Unanswered(_how_far(late.output, time.monotonic() - started)) from late
     found = parse_probes(done.stdout)
+    if within is not None and done.returncode in (124, 137) and not found:
+        raise Unanswered(_how_far(done.stdout, time.monotonic() - started))
+    if done.returncode != 0 and not found:
+        raise proc.failure(what, done.returncode, done.stderr or done.stdout, hint, done.argv)
     return {name: found.get(name, NOT_RUN) for name in probes}
+
+
+def _how_far(said: str, seconds: float) -> str:
+    """How far a login shell that did not report got, from what the probe script ``said``."""
+    took = next((line.split()[-1] for line in said.splitlines() if line.startswith(f"{_STARTED} ")), None)
+    if took is None:
+        return f"the login shell did not start in {seconds:.0f} s"
+    return f"the login shell took {took} s to start, and its probes did not report in {seconds:.0f} s"
 
 
 # Where a probe SIF did not mount, its probe says so on a line of its own and unpacks it (exit 3 if that
@@ -217,9 +277,13 @@ def parse_probes(text: str) -> dict[str, Probed]:
 def examine(
     connection: ssh.Connection, profile: ClusterProfile, *, say: Callable[[str], None] = print
 ) -> list[Finding]:
-    """The findings for ``profile``'s site on the other end of ``connection``."""
-    probed = probes(connection, profile)
-    return findings(profile, {**probed, **_try_sifs(connection, profile, probed, say)})
+    """The findings for ``profile``'s site on the other end of ``connection``; one `login` line where no
+    login shell answered by the connection's deadline."""
+    try:
+        probed = probes(connection, profile)
+    except Unanswered as late:
+        return [Finding(FAILS, LOGIN, f"no answer by the doctor's deadline: {late.message}", LOGIN_FIX)]
+    return findings(profile, probed, sif=try_sifs(connection, profile, probed, say))
 
 
 def probes(connection: ssh.Connection, profile: ClusterProfile) -> dict[str, Probed]:
@@ -232,46 +296,69 @@ def probes(connection: ssh.Connection, profile: ClusterProfile) -> dict[str, Pro
     )
 
 
-def _try_sifs(
+def try_sifs(
     connection: ssh.Connection,
     profile: ClusterProfile,
     probed: Mapping[str, Probed],
     say: Callable[[str], None],
-) -> dict[str, Probed]:
-    """The probe SIFs run on the login node, uploaded first where it lacks them; a `sifs` entry says
-    why none ran where they could not be made."""
+) -> Finding | None:
+    """The `sif` line: the probe SIFs run on the login node, uploaded first where it lacks them, or why
+    none ran (not made, not sent or not run by the connection's deadline); None where the runtime line
+    fails already."""
     if not probed.get("runtime", NOT_RUN).answered:
-        return {}  # the runtime line fails already: nothing runs a SIF
+        return None  # nothing runs a SIF
     machine = probed.get("machine", NOT_RUN)
     if not machine.answered or machine.output not in probe.MACHINES:
-        return {"sifs": Probed(f"no probe SIF for a {machine.output or 'machine uname -m does not name'}", 1)}
+        seen = f"no probe SIF for a {machine.output or 'machine uname -m does not name'}"
+        return _untried(seen, "run it where Docker runs")
     wanted = [fastest(profile.apptainer.compression.algorithm), *probe.compressions()]
+    again = "run the doctor again (what was made or sent is kept)"
     try:
-        made = probe.probe_sifs(machine.output, wanted, say=say)
+        made = probe.probe_sifs(machine.output, wanted, say=say, timeout_s=connection.seconds_left())
+    except proc.TimedOut:
+        return _untried("the probe SIFs were not made here by the doctor's deadline", again)
     except HpcboxError as failed:
-        return {"sifs": Probed(f"the probe SIFs could not be made here: {failed.message}", 1)}
-    there = set(probed.get("probe_sifs", Probed("", 0)).output.split())
+        return _untried(f"the probe SIFs could not be made here: {failed.message}", failed.hint)
+    there = stored_sifs(probed.get("probe_sifs", Probed("", 0)))
     missing = [sif for sif in made if sif.name not in there]
-    if missing:
-        # The user's alone, as everything hpcbox makes under its root.
-        connection.run(
-            f"umask {PRIVATE.umask} && mkdir -p {shlex.quote(PROBE_SIFS)}",
-            what=f"make {PROBE_SIFS} on {connection.target.address}",
-        )
-        for sif in missing:
-            connection.upload(sif.path, f"{PROBE_SIFS}/{sif.name}")
     paths = {sif.compression: f"{PROBE_SIFS}/{sif.name}" for sif in made}
-    tried = ask(
-        connection,
-        sif_commands(profile, paths),
-        what=f"run the probe SIFs on {connection.target.address}",
-        deadline_s=SIF_DEADLINE_S,
-    )
-    return {"sifs": Probed("", 0), **tried}
+    try:
+        if missing:
+            # The user's alone, as everything hpcbox makes under its root.
+            connection.run(
+                f"umask {PRIVATE.umask} && mkdir -p {shlex.quote(PROBE_SIFS)}",
+                what=f"make {PROBE_SIFS} on {connection.target.address}",
+            )
+            for sif in missing:
+                connection.upload(sif.path, f"{PROBE_SIFS}/{sif.name}")
+        tried = ask(
+            connection,
+            sif_commands(profile, paths),
+            what=f"run the probe SIFs on {connection.target.address}",
+            deadline_s=SIF_DEADLINE_S,
+        )
+    except proc.TimedOut:
+        return _untried("no answer by the doctor's deadline: the probe SIFs were not sent in time", again)
+    except Unanswered as late:
+        return _untried(f"no answer by the doctor's deadline: {late.message}", LESS_BUSY)
+    return sif_line(profile, tried)
 
 
-def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Finding]:
-    """Every check, in the order the table shows them."""
+def stored_sifs(listed: Probed) -> set[str]:
+    """The probe SIFs the login node keeps whole (``listed``: `sha256sum` of each): their names."""
+    pairs = (line.split() for line in listed.output.splitlines())
+    return {pair[1] for pair in pairs if len(pair) == 2 and pair[1] == f"{pair[0]}.sif"}
+
+
+def _untried(seen: str, fix: str) -> Finding:
+    return Finding(DIFFERS, "sif", f"not tried: {seen}", fix)
+
+
+def findings(
+    profile: ClusterProfile, probed: Mapping[str, Probed], *, sif: Finding | None = None
+) -> list[Finding]:
+    """Every check, in the order the table shows them (``sif``: the probe SIFs' line, where they were
+    tried)."""
     get = lambda name: probed.get(name, NOT_RUN)  # noqa: E731
     return [
         _slurm(profile, get("slurm")),
@@ -280,7 +367,7 @@ def findings(profile: ClusterProfile, probed: Mapping[str, Probed]) -> list[Find
         _accounts(profile, get("associations")),
         _runtime(profile, get("runtime"), get("module")),
         _mounting(profile, get("userns"), get("fuse"), get("setuid")),
-        *([_sif(profile, probed)] if "sifs" in probed else []),
+        *([sif] if sif is not None else []),
         *_areas(profile, get("areas")),
         _quota(get("quota")),
     ]
@@ -479,13 +566,11 @@ def _sif_outcome(probed: Mapping[str, Probed], algorithm: str) -> tuple[str, str
     return "fails", reason
 
 
-def _sif(profile: ClusterProfile, probed: Mapping[str, Probed]) -> Finding:
+def sif_line(profile: ClusterProfile, probed: Mapping[str, Probed]) -> Finding:
     """Whether the site's runtime mounts a SIF of the compression the profile ships, as the probe SIFs
-    found. Where it does not and the profile does not say so (``fuse = false``), every job would unpack
-    or extract the SIF on each of its nodes (minutes and gigabytes for a CUDA SIF): the line fails, with
-    a compression that mounts where one does."""
-    if probed["sifs"].status != 0:
-        return Finding(DIFFERS, "sif", f"not tried: {probed['sifs'].output}", "run it where Docker runs")
+    (``probed``: `sif:<algorithm>` each) found. Where it does not and the profile does not say so
+    (``fuse = false``), every job would unpack or extract the SIF on each of its nodes (minutes and
+    gigabytes for a CUDA SIF): the line fails, with a compression that mounts where one does."""
     shipped = profile.apptainer.compression.algorithm
     outcomes = {
         algorithm: _sif_outcome(probed, algorithm)
@@ -504,9 +589,7 @@ def _sif(profile: ClusterProfile, probed: Mapping[str, Probed]) -> Finding:
             return Finding(OK, "sif", f"{seen}: jobs unpack it once, as the profile says (fuse = false)")
         return Finding(FAILS, "sif", seen, "[apptainer] fuse = false: jobs unpack it once to node scratch")
     if outcome == "unanswered":
-        return Finding(
-            DIFFERS, "sif", f"{mine}: {reason}", "run the doctor again when the login node is less busy"
-        )
+        return Finding(DIFFERS, "sif", f"{mine}: {reason}", LESS_BUSY)
     seen = f"{mine} does not mount on the login node: {reason}"
     if outcome == "unpacks" and profile.apptainer.fuse is False:
         return Finding(OK, "sif", f"{seen}; jobs unpack it, as the profile says (fuse = false)")
@@ -549,7 +632,9 @@ def render(profile: ClusterProfile, target: ssh.Target, found: list[Finding], se
     verdict = (
         f"{failing} check{'s' if failing != 1 else ''} would fail a job" if failing else "a job would run"
     )
-    if differing:
+    if any(finding.topic == LOGIN for finding in found):
+        verdict = "the site was not checked: no login shell answered by the doctor's deadline"
+    elif differing:
         verdict += f"; {differing} line{'s' if differing != 1 else ''} where the profile differs"
     header = f"hpcbox doctor: {profile.name} at {target.address}, {seconds:.1f} s"
     return "\n".join([header, *(finding.line() for finding in found), verdict]) + "\n"
@@ -566,7 +651,8 @@ def check(
     if profile.lsf:
         raise HpcboxError(f"{profile.name} uses LSF: hpcbox doctor speaks Slurm")
     started = time.monotonic()
-    with ssh.Connection(target) as connection:
+    deadline = proc.Deadline(started + BOUND_S - _RESERVE_S)
+    with ssh.Connection(target, deadline=deadline) as connection:
         found = examine(connection, profile, say=say)
     return render(profile, target, found, time.monotonic() - started), failed(found)
 

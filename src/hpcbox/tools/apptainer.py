@@ -185,8 +185,10 @@ class Apptainer:
         what: str,
         mounts: bool = False,
         on_line: Callable[[str], None] | None = None,
+        timeout_s: float | None = None,
     ) -> list[str]:
-        """Run several commands as one shell script (one helper container, not one per command)."""
+        """Run several commands as one shell script (one helper container, not one per command), killed
+        past ``timeout_s`` (proc.TimedOut)."""
         lines = ["set -e"]
         for command in commands:
             program = self.program if command.tool == "apptainer" and self.kind == "host" else command.tool
@@ -200,7 +202,14 @@ class Apptainer:
         else:
             argv = self.argv("sh", ["-c", text], workdir, mounts=mounts)
         with self._helper_start_errors():
-            return proc.stream(argv, what=what, hint=self._hint(), cwd=workdir, on_line=on_line or _discard)
+            return proc.stream(
+                argv,
+                what=what,
+                hint=self._hint(),
+                cwd=workdir,
+                on_line=on_line or _discard,
+                timeout_s=timeout_s,
+            )
 
     def versions(self, workdir: Path, *, libdeflate: bool = False) -> str:
         """Apptainer's and mksquashfs's versions on one line (and, with ``libdeflate``, libdeflate's where
@@ -235,7 +244,7 @@ class Apptainer:
         try:
             yield
         except HpcboxError as exc:
-            if self.kind != "container":
+            if self.kind != "container" or isinstance(exc, proc.TimedOut):
                 raise
             line = _daemon_line(f"{exc.message}\n{exc.details}")
             if line is None:

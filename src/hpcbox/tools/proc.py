@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +29,33 @@ class Completed:
     returncode: int
     stdout: str
     stderr: str
+
+
+class TimedOut(HpcboxError):
+    """A program killed at its time limit; ``output``: what it had printed by then."""
+
+    def __init__(self, message: str, hint: str = "", *, output: str = "") -> None:
+        super().__init__(message, hint)
+        self.output = output
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """An instant on the monotonic clock that a run of programs must end by: each program gets the
+    time left (`left`) as its own time limit, so that together they end by it."""
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def left(self) -> float:
+        """The seconds left, never below 0 (a program then gets no time)."""
+        return max(0.0, self.at - time.monotonic())
+
+    def later_by(self, seconds: float) -> Deadline:
+        return Deadline(self.at + seconds)
 
 
 def require(program: str, hint: str) -> str:
@@ -68,7 +98,8 @@ def run(
     except FileNotFoundError as exc:
         raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
     except subprocess.TimeoutExpired as exc:
-        raise HpcboxError(f"cannot {what}: no answer within {timeout_s:.0f} s", hint) from exc
+        said = (exc.stdout or b"").decode(errors="replace")
+        raise TimedOut(f"cannot {what}: no answer within {timeout_s:.0f} s", hint, output=said) from exc
     done = Completed(
         tuple(argv),
         proc.returncode,
@@ -100,13 +131,15 @@ def stream(
     on_line: Callable[[str], None] | None = None,
     tail_lines: int = TAIL_LINES,
     carriage_returns: bool = False,
+    timeout_s: float | None = None,
 ) -> list[str]:
     """Run ``argv`` with stdout and stderr merged, handing each line to ``on_line`` as it comes.
 
     ``input_bytes``, if given, is written to the program's stdin from a thread (so a large input
     cannot deadlock against unread output). ``carriage_returns`` also ends a line at "\r", where
     progress meters (rsync's) redraw one line. Returns the last ``tail_lines`` lines; on failure
-    raises with them as details.
+    raises with them as details. ``timeout_s`` bounds it: past it the program and every process it
+    started are killed (TimedOut).
     """
     echo = on_line if on_line is not None else _print_line
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
@@ -118,12 +151,32 @@ def stream(
             stdin=subprocess.PIPE if input_bytes is not None else (stdin or subprocess.DEVNULL),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            # Timed, in a process group of its own: what it starts (rsync's ssh) holds the output pipe
+            # too, and is killed with it at the limit, or reading the pipe would wait on it.
+            process_group=0 if timeout_s is not None else None,
         )
     except FileNotFoundError as exc:
         raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
     assert proc.stdout is not None
     if input_bytes is not None:
         threading.Thread(target=_feed, args=(proc.stdin, input_bytes), daemon=True).start()
+    fired = threading.Event()
+
+    def kill() -> None:
+        if timeout_s is None:
+            proc.kill()
+            return
+        with contextlib.suppress(ProcessLookupError):  # the whole group ended already
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop() -> None:
+        fired.set()
+        kill()
+
+    limit = threading.Timer(timeout_s, stop) if timeout_s is not None else None
+    if limit is not None:
+        limit.daemon = True
+        limit.start()
     try:
         with proc.stdout:
             for raw in _lines(proc.stdout, carriage_returns):
@@ -134,10 +187,15 @@ def stream(
                 echo(line)
     except BaseException:
         # Interrupted (Ctrl-C while following a log): the program goes with us, not on in the background.
-        proc.kill()
+        kill()
         proc.wait()
         raise
+    finally:
+        if limit is not None:
+            limit.cancel()  # before the wait: until then the group's leader is there to be killed
     returncode = proc.wait()
+    if fired.is_set() and returncode != 0:
+        raise TimedOut(f"cannot {what}: no answer within {timeout_s:.0f} s", hint, output="\n".join(tail))
     if returncode != 0:
         raise failure(what, returncode, "\n".join(tail), hint, argv)
     return list(tail)

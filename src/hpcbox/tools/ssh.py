@@ -240,11 +240,17 @@ def _claimed(lock: Path) -> IO[str] | None:
 
 
 def _ask_master(
-    control_path: Path, target: Target, request: list[str], *, what: str, check: bool = False
+    control_path: Path,
+    target: Target,
+    request: list[str],
+    *,
+    what: str,
+    check: bool = False,
+    timeout_s: float | None = None,
 ) -> proc.Completed:
     """Ask the master connection at ``control_path`` itself (`ssh -O ...`)."""
     argv = [proc.require("ssh", INSTALL_HINT), "-o", f"ControlPath={control_path}", *request, target.host]
-    return proc.run(argv, what=what, check=check)
+    return proc.run(argv, what=what, check=check, timeout_s=timeout_s)
 
 
 def _login_name(target: Target) -> str:
@@ -276,10 +282,16 @@ class Connection:
     error within about ``connect_timeout_s``; the master asks for a password or second factor on the
     terminal when there is one (and fails at once when there is not). A connection sshd drops before
     the key exchange (DROPPED_BEFORE_KEX) is tried again, CONNECT_ATTEMPTS times in all.
+
+    With a ``deadline``, opening it, each `run` and `stream`, and each upload and download get the time
+    left as their limit, and are killed at it (proc.TimedOut): together they end by the deadline. The
+    time ssh spends asking on the terminal (a password, a second factor) is the user's and not
+    counted. `lock`, `interactive` and `forward` are not bounded by it.
     """
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, *, deadline: proc.Deadline | None = None) -> None:
         self.target = target
+        self.deadline = deadline
         self._slot: IO[str] | None = None
         self._path: Path | None = None
         self._forwards: list[str] = []
@@ -303,7 +315,11 @@ class Connection:
 
     def _master_answers(self) -> bool:
         found = _ask_master(
-            self.control_path, self.target, ["-O", "check"], what="look for an open SSH connection"
+            self.control_path,
+            self.target,
+            ["-O", "check"],
+            what="look for an open SSH connection",
+            timeout_s=self._limit(),
         )
         return found.returncode == 0
 
@@ -313,13 +329,16 @@ class Connection:
         argv += ["-o", f"ControlPath={self.control_path}", "-o", "ControlMaster=yes"]
         argv += ["-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", self.target.host]
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            started = time.monotonic()
             try:
                 proc.run(
                     argv,
                     what=f"connect to {self.target.address}",
                     hint=self._hint(),
-                    timeout_s=self.target.connect_timeout_s + 5 if not interactive else None,
+                    timeout_s=None if interactive else self._limit(self.target.connect_timeout_s + 5),
                 )
+                if interactive and self.deadline is not None:
+                    self.deadline = self.deadline.later_by(time.monotonic() - started)
                 return
             except HpcboxError as failed:
                 said = f"{failed.message}\n{failed.details}"
@@ -343,6 +362,16 @@ class Connection:
             self._slot.close()  # frees the slot's flock for the next command
         self._slot, self._path, self._forwards = None, None, []
 
+    def _limit(self, seconds: float | None = None) -> float | None:
+        """``seconds`` (None: no limit), or the time left to the deadline where that is less."""
+        if self.deadline is None:
+            return seconds
+        return self.deadline.left() if seconds is None else min(seconds, self.deadline.left())
+
+    def seconds_left(self) -> float | None:
+        """The time left to the deadline; None without one."""
+        return self._limit()
+
     def _hint(self) -> str:
         key = f" and accepts {self.target.key_path}" if self.target.key_path else ""
         return (
@@ -363,7 +392,14 @@ class Connection:
         input_bytes: bytes | None = None,
     ) -> proc.Completed:
         """Run ``command`` (a shell string, or argv) on the remote side and capture its output."""
-        return proc.run(self.argv(command), what=what, hint=hint, check=check, input_bytes=input_bytes)
+        return proc.run(
+            self.argv(command),
+            what=what,
+            hint=hint,
+            check=check,
+            input_bytes=input_bytes,
+            timeout_s=self._limit(),
+        )
 
     def forward(self, local_port: int, host: str, port: int) -> None:
         """Forward 127.0.0.1:``local_port`` here to ``host``:``port`` as the remote side reaches it, for
@@ -380,7 +416,7 @@ class Connection:
 
     def stream(self, command: str, *, what: str, on_line: Callable[[str], None]) -> None:
         """Run ``command`` remotely, handing each line of its output to ``on_line`` as it arrives."""
-        proc.stream(self.argv(command), what=what, on_line=on_line, tail_lines=5)
+        proc.stream(self.argv(command), what=what, on_line=on_line, tail_lines=5, timeout_s=self._limit())
 
     def _rsync(
         self,
@@ -404,6 +440,7 @@ class Connection:
             on_line=lambda line: on_progress(line.strip()) if on_progress and "%" in line else None,
             tail_lines=40,
             carriage_returns=True,
+            timeout_s=self._limit(),
         )
         return parse_rsync_stats(lines)
 
