@@ -11,9 +11,10 @@ import pytest
 
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import slurmconf
-from hpcbox.minicluster.shape import ClusterShape, shape_like
+from hpcbox.minicluster.shape import RULES, ClusterShape, shape_like, shape_of
 from hpcbox.minicluster.spec import ClusterSpec
 from hpcbox.minicluster.spec import spec_like as minicluster_spec
+from hpcbox.render import profiles
 from hpcbox.tools import ssh
 
 
@@ -167,15 +168,22 @@ def test_partitions_whose_gpu_types_are_known_have_nodes_of_their_own():
     assert "pass --nodes 3" in caught.value.hint
 
 
-def test_a_required_gpu_type_is_enforced_by_the_sites_filter():
-    lua = slurmconf.job_submit_lua(shape_like("m3"))
+def stated(name: str) -> ClusterShape:
+    """The shape of profile ``name`` as if its site stated the rules it only assumes."""
+    profile = profiles.load_profile(name)
+    kept = tuple((key, value) for key, value in profile.assumed if key not in RULES)
+    return shape_of(dataclasses.replace(profile, assumed=kept))
+
+
+def test_a_stated_gpu_type_rule_is_enforced_by_the_sites_filter():
+    lua = slurmconf.job_submit_lua(stated("m3"))
     assert 'slurm.log_user("m3: name a GPU type, e.g. --gres=gpu:TYPE:N")' in lua
     assert "untyped_gpus(job_desc.tres_per_node)" in lua
-    assert "untyped_gpus" not in slurmconf.job_submit_lua(shape_like("carc"))
+    assert "untyped_gpus" not in slurmconf.job_submit_lua(stated("carc"))
 
 
-def test_a_required_account_and_a_partition_qos_are_enforced_by_slurm():
-    shape = shape_like("m3")
+def test_a_stated_account_rule_and_a_partition_qos_are_enforced_by_slurm():
+    shape = stated("m3")
     values = conf_values(slurmconf.slurm_conf(ClusterSpec(like="m3", nodes=3), shape))
     assert values["AccountingStorageEnforce"] == "associations,limits,qos"
     assert values["JobSubmitPlugins"] == "lua"
@@ -185,6 +193,31 @@ def test_a_required_account_and_a_partition_qos_are_enforced_by_slurm():
     lua = slurmconf.job_submit_lua(shape)
     assert "job_desc.account == nil" in lua and "ESLURM_INVALID_ACCOUNT" in lua
     assert "HPCBOX_QOS=desktopq\n" in slurmconf.node_env(shape)
+    assert "  account: required (a job without --account is refused)" in shape.describe()
+
+
+@pytest.mark.parametrize("name", ["carc", "m3"])
+def test_a_rule_the_profile_only_assumes_refuses_nothing_in_its_rehearsal(name: str):
+    """carc's account rule and m3's account and GPU-type rules come from their docs' examples: the
+    rehearsal has no filter for them, a job without an account goes to the user's default one, and an
+    account the user is not in is still refused (associations)."""
+    shape = shape_like(name)
+    assert not (shape.account_required or shape.qos_required or shape.gpu_type_required)
+    assert "accounting.account_required" in shape.assumed_rules
+    files = slurmconf.config_files(ClusterSpec(like=name, nodes=3), shape)
+    values = conf_values(files["slurm.conf"][0].decode())
+    assert "job_submit.lua" not in files and "JobSubmitPlugins" not in values
+    assert values["AccountingStorageEnforce"] == "associations,limits,qos"
+    described = shape.describe()
+    assert (
+        "  account: your default one where a job names none (the profile only assumes one is required)"
+        in (described)
+    )
+    typed = any(
+        "a GPU request without a type takes any (the profile only assumes" in line for line in described
+    )
+    assert typed == (name == "m3")
+    assert ClusterShape.from_dict(json.loads(json.dumps(asdict(shape)))) == shape
 
 
 def test_scratch_named_by_a_variable_is_made_per_job_by_the_prolog():

@@ -226,6 +226,8 @@ def test_a_rule_the_profile_marks_assumed_warns_and_lets_the_job_through(
     assert line.startswith(refused.message.split(" (allowed: ")[0]), (line, refused.message)
     assert f"({rule} is under `assumed`: the site does not publish it)" in line
     assert "\n" not in line and "the site's sbatch decides" in line
+    goes = "to your default account" if field == "account" else "as it is"
+    assert f"; the job goes {goes}, and" in line
     met = {"account": "x", "qos": "q", **({"gpu_type": "a100"} if "gpus" in request_ else {})}
     assert resolve(stated, ResourceRequest(job_name="train", **met, **request_)).unverified == ()
 

@@ -3,10 +3,12 @@
 `hpcbox cluster.up --like edi` brings up a mini cluster configured from the `edi` profile: its
 partitions with their time limits and default, GPU gres with the profile's types (a partition whose
 profile lists its types has nodes of its own with those alone, as at the site), the account and QOS
-rules as Slurm itself enforces them (associations in slurmdbd, a job_submit filter where an account is
-required), node scratch at the site's path (or in the variable the site sets per job), the site's
-shared areas and its Apptainer command. What the profile does not know gets a generic value, and
-`generic` says which, so that `cluster.status` can say what the rehearsal does not check.
+rules as Slurm itself enforces them (associations in slurmdbd, a job_submit filter where the profile
+states that an account is required; a rule it only assumes refuses nothing, and a job without an
+account is charged to the user's default one), node scratch at the site's path (or in the variable the
+site sets per job), the site's shared areas and its Apptainer command. What the profile does not know
+gets a generic value, and `generic` says which, so that `cluster.status` can say what the rehearsal
+does not check.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ SITE_AREAS_DIR = "/data/site"
 _PLAIN_PATH = re.compile(r"^/[A-Za-z0-9._/-]+$")
 _AREA_VARIABLE = re.compile(r"^\$([A-Z][A-Z0-9_]*)$")
 _SET_BY_LOGIN = ("HOME", "USER")  # every node's login sets these already
+# The site rules a rehearsal's filter enforces (ClusterProfile attributes), each by its `assumed` key.
+RULES = {
+    "accounting.account_required": "account_required",
+    "accounting.qos_required": "qos_required",
+    "gpus.type_required": "gpu_type_required",
+}
 # How the compute nodes hold a job to its request (ClusterShape.cgroups), as `cluster.status` says it.
 ENFORCEMENT = {
     True: "CPUs, memory and GPU devices by cgroups, as at a cgroup site (over --mem: OUT_OF_MEMORY at "
@@ -59,6 +67,7 @@ class ClusterShape:
     # types are not known have each of them (empty: untyped gres, gpu:N).
     gpu_types: tuple[str, ...]
     gpus_per_type: int
+    # The rules the filter enforces: those the profile states as the site's, not those it only assumes.
     account_required: bool
     qos_required: bool
     scratch_dir: str  # the node-local folder, made on every compute node
@@ -76,8 +85,11 @@ class ClusterShape:
     # Site areas named by a variable the site sets at login (Mila's $SCRATCH): a folder on the shared
     # data volume each, exported under that name by every node's login shell.
     area_variables: tuple[str, ...] = ()
-    # A job asking for GPUs must name their type (M3): the site's filter refuses `--gres=gpu:N`.
+    # A job asking for GPUs must name their type: the site's filter refuses `--gres=gpu:N`.
     gpu_type_required: bool = False
+    # The site rules the profile only assumes (its `assumed` keys in RULES): the rehearsal refuses no job
+    # for them, since the site may not; one without an account goes to the user's default account.
+    assumed_rules: tuple[str, ...] = ()
     # The compute nodes hold each job to its CPUs, memory and GPU devices with cgroups, as most sites
     # do (a job over --mem ends OUT_OF_MEMORY, a job opens only its own GPUs); False where the engine
     # gives the nodes no cgroups of their own: Slurm's accounting kills it (FAILED 0:9) within a second
@@ -132,8 +144,11 @@ class ClusterShape:
 
     @property
     def enforces_associations(self) -> bool:
-        """Slurm refuses jobs whose account or QOS it does not know (AccountingStorageEnforce)."""
-        return self.filters_submissions or bool(self.qos)
+        """Slurm refuses jobs whose account or QOS it does not know (AccountingStorageEnforce): where
+        the site charges jobs to accounts (an account rule, stated or assumed) or limits QOS."""
+        return (
+            self.filters_submissions or bool(self.qos) or "accounting.account_required" in self.assumed_rules
+        )
 
     @property
     def filters_submissions(self) -> bool:
@@ -170,8 +185,12 @@ class ClusterShape:
             else self.scratch_dir
         )
         account = "required (a job without --account is refused)" if self.account_required else "default"
+        if "accounting.account_required" in self.assumed_rules:
+            account = "your default one where a job names none (the profile only assumes one is required)"
         if self.gpu_type_required:
             gpus += "; a GPU type required (a job asking for GPUs without one is refused)"
+        elif "gpus.type_required" in self.assumed_rules:
+            gpus += "; a GPU request without a type takes any (the profile only assumes one is required)"
         lines = [
             f"shaped like profile {self.profile!r}",
             f"  partitions: {'; '.join(partition(p) for p in self.partitions)}",
@@ -236,6 +255,7 @@ def _profile_like(name: str) -> ClusterProfile:
 def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
     """The mini cluster ``profile`` describes; ``gpus_per_node`` where the profile does not say."""
     generic = ["node sizes (CPUs, memory)"]
+    assumed = dict(profile.assumed)
     partitions = tuple(
         ShapedPartition(
             p.name,
@@ -271,13 +291,14 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
             if not any(area.rstrip("/") == mine or area.startswith(f"{mine}/") for mine in own)
         )
     )
+    assumed_rules = tuple(key for key, rule in RULES.items() if getattr(profile, rule) and key in assumed)
     return ClusterShape(
         profile=profile.name,
         partitions=partitions,
         gpu_types=types,
         gpus_per_type=per_type,
-        account_required=profile.account_required,
-        qos_required=profile.qos_required,
+        account_required=profile.account_required and "accounting.account_required" not in assumed,
+        qos_required=profile.qos_required and "accounting.qos_required" not in assumed,
         scratch_dir=VARIABLE_SCRATCH_DIR if scratch_variable else profile.node_scratch,
         scratch_variable=scratch_variable,
         site_areas=site_areas,
@@ -291,5 +312,6 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
             for path in profile.shared.values()
             if (match := _AREA_VARIABLE.match(path)) and match[1] not in _SET_BY_LOGIN
         ),
-        gpu_type_required=profile.gpu_type_required,
+        gpu_type_required=profile.gpu_type_required and "gpus.type_required" not in assumed,
+        assumed_rules=assumed_rules,
     )

@@ -237,15 +237,17 @@ def resolve(profile: ClusterProfile, request: ResourceRequest, *, ddp: bool = Tr
     )
 
 
-def _rule_not_met(profile: ClusterProfile, key: str, refusal: FieldError, unverified: list[str]) -> None:
+def _rule_not_met(
+    profile: ClusterProfile, key: str, refusal: FieldError, unverified: list[str], goes: str = "as it is"
+) -> None:
     """A job that does not meet the profile's rule ``key``: refused where the profile states the rule as
     the site's, let through with a line in ``unverified`` where the profile marks it assumed (a rule no
-    site document states must never refuse a job the site would run)."""
+    site document states must never refuse a job the site would run); ``goes`` says how it goes."""
     if key not in dict(profile.assumed):
         raise refusal
     unverified.append(
         f"{refusal.message.split(' (allowed: ')[0]}, by the profile's assumption ({key} is under `assumed`: "
-        "the site does not publish it); the job goes as it is, and the site's sbatch decides"
+        f"the site does not publish it); the job goes {goes}, and the site's sbatch decides"
     )
 
 
@@ -518,7 +520,10 @@ def _account(profile: ClusterProfile, account: str | None, unverified: list[str]
                 f"(allowed: a Slurm account you belong to{example})",
                 "pass --account, set SBATCH_ACCOUNT, or set account in [tool.hpcbox.resources.<cluster>]",
             )
-            _rule_not_met(profile, "accounting.account_required", refusal, unverified)
+            # Slurm charges a job that names no account to the user's default one.
+            _rule_not_met(
+                profile, "accounting.account_required", refusal, unverified, "to your default account"
+            )
         return None
     if not _WORD.match(account):
         raise FieldError("account", f"{account!r} is not a Slurm account name")
