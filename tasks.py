@@ -52,9 +52,11 @@ def lint(c):
         "unit": "only the unit tests (no Docker engine needed)",
         "lint_first": "run `invoke lint` before the tests (default: yes)",
         "reverse": "run each lane's integration modules in reverse order (any order must pass)",
+        "note": "how this run is made (e.g. fresh clone, engine wiped), as suite.json's history records it "
+        "(default: $HPCBOX_SUITE_NOTE)",
     }
 )
-def test(c, k=None, unit=False, lint_first=True, reverse=False):
+def test(c, k=None, unit=False, lint_first=True, reverse=False, note=None):
     """Run lint, the docs site's strict build and the whole test suite (real Docker, Apptainer, Slurm)."""
     if lint_first:
         lint(c)
@@ -72,6 +74,8 @@ def test(c, k=None, unit=False, lint_first=True, reverse=False):
     # names the moved pins and passes here, so that this command passes on any day; CI's weekly run
     # (.github/workflows/drift.yml) leaves it unset and fails.
     os.environ.setdefault("HPCBOX_ALLOW_DRIFT", "1")
+    if note:
+        os.environ["HPCBOX_SUITE_NOTE"] = note
     args = [sys.executable, "-m", "pytest", "--numprocesses=2" if unit else "--numprocesses=4"]
     args.append("tests/unit" if unit else "tests")
     if k:

@@ -8,9 +8,11 @@ numbers only compare within one run on one machine, and the commit they were mea
 where the checkout had uncommitted changes), which every figure block shows.
 
 A document (README.md, any page under docs/) quotes a figure table between `<!-- bench:NAME -->` and
-`<!-- /bench:NAME -->`: NAME is a benchmark (its bench/results/NAME.json) or `digests` (the recorded
-digests in digests.toml, which `hpcbox lock --record` writes). Writing results rewrites every such block
-(`docs_blocks`), so a figure in the docs is never typed by hand, and a test holds every block to its file.
+`<!-- /bench:NAME -->`: NAME is a benchmark (its bench/results/NAME.json), `suite_history` (every full
+run of the test suite, from bench/results/suite.json's history: bench/suite_history.py) or `digests` (the
+recorded digests in digests.toml, which `hpcbox lock --record` writes). Writing results rewrites every
+such block (`docs_blocks`), so a figure in the docs is never typed by hand, and a test holds every block
+to its file.
 """
 
 from __future__ import annotations
@@ -63,10 +65,12 @@ def record(
     rows: list[dict],
     details: dict | None = None,
     commit: str | None = None,
+    history: list[dict] | None = None,
 ) -> dict:
     """Write bench/results/NAME.json (the rows, when and where they were measured, and ``details``: what
     no table shows) and the documents' figure blocks from it; the test suite records its durations
-    through this too. ``commit``: that of a run recorded later (default: this checkout's)."""
+    through this too. ``commit``: that of a run recorded later (default: this checkout's); ``history``:
+    every run's record, this one's included (the suite's: bench/suite_history.py)."""
     result = {
         "benchmark": name,
         "started": started.isoformat(timespec="seconds"),
@@ -80,6 +84,7 @@ def record(
         },
         "rows": rows,
         **({"details": details} if details else {}),
+        **({"history": history} if history else {}),
     }
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -120,6 +125,10 @@ def docs_blocks(text: str, digests: Path = DIGESTS) -> str:
     def block(found: re.Match) -> str:
         if found[2] == "digests":
             shown = digests_table(digests)
+        elif found[2] == "suite_history":
+            import suite_history  # beside this file
+
+            shown = suite_history.table(json.loads(suite_history.SUITE.read_text()))
         else:
             shown = table(json.loads((HERE / "results" / f"{found[2]}.json").read_text()))
         # Blank lines around the table: Markdown reads a table only as a paragraph of its own.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -131,12 +133,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 class SuiteDurations:
     """Every test's phases as reported, summed per module, written as bench/results/suite.json (through
-    bench/run.py, which also rewrites docs/testing.md's table from it): each integration module's lane,
+    bench/run.py, which also rewrites docs/testing.md's tables from it): each integration module's lane,
     tests, outcomes and seconds, each lane's wall time, and the whole run's; in its details, each
-    integration test's outcome and seconds (set-up and tear-down included), slowest first."""
+    integration test's outcome and seconds (set-up and tear-down included), slowest first; and the run
+    added to the file's history of every full run (bench/suite_history.py), with how it was made as the
+    runner says it (HPCBOX_SUITE_NOTE="fresh clone, engine wiped") and whether its modules ran reversed."""
 
     def __init__(self) -> None:
         self.started = datetime.datetime.now(datetime.UTC)
+        self.load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        self.errors: set[str] = set()  # failed outside their call (set-up, tear-down): pytest's errors
         self.seconds: dict[str, float] = defaultdict(float)
         self.test_seconds: dict[str, float] = defaultdict(float)
         self.outcomes: dict[str, dict[str, str]] = defaultdict(dict)
@@ -148,6 +154,10 @@ class SuiteDurations:
         self.test_seconds[report.nodeid] += report.duration
         outcomes = self.outcomes[module]
         if report.failed:
+            if report.when == "call":
+                self.errors.discard(report.nodeid)
+            elif outcomes.get(report.nodeid) != "failed":  # its first failure, outside its call
+                self.errors.add(report.nodeid)
             outcomes[report.nodeid] = "failed"
         elif report.when == "call" or report.skipped:
             outcomes.setdefault(report.nodeid, report.outcome)
@@ -175,10 +185,7 @@ class SuiteDurations:
         rows.append(
             _row("tests/unit, every module", seconds, "s", f"beside the lanes: {_counted(unit_tests)}")
         )
-        spec = importlib.util.spec_from_file_location("bench_run", REPO / "bench" / "run.py")
-        assert spec is not None and spec.loader is not None
-        runner = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(runner)
+        runner, history = _bench("run"), _bench("suite_history")
         tests = {}
         for nodeid, seconds in sorted(self.test_seconds.items(), key=lambda item: -item[1]):
             module = nodeid.split("::", 1)[0]
@@ -187,7 +194,40 @@ class SuiteDurations:
                     "outcome": self.outcomes[module].get(nodeid, "not run"),
                     "seconds": round(seconds, 1),
                 }
-        runner.record("suite", self.started, rows, details={"integration tests": tests})
+        commit = runner.measured_at()
+        run = history.entry(
+            commit=commit,
+            started=self.started.isoformat(timespec="seconds"),
+            finished=(self.started + datetime.timedelta(seconds=wall)).isoformat(timespec="seconds"),
+            minutes=wall / 60,
+            outcomes={test: outcome for each in self.outcomes.values() for test, outcome in each.items()},
+            errors=self.errors,
+            lanes_min={
+                lane: (self.spans[lane][1] - self.spans[lane][0]) / 60 for lane in LANES if lane in self.spans
+            },
+            how=os.environ.get(history.NOTE_VARIABLE, "").strip() or None,
+            reverse=session.config.getoption("--reverse-modules"),
+            load_1min=self.load_1min,
+            exit_status=int(exitstatus),
+        )
+        earlier = json.loads(history.SUITE.read_text()) if history.SUITE.exists() else None
+        runner.record(
+            "suite",
+            self.started,
+            rows,
+            details={"integration tests": tests},
+            commit=commit,
+            history=history.added(history.history(earlier) if earlier else [], run),
+        )
+
+
+def _bench(name: str):
+    """bench/NAME.py as a module of its own (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _lane(module: str) -> str | None:
