@@ -206,3 +206,23 @@ def test_the_table_shows_every_run_newest_first_and_how_many_latest_are_green():
     assert "**0** (the latest, on 2222222 of 2026-11-02: 1 failed, 2 errors)" in history.table(
         {"history": runs[:2]}
     )
+
+
+def test_the_recorded_history_is_in_order_each_run_once_and_the_changelogs_runs_quoted_from_it():
+    recorded = json.loads((REPO / "bench/results/suite.json").read_text())
+    runs = recorded["history"]
+    assert [history._when(run) for run in runs] == sorted(history._when(run) for run in runs)
+    assert len({history.key(run) for run in runs}) == len(runs)
+    assert history.last_run(recorded)["started"] == recorded["started"]
+    changelog = re.sub(r"\s+", " ", (REPO / "CHANGELOG.md").read_text())
+    transcribed = [run for run in runs if not run["source"].startswith(history.MEASURED)]
+    assert transcribed
+    for run in transcribed:
+        assert "transcribed from CHANGELOG.md" in run["source"] and "started" not in run
+        assert run["changelog"] in changelog, run["changelog"]
+        assert f"{run['minutes']} min" in run["changelog"]
+        # passed, or as "N of M" (the failed, where stated, the rest)
+        assert (
+            str(run["passed"]) in run["changelog"]
+            or f"of {run['passed'] + run['failed']}" in run["changelog"]
+        )
