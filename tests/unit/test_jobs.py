@@ -463,6 +463,35 @@ def test_following_an_array_ends_when_every_task_has_finished(tmp_path: Path):
     assert following.returncode == 0 and "task 0" in output
 
 
+def test_following_goes_on_through_a_squeue_that_fails_and_ends_once_slurm_forgets_the_job(tmp_path: Path):
+    """A squeue that fails (slurmctld busy) says nothing of the job: following goes on; it ends once
+    squeue answers that the id is not known (a full run's follow had ended at a busy slurmctld)."""
+    said, calls = tmp_path / "said", tmp_path / "calls"
+    said.write_text("1\nslurm_load_jobs error: Socket timed out on send/recv operation\n")
+    (tmp_path / "bin").mkdir()
+    squeue = tmp_path / "bin" / "squeue"
+    squeue.write_text(f'#!/bin/sh\necho >>{calls}\n{{ read -r code; cat; }} <{said}; exit "$code"\n')
+    squeue.chmod(0o755)
+    (tmp_path / "fit-5.out").write_text("epoch 1\n")
+    job = dataclasses.replace(record("5"), log=f"{tmp_path}/fit-5.out")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+    following = subprocess.Popen(
+        ["sh", "-c", jobs.follow_command(job, True)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not calls.exists() or len(calls.read_text()) < 2:  # two looks, each failed
+            assert time.monotonic() < deadline and following.poll() is None
+            time.sleep(0.1)
+        assert following.poll() is None
+        said.write_text("1\nslurm_load_jobs error: Invalid job id specified\n")
+        output, _ = following.communicate(timeout=30)
+    finally:
+        if following.poll() is None:
+            following.kill()
+    assert following.returncode == 0 and "epoch 1" in output
+
+
 def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project):
     """The cluster is this machine: its commands run in sh, its downloads are copies."""
     remote = tmp_path / "cluster"

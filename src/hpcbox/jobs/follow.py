@@ -213,12 +213,19 @@ set --; for log in {logs}; do if test -f "$log"; then set -- "$@" "$log"; fi; do
 if test $# -gt 0; then tail -n +1 -- "$@"; else echo 'hpcbox: no log yet at '{first} >&2; fi
 """
     finished = "|".join(sorted(slurm.FINISHED_STATES))
-    job_state = f"squeue --noheader --states=all --jobs={record.job_id} --format=%T 2>/dev/null"
+    job_state = f"squeue --noheader --states=all --jobs={record.job_id} --format=%T 2>&1"
     # Until the job ends: wait for a log to appear, then tail them; a requeued job comes back to PENDING
     # and writes on in the same log, so only a finished state (or a job Slurm forgot) ends it. An array
-    # has a line per task: it is over when none of them is in another state.
+    # has a line per task: it is over when none of them is in another state. A squeue that fails for
+    # another reason (slurmctld busy: "Socket timed out") says nothing of the job: it goes on.
     return f"""
-over() {{ ! {{ {job_state} | grep -qvxE '{finished}'; }}; }}
+over() {{
+    local said
+    if ! said=$({job_state}); then
+        case $said in *'Invalid job id'*) return 0 ;; *) return 1 ;; esac
+    fi
+    ! printf '%s\n' "$said" | grep -qvxE '{finished}|'
+}}
 any_log() {{ for log in {logs}; do if test -f "$log"; then return 0; fi; done; return 1; }}
 until any_log || over; do sleep 2; done
 any_log || exit 0
