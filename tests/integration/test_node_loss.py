@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from hpcbox.minicluster.spec import USER
 from hpcbox.render.resources import ResourceRequest
 from tests.integration.test_minicluster import wait_for_state
 from tests.integration.test_sbatch_cluster import prepare_job_dir, render_local, sacct, wait_finished
@@ -34,6 +35,8 @@ def epochs_done(job_dir, job_id: str) -> int:
 
 
 def test_a_dead_node_costs_the_job_only_what_it_did_since_its_last_copy(minicluster, trainer_sif, run_id):
+    """The job is requeued and resumes from the checkpoint its last periodic copy brought (the newest on
+    shared storage when its node died), and completes all its epochs."""
     cluster = minicluster
     job_dir = prepare_job_dir(cluster, trainer_sif, f"{run_id}-loss")
     script = render_local(
@@ -47,6 +50,12 @@ def test_a_dead_node_costs_the_job_only_what_it_did_since_its_last_copy(miniclus
         time.sleep(2)
     batch_host = cluster.ssh(["squeue", "-h", "-j", job_id, "-o", "%B"], check=True).stdout.strip()
     assert batch_host in cluster.spec.compute_hosts, f"job {job_id} no longer runs: {batch_host!r}"
+    # The job's processes there stopped first (the periodic copy with them), so that the last copy is
+    # known: the newest checkpoint on shared storage now. Then the node dies.
+    stopped = cluster.exec(batch_host, ["pkill", "--signal", "STOP", "--uid", USER])
+    assert stopped.returncode == 0, stopped
+    copied = job_dir.sh(f"ls runs/{job_id}/checkpoints").stdout.split()
+    last_copy = max(name for name in copied if name.startswith("ckpt-"))
     cluster.node_container(batch_host).kill()
     try:
         wait_for_state(cluster, batch_host, "down", timeout_s=60)
@@ -56,11 +65,12 @@ def test_a_dead_node_costs_the_job_only_what_it_did_since_its_last_copy(miniclus
         (survivor,) = set(cluster.spec.compute_hosts) - {batch_host}
         assert sacct(cluster, job_id, "NodeList") == [survivor]
         assert int(sacct(cluster, job_id, "Restarts")[0]) >= 1
-        # The second run started from a checkpoint of the first: not from nothing, and not past the end.
+        # The second run started from the first's last copy: not from an earlier one, nor from nothing.
         resumed = [
             json.loads(line) for line in log.splitlines() if line.startswith("{") and '"resumed": {' in line
         ]
         assert resumed, log
+        assert resumed[-1]["resumed"]["checkpoint"] == last_copy, (resumed, copied)
         assert 1 <= resumed[-1]["resumed"]["epoch"] < EPOCHS, resumed
         assert epochs_done(job_dir, job_id) == EPOCHS
         assert "the trainer exited with status 0" in log

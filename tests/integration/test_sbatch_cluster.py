@@ -408,6 +408,26 @@ def stop_when_ready(cluster, host: str, pattern: str, environ: str, signal: str 
     return done.stdout.strip()
 
 
+# Waits (30 s at most) until USR1 is pending in process $1 ($2 = 1) or no longer is ($2 = 0).
+USR1_PENDING = r"""
+for _ in $(seq 3000); do
+    pending=0
+    for mask in $(awk '/^(SigPnd|ShdPnd):/ {print $2}' "/proc/$1/status"); do
+        if (( (16#$mask >> 9) & 1 )); then pending=1; fi
+    done
+    if [[ $pending == "$2" ]]; then exit 0; fi
+    sleep 0.01
+done
+exit 1
+"""
+
+
+def usr1_pending(cluster, host: str, pid: str, pending: bool) -> None:
+    """Once USR1 is pending in ``pid`` on ``host`` (a stopped process holds it), or once it is not."""
+    done = cluster.exec(host, ["bash", "-c", USR1_PENDING, "usr1", pid, str(int(pending))])
+    assert done.returncode == 0, (host, pid, pending, done)
+
+
 def requeued_and_resumed(job_dir: JobDir, name: str, job_id: str) -> tuple[str, list[dict]]:
     """The log once the requeued run has resumed (the job is then cancelled), and its start events."""
     log = resumed_then_cancelled(job_dir, name, job_id)
@@ -429,9 +449,15 @@ def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_togethe
     cluster = job_dir.cluster
     try:
         agent = stop_when_ready(cluster, "node2", AGENT, f"HPCBOX_JOB={job_id}")
-        stop_when_ready(cluster, "node1", AGENT, f"HPCBOX_JOB={job_id}", signal="0")  # it holds USR1
+        waiting = stop_when_ready(cluster, "node1", AGENT, f"HPCBOX_JOB={job_id}")
         cluster.ssh(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-        time.sleep(3)  # the batch shell passes USR1 on to node1's torchrun, and to node2's, held stopped
+        # The batch shell passes USR1 on to each node's torchrun, both held stopped; node1's takes it
+        # while it waits in the rendezvous (as Python runs its handler before its next line, it holds
+        # it before any worker starts), and only then does node2's go on.
+        usr1_pending(cluster, "node1", waiting, pending=True)
+        usr1_pending(cluster, "node2", agent, pending=True)
+        cluster.exec("node1", ["kill", "-CONT", waiting])
+        usr1_pending(cluster, "node1", waiting, pending=False)
         cluster.exec("node2", ["kill", "-CONT", agent])
         log, starts = requeued_and_resumed(job_dir, "rdzv", job_id)
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import tarfile
 import time
 import uuid
@@ -251,6 +252,63 @@ def test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once(files: F
         assert remote_sha256(minicluster, c.remote) == c.sha256
     left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
     assert not [name for name in left if name.endswith(".partial") or ".copy." in name]
+
+
+# Run in the login node's mount and pid namespaces: waits (2 minutes at most) until rsync's receiver has
+# written 8 MiB of upload $1 into its temporary file, then stops it and prints its pids.
+HOLD_RECEIVER = r"""
+for _ in $(seq 12000); do
+    for f in "$2"/."$1".partial.??????; do  # rsync's own temporary of .NAME.partial
+        if [ -f "$f" ] && [ "$(stat -c %s "$f")" -ge 8388608 ]; then
+            writers=$(for fd in /proc/[0-9]*/fd/*; do if [ "$(readlink "$fd")" = "$f" ]; then
+                fd=${fd#/proc/}; echo "${fd%%/*}"; fi; done 2>/dev/null | sort -u)
+            if [ -n "$writers" ]; then kill -STOP $writers; echo $writers; exit 0; fi
+        fi
+    done
+    sleep 0.01
+done
+exit 1
+"""
+
+
+def test_an_interrupted_upload_sends_only_what_did_not_arrive(files: Files, minicluster):
+    """An upload cut off (its rsync killed here while the cluster's side held still) keeps what arrived
+    (rsync --partial), and the next upload of the file sends only the rest; the file is right."""
+    big = files.make("big", os.urandom(48 << 20))
+    name = big.remote.rsplit("/", 1)[1]
+    home = minicluster.ssh('printf %s "$HOME"', check=True).stdout
+    login = minicluster.node_container("login").attrs["State"]["Pid"]
+    enter = ["nsenter", f"--target={login}", "--mount", "--pid", "--"]
+    holder = subprocess.Popen(
+        [*enter, "sh", "-c", HOLD_RECEIVER, "hold", name, f"{home}/{files.folder}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    with ThreadPoolExecutor(1) as pool:
+        cut = pool.submit(upload, minicluster, big, None)
+        held, _ = holder.communicate(timeout=180)
+        assert holder.returncode == 0, "rsync never wrote 8 MiB on the cluster"
+        # rsync here, started with the file's path: killed while the cluster's side holds still, which
+        # then finds its input gone (and its ssh here ends with it).
+        assert subprocess.run(["pkill", "--signal", "KILL", "--full", f"rsync .*{big.local}"]).returncode == 0
+        subprocess.run([*enter, "kill", "-CONT", *held.split()], check=True)
+        with pytest.raises(HpcboxError):
+            cut.result(timeout=120)
+    partial = f"{files.folder}/.{name}.partial"
+    deadline = time.monotonic() + 60
+    while minicluster.ssh(f"ls -A {files.folder} | grep -q '[.]partial[.]'").returncode == 0:
+        assert time.monotonic() < deadline, "rsync's receiver did not end once its input was gone"
+        time.sleep(0.2)
+    arrived = int(minicluster.ssh(["stat", "-c", "%s", partial], check=True).stdout)
+    assert 8 << 20 <= arrived < big.size
+
+    said: list[str] = []
+    sent = upload(minicluster, big, None, said)
+    assert "hpcbox: an earlier upload of this sif was cut off; sending only what did not arrive" in said, said
+    assert sent < big.size - arrived + (1 << 20), (sent, arrived)
+    assert remote_sha256(minicluster, big.remote) == big.sha256
+    left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
+    assert not [entry for entry in left if ".partial" in entry], left
 
 
 def test_a_grown_dataset_directory_goes_up_as_a_delta(setup: Setup, minicluster, tmp_path: Path):

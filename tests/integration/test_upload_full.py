@@ -4,7 +4,8 @@ one line naming the cause rsync reported, the part that arrived is removed, the 
 of a delta and the local ledger are as they were, and no job is queued.
 
 The store's folder is a small tmpfs in the login node's mount namespace, big enough for the check; a
-filler there waits until rsync has written into its temporary file, then fills the rest. A quota on a
+filler there waits until rsync has written into its temporary file, stops rsync, fills the rest and lets
+rsync go on. A quota on a
 tmpfs needs a kernel built with CONFIG_TMPFS_QUOTA, which these machines' is not (nor has it ext4's or
 XFS's quota support), so rsync meets "No space left on device" here: hpcbox takes it and "Disk quota
 exceeded" (errno 28 and 122) the same way, from rsync's own words.
@@ -86,19 +87,25 @@ def small_store(login: Login, size: int, folder: str | None = None) -> Iterator[
 
 @contextlib.contextmanager
 def filled_while_written(login: Login, filler: str) -> Iterator[subprocess.Popen[str]]:
-    """A process in the login node's mount namespace that waits (up to 2 minutes) until rsync's temporary
-    file in the SIF store has bytes in it, then writes ``filler`` there until the file system is full,
-    and says `filled`. Killed at the end of the block if it is still waiting."""
+    """A process in the login node's mount and pid namespaces that waits (up to 2 minutes) until rsync's
+    temporary file in the SIF store has bytes in it, then stops the process writing it, writes
+    ``filler`` there until the file system is full, lets the writer go on, and says `filled`: rsync
+    cannot finish first, however fast it is. Killed at the end of the block if it is still waiting."""
     script = (
         f"cd {shlex.quote(login.sif_folder)} || exit 2; i=0; "
         "while [ $i -lt 12000 ]; do "
         # rsync writes `.NAME.partial` as `.NAME.partial.XXXXXX` beside it and renames it at the end.
         'for f in .*.partial.??????; do if [ -s "$f" ]; then '
-        f'cat /dev/zero > {shlex.quote(filler)} 2>/dev/null; echo "filled, rsync writing $f"; exit 0; '
+        'writers=$(for fd in /proc/[0-9]*/fd/*; do if [ "$(readlink "$fd")" = "$PWD/$f" ]; then '
+        'fd=${fd#/proc/}; echo "${fd%%/*}"; fi; done 2>/dev/null | sort -u); '
+        'if [ -n "$writers" ]; then kill -STOP $writers; '
+        f"cat /dev/zero > {shlex.quote(filler)} 2>/dev/null; kill -CONT $writers; "
+        'echo "filled, rsync writing $f"; exit 0; fi; '
         "fi; done; i=$((i + 1)); sleep 0.01; done; echo 'rsync wrote nothing'; exit 1"
     )
+    enter = ["nsenter", f"--target={login.pid}", "--mount", "--pid", "--"]  # its /proc: the node's
     process = subprocess.Popen(
-        [*login.enter, "sh", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [*enter, "sh", "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
         yield process

@@ -449,6 +449,11 @@ def _upload_stored(
             return 0
         if start == "nobasis":
             say(f"hpcbox: {basis} cannot be read on the cluster; sending the whole {upload.kind}")
+        if start == "resume":
+            say(
+                f"hpcbox: an earlier upload of this {upload.kind} was cut off; sending only what did not "
+                "arrive"
+            )
         if start in ("linked", "copied"):
             say(
                 f"hpcbox: uploading the {upload.kind} ({upload.size / 1e6:,.1f} MB) to {upload.remote}, "
