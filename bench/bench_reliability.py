@@ -84,6 +84,12 @@ SCENARIOS = {
     "a sweep's failed points, its cluster made again: --resubmit-failed reruns exactly those": [
         f"{IDENTITY}::test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points",
     ],
+    "an id Slurm gives again (controller rebuilt): the earlier job's folder kept, its commands its own": [
+        f"{IDENTITY}::test_an_id_slurm_gives_again_is_never_taken_for_the_earlier_job",
+    ],
+    "an upload cut off: the next sends only what did not arrive, and the file is right": [
+        "tests/integration/test_upload.py::test_an_interrupted_upload_sends_only_what_did_not_arrive",
+    ],
     "the cluster's disk full: one line before anything is sent, nothing left": [
         f"{SUBMIT}::test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly",
     ],
@@ -91,7 +97,7 @@ SCENARIOS = {
         "tests/integration/test_upload.py::test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once",
         "tests/integration/test_upload.py::test_a_tampered_or_unreadable_basis_still_gives_the_right_file",
     ],
-    "bad input to submit: one line, exit 1, no ledger entry; a request Slurm refuses: no job, no entry": [
+    "bad input to submit: one line, exit 1, no entry, no job; a request Slurm refuses: no job, no entry": [
         f"{SUBMIT}::test_bad_input_is_one_line_and_changes_nothing",
         f"{SUBMIT}::test_sbatch_refusal_shows_slurms_message_and_records_nothing",
     ],
