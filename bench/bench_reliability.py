@@ -93,8 +93,9 @@ SCENARIOS = {
     "the cluster's disk full: one line before anything is sent, nothing left": [
         f"{SUBMIT}::test_a_full_disk_on_the_cluster_stops_the_sif_upload_cleanly",
     ],
-    "two uploads of one new file at once (threads, the store's lock): one goes up; bad basis, right SIF": [
+    "two uploads of one new file at once (threads, processes; the store's lock): one goes up; right SIF": [
         "tests/integration/test_upload.py::test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once",
+        "tests/integration/test_upload.py::test_two_processes_making_the_first_upload_of_one_file_send_it_once",
         "tests/integration/test_upload.py::test_a_tampered_or_unreadable_basis_still_gives_the_right_file",
     ],
     "bad input to submit: one line, exit 1, no entry, no job; a request Slurm refuses: no job, no entry": [

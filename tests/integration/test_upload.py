@@ -11,6 +11,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -307,6 +308,65 @@ def test_an_interrupted_upload_sends_only_what_did_not_arrive(files: Files, mini
     assert "hpcbox: an earlier upload of this sif was cut off; sending only what did not arrive" in said, said
     assert sent < big.size - arrived + (1 << 20), (sent, arrived)
     assert remote_sha256(minicluster, big.remote) == big.sha256
+    left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
+    assert not [entry for entry in left if ".partial" in entry], left
+
+
+# One upload in a process of its own: argv is the login's port, key, known hosts, the local file, its
+# place on the cluster, its sha256 and size; it prints the bytes sent, then what it said.
+UPLOAD_PROCESS = """
+import sys
+from pathlib import Path
+from hpcbox import store
+from hpcbox.store import ship
+from hpcbox.tools import ssh
+port, key, known, local, remote, sha256, size = sys.argv[1:]
+target = ssh.Target("127.0.0.1", int(port), "researcher", Path(key), Path(known))
+use = store.StoredUse("sif", remote.rsplit("/", 1)[1], "delta-test", "cpu", "zstd:3")
+item = ship._Upload(Path(local), remote, sha256, int(size), use)
+said = []
+with ssh.Connection(target) as connection:
+    sent = ship._upload_stored(connection, item, None, 1 << 40, said.append)
+print(sent, *said, sep="\\n")
+"""
+
+
+def test_two_processes_making_the_first_upload_of_one_file_send_it_once(files: Files, minicluster):
+    """Two submits (processes, each with its own SSH connection) need one new file the cluster lacks:
+    the first sends it whole (held still on the cluster until the second waits on the store's lock);
+    the second waits, says so, and finds it in place."""
+    new = files.make("new", os.urandom(24 << 20))
+    target = minicluster.ssh_target()
+    argv = [
+        sys.executable, "-c", UPLOAD_PROCESS, str(target.port), str(target.key_path), str(target.known_hosts),
+        str(new.local), new.remote, new.sha256, str(new.size),
+    ]  # fmt: skip
+    home = minicluster.ssh('printf %s "$HOME"', check=True).stdout
+    enter = ["nsenter", f"--target={minicluster.node_container('login').attrs['State']['Pid']}", "--mount"]
+    enter += ["--pid", "--"]
+    started = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    name = new.remote.rsplit("/", 1)[1]
+    held = subprocess.run(
+        [*enter, "sh", "-c", HOLD_RECEIVER, "hold", name, f"{home}/{files.folder}"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert held.returncode == 0, ("the first upload never wrote 8 MiB on the cluster", held.stderr)
+    started.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    second_waits = (
+        "for _ in $(seq 6000); do pgrep -f '^flock 9$' >/dev/null && exit 0; sleep 0.01; done; exit 1"
+    )
+    waits = subprocess.run([*enter, "sh", "-c", second_waits], check=False)
+    subprocess.run([*enter, "kill", "-CONT", *held.stdout.split()], check=True)
+    outputs = [process.communicate(timeout=300) for process in started]
+    assert waits.returncode == 0, ("the second upload never waited on the lock", outputs)
+    assert [process.returncode for process in started] == [0, 0], outputs
+    first, second = (out.splitlines() for out, _ in outputs)
+    assert int(first[0]) > new.size and int(second[0]) == 0, outputs
+    assert second[1:] == [
+        "hpcbox: another submit is uploading this sif; waiting for it",
+        "hpcbox: the cluster has the sif now (another submit uploaded it)",
+    ], second
+    assert remote_sha256(minicluster, new.remote) == new.sha256
     left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
     assert not [entry for entry in left if ".partial" in entry], left
 
