@@ -332,40 +332,37 @@ print(sent, *said, sep="\\n")
 
 
 def test_two_processes_making_the_first_upload_of_one_file_send_it_once(files: Files, minicluster):
-    """Two submits (processes, each with its own SSH connection) need one new file the cluster lacks:
-    the first sends it whole (held still on the cluster until the second waits on the store's lock);
-    the second waits, says so, and finds it in place."""
+    """Two submits (processes, each with its own SSH connection) need one new file the cluster lacks,
+    both started while the store's lock on it is held (here, by the test): both wait and say so; then
+    one sends it whole, and the other finds it in place."""
     new = files.make("new", os.urandom(24 << 20))
     target = minicluster.ssh_target()
     argv = [
         sys.executable, "-c", UPLOAD_PROCESS, str(target.port), str(target.key_path), str(target.known_hosts),
         str(new.local), new.remote, new.sha256, str(new.size),
     ]  # fmt: skip
-    home = minicluster.ssh('printf %s "$HOME"', check=True).stdout
-    enter = ["nsenter", f"--target={minicluster.node_container('login').attrs['State']['Pid']}", "--mount"]
-    enter += ["--pid", "--"]
-    started = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
-    name = new.remote.rsplit("/", 1)[1]
-    held = subprocess.run(
-        [*enter, "sh", "-c", HOLD_RECEIVER, "hold", name, f"{home}/{files.folder}"],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert held.returncode == 0, ("the first upload never wrote 8 MiB on the cluster", held.stderr)
-    started.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    second_waits = (
-        "for _ in $(seq 6000); do pgrep -f '^flock 9$' >/dev/null && exit 0; sleep 0.01; done; exit 1"
+    folder, name = new.remote.rsplit("/", 1)
+    login = minicluster.node_container("login").attrs["State"]["Pid"]
+    both_wait = (
+        "for _ in $(seq 6000); do\n"
+        "    if [ \"$(pgrep -c -f '^flock 9$')\" -ge 2 ]; then exit 0; fi; sleep 0.01\n"
+        "done; exit 1"
     )
-    waits = subprocess.run([*enter, "sh", "-c", second_waits], check=False)
-    subprocess.run([*enter, "kill", "-CONT", *held.stdout.split()], check=True)
+    with ssh.Connection(target) as connection, connection.lock(f"{folder}/.{name}.lock"):
+        started = [
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in (1, 2)
+        ]
+        waiting = subprocess.run(
+            ["nsenter", f"--target={login}", "--mount", "--pid", "--", "sh", "-c", both_wait]
+        )
     outputs = [process.communicate(timeout=300) for process in started]
-    assert waits.returncode == 0, ("the second upload never waited on the lock", outputs)
+    assert waiting.returncode == 0, ("the two uploads did not both wait on the lock", outputs)
     assert [process.returncode for process in started] == [0, 0], outputs
-    first, second = (out.splitlines() for out, _ in outputs)
-    assert int(first[0]) > new.size and int(second[0]) == 0, outputs
-    assert second[1:] == [
-        "hpcbox: another submit is uploading this sif; waiting for it",
-        "hpcbox: the cluster has the sif now (another submit uploaded it)",
-    ], second
+    sent, said = zip(*((int(out.split("\n", 1)[0]), out.splitlines()[1:]) for out, _ in outputs), strict=True)
+    assert sorted(sent)[0] == 0 and sorted(sent)[1] > new.size, outputs
+    waited = "hpcbox: another submit is uploading this sif; waiting for it"
+    assert all(lines[0] == waited for lines in said), said
+    assert "hpcbox: the cluster has the sif now (another submit uploaded it)" in said[sent.index(0)], said
     assert remote_sha256(minicluster, new.remote) == new.sha256
     left = minicluster.ssh(["ls", "-A", files.folder], check=True).stdout.split()
     assert not [entry for entry in left if ".partial" in entry], left
