@@ -275,7 +275,7 @@ exit 1
 def test_an_interrupted_upload_sends_only_what_did_not_arrive(files: Files, minicluster):
     """An upload cut off (its rsync killed here while the cluster's side held still) keeps what arrived
     (rsync --partial), and the next upload of the file sends only the rest; the file is right."""
-    big = files.make("big", os.urandom(48 << 20))
+    big = files.make("big", os.urandom(96 << 20))  # held at 8 MiB: the rest takes long enough to be caught
     name = big.remote.rsplit("/", 1)[1]
     home = minicluster.ssh('printf %s "$HOME"', check=True).stdout
     login = minicluster.node_container("login").attrs["State"]["Pid"]
