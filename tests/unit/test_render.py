@@ -8,6 +8,7 @@ script runs on the mini cluster with the real Apptainer and Slurm in tests/integ
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -355,12 +356,17 @@ class Sandbox:
         script.write(path)
         return subprocess.Popen(
             ["bash", str(path)], cwd=self.submit, env={**self.env, "STUB_MODE": mode},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
 
     def run(self, script: JobScript, mode: str = "ok") -> tuple[int, str]:
         process = self.start(script, mode)
-        output, _ = process.communicate(timeout=60)
+        try:
+            output, _ = process.communicate(timeout=60)
+        finally:
+            # A script that did not end (the test fails) leaves nothing of its session running.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         return process.returncode, output.decode(errors="replace")
 
 
