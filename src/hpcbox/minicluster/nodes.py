@@ -252,15 +252,19 @@ def compute_options(shape: ClusterShape) -> dict[str, Any]:
         # slurmd's cgroups (slurmconf.enforcement): a cgroup namespace of the node's own, whose
         # root is the container's cgroup, so that each node's Slurm tree is apart from the others'
         # and /proc/<pid>/cgroup names the paths Slurm made; SYS_ADMIN for hpcbox-node to make its
-        # cgroups writable (Docker mounts them read-only; --privileged fails here) and, on cgroup
-        # v2, for slurmd to load the eBPF programs that are its device filters. The node's cgroup
-        # may open its fake GPU devices (major 120, hpcbox-node), which Slurm's then deny to every
-        # job but the one given each.
+        # cgroups writable (Docker mounts them read-only; --privileged fails here) and to let the
+        # node's cgroup open its fake GPU devices (major 120, hpcbox-node), which Slurm's then deny
+        # to every job but the one given each.
         options["cap_add"] = [*options["cap_add"], "SYS_ADMIN"]
-        if shape.cgroup_version == 2:
-            options["cap_add"].append("NET_ADMIN")  # the kernel's check to attach a cgroup's eBPF program
         options["cgroupns"] = "private"
-        options["device_cgroup_rules"] = [f"c {FAKE_GPU_MAJOR}:* rwm"]
+        if shape.cgroup_version == 2:
+            # cgroup v2 filters devices with eBPF programs, the container's fixed by Docker at its
+            # creation: it lets the node open every fake GPU (the ones a GPU type added later too),
+            # and slurmd's own programs, below it, deny each job the others. slurmd loads and attaches
+            # them with SYS_ADMIN and NET_ADMIN. (On v1 a rule of Docker's would be a wildcard Slurm's
+            # per-device denials cannot carve: hpcbox-node allows each device there instead.)
+            options["cap_add"].append("NET_ADMIN")
+            options["device_cgroup_rules"] = [f"c {FAKE_GPU_MAJOR}:* rwm"]
     return options
 
 

@@ -168,15 +168,16 @@ node_cgroups_v2() {
 # Fake GPU devices, with no GPU behind them. Character devices, not plain files: Slurm sets
 # CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS only for a device file. With cgroups, each has numbers of its
 # own (major 120, one Linux keeps for local use: no driver, so opening one says "No such device or
-# address") which the node's cgroup may open (Docker's device rule, nodes.py), and Slurm's
-# ConstrainDevices lets a job open only those it was given ("Operation not permitted" for the others).
-# Without, each is a copy of /dev/null that any job can open.
+# address") which the node's cgroup may open (on cgroup v1 allowed here one by one, on v2 by Docker's
+# device rule, nodes.py), and Slurm's ConstrainDevices lets a job open only those it was given
+# ("Operation not permitted" for the others). Without, each is a copy of /dev/null that any job can open.
 fake_gpus() {
     local index
     for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
         rm -f "/dev/fakegpu$index"
         if [ -n "${HPCBOX_CGROUPS:-}" ]; then
             mknod -m 0666 "/dev/fakegpu$index" c 120 "$index"
+            if [ "$HPCBOX_CGROUPS" = 1 ]; then echo "c 120:$index rwm" >/sys/fs/cgroup/devices/devices.allow; fi
         else
             mknod -m 0666 "/dev/fakegpu$index" c 1 3
         fi
