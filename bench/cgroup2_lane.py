@@ -27,6 +27,10 @@ CHECKS = {
 }
 
 
+# What the results keep of `docker info` in the guest.
+ENGINE_FACTS = ("ServerVersion", "CgroupVersion", "CgroupDriver", "KernelVersion", "OperatingSystem", "NCPU")
+
+
 def pytest_runtest_logreport(report) -> None:
     """Each phase of each test as it ends: its node id, phase, outcome and seconds."""
     line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome}
@@ -57,7 +61,17 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
     timings = json.loads((out / "timings.json").read_text())
     info = json.loads((out / "docker-info.json").read_text())
     phases = [json.loads(line) for line in (out / "reports.jsonl").read_text().splitlines() if line]
+    engine = {key: info.get(key) for key in ENGINE_FACTS}
+    engine["MemTotalMiB"] = round(info.get("MemTotal", 0) / 2**20)
+    said = (
+        f"docker info: Cgroup Version {engine['CgroupVersion']}, {engine['CgroupDriver']} driver; Docker "
+        f"{engine['ServerVersion']}, {engine['OperatingSystem']}, kernel {engine['KernelVersion']}, "
+        f"{engine['NCPU']} CPUs, {engine['MemTotalMiB']} MiB"
+    )
     rows = [
+        _row(
+            "the guest's Docker engine: its cgroup version", int(engine["CgroupVersion"] or 0), "", note=said
+        ),
         _row("guest boot to the lane's start (kernel, systemd, dockerd)", timings["boot_s"], "s"),
         _row("node images into the guest's engine (docker load)", timings["load_s"], "s"),
     ]
@@ -82,19 +96,7 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
     for nodeid, test in tests.items():
         what = check_of(nodeid) or nodeid.split("::")[-1]
         rows.append(_row(what, test["seconds"], "s", note=f"{test['outcome']}: {nodeid.split('::')[-1]}"))
-    rows.append(_row("the whole guest run (boot to power-off)", timings["guest_s"], "s"))
-    engine = {
-        key: info.get(key)
-        for key in (
-            "ServerVersion",
-            "CgroupVersion",
-            "CgroupDriver",
-            "KernelVersion",
-            "OperatingSystem",
-            "NCPU",
-        )
-    }
-    engine["MemTotalMiB"] = round(info.get("MemTotal", 0) / 2**20)
+    rows.append(_row("the whole guest run (boot to the lane's end)", timings["guest_s"], "s"))
     details = {"engine": engine, "guest": timings.get("guest", {}), "tests": tests}
     return rows, details
 
