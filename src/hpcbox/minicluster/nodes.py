@@ -261,8 +261,9 @@ def compute_options(shape: ClusterShape) -> dict[str, Any]:
             # cgroup v2 filters devices with eBPF programs, the container's fixed by Docker at its
             # creation: it lets the node open every fake GPU (the ones a GPU type added later too),
             # and slurmd's own programs, below it, deny each job the others. slurmd loads and attaches
-            # them with SYS_ADMIN and NET_ADMIN. (On v1 a rule of Docker's would be a wildcard Slurm's
-            # per-device denials cannot carve: hpcbox-node allows each device there instead.)
+            # them; NET_ADMIN besides SYS_ADMIN, as SchedMD's Slinky gives its slurmd containers for them
+            # (not tried without). (On v1 a rule of Docker's would be a wildcard Slurm's per-device
+            # denials cannot carve: hpcbox-node allows each device there instead.)
             options["cap_add"].append("NET_ADMIN")
             options["device_cgroup_rules"] = [f"c {FAKE_GPU_MAJOR}:* rwm"]
     return options
