@@ -126,8 +126,8 @@ class EngineCgroups:
     def possible(self) -> bool:
         """Whether each compute node can have a cgroup tree of its own for slurmd: a cgroup namespace
         of its own, whose root (the container's cgroup) CAP_SYS_ADMIN makes writable (nodes.py,
-        hpcbox-node). A rootless engine's containers cannot load the eBPF device filters of cgroup v2
-        nor write their v1 controllers, so it gives none."""
+        hpcbox-node). Not on a rootless engine, whose containers' capabilities are the user's, not
+        root's (not tried: there is no rootless engine here)."""
         return self.version in (1, 2) and not self.rootless
 
     @property
