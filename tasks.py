@@ -13,7 +13,7 @@ from hpcbox.tasks import collection, friendly, say, task
 ns = collection()
 
 ROOT = Path(__file__).resolve().parent
-SHELL_SCRIPTS = ("bootstrap", ".ci/run", "docker/apt-install.sh")
+SHELL_SCRIPTS = ("bootstrap", ".ci/run", ".ci/cgroup2", ".ci/cgroup2-guest", "docker/apt-install.sh")
 
 
 @task(

@@ -230,6 +230,25 @@ def _bench(name: str):
     return module
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Which enforcement each enforcement test checked (tests/fixtures/cluster.py's ``enforced_by``):
+    the cgroup kill where the engine gives the nodes cgroups, Slurm's accounting kill where not."""
+    from tests.fixtures.cluster import ENFORCED_BY
+
+    checked = [
+        (report.nodeid, value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "call"
+        for key, value in getattr(report, "user_properties", ())
+        if key == ENFORCED_BY
+    ]
+    if checked:
+        terminalreporter.section("enforcement checked on this engine")
+        for nodeid, said in sorted(checked):
+            terminalreporter.line(f"{nodeid}: {said}")
+
+
 def _lane(module: str) -> str | None:
     path = REPO / module
     return lane_of(path) if path.is_relative_to(INTEGRATION) else None

@@ -210,38 +210,81 @@ GROW = (
     "    blocks.append(bytearray(10 * 1024 * 1024)); time.sleep(0.05)\ntime.sleep(10)'; "
     "echo script-went-on-after=$?"
 )
+# What a job prints of its own cgroup from inside it, on cgroup v2 or v1: the CPUs and the memory limit
+# of its job level (the path /proc/self/cgroup names, up to its job_N), which Slurm set from its request.
+OWN_CGROUP = (
+    "if [ -f /sys/fs/cgroup/cgroup.controllers ]; then "
+    'job=/sys/fs/cgroup$(sed -n "s/^0:://p" /proc/self/cgroup); job=${job%%/step_*}; '
+    'echo "cgroup-cpus=$(cat $job/cpuset.cpus.effective) cgroup-memory=$(cat $job/memory.max)"; '
+    'else cpus=$(sed -n "s/^[0-9]*:cpuset://p" /proc/self/cgroup); '
+    'memory=$(sed -n "s/^[0-9]*:memory://p" /proc/self/cgroup); '
+    'echo "cgroup-cpus=$(cat /sys/fs/cgroup/cpuset${cpus%%/step_*}/cpuset.effective_cpus)" '
+    '"cgroup-memory=$(cat /sys/fs/cgroup/memory${memory%%/step_*}/memory.limit_in_bytes)"; fi; '
+)
 
 
-def test_a_job_over_its_memory_ends_out_of_memory_as_at_a_cgroup_site(minicluster):
-    # The job's memory cgroup (ConstrainRAMSpace) lets no process past --mem: the kernel kills the one
-    # that passes it, at once, the job script goes on (as at a cgroup site), and Slurm ends the job
-    # OUT_OF_MEMORY. Without enforcement this job would complete.
-    assert minicluster.shape.cgroups, "this engine gives the nodes no cgroups: see test_without_cgroups_..."
-    job_id = submit(minicluster, GROW, "--mem=200M", "--output=mem-%j.out")
+def test_a_job_over_its_memory_ends_out_of_memory_by_its_cgroup_or_failed_by_the_accounting(
+    minicluster, enforced_by
+):
+    """Where the engine gives the nodes cgroups: the job's memory cgroup (ConstrainRAMSpace), its limit
+    the --mem asked, lets no process past it: the kernel kills the one that passes it, at once, the job
+    script goes on (as at a cgroup site), and Slurm ends the job OUT_OF_MEMORY. Where it gives none:
+    Slurm's accounting samples the step's RSS every second and kills the whole step past --mem (FAILED
+    0:9, the job script with it). Without either this job would complete."""
+    if not minicluster.shape.cgroups:
+        job_id = submit(minicluster, GROW, "--mem=200M", "--output=mem-%j.out")
+        accounting_killed(minicluster, job_id)
+        return
+    job_id = submit(minicluster, OWN_CGROUP + GROW, "--mem=200M", "--output=mem-%j.out")
     row = accounting(minicluster, job_id)
     assert (row["State"], row["ExitCode"]) == ("OUT_OF_MEMORY", "0:125")
     log = minicluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
+    assert f"cgroup-memory={200 * 1024 * 1024}" in log.split(), log  # the job's own cgroup held it
     assert "script-went-on-after=137" in log, log  # SIGKILL for the process alone
     assert re.search(rf"Detected \d+ oom.kill event.* in StepId={job_id}\.batch", log), log
 
 
-def test_a_spike_freed_at_once_is_stopped_too_where_sampling_would_miss_it(minicluster):
+def accounting_killed(cluster, job_id: str) -> None:
+    """Job ``job_id`` (GROW against --mem=200M, its output in mem-<id>.out) as Slurm's accounting ends
+    it: the whole batch step killed past --mem, FAILED 0:9, its sampled peak past the request."""
+    row = accounting(cluster, job_id)
+    assert (row["State"], row["ExitCode"]) == ("FAILED", "0:9")
+    log = cluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
+    assert "exceeded memory limit" in log and "being killed" in log, log
+    assert "script-went-on-after" not in log, log  # the whole batch step went
+    peak = cluster.ssh(
+        ["sacct", "-j", f"{job_id}.batch", "--noheader", "--parsable2", "--units=K", "--format=MaxRSS"],
+        check=True,
+    ).stdout.strip()
+    assert 200 * 1024 < float(peak.rstrip("K")) < 400 * 1024, peak  # past --mem, stopped before the end
+
+
+def test_a_spike_freed_at_once_is_stopped_by_a_cgroup_where_sampling_may_miss_it(minicluster, enforced_by):
     # 300 MiB touched and freed at once against --mem=100M: gone before a sample of the accounting
-    # (every second) could see it, but not past the cgroup.
+    # (every second) is likely to see it, but not past a cgroup.
     spike = "python3 -c 'block = bytearray(300 * 1024 * 1024); del block'; sleep 3"
     job_id = submit(minicluster, spike, "--mem=100M", "--output=/dev/null")
-    assert accounting(minicluster, job_id)["State"] == "OUT_OF_MEMORY"
+    row = accounting(minicluster, job_id)
+    if minicluster.shape.cgroups:
+        assert row["State"] == "OUT_OF_MEMORY", row
+    else:  # a sample that happened to land on the spike kills the step; most do not
+        assert (row["State"], row["ExitCode"]) in {("COMPLETED", "0:0"), ("FAILED", "0:9")}, row
 
 
-def test_each_job_runs_on_the_cpus_it_was_given_and_no_more(minicluster):
+def test_each_job_runs_on_the_cpus_it_was_given_and_no_more(minicluster, enforced_by):
     # Two busy processes in a one-CPU job: bound to that CPU (task/affinity), together they get one
-    # CPU's time, not two; sacct's whole-second Elapsed allows a second either way.
+    # CPU's time, not two; sacct's whole-second Elapsed allows a second either way. Where the nodes have
+    # cgroups, the job's own cpuset is that one CPU too: a process cannot bind itself out of it.
     burn = (
         "grep Cpus_allowed_list /proc/self/status; timeout 8 yes >/dev/null & timeout 8 yes >/dev/null & wait"
     )
-    job_id = submit(minicluster, burn, "--cpus-per-task=1", "--output=cpus-%j.out")
-    allowed = minicluster.ssh(f"cat cpus-{job_id}.out", check=True).stdout.split()[-1]
+    own = OWN_CGROUP if minicluster.shape.cgroups else ""
+    job_id = submit(minicluster, own + burn, "--cpus-per-task=1", "--output=cpus-%j.out")
+    printed = minicluster.ssh(f"cat cpus-{job_id}.out", check=True).stdout.split()
+    allowed = printed[-1]
     assert re.fullmatch(r"\d+", allowed), allowed  # one CPU, not a list or a range
+    if minicluster.shape.cgroups:
+        assert f"cgroup-cpus={allowed}" in printed, printed
     times = minicluster.ssh(
         ["sacct", "-j", job_id, "-X", "--noheader", "--parsable2", "--format=ElapsedRaw,TotalCPU"], check=True
     ).stdout.strip()
@@ -274,13 +317,16 @@ def gpus_seen(cluster, *options: str) -> dict[str, list[str]]:
     return told
 
 
-def test_a_gpu_job_sees_only_its_gpus_as_at_a_site_that_constrains_devices(minicluster):
+def test_a_gpu_job_sees_only_its_gpus_as_at_a_site_that_constrains_devices(minicluster, enforced_by):
     # Two one-GPU jobs at once on one node get its two GPUs: SLURM_JOB_GPUS names each its own, and, as
     # at a site with ConstrainDevices, each sees its one GPU as CUDA device 0. Each can open its own
     # GPU's device file and not the other's; a CPU job opens none. And their GPUs are placeholders (the
-    # node's task prolog): a CUDA build trains on the CPU here.
-    assert minicluster.shape.cgroups, "this engine gives the nodes no cgroups: see test_without_cgroups_..."
+    # node's task prolog): a CUDA build trains on the CPU here. Without cgroups a job is only told its
+    # GPUs (test_without_cgroups_...).
     first, second, cpu_only = gpus_seen(minicluster).values()
+    if not minicluster.shape.cgroups:
+        only_told(first, second, cpu_only)
+        return
     assert sorted([first[1], second[1]]) == ["0", "1"], (first, second)
     assert first[0] == second[0] == "0", (first, second)
     for seen in (first, second):
@@ -304,23 +350,18 @@ def test_without_cgroups_slurms_accounting_kills_a_job_over_its_memory_and_gpus_
     try:
         cluster = mc.up(spec, minicluster_state)
         assert not cluster.shape.cgroups
-        job_id = submit(cluster, GROW, "--mem=200M", "--output=mem-%j.out")
-        row = accounting(cluster, job_id)
-        assert (row["State"], row["ExitCode"]) == ("FAILED", "0:9")
-        log = cluster.ssh(f"cat mem-{job_id}.out", check=True).stdout
-        assert "exceeded memory limit" in log and "being killed" in log, log
-        assert "script-went-on-after" not in log, log  # the whole batch step went
-        peak = cluster.ssh(
-            ["sacct", "-j", f"{job_id}.batch", "--noheader", "--parsable2", "--units=K", "--format=MaxRSS"],
-            check=True,
-        ).stdout.strip()
-        assert 200 * 1024 < float(peak.rstrip("K")) < 400 * 1024, peak  # past --mem, stopped before the end
-        first, second, cpu_only = gpus_seen(cluster).values()
-        assert sorted([first[0], second[0]]) == ["0", "1"] and first[0] == first[1], (first, second)
-        opened = ["/dev/fakegpu0=opened", "/dev/fakegpu1=opened"]
-        assert first[3:] == second[3:] == cpu_only[3:] == opened, (first, second, cpu_only)
+        accounting_killed(cluster, submit(cluster, GROW, "--mem=200M", "--output=mem-%j.out"))
+        only_told(*gpus_seen(cluster).values())
     finally:
         mc.down(spec.name, minicluster_state)
+
+
+def only_told(first: list[str], second: list[str], cpu_only: list[str]) -> None:
+    """What gpus_seen gives where no cgroup constrains devices: each GPU job told its own GPU (by its
+    index on the node: nothing renumbers it), and every job can open every GPU device file."""
+    assert sorted([first[0], second[0]]) == ["0", "1"] and first[0] == first[1], (first, second)
+    opened = ["/dev/fakegpu0=opened", "/dev/fakegpu1=opened"]
+    assert first[3:] == second[3:] == cpu_only[3:] == opened, (first, second, cpu_only)
 
 
 def test_up_is_idempotent_and_down_leaves_nothing_behind(run_id, docker_engine, minicluster_state):

@@ -17,10 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.minicluster.shape import ENFORCEMENT
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup, with_own_ledger
 from tests.integration.test_container_software import hpcbox, runs_on_each_software
-from tests.integration.test_minicluster import GROW, accounting, gpus_seen, submit
+from tests.integration.test_minicluster import (
+    GROW,
+    accounting,
+    accounting_killed,
+    gpus_seen,
+    only_told,
+    submit,
+)
 from tests.integration.test_submit import SHORT, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -83,10 +91,17 @@ def test_it_comes_up_idle_running_slurm_22_05_with_the_same_configuration(minicl
     assert re.search(r"(?m)^Slurm 22\.05\.\d+ on every node \(`sinfo --version`\)$", SAID["up"]), SAID["up"]
 
 
-def test_its_nodes_enforce_memory_and_gpu_devices_with_cgroups_as_24_11s_do(minicluster):
-    # 22.05's cgroup/v1 plugins on the same node containers: over --mem the process is killed at once
-    # and the job ends OUT_OF_MEMORY; a one-GPU job sees its GPU as device 0 and opens no other.
-    assert minicluster.shape.cgroups and "enforced: CPUs, memory and GPU devices by cgroups" in SAID["up"]
+def test_its_nodes_enforce_memory_and_gpu_devices_as_24_11s_do(minicluster, enforced_by):
+    # 22.05's cgroup plugins on the same node containers: over --mem the process is killed at once and
+    # the job ends OUT_OF_MEMORY; a one-GPU job sees its GPU as device 0 and opens no other. On an engine
+    # that gives the nodes no cgroups, 22.05's accounting kills the job and a job is only told its GPUs.
+    assert (
+        ENFORCEMENT[minicluster.shape.cgroups].format(version=minicluster.shape.cgroup_version) in SAID["up"]
+    )
+    if not minicluster.shape.cgroups:
+        accounting_killed(minicluster, submit(minicluster, GROW, "--mem=200M", "--output=mem-%j.out"))
+        only_told(*gpus_seen(minicluster).values())
+        return
     job_id = submit(minicluster, GROW, "--mem=200M", "--output=mem-%j.out")
     assert accounting(minicluster, job_id)["State"] == "OUT_OF_MEMORY"
     log = minicluster.ssh(f"cat mem-{job_id}.out", check=True).stdout

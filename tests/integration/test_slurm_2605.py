@@ -25,6 +25,7 @@ import pytest
 
 from hpcbox.build import baseimage
 from hpcbox.minicluster import node_image, versions
+from hpcbox.minicluster.shape import ENFORCEMENT
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup, with_own_ledger
@@ -120,7 +121,9 @@ def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicl
             r"Parse error|fatal|innodb_snapshot_isolation"
         )
         assert not re.search(bad, logs), logs
-    assert minicluster.shape.cgroups and "enforced: CPUs, memory and GPU devices by cgroups" in SAID["up"]
+    assert (
+        ENFORCEMENT[minicluster.shape.cgroups].format(version=minicluster.shape.cgroup_version) in SAID["up"]
+    )
     assert "researcher|" in minicluster.ssh(["sacctmgr", "-n", "-P", "show", "user", "researcher"]).stdout
     shown = rf"(?m)^Slurm {re.escape(release)} on every node \(`sinfo --version`\)$"
     assert re.search(shown, SAID["up"]), SAID["up"]

@@ -396,14 +396,14 @@ def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setu
 
 
 def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(
-    first_job, setup: Setup, minicluster
+    first_job, setup: Setup, minicluster, enforced_by
 ):
     """With batches of 512 the trainer needs more than --mem=300M: the node's cgroup kills it at the
     limit, as at a cgroup site; the job ends OUT_OF_MEMORY, status and report
     name it out of memory with the --mem to ask, and its node scratch goes. (With the default batch
     of 64 it completed at 300M under the cgroup; Slurm's accounting, which sampled its RSS near 400
-    MiB, killed it there.)"""
-    assert minicluster.shape.cgroups, "this engine gives the nodes no cgroups (docs/minicluster.md)"
+    MiB, killed it there.) On an engine that gives the nodes no cgroups, Slurm's accounting kills the
+    whole job (FAILED), and status names it out of memory by its sampled peak."""
     record = submit(
         setup,
         minicluster,
@@ -413,6 +413,12 @@ def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(
     assert record is not None
     final = finished(minicluster, record)
     log = log_of(minicluster, record)
+    if not minicluster.shape.cgroups:
+        assert final.state == "FAILED" and "exceeded memory limit" in log, (final, log)
+        assert final.note.startswith("out of memory (OUT_OF_MEMORY where cgroups enforce it): its peak of ")
+        assert "passed --mem=300M and Slurm killed it" in final.note, final
+        wait_scratch_gone(minicluster, record.job_id)
+        return
     assert final.state == "OUT_OF_MEMORY", (final, log)
     assert "oom_kill event" in log or "oom-kill event" in log, log  # slurmstepd's line, 24.11 or 22.05
     assert final.note == "out of memory at --mem=300M: ask for at least --mem=512M", final

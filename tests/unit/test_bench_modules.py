@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -40,3 +41,42 @@ def test_reliability_read_from_a_suite_run_holds_a_check_only_where_every_case_p
     held = {check: ok for row in rows for check, ok in row["checks"].items()}
     assert held.pop(failing.split("::")[-1]) is False and held.pop(parametrized.split("::")[-1]) is False
     assert all(held.values()) and len(rows) == len(reliability.SCENARIOS)
+
+
+def test_the_cgroup2_lanes_results_time_the_cluster_apart_and_pass_only_with_every_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    lane = _benchmark(BENCH / "cgroup2_lane.py", monkeypatch)
+    timings = {"boot_s": 61.0, "load_s": 80.5, "guest_s": 900.0, "guest": {"kernel": "6.1.0-40-amd64"}}
+    (tmp_path / "timings.json").write_text(json.dumps(timings))
+    (tmp_path / "docker-info.json").write_text(
+        json.dumps({"CgroupVersion": "2", "CgroupDriver": "systemd", "MemTotal": 6 * 2**30, "Name": "x"})
+    )
+    module = "tests/integration/test_minicluster.py"
+    names = [
+        "test_a_job_over_its_memory_ends_out_of_memory_by_its_cgroup_or_failed_by_the_accounting",
+        "test_a_spike_freed_at_once_is_stopped_by_a_cgroup_where_sampling_may_miss_it",
+        "test_each_job_runs_on_the_cpus_it_was_given_and_no_more",
+        "test_a_gpu_job_sees_only_its_gpus_as_at_a_site_that_constrains_devices",
+    ]
+    phases = [{"nodeid": f"{module}::{names[0]}", "when": "setup", "outcome": "passed", "seconds": 300.2}]
+    for name in names:
+        for when, seconds in (("call", 20.0), ("teardown", 0.1)):
+            phases.append(
+                {"nodeid": f"{module}::{name}", "when": when, "outcome": "passed", "seconds": seconds}
+            )
+    (tmp_path / "reports.jsonl").write_text("".join(json.dumps(phase) + "\n" for phase in phases))
+    rows, details = lane.rows_from(tmp_path)
+    assert rows[0]["value"] == 2 and rows[0]["note"].startswith(
+        "docker info: Cgroup Version 2, systemd driver"
+    )
+    assert [row["value"] for row in rows[1:4]] == [61.0, 80.5, 300.2]  # boot, load, the cluster's start
+    assert [row["note"] for row in rows[4:8]] == [f"passed: {name}" for name in names]
+    assert details["engine"]["CgroupVersion"] == "2" and details["engine"]["MemTotalMiB"] == 6144
+    assert lane.passed(details)
+    phases[-2] = {**phases[-2], "outcome": "failed", "failure": "AssertionError: EPERM"}
+    (tmp_path / "reports.jsonl").write_text("".join(json.dumps(phase) + "\n" for phase in phases))
+    _, details = lane.rows_from(tmp_path)
+    assert not lane.passed(details) and details["tests"][f"{module}::{names[-1]}"]["outcome"] == "failed"
+    del details["tests"][f"{module}::{names[-1]}"]
+    assert not lane.passed(details)  # a check that did not run is no pass

@@ -74,38 +74,84 @@ def test_without_cgroups_slurms_accounting_enforces_memory_and_binding_the_cpus(
     )
 
 
-class _Engine:
-    def __init__(self, info: dict) -> None:
-        self._info = info
+def test_on_cgroup_v2_slurmd_makes_its_own_tree_without_systemd_and_constrains_the_same():
+    shape = dataclasses.replace(shape_like("local"), cgroup_version=2)
+    files = slurmconf.config_files(ClusterSpec(), shape)
+    assert conf_values(files["cgroup.conf"][0].decode()) == {
+        "CgroupPlugin": "cgroup/v2",
+        "IgnoreSystemd": "yes",
+        "ConstrainCores": "yes",
+        "ConstrainRAMSpace": "yes",
+        "ConstrainDevices": "yes",
+    }
+    values = conf_values(files["slurm.conf"][0].decode())
+    assert (values["ProctrackType"], values["TaskPlugin"]) == (
+        "proctrack/cgroup",
+        "task/cgroup,task/affinity",
+    )
+    assert "JobAcctGatherParams" not in values
+    assert "HPCBOX_CGROUPS=2\n" in files["node.env"][0].decode()
+    assert ClusterShape.from_dict(json.loads(json.dumps(asdict(shape)))) == shape
+    assert any(
+        line.startswith("  enforced: CPUs, memory and GPU devices by cgroups (cgroup v2)")
+        for line in shape.describe()
+    )
 
-    def info(self) -> dict:
-        return self._info
+
+def test_a_compute_node_gets_a_cgroup_tree_of_its_own_and_its_fake_gpus_only_with_cgroups():
+    from hpcbox.minicluster import nodes
+
+    for version in (1, 2):
+        shape = dataclasses.replace(shape_like("local"), cgroup_version=version)
+        with_cgroups = nodes.compute_options(shape)
+        without = nodes.compute_options(dataclasses.replace(shape, cgroups=False))
+        assert with_cgroups["cgroupns"] == "private" and "SYS_ADMIN" in with_cgroups["cap_add"]
+        # On v2 Docker's filter lets the node open every fake GPU, and slurmd attaches its own filters.
+        v2 = (
+            {"device_cgroup_rules": ["c 120:* rwm"], "NET_ADMIN": True}
+            if version == 2
+            else {"NET_ADMIN": False}
+        )
+        assert {key: with_cgroups.get(key) for key in v2 if key != "NET_ADMIN"} == {
+            key: value for key, value in v2.items() if key != "NET_ADMIN"
+        }
+        assert ("NET_ADMIN" in with_cgroups["cap_add"]) is v2["NET_ADMIN"]
+        assert (
+            not {"cgroupns", "device_cgroup_rules"} & set(without) and "SYS_ADMIN" not in without["cap_add"]
+        )
 
 
 @pytest.mark.parametrize(
-    ("info", "asked", "cgroups"),
+    ("info", "asked", "cgroups", "version"),
     [
-        ({"CgroupVersion": "1", "SecurityOptions": ["name=seccomp,profile=default"]}, None, True),
-        ({"CgroupVersion": "2", "SecurityOptions": []}, None, False),
-        ({"CgroupVersion": "1", "SecurityOptions": ["name=rootless"]}, None, False),
-        ({"CgroupVersion": "1"}, False, False),
-        ({"CgroupVersion": "2"}, False, False),
+        ({"CgroupVersion": "1", "SecurityOptions": ["name=seccomp,profile=default"]}, None, True, 1),
+        ({"CgroupVersion": "2", "SecurityOptions": ["name=seccomp,profile=default"]}, None, True, 2),
+        ({"CgroupVersion": "2", "SecurityOptions": ["name=rootless"]}, None, False, 2),
+        ({"CgroupVersion": "1", "SecurityOptions": ["name=rootless"]}, None, False, 1),
+        ({}, None, False, 0),
+        ({"CgroupVersion": "1"}, False, False, 1),
+        ({"CgroupVersion": "2"}, False, False, 2),
     ],
 )
-def test_the_nodes_get_cgroups_where_the_engine_can_give_them(monkeypatch, info, asked, cgroups):
+def test_the_nodes_get_cgroups_where_the_engine_can_give_them(info, asked, cgroups, version):
     from hpcbox.minicluster import lifecycle
 
-    monkeypatch.setattr(lifecycle.engine, "client", lambda: _Engine(info))
-    assert lifecycle.cgroups_for(asked) is cgroups
+    found = lifecycle.EngineCgroups.from_info(info)
+    assert (lifecycle.cgroups_for(asked, found), found.version) == (cgroups, version)
 
 
-def test_cgroups_asked_of_an_engine_that_cannot_give_them_is_one_line(monkeypatch):
+def test_a_rootless_engine_says_in_one_line_what_its_nodes_cannot_enforce():
     from hpcbox.minicluster import lifecycle
 
-    monkeypatch.setattr(lifecycle.engine, "client", lambda: _Engine({"CgroupVersion": "2"}))
+    found = lifecycle.EngineCgroups.from_info({"CgroupVersion": "2", "SecurityOptions": ["name=rootless"]})
+    assert found.cannot == (
+        "this Docker engine (rootless, cgroup v2) gives the compute nodes no cgroups of their own: Slurm's "
+        "accounting enforces --mem (FAILED 0:9 within a second, where a cgroup site says OUT_OF_MEMORY), "
+        "CPUs are bound but not confined, and a job can open every GPU device file"
+    )
     with pytest.raises(HpcboxError) as caught:
-        lifecycle.cgroups_for(True)
-    assert caught.value.message.startswith("cgroups: this Docker engine (cgroup v2) cannot give")
+        lifecycle.cgroups_for(True, found)
+    assert caught.value.message.startswith("cgroups: this Docker engine (rootless, cgroup v2) cannot give")
 
 
 @pytest.mark.parametrize(("gpus", "devices"), [(1, "/dev/fakegpu0"), (4, "/dev/fakegpu[0-3]")])

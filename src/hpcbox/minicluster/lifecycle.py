@@ -65,7 +65,14 @@ def up(
     say = on_line or (lambda _line: None)
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
-    shape = dataclasses.replace(shape.with_software(**spec.software), cgroups=cgroups_for(spec.cgroups))
+    found = engine_cgroups()
+    shape = dataclasses.replace(
+        shape.with_software(**spec.software),
+        cgroups=cgroups_for(spec.cgroups, found),
+        cgroup_version=found.version,
+    )
+    if spec.cgroups is None and not found.possible:
+        say(f"cluster {spec.name}: {found.cannot}")
     node_groups(spec, shape)  # too few nodes for its partitions' GPU layouts: refused before any build
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
@@ -101,23 +108,55 @@ def up(
         return cluster
 
 
-def cgroups_for(asked: bool | None) -> bool:
-    """Whether the compute nodes enforce with cgroups: as ``asked``, else where the engine can give
-    them cgroups of their own. That is a cgroup v1 engine that is not rootless: each compute node gets
-    a cgroup namespace of its own and CAP_SYS_ADMIN to make its controllers writable (nodes.py), so
-    slurmd's cgroups go under the node container's own. Not on cgroup v2: Slurm's cgroup/v2 plugin in
-    a node container has not been tried (no such engine to try it on)."""
-    info = engine.client().info()
-    version = str(info.get("CgroupVersion") or "?")
-    rootless = any("rootless" in option for option in info.get("SecurityOptions") or ())
-    possible = version == "1" and not rootless
-    if asked and not possible:
+@dataclass(frozen=True)
+class EngineCgroups:
+    """What the Docker engine can give the compute nodes of cgroups: its cgroup version (``docker
+    info``'s CgroupVersion; 0 where it says none) and whether it runs rootless."""
+
+    version: int
+    rootless: bool
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> EngineCgroups:
+        said = str(info.get("CgroupVersion") or "")
+        rootless = any("rootless" in option for option in info.get("SecurityOptions") or ())
+        return cls(int(said) if said.isdigit() else 0, rootless)
+
+    @property
+    def possible(self) -> bool:
+        """Whether each compute node can have a cgroup tree of its own for slurmd: a cgroup namespace
+        of its own, whose root (the container's cgroup) CAP_SYS_ADMIN makes writable (nodes.py,
+        hpcbox-node). Not on a rootless engine, whose containers' capabilities are the user's, not
+        root's (not tried: there is no rootless engine here)."""
+        return self.version in (1, 2) and not self.rootless
+
+    @property
+    def cannot(self) -> str:
+        """What the nodes of a cluster on this engine do not enforce, in one line."""
+        return (
+            f"this Docker engine ({self}) gives the compute nodes no cgroups of their own: Slurm's "
+            "accounting enforces --mem (FAILED 0:9 within a second, where a cgroup site says "
+            "OUT_OF_MEMORY), CPUs are bound but not confined, and a job can open every GPU device file"
+        )
+
+    def __str__(self) -> str:
+        return f"{'rootless, ' if self.rootless else ''}cgroup v{self.version or '?'}"
+
+
+def engine_cgroups() -> EngineCgroups:
+    return EngineCgroups.from_info(engine.client().info())
+
+
+def cgroups_for(asked: bool | None, found: EngineCgroups) -> bool:
+    """Whether the compute nodes enforce with cgroups: as ``asked``, else where the engine ``found``
+    can give them cgroups of their own (cgroup v1 or v2, not rootless)."""
+    if asked and not found.possible:
         raise HpcboxError(
-            f"cgroups: this Docker engine ({'rootless, ' if rootless else ''}cgroup v{version}) cannot give "
-            "the mini cluster's nodes cgroups of their own (cgroup v1 engines only, not rootless)",
+            f"cgroups: this Docker engine ({found}) cannot give the mini cluster's nodes cgroups of their "
+            "own (a cgroup v1 or v2 engine that is not rootless can)",
             "bring it up without cgroups: Slurm's accounting then enforces --mem (FAILED 0:9)",
         )
-    return possible if asked is None else asked
+    return found.possible if asked is None else asked
 
 
 def add_gpu_type(
@@ -425,9 +464,11 @@ def _why_replaced(
     changes = [f"{key} {now.get(key)} -> {asked[key]}" for key in fields if now.get(key) != asked[key]]
     if current.image != image:
         changes.append(f"node image {current.image} -> {image}")
-    if current.shape.cgroups != shape.cgroups:
-        changes.append(f"cgroups {current.shape.cgroups} -> {shape.cgroups}")
-    same_cgroups = dataclasses.replace(current.shape, cgroups=shape.cgroups)
+    enforcing = {"cgroups": shape.cgroups, "cgroup_version": shape.cgroup_version}
+    for name, value in enforcing.items():
+        if getattr(current.shape, name) != value:
+            changes.append(f"{name} {getattr(current.shape, name)} -> {value}")
+    same_cgroups = dataclasses.replace(current.shape, **enforcing)
     if same_cgroups != shape and current.spec.like == spec.like:
         changes.append(f"profile {spec.like} changed")
     return ", ".join(changes) or "not all of its containers are running"

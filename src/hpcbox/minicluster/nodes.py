@@ -28,6 +28,7 @@ from testcontainers.core.waiting_utils import WaitStrategy, WaitStrategyTarget
 
 from hpcbox.minicluster import slurmconf
 from hpcbox.minicluster.cluster import Cluster
+from hpcbox.minicluster.shape import ClusterShape
 from hpcbox.minicluster.spec import LABEL, USER, ClusterSpec, role
 from hpcbox.tools import ssh
 
@@ -38,6 +39,9 @@ testcontainers_config.ryuk_disabled = True
 
 HOST_LABEL = f"{LABEL}.host"
 INIT_DIR = "/etc/hpcbox-init"
+# The device numbers of the compute nodes' fake GPUs (hpcbox-node's fake_gpus): one Linux keeps for
+# local use, so no driver is behind them.
+FAKE_GPU_MAJOR = 120
 POLL_S = 0.5
 _ALIVE = ("created", "running")
 
@@ -237,6 +241,34 @@ class NodeState:
         return f"{self.base.upper()}{self.suffixes}" + (f" ({'; '.join(said)})" if said else "")
 
 
+def compute_options(shape: ClusterShape) -> dict[str, Any]:
+    """The `containers.create` options of a compute node of a cluster of ``shape``."""
+    # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the user's
+    # processes root needs SYS_PTRACE, or sacct's MaxRSS stays empty. task/affinity binds the
+    # user's tasks to their CPUs: without SYS_NICE no job starts ("task_g_set_affinity: Operation
+    # not permitted").
+    options = {**_RUNTIME_OPTIONS, "cap_add": ["SYS_PTRACE", "SYS_NICE"]}
+    if shape.cgroups:
+        # slurmd's cgroups (slurmconf.enforcement): a cgroup namespace of the node's own, whose
+        # root is the container's cgroup, so that each node's Slurm tree is apart from the others'
+        # and /proc/<pid>/cgroup names the paths Slurm made; SYS_ADMIN for hpcbox-node to make its
+        # cgroups writable (Docker mounts them read-only; --privileged fails here) and to let the
+        # node's cgroup open its fake GPU devices (major 120, hpcbox-node), which Slurm's then deny
+        # to every job but the one given each.
+        options["cap_add"] = [*options["cap_add"], "SYS_ADMIN"]
+        options["cgroupns"] = "private"
+        if shape.cgroup_version == 2:
+            # cgroup v2 filters devices with eBPF programs, the container's fixed by Docker at its
+            # creation: it lets the node open every fake GPU (the ones a GPU type added later too),
+            # and slurmd's own programs, below it, deny each job the others. slurmd loads and attaches
+            # them; NET_ADMIN besides SYS_ADMIN, as SchedMD's Slinky gives its slurmd containers for them
+            # (not tried without). (On v1 a rule of Docker's would be a wildcard Slurm's per-device
+            # denials cannot carve: hpcbox-node allows each device there instead.)
+            options["cap_add"].append("NET_ADMIN")
+            options["device_cgroup_rules"] = [f"c {FAKE_GPU_MAJOR}:* rwm"]
+    return options
+
+
 class ComputeNode(ClusterNode):
     """slurmd + Apptainer: ready when slurmctld reports this node in a state that takes jobs (idle, or
     busy with jobs), not when it is down, not responding or drained."""
@@ -248,20 +280,7 @@ class ComputeNode(ClusterNode):
         self.shared_volumes()
 
     def engine_options(self) -> dict[str, Any]:
-        # jobacct_gather/linux drops every process whose /proc/<pid>/io it cannot read; for the user's
-        # processes root needs SYS_PTRACE, or sacct's MaxRSS stays empty. task/affinity binds the
-        # user's tasks to their CPUs: without SYS_NICE no job starts ("task_g_set_affinity: Operation
-        # not permitted").
-        options = {**_RUNTIME_OPTIONS, "cap_add": ["SYS_PTRACE", "SYS_NICE"]}
-        if self.cluster.shape.cgroups:
-            # slurmd's cgroups (slurmconf.enforcement): a cgroup namespace of the node's own, whose
-            # root is the container's cgroup, so that each node's Slurm tree is apart from the others'
-            # and /proc/<pid>/cgroup names the paths Slurm made; SYS_ADMIN for hpcbox-node to make its
-            # controllers writable (Docker mounts them read-only; --privileged fails here) and to let
-            # the node's cgroup open its fake GPU devices.
-            options["cap_add"] = [*options["cap_add"], "SYS_ADMIN"]
-            options["cgroupns"] = "private"
-        return options
+        return compute_options(self.cluster.shape)
 
     @classmethod
     def readiness(cls, cluster: Cluster, host: str) -> NodeReady:

@@ -41,8 +41,8 @@ RULES = {
 }
 # How the compute nodes hold a job to its request (ClusterShape.cgroups), as `cluster.status` says it.
 ENFORCEMENT = {
-    True: "CPUs, memory and GPU devices by cgroups, as at a cgroup site (over --mem: OUT_OF_MEMORY at "
-    "once; a job opens only its own GPUs)",
+    True: "CPUs, memory and GPU devices by cgroups (cgroup v{version}), as at a cgroup site (over --mem: "
+    "OUT_OF_MEMORY at once; a job opens only its own GPUs)",
     False: "CPUs by binding, memory by Slurm's accounting (over --mem: killed within a second, FAILED "
     "0:9; OUT_OF_MEMORY at a cgroup site); GPUs only by CUDA_VISIBLE_DEVICES (no cgroups on this engine)",
 }
@@ -95,6 +95,9 @@ class ClusterShape:
     # gives the nodes no cgroups of their own: Slurm's accounting kills it (FAILED 0:9) within a second
     # (slurmconf.enforcement). Not the profile's to say: `up` sets it from the engine (lifecycle).
     cgroups: bool = True
+    # The engine's cgroup version, 1 or 2: which of Slurm's cgroup plugins the nodes run, and how
+    # hpcbox-node hands slurmd its tree. Set by `up` from the engine, as ``cgroups`` is.
+    cgroup_version: int = 1
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
@@ -208,7 +211,7 @@ class ClusterShape:
         )
         fuse = "yes" if self.fuse else "no: a job unpacks the SIF to node scratch"
         lines.append(f"  container runtime: {runtime}; FUSE for users: {fuse}")
-        lines.append(f"  enforced: {ENFORCEMENT[self.cgroups]}")
+        lines.append(f"  enforced: {ENFORCEMENT[self.cgroups].format(version=self.cgroup_version)}")
         if self.lacking:
             lines.append(f"  squashfs tools: no {' and no '.join(self.lacking)}")
         if self.module_stub:

@@ -113,15 +113,16 @@ def enforcement(shape: ClusterShape) -> dict[str, str]:
     }
 
 
-def cgroup_conf() -> str:
-    """cgroup.conf of a cluster whose nodes enforce with cgroups: the nodes' own cgroup v1 tree
-    (hpcbox-node makes it writable), RAM, cores and GPU devices constrained as at a cgroup site."""
-    settings = {
-        "CgroupPlugin": "cgroup/v1",
-        "ConstrainCores": "yes",
-        "ConstrainRAMSpace": "yes",
-        "ConstrainDevices": "yes",
-    }
+def cgroup_conf(shape: ClusterShape) -> str:
+    """cgroup.conf of a cluster whose nodes enforce with cgroups: the node's own tree of the engine's
+    cgroup version (hpcbox-node makes it writable), RAM, cores and GPU devices constrained as at a
+    cgroup site. On cgroup v2 no systemd runs in a node to delegate slurmd a subtree: IgnoreSystemd, as
+    Slurm's docs say for containers, and slurmd makes its stepd scope itself under the namespace's root
+    (which hpcbox-node has emptied of processes, so that the root can enable controllers for it)."""
+    settings = {"CgroupPlugin": f"cgroup/v{shape.cgroup_version}"}
+    if shape.cgroup_version == 2:
+        settings["IgnoreSystemd"] = "yes"
+    settings |= {"ConstrainCores": "yes", "ConstrainRAMSpace": "yes", "ConstrainDevices": "yes"}
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
 
@@ -222,7 +223,7 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
         "node.env": (node_env(shape).encode(), 0o644),
     }
     if shape.cgroups:
-        files["cgroup.conf"] = (cgroup_conf().encode(), 0o644)
+        files["cgroup.conf"] = (cgroup_conf(shape).encode(), 0o644)
     if shape.filters_submissions:
         files["job_submit.lua"] = (job_submit_lua(shape).encode(), 0o644)
     return files
@@ -230,7 +231,7 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
 
 def node_env(shape: ClusterShape) -> str:
     """Shell assignments hpcbox-node reads: the fake GPU devices, scratch, site areas, QOS, stubs, the
-    container runtime and FUSE, and whether the nodes enforce with cgroups."""
+    container runtime and FUSE, and the cgroup version the nodes enforce with (empty: none)."""
     values = {
         "FAKE_GPUS": str(shape.gpus_per_node),
         "SCRATCH_DIR": shape.scratch_dir,
@@ -244,7 +245,7 @@ def node_env(shape: ClusterShape) -> str:
         "FUSE": "1" if shape.fuse else "",
         "SQUASHFUSE": "1" if shape.squashfuse else "",
         "ZSTD": "1" if shape.zstd else "",
-        "CGROUPS": "1" if shape.cgroups else "",
+        "CGROUPS": str(shape.cgroup_version) if shape.cgroups else "",
     }
     return "".join(f"HPCBOX_{key}={shlex.quote(value)}\n" for key, value in values.items())
 

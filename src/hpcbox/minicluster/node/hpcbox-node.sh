@@ -104,10 +104,19 @@ compute() {
     exec slurmd -D
 }
 
-# Slurm's cgroups (cgroup.conf): the node has a cgroup namespace of its own whose root is its container's
-# cgroup, mounted read-only by Docker; with CAP_SYS_ADMIN the controllers Slurm uses become writable, and
-# slurmd makes each job's cgroups under them, apart from every other node's.
+# Slurm's cgroups (cgroup.conf), of the engine's cgroup version ($HPCBOX_CGROUPS): the node has a cgroup
+# namespace of its own whose root is its container's cgroup, mounted read-only by Docker; with
+# CAP_SYS_ADMIN it becomes writable, and slurmd makes each job's cgroups under it, apart from every other
+# node's.
 node_cgroups() {
+    case "$HPCBOX_CGROUPS" in
+        1) node_cgroups_v1 ;;
+        2) node_cgroups_v2 ;;
+        *) log "unknown cgroup version in node.env: '$HPCBOX_CGROUPS'"; exit 1 ;;
+    esac
+}
+
+node_cgroups_v1() {
     local controller
     for controller in cpuset memory devices freezer; do
         if ! mount -o remount,bind,rw "/sys/fs/cgroup/$controller"; then
@@ -118,19 +127,57 @@ node_cgroups() {
     done
 }
 
+# cgroup v2 lets a cgroup hand controllers to its children only while no process is in it (the "no
+# internal processes" rule), and every process of the node (tini, this script, munged) starts in the
+# namespace's root: they move to a child of their own first, then the root enables every controller it
+# has for its children, among them those Slurm constrains with (cpuset, cpu, memory, pids), under which
+# slurmd (IgnoreSystemd: no systemd here to delegate it a subtree) makes its stepd scope. A process that
+# `docker exec` puts into the root meanwhile fails the enabling (EBUSY): it moves too, and the enabling is
+# tried again; once the root has controllers, runc puts such a process into tini's cgroup instead.
+node_cgroups_v2() {
+    local root=/sys/fs/cgroup attempt pid pids controller controllers
+    if [ ! -f "$root/cgroup.controllers" ] || ! mount -o remount,bind,rw "$root"; then
+        log "cannot make $root writable as a cgroup v2 tree: this engine gives the node no cgroups of" \
+            "its own; bring the cluster up without cgroups"
+        exit 1
+    fi
+    for controller in cpuset cpu memory pids; do
+        if ! grep -qw "$controller" "$root/cgroup.controllers"; then
+            log "the engine gives the node's cgroup no $controller controller ($(cat "$root/cgroup.controllers")):" \
+                "Slurm cannot constrain with it; bring the cluster up without cgroups"
+            exit 1
+        fi
+    done
+    mkdir -p "$root/hpcbox-node"
+    read -ra controllers <"$root/cgroup.controllers"
+    for attempt in $(seq 10); do
+        mapfile -t pids <"$root/cgroup.procs"
+        for pid in "${pids[@]}"; do
+            echo "$pid" >"$root/hpcbox-node/cgroup.procs" 2>/dev/null || true # one that has exited meanwhile
+        done
+        for controller in "${controllers[@]}"; do
+            grep -qw "$controller" "$root/cgroup.subtree_control" && continue
+            echo "+$controller" >"$root/cgroup.subtree_control" 2>/dev/null || continue 2
+        done
+        return 0
+    done
+    log "processes kept arriving in the node's root cgroup: its controllers are not enabled after $attempt tries"
+    exit 1
+}
+
 # Fake GPU devices, with no GPU behind them. Character devices, not plain files: Slurm sets
 # CUDA_VISIBLE_DEVICES and SLURM_JOB_GPUS only for a device file. With cgroups, each has numbers of its
 # own (major 120, one Linux keeps for local use: no driver, so opening one says "No such device or
-# address") which the node's cgroup may open, and Slurm's ConstrainDevices lets a job open only those it
-# was given ("Operation not permitted" for the others). Without, each is a copy of /dev/null that any
-# job can open.
+# address") which the node's cgroup may open (on cgroup v1 allowed here one by one, on v2 by Docker's
+# device rule, nodes.py), and Slurm's ConstrainDevices lets a job open only those it was given
+# ("Operation not permitted" for the others). Without, each is a copy of /dev/null that any job can open.
 fake_gpus() {
     local index
     for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
         rm -f "/dev/fakegpu$index"
         if [ -n "${HPCBOX_CGROUPS:-}" ]; then
             mknod -m 0666 "/dev/fakegpu$index" c 120 "$index"
-            echo "c 120:$index rwm" >/sys/fs/cgroup/devices/devices.allow
+            if [ "$HPCBOX_CGROUPS" = 1 ]; then echo "c 120:$index rwm" >/sys/fs/cgroup/devices/devices.allow; fi
         else
             mknod -m 0666 "/dev/fakegpu$index" c 1 3
         fi
