@@ -145,6 +145,13 @@ def test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one(setup: Setu
     assert forced.returncode == 0, forced.stderr  # its one job's results fetched: nothing to lose
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT back to its default for a program the test starts: a pytest-xdist worker (the whole
+    suite's) ignores it, and a program started with SIGINT ignored keeps ignoring it, so Ctrl-C did
+    nothing there and the follow went on to the job's end (two full runs failed so; alone, it passed)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_of(setup: Setup, job_id: str) -> str:
     """The run of the last job ``job_id`` submitted from the project (as `-j` takes it)."""
     from hpcbox.ledger import Ledger
@@ -195,6 +202,7 @@ def test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopp
     follower = subprocess.Popen(
         [sys.executable, "-m", "hpcbox", "logs", "-j", stopped_id, "--follow"], cwd=setup.project_dir,
         env={**os.environ, **setup.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     assert follower.stdout is not None
     seen = next((line for line in iter(follower.stdout.readline, "") if '"epoch": 2,' in line), "")
