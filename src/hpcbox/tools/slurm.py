@@ -278,10 +278,7 @@ def parse_tasks(
     it was requeued), or squeue's while Slurm still holds the task (`squeue --array` lists pending
     tasks one by one). IdReused where Slurm knows only another job's tasks by the id."""
     task = re.compile(rf"^{re.escape(job_id)}_(\d+)$")
-    accounted = sorted(
-        (_state_of(row) for row in parse_sacct(sacct_text, fields) if task.match(row["JobID"])),
-        key=lambda run: run.submitted,
-    )
+    accounted = [run for run in accounted_runs(sacct_text, fields) if task.match(run.job_id)]
     queued = [state for state in _squeue_lines(squeue_text, squeue_format) if task.match(state.job_id)]
     tasks: dict[int, JobState] = {}
     for run in _own(accounted, job_id, script):
@@ -396,14 +393,29 @@ def _sacct(connection: ssh.Connection, arguments: Sequence[str], *, what: str) -
 
 def _sacct_states(connection: ssh.Connection, job_id: str) -> tuple[proc.Completed, tuple[str, ...]]:
     """sacct's lines of each job the id has named (its array tasks too), and the fields they hold."""
-    fields = _STATE_FIELDS
+    arguments = ["-X", "--duplicates", f"--jobs={job_id}"]
+    what = f"ask sacct about job {job_id}"
+    return _sacct_known(connection, arguments, _STATE_FIELDS, _NEWER_STATE_FIELDS, what=what)
+
+
+def _sacct_known(
+    connection: ssh.Connection,
+    arguments: Sequence[str],
+    fields: Sequence[str],
+    droppable: Sequence[str],
+    *,
+    what: str,
+) -> tuple[proc.Completed, tuple[str, ...]]:
+    """`sacct ARGUMENTS --format=FIELDS`, asked again without each of ``droppable`` this cluster's sacct
+    names as unknown (a field newer than its Slurm): its answer, and the fields it holds."""
+    asked = tuple(fields)
     while True:
-        arguments = ["-X", "--duplicates", f"--jobs={job_id}", f"--format={','.join(fields)}"]
-        done = _sacct(connection, arguments, what=f"ask sacct about job {job_id}")
-        unknown = unknown_field(done.stderr, _NEWER_STATE_FIELDS) if done.returncode != 0 else None
+        done = _sacct(connection, [*arguments, f"--format={','.join(asked)}"], what=what)
+        # sacct names the first field it does not know, and prints nothing else.
+        unknown = unknown_field(done.stderr, droppable) if done.returncode != 0 else None
         if unknown is None:
-            return done, fields
-        fields = tuple(field for field in fields if field != unknown)
+            return done, asked
+        asked = tuple(field for field in asked if field != unknown)
 
 
 def accounting_silent(done: proc.Completed) -> bool:
@@ -531,16 +543,9 @@ def _sacct_rows(
     connection: ssh.Connection, job_id: str, fields: Sequence[str], *, duplicates: bool = False
 ) -> list[dict[str, str]]:
     what = f"read job {job_id}'s accounting with sacct"
-    asked, missing = list(fields), []
-    every_run = ["--duplicates"] if duplicates else []
-    while True:
-        done = _sacct(connection, [*every_run, f"--jobs={job_id}", f"--format={','.join(asked)}"], what=what)
-        # sacct names the first field it does not know, and prints nothing else.
-        unknown = unknown_field(done.stderr, asked) if done.returncode != 0 else None
-        if unknown is None:
-            break
-        asked.remove(unknown)
-        missing.append(unknown)
+    arguments = [*(["--duplicates"] if duplicates else []), f"--jobs={job_id}"]
+    done, asked = _sacct_known(connection, arguments, fields, fields, what=what)
+    missing = [field for field in fields if field not in asked]
     if accounting_silent(done):
         raise HpcboxError(
             f"cannot {what}: Slurm's accounting (slurmdbd) does not answer",
