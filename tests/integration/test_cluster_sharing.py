@@ -134,6 +134,60 @@ def test_a_checkouts_old_keys_of_the_running_cluster_are_adopted_once(shared: Sh
         assert done.returncode == 0 and "moved" not in done.stdout, done.stdout + done.stderr
 
 
+def test_a_job_held_back_by_a_full_queue_says_why_and_slurms_start_guess_as_a_guess(shared: Shared):
+    from hpcbox import jobs
+    from hpcbox.tools import slurm, ssh
+
+    cluster = shared.found()
+    # Another user of the cluster (root, on the controller) holds its one node for ten minutes.
+    other = cluster.exec(
+        "controller",
+        [
+            "sbatch",
+            "--parsable",
+            "--exclusive",
+            "--time=10",
+            "--job-name=someone else",
+            "--wrap",
+            "sleep 600",
+        ],
+    )
+    assert other.returncode == 0, other.stderr
+    others = other.stdout.strip()
+    mine = ""
+    try:
+        check = shared.hpcbox(shared.b, "sbatch", "--cluster=local", "--check", "--time=5")
+        assert check.returncode == 0, check.stderr
+        guess = slurm.test_only_start(check.stderr)
+        assert guess, check.stderr
+        assert f"{guess} is Slurm's guess of its start from the queue as it stands now, not a promise" in (
+            check.stderr
+        )
+        mine = cluster.ssh(["sbatch", "--parsable", "--time=5", "--wrap", "true"], check=True).stdout.strip()
+        with ssh.Connection(cluster.ssh_target()) as connection:
+            # The scheduler looks at a job within its sched_interval (5 s): wait for that, not for a time.
+            deadline = time.monotonic() + 60
+            found = slurm.job_state(connection, mine)
+            while found is not None and not (found.reason == "Resources" and found.start_guess):
+                assert time.monotonic() < deadline, (
+                    f"job {mine} never waited for resources with a guess: {found}"
+                )
+                time.sleep(1)
+                found = slurm.job_state(connection, mine)
+        assert found is not None and found.state == "PENDING"
+        said = jobs.describe(found)
+        assert said.startswith(f"job {mine}: PENDING, waiting for free resources (Resources: "), said
+        assert f"Slurm guesses it starts at {found.start_guess} (its own estimate, not a promise)" in said
+    finally:
+        ids = [others, *([mine] if mine else [])]
+        cluster.exec("controller", ["scancel", *ids])
+        # gone from the queue before the next test counts the cluster's jobs
+        deadline = time.monotonic() + 60
+        while cluster.exec("controller", ["squeue", "--noheader", f"--jobs={','.join(ids)}"]).stdout.strip():
+            assert time.monotonic() < deadline, f"jobs {ids} still in the queue a minute after scancel"
+            time.sleep(0.5)
+
+
 def test_down_or_replace_with_a_job_running_is_refused_naming_it_until_forced(shared: Shared, docker_engine):
     cluster = shared.found()
     job = cluster.ssh(["sbatch", "--parsable", "--job-name=hold me", "--wrap", "sleep 300"], check=True)

@@ -61,7 +61,7 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     topics = [line.split()[1] for line in found["ok"]]
     assert topics == [
         "slurm", "scheduler", "partitions", "partitions", "accounts", "runtime", "mounting", "sif",
-        "storage", "storage", "quota",
+        "storage", "storage", "quota", "queue",
     ], done.stdout  # fmt: skip
     text = done.stdout
     assert "Slurm 24.11." in text and "squeue and sacct answer (accounting on)" in text
@@ -69,6 +69,9 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     assert "yours: research" in text
     assert "apptainer version 1.4" in text and "(/usr/bin/apptainer)" in text
     assert "user namespaces, FUSE and /usr/bin/squashfuse" in text
+    assert re.search(
+        r"an hour's job in cpu: Slurm guesses it starts at \S+ \(from the queue as it stands, not a", text
+    )
     assert "a zstd SIF (the profile's) mounts on the login node; so do gzip, lzo, xz, lz4" in text
     assert took < DOCTOR_BOUND_S, took
 

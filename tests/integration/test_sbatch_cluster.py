@@ -161,6 +161,25 @@ def test_local_script_runs_the_trainer_in_apptainer_and_cleans_up(job_dir: JobDi
     assert scratch_left(job_dir.cluster, job_id) == []
 
 
+def test_a_finished_job_slurm_requeues_does_not_run_again_and_keeps_its_results(job_dir: JobDir):
+    """Preemption's grace-time trap, by the requeue Slurm does then: a finished job started again
+    (`scontrol requeue` takes one, as a preemption in its last seconds does) keeps what it wrote."""
+    job_id = job_dir.submit(render_local(ResourceRequest(job_name="once", time="10"), TRAIN_ARGS), "once.sh")
+    assert wait_finished(job_dir.cluster, job_id) == ("COMPLETED", "0:0")
+    metrics = job_dir.sh(f"cat runs/{job_id}/metrics.jsonl").stdout
+    job_dir.cluster.ssh(["scontrol", "requeue", job_id], check=True)
+    # Its second run's line in accounting, not the first's: wait for the restart, then for its end.
+    deadline = time.monotonic() + 120
+    while sacct(job_dir.cluster, job_id, "Restarts")[:1] in ([], ["0"]):
+        assert time.monotonic() < deadline, f"job {job_id} was never started again"
+        time.sleep(1)
+    assert wait_finished(job_dir.cluster, job_id) == ("COMPLETED", "0:0")
+    log = job_dir.sh(f"cat logs/*-{job_id}.out", check=False).stdout
+    assert f"hpcbox: job {job_id} finished in an earlier run (exit status 0): it is not run again" in log, log
+    assert job_dir.sh(f"cat runs/{job_id}/metrics.jsonl").stdout == metrics
+    assert scratch_left(job_dir.cluster, job_id) == []
+
+
 def test_failing_trainer_leaves_no_scratch_and_keeps_its_log(job_dir: JobDir):
     script = render_local(ResourceRequest(job_name="fails"), ("--model", "no-such-model"))
     job_id = job_dir.submit(script, "fail.sh")

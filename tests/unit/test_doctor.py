@@ -33,7 +33,7 @@ from hpcbox.tools import ssh
 
 PROBES = {
     "slurm", "squeue", "sacct", "partitions", "associations", "module", "runtime", "userns", "fuse",
-    "setuid", "areas", "quota", "machine", "probe_sifs",
+    "setuid", "areas", "quota", "machine", "probe_sifs", "queue",
 }  # fmt: skip
 
 

@@ -284,7 +284,7 @@ def test_sbatch_parsable_output_gives_the_job_id():
 
 def test_squeue_and_sacct_lines_are_read_field_by_field():
     queued = slurm.parse_squeue(
-        "41|PENDING|QOSMaxGRESPerUser|0:00|1:00:00||2026-12-05T09:00:01|/home/r/hpcbox/t/scripts/t-1.sh\n",
+        "41|PENDING|QOSMaxGRESPerUser|0:00|1:00:00||N/A|2026-12-05T09:00:01|/home/r/hpcbox/t/scripts/t-1.sh\n",
         "41",
     )
     assert queued == slurm.JobState(
@@ -342,7 +342,9 @@ def test_a_job_is_told_from_another_given_its_id_by_its_batch_script():
 
 
 def test_a_sweeps_id_naming_another_array_is_said_not_read_as_its_tasks():
-    squeue = "9_1|RUNNING|None|0:05|10:00|node1|2027-01-01T00:00:00|/home/r/x/scripts/x-2.sh\n"
+    squeue = (
+        "9_1|RUNNING|None|0:05|10:00|node1|2027-01-01T00:00:02|2027-01-01T00:00:00|/home/r/x/scripts/x-2.sh\n"
+    )
     with pytest.raises(slurm.IdReused):
         slurm.parse_tasks("", squeue, "9", SCRIPT)
     mine = squeue.replace("/home/r/x/scripts/x-2.sh", SCRIPT)
@@ -354,17 +356,67 @@ def test_a_sweeps_id_naming_another_array_is_said_not_read_as_its_tasks():
 def test_describe_explains_a_pending_reason_and_a_finished_job():
     pending = slurm.JobState("9", "PENDING", "Priority", "0:00", "10:00", "", "", "squeue")
     assert jobs.describe(pending) == (
-        "job 9: PENDING, (Priority: other jobs have higher priority; it will start when its turn comes), "
-        "elapsed 0:00 of 10:00"
+        "job 9: PENDING, waiting behind jobs of higher priority (Priority: other jobs have higher priority; "
+        "it will start when its turn comes), elapsed 0:00 of 10:00"
     )
     done = slurm.JobState("9", "COMPLETED", "None", "00:01:02", "00:10:00", "0:0", "node1", "sacct")
     assert jobs.describe(done) == "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0"
 
 
+def test_a_pending_job_says_what_it_waits_for_and_slurms_start_guess_as_a_guess():
+    line = "52|PENDING|Resources|0:00|30:00||2026-12-05T12:30:00|2026-12-05T12:00:01|/h/s.sh\n"
+    waiting = slurm.parse_squeue(line, "52")
+    assert waiting.start_guess == "2026-12-05T12:30:00"
+    assert jobs.describe(waiting) == (
+        "job 52: PENDING, waiting for free resources (Resources: waiting for nodes with the requested CPUs, "
+        "memory or GPUs to become free), Slurm guesses it starts at 2026-12-05T12:30:00 (its own estimate, "
+        "not a promise), elapsed 0:00 of 30:00"
+    )
+    # A running job's %S is when it started, not a guess; a pending one without an estimate says N/A.
+    running = slurm.parse_squeue(line.replace("PENDING|Resources", "RUNNING|None"), "52")
+    assert running.start_guess == "" and "guess" not in jobs.describe(running)
+    assert slurm.parse_squeue(line.replace("2026-12-05T12:30:00", "N/A"), "52").start_guess == ""
+
+
+@pytest.mark.parametrize(
+    ("reason", "group"),
+    [
+        ("Resources", "waiting for free resources"),
+        ("Priority", "waiting behind jobs of higher priority"),
+        ("Dependency", "waiting for a dependency"),
+        ("DependencyNeverSatisfied", "will not start as asked"),
+        ("JobHeldUser", "held"),
+        ("BeginTime", "held"),
+        ("QOSMaxGRESPerUser", "at a limit of your account or QOS"),
+        ("AssocGrpCpuLimit", "at a limit of your account or QOS"),  # not in the words table: by its kind
+        ("JobArrayTaskLimit", "at a limit of your account or QOS"),
+        ("QOSMaxWallDurationPerJobLimit", "will not start as asked"),
+        ("AssocMaxNodePerJobLimit", "will not start as asked"),
+        ("PartitionTimeLimit", "will not start as asked"),
+        ("ReqNodeNotAvail, UnavailableNodes:node2", "a node or partition it needs is down"),
+        ("NodeDown", "a node or partition it needs is down"),
+        ("None", "not yet looked at by the scheduler"),
+        ("SomethingSlurmAddsNext", ""),
+    ],
+)
+def test_pending_reasons_are_grouped_by_what_the_user_can_do(reason, group):
+    assert slurm.wait_group(reason) == group
+    assert slurm.JobState("1", "PENDING", reason).waiting_for == group
+    assert slurm.JobState("1", "RUNNING", reason).waiting_for == ""
+
+
+def test_the_start_time_in_sbatch_test_onlys_answer_is_read_as_a_guess():
+    answer = "sbatch: Job 5 to start at 2026-12-05T12:00:00 using 1 processors on nodes c1 in partition debug"
+    assert slurm.test_only_start(answer) == "2026-12-05T12:00:00"
+    assert slurm.test_only_start("sbatch: error: Batch job submission failed: Invalid account") == ""
+
+
 def test_describe_says_no_none_for_a_job_not_yet_looked_at_or_never_placed():
     # squeue's reason None (no reason yet) and sacct's `None assigned` (cancelled before it started).
-    waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00||2026-12-05T09:00:01|/h/s.sh\n", "9")
-    assert jobs.describe(waiting) == "job 9: PENDING, (being scheduled), elapsed 0:00 of 10:00"
+    waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00||N/A|2026-12-05T09:00:01|/h/s.sh\n", "9")
+    assert (
+        jobs.describe(waiting) == "job 9: PENDING, not yet looked at by the scheduler, elapsed 0:00 of 10:00"
+    )
     [never] = slurm.accounted_states(
         "9|CANCELLED by 1500|None|00:00:00|00:10:00|0:0|None assigned|2026-12-05T09:00:01|/h|sbatch s.sh\n",
         "9",

@@ -529,6 +529,33 @@ def test_a_job_requeues_itself_at_most_max_restarts_times(sandbox: Sandbox, rest
     assert not sandbox.scratch_was.exists()
 
 
+def test_a_job_that_finished_is_not_run_again_when_slurm_starts_it_again(sandbox: Sandbox):
+    """Preemption's grace-time trap: Slurm requeues a job it picked even where the job finished in its
+    grace time (and `scontrol requeue` takes a finished job). The program does not run twice, and its
+    results are not written over; a job whose program failed or checkpointed runs again."""
+    script = sandbox.script(ResourceRequest(job_name="once"), ("--epochs", "1"))
+    status, output = sandbox.run(script)
+    assert status == 0, output
+    (sandbox.root / "argv.json").unlink()
+    before = {path: path.read_bytes() for path in sandbox.run_dir.rglob("*") if path.is_file()}
+    again = dataclasses.replace(sandbox, env={**sandbox.env, "SLURM_RESTART_COUNT": "1"})
+    status, output = again.run(script)
+    assert status == 0, output
+    said = [line for line in output.splitlines() if line.startswith("hpcbox: ")]
+    assert said[-1] == (
+        "hpcbox: job 4242 finished in an earlier run (exit status 0): it is not run again, and its results "
+        f"in {sandbox.run_dir} stay as they are"
+    ), output
+    assert not (sandbox.root / "argv.json").exists()  # the program never started
+    assert {path: path.read_bytes() for path in sandbox.run_dir.rglob("*") if path.is_file()} == before
+    assert not sandbox.scratch_was.exists() and sandbox.scontrol_calls() == []
+    for outcome in ("3\n", "75\n"):  # failed, or checkpointed: the next run is the job's to run
+        (sandbox.run_dir / ".hpcbox-exit").write_text(outcome)
+        status, output = again.run(script)
+        assert status == 0 and (sandbox.root / "argv.json").exists(), output
+        (sandbox.root / "argv.json").unlink()
+
+
 def test_requeued_job_starts_from_the_copied_back_checkpoints(sandbox: Sandbox):
     (sandbox.run_dir / "checkpoints").mkdir(parents=True)
     (sandbox.run_dir / "checkpoints" / "last.pt").write_text("from the first run")

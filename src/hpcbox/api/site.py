@@ -279,7 +279,13 @@ class Site:
             )
         target = self.target
         self._rehearse(script.resources)
-        return slurm.test_only(target, script.text)
+        answer = slurm.test_only(target, script.text)
+        if guess := slurm.test_only_start(answer):
+            answer += (
+                f"\nhpcbox: Slurm would accept it; {guess} is Slurm's guess of its start from the queue as "
+                "it stands now, not a promise"
+            )
+        return answer
 
     # --- submit ----------------------------------------------------------------------------------
 

@@ -169,13 +169,17 @@ def failed_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> tuple[i
 
 
 def describe(found: slurm.JobState) -> str:
-    """One line for people: state, and what a pending reason means or how a finished job ended."""
+    """One line for people: state, and what a pending job waits for (grouped, Slurm's reason with it, and
+    its start guess labelled as one) or how a finished job ended."""
     parts = [f"job {found.job_id}: {found.state}"]
     if found.state == "PENDING" and found.reason == "None":  # no reason: Slurm has not looked at it yet
-        parts.append(f"({found.reason_in_words})")
+        parts.append(found.waiting_for)
     elif found.state == "PENDING" and found.reason:
         words = found.reason_in_words
-        parts.append(f"({found.reason}{': ' + words if words else ''})")
+        said = f"({found.reason}{': ' + words if words else ''})"
+        parts.append(f"{found.waiting_for} {said}" if found.waiting_for else said)
+    if found.start_guess:
+        parts.append(f"Slurm guesses it starts at {found.start_guess} (its own estimate, not a promise)")
     if found.elapsed:
         parts.append(f"elapsed {found.elapsed}" + (f" of {found.time_limit}" if found.time_limit else ""))
     if found.nodes and found.state != "PENDING":

@@ -556,6 +556,7 @@ def _stage_in(profile: ClusterProfile, resources: Resources, inputs: JobInputs, 
         copy_sif=copy_sif,
         unpack_sif=unpack_sif,
         resume=resume,
+        outcome=OUTCOME_FILE,
     )
 
 

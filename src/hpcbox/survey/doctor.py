@@ -53,6 +53,8 @@ PROBE_DEADLINE_S = 5
 SIF_DEADLINE_S = 8
 _MARK = "@@hpcbox-probe"
 _STARTED = f"{_MARK}-login-took"  # the script's first line, with the seconds the login shell took to start
+# The job whose start the doctor asks Slurm to guess (`sbatch --test-only`, nothing submitted): an hour.
+QUEUE_PROBE_MINUTES = 60
 PROBE_SIFS = f"{DEFAULT_REMOTE_ROOT}/images/probe"  # under the login's home, named by content
 # What Apptainer says when it runs a SIF it cannot mount by extracting it to a folder first, every time.
 _EXTRACTED = "Converting SIF file to temporary sandbox"
@@ -131,8 +133,20 @@ def probe_commands(profile: ClusterProfile) -> dict[str, str]:
         "machine": "uname -m",
         # By content, not name: an upload cut short (at the doctor's deadline) leaves part of one there.
         "probe_sifs": f"cd {PROBE_SIFS} 2>/dev/null && sha256sum -- *.sif 2>/dev/null || true",
+        "queue": f"sbatch {shlex.join(_queue_request(profile))} --wrap=true",
     }
     return probes
+
+
+def _queue_request(profile: ClusterProfile) -> list[str]:
+    """`sbatch --test-only`'s flags for an hour's job in the profile's default partition (its QOS, and the
+    first of the profile's accounts where it lists them), whose start Slurm then guesses."""
+    partition = profile.default_partition
+    flags = ["--test-only", f"--time={QUEUE_PROBE_MINUTES}", "--job-name=hpcbox-doctor"]
+    flags += [] if partition.implicit else [f"--partition={partition.name}"]
+    flags += [f"--qos={partition.qos}"] if partition.qos else []
+    flags += [f"--account={profile.accounts[0]}"] if profile.accounts else []
+    return flags
 
 
 def _runtime_lines(profile: ClusterProfile) -> tuple[str, str]:
@@ -370,7 +384,25 @@ def findings(
         *([sif] if sif is not None else []),
         *_areas(profile, get("areas")),
         _quota(get("quota")),
+        _queue(profile, get("queue")),
     ]
+
+
+def _queue(profile: ClusterProfile, probed: Probed) -> Finding:
+    job = f"an hour's job in {profile.default_partition.name}"
+    guess = slurm.test_only_start(probed.output)
+    if guess:
+        return Finding(
+            OK,
+            "queue",
+            f"{job}: Slurm guesses it starts at {guess} (from the queue as it stands, not a promise)",
+        )
+    return Finding(
+        DIFFERS,
+        "queue",
+        f"{job}: `sbatch --test-only` gives no start ({probed.last_line})",
+        "the partitions and accounts lines say what the site wants",
+    )
 
 
 def _slurm(profile: ClusterProfile, probed: Probed) -> Finding:

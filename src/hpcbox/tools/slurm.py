@@ -63,9 +63,50 @@ PENDING_REASONS = {
     "InvalidQOS": "the QOS is not valid for you: check --qos",
     "BadConstraints": "no node matches the constraints: the job cannot start as asked",
     "NodeDown": "a node it needs is down",
+    "JobArrayTaskLimit": "its array already runs as many tasks at once as its throttle (%N) allows",
     "launch failed requeued held": "the job failed to launch and was held: `scontrol release JOBID`",
     "None": "being scheduled",
 }
+
+# Codes of a job that waiting will not start: its request exceeds a limit (a limit on the job's own
+# request names itself ...PerJob...), or what it depends on failed.
+_NEVER_STARTS = frozenset(
+    {
+        "BadConstraints",
+        "DependencyNeverSatisfied",
+        "InvalidAccount",
+        "InvalidQOS",
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+    }
+)
+_DOWN = frozenset({"NodeDown", "PartitionDown", "PartitionInactive"})
+_HELD = frozenset({"BeginTime", "JobHeldAdmin", "JobHeldUser", "launch failed requeued held"})
+# squeue's start time where it has none for a job (%S).
+_NO_START = ("", "N/A", "Unknown", "None")
+
+
+def wait_group(reason: str) -> str:
+    """What a pending job with squeue's reason code ``reason`` waits for, grouped by what its user can do
+    (as SkyPilot groups squeue's reasons, sky/provision/slurm/pending.py); "" for a code no group takes.
+    Slurm has dozens of codes and adds more: a limit's names its kind (Assoc..., QOS...)."""
+    if reason == "None":
+        return "not yet looked at by the scheduler"
+    if reason in _NEVER_STARTS or "PerJob" in reason:
+        return "will not start as asked"
+    if reason in ("Resources", "Licenses", "Reservation"):
+        return "waiting for free resources"
+    if reason == "Priority":
+        return "waiting behind jobs of higher priority"
+    if reason.startswith("Dependency"):
+        return "waiting for a dependency"
+    if reason in _HELD:
+        return "held"
+    if reason.startswith(("Assoc", "QOS")) or reason == "JobArrayTaskLimit":
+        return "at a limit of your account or QOS"
+    if reason in _DOWN or reason.startswith("ReqNodeNotAvail"):
+        return "a node or partition it needs is down"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +126,9 @@ class JobState:
     # it does not (sacct before Slurm 23.02 has no SubmitLine).
     script: str = ""
     submitted: str = ""
+    # Slurm's own guess of when a pending job starts (squeue's %S: the backfill scheduler's estimate
+    # from the queue as it stands), "" where it has none. A guess: the queue moves under it.
+    start_guess: str = ""
 
     def is_of(self, script: str) -> bool:
         """Whether this is the job whose batch script is ``script`` (unknown on either side: taken so).
@@ -100,6 +144,18 @@ class JobState:
     @property
     def reason_in_words(self) -> str:
         return PENDING_REASONS.get(self.reason, "")
+
+    @property
+    def waiting_for(self) -> str:
+        """What a pending job waits for, in words (`wait_group`); "" for a job not pending."""
+        return wait_group(self.reason) if self.state == "PENDING" else ""
+
+
+def test_only_start(answer: str) -> str:
+    """The start time in `sbatch --test-only`'s answer ("Job 5 to start at 2026-12-05T12:00:00 using 1
+    processors on nodes c1 in partition debug"); "" where it gives none."""
+    found = re.search(r"\bto start at (\S+)", answer)
+    return found[1] if found else ""
 
 
 def test_only(target: ssh.Target, script_text: str) -> str:
@@ -136,7 +192,7 @@ def parse_job_id(parsable: str) -> str:
 
 # The batch script (%o, absolute) and submit time (%V) last: they tell a job from another given its id
 # before (module doc of IdReused).
-_SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N|%V|%o"
+_SQUEUE_FORMAT = "%i|%T|%r|%M|%l|%N|%S|%V|%o"
 # sacct gives up on a slurmdbd that takes the connection but never answers only after 40 s (measured on
 # Slurm 24.11); hpcbox waits this long, then says that accounting does not answer.
 SACCT_TIMEOUT_S = 10
@@ -182,22 +238,24 @@ _NEWER_STATE_FIELDS = ("SubmitLine",)
 
 
 def parse_squeue(text: str, job_id: str, squeue_format: str = _SQUEUE_FORMAT) -> JobState | None:
-    """Job ``job_id``'s line of `squeue --format=SQUEUE_FORMAT` (this one's, or the first six fields
-    of it, as before: the captured outputs of older Slurms are in that form)."""
+    """Job ``job_id``'s line of `squeue --format=SQUEUE_FORMAT`, read by the format's codes (this one's, or
+    fewer: the captured outputs of older Slurms have the first six)."""
     return next((state for state in _squeue_lines(text, squeue_format) if state.job_id == job_id), None)
 
 
 def _squeue_lines(text: str, squeue_format: str) -> Iterable[JobState]:
-    count = squeue_format.count("|") + 1
+    codes = squeue_format.split("|")
     for line in text.splitlines():
-        fields = line.strip().split("|", count - 1)
-        if len(fields) != count:
+        fields = line.strip().split("|", len(codes) - 1)
+        if len(fields) != len(codes):
             continue
-        job_id, state, reason, elapsed, limit, nodes, *known = fields
-        submitted, script = known or ("", "")
+        field = dict(zip(codes, fields, strict=True))
+        # %S is a running job's real start; only a pending one's is a guess
+        start = field.get("%S", "") if field["%T"] == "PENDING" else ""
         yield JobState(
-            job_id, state, reason, elapsed, limit, "", _assigned(nodes), "squeue", script=script,
-            submitted=submitted,
+            field["%i"], field["%T"], field["%r"], field["%M"], field["%l"], "", _assigned(field["%N"]),
+            "squeue", script=field.get("%o", ""), submitted=field.get("%V", ""),
+            start_guess="" if start in _NO_START else start,
         )  # fmt: skip
 
 

@@ -164,6 +164,14 @@ if [[ ! -d $code_dir ]]; then
 fi
 
 echo "hpcbox: job ${LSB_JOBID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+# A job that finished is not run again when it is started again: a preemption that picks a job in its
+# last seconds requeues it whatever it did in its grace time, and a requeue by hand takes a finished job
+# too. Its results stay as they are.
+if [[ $(cat -- "$run_dir/.hpcbox-exit" 2>/dev/null) == 0 ]]; then
+    echo "hpcbox: job ${LSB_JOBID} finished in an earlier run (exit status 0): it is not run again," \
+        "and its results in $run_dir stay as they are" >&2
+    exit 0
+fi
 on_each_node mkdir -p "$job_scratch/data" "$job_scratch/out" "$job_scratch/tmp" "$job_scratch/sif"
 # One archive in, extracted on node-local disk: shared file systems are slow at many small files.
 on_each_node tar -xf "$dataset" -C "$job_scratch/data"

@@ -192,6 +192,14 @@ if [[ ! -d $code_dir ]]; then
 fi
 
 echo "hpcbox: job ${SLURM_JOB_ID} on $(hostname): node scratch $job_scratch, results $run_dir" >&2
+# A job that finished is not run again when it is started again: a preemption that picks a job in its
+# last seconds requeues it whatever it did in its grace time, and a requeue by hand takes a finished job
+# too. Its results stay as they are.
+if [[ $(cat -- "$run_dir/.hpcbox-exit" 2>/dev/null) == 0 ]]; then
+    echo "hpcbox: job ${SLURM_JOB_ID} finished in an earlier run (exit status 0): it is not run again," \
+        "and its results in $run_dir stay as they are" >&2
+    exit 0
+fi
 # Scratch goes however the job ends, even where no new step can start or this script
 # itself is killed (Slurm enforcing --mem without cgroups kills the whole batch step).
 # shellcheck disable=SC2016  # expanded by the shell on each node
