@@ -239,3 +239,80 @@ def test_a_notebook_submits_a_function_and_a_later_cell_gets_its_result(
     assert said[1] == "result 42\n", said
     record = jobs.Ledger(load_project(calls_project)).find(job_id, "local")
     assert record.resources["job_name"] == "add"  # a call's job is named after its function
+
+
+# A script as submitit's docs write one: its functions and a Checkpointable defined in it, no main guard,
+# submitit's own AutoExecutor; only the cluster is hpcbox's.
+DOCS_SCRIPT = """\
+import json
+import sys
+import time
+
+import submitit
+
+
+def add(a, b):
+    return a + b
+
+
+def fail(message):
+    raise ValueError(message)
+
+
+class Trainer(submitit.helpers.Checkpointable):
+    def __init__(self):
+        self.step = 0
+        self.starts = 0
+
+    def __call__(self, steps):
+        self.starts += 1
+        for self.step in range(self.step, steps):
+            time.sleep(1)  # a step of training
+        return {"steps": self.step + 1, "starts": self.starts}
+
+
+executor = submitit.AutoExecutor(folder=sys.argv[1], cluster="hpcbox", hpcbox_cluster="local")
+executor.update_parameters(timeout_min=10)
+job = executor.submit(add, 5, 7)
+jobs = executor.map_array(add, [1, 2, 3], [10, 20, 30])
+failing = executor.submit(fail, "boom from the node")
+executor.update_parameters(timeout_min=2)
+training = executor.submit(Trainer(), 100)
+output = job.result()
+try:
+    failing.result()
+    raised = None
+except submitit.core.utils.FailedJobError as error:
+    raised = str(error)
+print(json.dumps({
+    "python": list(sys.version_info[:2]), "add": output, "mapped": [each.result() for each in jobs],
+    "raised": raised, "training": training.result(), "log": training.stdout(),
+}))
+"""
+
+
+def test_a_submitit_docs_script_runs_unchanged_from_another_python_than_the_environments(
+    calls_project: Path, setup: Setup, tmp_path: Path
+):
+    """The script's functions and its Checkpointable travel as their source: defined again on the
+    node in the environment's Python (3.13) from the laptop's (this one, 3.11), the driver never run
+    there; its exception comes back with the node's traceback, and the Checkpointable is requeued at
+    its time limit (two minutes) and resumes."""
+    from hpcbox.submitit.executor import environment_python
+
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert environment_python(load_project(calls_project)) != here  # the point: not the same Python
+    script = calls_project / "docs_script.py"
+    script.write_text(DOCS_SCRIPT)
+    ran = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "calls")], cwd=calls_project,
+        env={**os.environ, **setup.env}, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    found = json.loads(ran.stdout.splitlines()[-1])
+    assert found["add"] == 12 and found["mapped"] == [11, 22, 33]
+    raised_at = DOCS_SCRIPT.splitlines().index("    raise ValueError(message)") + 1
+    assert "ValueError: boom from the node" in found["raised"]
+    assert f'docs_script.py", line {raised_at}, in fail' in found["raised"]  # the node's traceback
+    assert found["training"]["steps"] == 100 and found["training"]["starts"] >= 2, found["log"]
+    assert "hpcbox: resuming the call from its checkpoint" in found["log"]

@@ -139,3 +139,28 @@ def test_a_site_stands_on_a_profile_in_hand_and_the_login_it_is_given(bare_proje
     assert site.target == login and site.cache == tmp_path
     rehearsal = site.at(dataclasses.replace(site.place, via="local"))
     assert rehearsal.profile is site.profile and rehearsal.cache == tmp_path
+
+
+def test_a_sites_jobs_are_reached_through_the_login_it_was_given(bare_project: Path, tmp_path: Path):
+    """A job's record names the login node it was sent to; `site.job()`, `jobs()` (and `shell()`,
+    `resubmit_failed()`, through `Site.at`) reach it with the key the Site was given, not with what
+    ~/.ssh/config would pick for that host."""
+    from hpcbox import jobs
+    from hpcbox.api import Target
+
+    key, hosts = tmp_path / "ci_key", tmp_path / "hosts"
+    login = Target("login.edi.ac.uk", 22, "s1234", key_path=key, known_hosts=hosts)
+    site = hpcbox.Site("edi", login=login, project=bare_project)
+    recorded = jobs.JobRecord(
+        job_id="41", cluster="edi", host="s1234@login.edi.ac.uk:22", submitted_at="2026-11-23T10:00:00+00:00",
+        submit_dir="/home/s1234/hpcbox/apitest", script="/home/s1234/hpcbox/apitest/scripts/x.sh",
+        log="/home/s1234/hpcbox/apitest/logs/x-41.out", run_dir="/home/s1234/hpcbox/apitest/runs/41",
+        sif="/home/s1234/hpcbox/images/sha256/ab.sif", sif_sha256="ab" * 32, image="hpcbox/apitest:0123",
+        code_revision="0123abc", code_snapshot="cd" * 32, dataset_sha256=None, resources={}, trainer_args=(),
+        sent=(), bytes_sent=0,
+    )  # fmt: skip
+    jobs.Ledger(site.project).add(recorded, "#!/bin/bash\n")
+    found = site.job("41")
+    assert found.site.place != site.place  # where the record says it ran: a Site of its own
+    assert found.site.target == login and found.site.login == login
+    assert [job.site.target for job in site.jobs()] == [login]

@@ -171,11 +171,12 @@ class Site:
         return running_mini_cluster(self.project.state_dir, like=self.profile.name, name=self.mini_cluster)
 
     def at(self, place: Place) -> Site:
-        """This site reached another way (where a job ran): the same profile and project."""
+        """This site reached another way (where a job ran): the same profile, project and login given
+        (``login=``: its key and host keys, which ~/.ssh/config does not know)."""
         if place == self.place:
             return self
         return Site(
-            self.profile, **dataclasses.asdict(place), mini_cluster=self.mini_cluster,
+            self.profile, **dataclasses.asdict(place), login=self.login, mini_cluster=self.mini_cluster,
             remote_root=self.remote_root, cache=self.cache, project=self.project, say=self.say,
             on_line=self.on_line,
         )  # fmt: skip

@@ -31,6 +31,8 @@ from hpcbox import api
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.project.command import ContainerCommand
 from hpcbox.render.sweep import Sweep
+from hpcbox.submitit import script_source
+from hpcbox.submitit.script_source import GLOBALS, SCRIPT_DIR, ScriptSource
 
 try:  # submitit's own errors where it is installed, so that `except` clauses written for it hold
     from submitit.core.utils import FailedJobError, UncompletedJobError
@@ -48,6 +50,14 @@ RUNNER = Path(__file__).with_name("run_call.py")
 RUN_HYDRA_JOB = Path(__file__).with_name("run_hydra_job.py")
 # What the job runs: the call's runner, from the staged call folder, one process.
 CALL_COMMAND = ContainerCommand("script", "/scratch/data/run_call.py", ("{data_dir}", "{output_dir}"), "srun")
+
+# A call that asks for no GPU runs in this flavour unless told otherwise (`Executor(flavour=...)`).
+CPU_FLAVOUR = "cpu"
+# What a script that imports submitit (a `Checkpointable` of its own, say) needs of it on the node, sent
+# from the laptop: pure Python, read by any Python 3, and last on the node's path, so that an
+# environment with its own submitit uses that.
+LAPTOP_PACKAGES = ("submitit", "cloudpickle", "typing_extensions")
+LAPTOP_PACKAGES_DIR = "laptop-packages"
 
 # submitit's generic parameters → hpcbox's resource options, and how a value becomes the option's.
 GENERIC = {
@@ -85,13 +95,15 @@ class Executor:
 
     ``folder`` keeps each call's pickles here; ``site``: `hpcbox.Site`'s keywords (``via``, ``host``,
     ``user``, ``port``, ``mini_cluster``, ``remote_root``, ``project``, ``say``); ``flavour`` and
-    ``offline`` are the environment image's (default: the flavour `hpcbox build` last made). Resources
-    come from `update_parameters`, by submitit's generic names or hpcbox's own.
+    ``offline`` are the environment image's (default: cpu for a call that asks for no GPU, else the
+    flavour `hpcbox build` last made). Resources come from `update_parameters`, by submitit's generic
+    names or hpcbox's own.
 
     A function defined in the project's code travels by reference (its module is imported on the node),
-    so the two Pythons may differ; one defined in a script or a notebook (`__main__`) travels by value,
-    which needs the same Python minor version on both sides: a mismatch is refused before anything is
-    built or sent.
+    and one defined at the top level of the running script or a notebook as its source (defined again
+    on the node, the script's other statements not run: `script_source`), so the two Pythons may
+    differ; a lambda or a nested function travels by value, which needs the same Python minor version on
+    both sides: a mismatch is refused before anything is built or sent.
 
     On the node, files a call writes under `$HPCBOX_OUTPUT_DIR` come back with its result.
     """
@@ -156,6 +168,15 @@ class Executor:
         finally:
             self._batch = None
 
+    def flavour_for(self, resources: dict[str, Any]) -> str | None:
+        """The environment's flavour for calls asking ``resources``: the one given, else cpu for a call
+        that asks for no GPU (as `hpcbox submit --offline` sends a CPU job: no 3 GB of CUDA for it),
+        else None (the one `hpcbox build` last made, as for any job)."""
+        if self.flavour is not None:
+            return self.flavour
+        asks_gpus = self.site.resources(resources, command=CALL_COMMAND, warn=False).gpus
+        return None if asks_gpus else CPU_FLAVOUR
+
     def _submit_calls(
         self,
         calls: list[tuple[Callable[..., Any], tuple, dict]],
@@ -176,26 +197,29 @@ class Executor:
                 "hpcbox.submitit runs a call as one process on one node",
                 "leave out nodes and tasks_per_node (a function that starts its own processes may)",
             )
-        script = script_module(self.site.project) if script_by_name else None  # once for all the calls
-        pickles = [pickle_call(call, self.site.project, script=script) for call in calls]
-        by_value = any(travels_by_value for _, travels_by_value in pickles)
+        project = self.site.project
+        if script_by_name:
+            script = script_module(project)  # once for all the calls
+            by_name = [pickle_call(call, project, script=script) for call in calls]
+            pickled = CallPickles(
+                tuple(data for data, _ in by_name), any(by_value for _, by_value in by_name)
+            )
+        else:
+            pickled = pickle_calls(calls, project)
+        flavour = self.flavour_for(resources)
+        refuse_missing_modules(pickled.modules - set(pickled.shipped), project, flavour)
         name = f"call-{uuid.uuid4().hex[:12]}"
         call_dir = self.folder / name
         call_dir.mkdir(parents=True)
         try:
-            for index, (pickled, _) in enumerate(pickles):
-                (call_dir / f"call-{index}.pkl").write_bytes(pickled)
+            pickled.write(call_dir)
             for module in (RUNNER, *beside):
                 shutil.copyfile(module, call_dir / module.name)
-            if by_value:
-                import cloudpickle
-
-                shutil.copytree(Path(cloudpickle.__file__).parent, call_dir / "cloudpickle")
             points = tuple((str(i),) for i in range(len(calls)))
             sweep = Sweep("hpcbox.submitit", points, throttle) if array else None
             resources.setdefault("job_name", _job_name(calls[0][0]))
             submitted = self.site.submit(
-                () if array else ("0",), data=call_dir, flavour=self.flavour, offline=self.offline,
+                () if array else ("0",), data=call_dir, flavour=flavour, offline=self.offline,
                 sweep=sweep, command=CALL_COMMAND, **resources,
             )  # fmt: skip
         except BaseException:
@@ -238,6 +262,96 @@ def environment_python(project) -> str | None:
     return f"{found[1]}.{found[2]}" if found else None
 
 
+def refuse_missing_modules(modules: Iterable[str], project, flavour: str | None) -> None:
+    """A module the calls import on the node that the environment lacks, named in one line before
+    anything is built or sent, where the locks can tell: where pip installs every Python package of the
+    flavour (its lock lists dependencies too). Debian's python3-* packages bring dependencies no lock
+    lists, so beside them nothing is refused here: the node's ImportError comes back instead."""
+    from hpcbox.build.image import FLAVOURS, last_image
+    from hpcbox.project.depsource import debian_stand_ins
+
+    own = {Path(item).stem for item in project.code}
+    needed = sorted(set(modules) - set(sys.stdlib_module_names) - own - {"__main__"})
+    for module in needed:
+        local = _laptops_own(module)
+        if local:
+            raise HpcboxError(
+                f"the call imports {module} on the node, a module of this machine's ({local}) that is "
+                "not in the project's code, so the node does not have it",
+                f"list its folder in tool.hpcbox.code ({', '.join(project.code) or 'none yet'})",
+            )
+    if flavour is None:
+        try:
+            flavour = last_image(project).flavour
+        except HpcboxError:
+            return  # not built yet: which flavour submit builds is its own to say
+    chosen = FLAVOURS.get(flavour)
+    docker = project.root / project.docker_dir
+    if chosen is None or not (docker / chosen.pip_lock).is_file():
+        return
+    for lock in chosen.locks:
+        debian = docker / lock
+        python_packages = debian_stand_ins(debian) if lock != chosen.pip_lock and debian.is_file() else []
+        if any(stand_in.package != "python3-venv" for stand_in in python_packages):
+            return
+    listed = {
+        _canonical(found[1])
+        for found in re.finditer(
+            r"^([A-Za-z0-9][A-Za-z0-9._-]*)==", (docker / chosen.pip_lock).read_text(), re.M
+        )
+    }
+    for module in needed:
+        distribution = distribution_of(module)
+        if _canonical(module) not in listed and _canonical(distribution) not in listed:
+            raise HpcboxError(
+                f"the call imports {module} on the node, which the {flavour} environment lacks "
+                f"({chosen.pip_lock} does not list {distribution})",
+                f"add `{distribution}` to {_dependencies(project)}, then run `hpcbox lock`",
+            )
+
+
+def distribution_of(module: str) -> str:
+    """The package that installs ``module`` here (sklearn: scikit-learn), else the module's name."""
+    from importlib.metadata import packages_distributions
+
+    return (packages_distributions().get(module) or [module])[0]
+
+
+def _laptops_own(module: str) -> str | None:
+    """Where ``module`` is found here when no installed package provides it (a file beside the
+    script), else None."""
+    import importlib.util
+    from importlib.metadata import packages_distributions
+
+    if module in packages_distributions():
+        return None
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = found.origin if found else None
+    return origin if origin and origin not in ("built-in", "frozen") else None
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _dependencies(project) -> str:
+    from hpcbox.project.depsource import detect
+
+    found = detect(project.root)
+    return found.path.name if found else "the project's dependencies (a requirements.txt)"
+
+
+def missing_module_hint(module: str, project) -> str:
+    """What to do where the node could not import ``module``."""
+    return (
+        f"hint: the environment lacks {module}: add `{distribution_of(module)}` to {_dependencies(project)}, "
+        "then run `hpcbox lock` and submit again"
+    )
+
+
 def pickle_call(
     call: tuple[Callable[..., Any], tuple, dict], project, *, script: str | None = None
 ) -> tuple[bytes, bool]:
@@ -249,9 +363,6 @@ def pickle_call(
     and classes travel by name instead: the node imports the script as a module. For a script whose
     imports the environment has, as a Hydra application's (a script that imports hpcbox would fail to
     import there)."""
-    import cloudpickle
-
-    fn = call[0]
     try:
         plain = _pickle_by_reference(call, script)
         by_value = _names_main(plain)
@@ -259,18 +370,134 @@ def pickle_call(
         by_value = True
     if not by_value:
         return plain, False
+    return by_value_on_the_same_python(
+        [call], project, call[0], "defined in a script, a notebook or a function"
+    )[0], True
+
+
+def by_value_on_the_same_python(calls: list[tuple], project, what: Any, why: str) -> list[bytes]:
+    """The calls as cloudpickle sends them (code and all), which only the same Python minor version
+    reads: refused in one line, naming ``what`` travels so (``why``), where the environment's differs."""
+    import cloudpickle
+
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     there = environment_python(project)
     if there != here:
-        what = getattr(fn, "__qualname__", repr(fn))
+        name = getattr(what, "__qualname__", repr(what))
         environment = f"the environment's is {there}" if there else "the environment's is not pinned"
         raise HpcboxError(
-            f"{what} travels by value (defined in a script, a notebook or a function), which needs the same "
-            f"Python on both sides: this is {platform.python_version()}, {environment}",
-            f"define it in the project's code ({', '.join(project.code) or 'tool.hpcbox.code'}), so that it "
-            f"travels by reference, or call it from Python {there or 'the environment runs'}",
+            f"{name} travels by value ({why}), which needs the same Python on both sides: this is "
+            f"{platform.python_version()}, {environment}",
+            f"define it with `def` at the top level of the script, or in the project's code "
+            f"({', '.join(project.code) or 'tool.hpcbox.code'}), passing what it used as arguments; or call "
+            f"it from Python {there or 'the environment runs'}",
         )
-    return cloudpickle.dumps(call, protocol=4), True
+    return [cloudpickle.dumps(call, protocol=4) for call in calls]
+
+
+@dataclass(frozen=True)
+class CallPickles:
+    """A job's calls as they travel: a pickle each, and where they name the running script's functions
+    and classes, its definitions (source) and the values its code reads (data)."""
+
+    pickles: tuple[bytes, ...]
+    by_value: bool  # by cloudpickle: the same Python on both sides
+    script: ScriptSource | None = None
+    script_globals: bytes = b""
+    modules: frozenset[str] = frozenset()  # the top-level modules the node imports for them
+
+    @property
+    def shipped(self) -> tuple[str, ...]:
+        """The laptop's packages that go with the calls: submitit's, where they need it."""
+        return LAPTOP_PACKAGES if "submitit" in self.modules else ()
+
+    def write(self, call_dir: Path) -> None:
+        """Into the call's folder (the job's dataset), as run_call.py reads them."""
+        for index, pickled in enumerate(self.pickles):
+            (call_dir / f"call-{index}.pkl").write_bytes(pickled)
+        if self.by_value:
+            import cloudpickle
+
+            shutil.copytree(Path(cloudpickle.__file__).parent, call_dir / "cloudpickle")
+        if self.script is None:
+            return
+        (call_dir / SCRIPT_DIR).mkdir()
+        (call_dir / SCRIPT_DIR / self.script.file_name).write_text(self.script.text)
+        (call_dir / SCRIPT_DIR / GLOBALS).write_bytes(self.script_globals)
+        for module in self.shipped:
+            found = importlib.import_module(module)
+            folder = Path(found.__file__ or "")
+            if folder.name == "__init__.py":
+                shutil.copytree(folder.parent, call_dir / LAPTOP_PACKAGES_DIR / module)
+            else:
+                (call_dir / LAPTOP_PACKAGES_DIR).mkdir(exist_ok=True)
+                shutil.copyfile(folder, call_dir / LAPTOP_PACKAGES_DIR / folder.name)
+
+
+def pickle_calls(calls: list[tuple[Callable[..., Any], tuple, dict]], project) -> CallPickles:
+    """The calls pickled: a function or class of the project's code (or any importable module) by
+    reference; one of the running script or notebook by reference to its source, which travels with
+    them; its arguments and the values its code reads as data. What has no source of its own at the
+    top level (a lambda, a nested function, a closure) travels by value, to the same Python only."""
+    try:
+        pickled = [script_source.dumps(call) for call in calls]
+    except script_source.NoSource as missing:
+        return CallPickles(
+            tuple(by_value_on_the_same_python(calls, project, missing.obj, _kind(missing.obj))), True
+        )
+    except (pickle.PicklingError, AttributeError, TypeError) as error:
+        return CallPickles(tuple(by_value_on_the_same_python(calls, project, calls[0][0], str(error))), True)
+    main = set().union(*(each.main_names for each in pickled))
+    modules = set().union(*(each.modules for each in pickled))
+    data = tuple(each.data for each in pickled)
+    if not main:
+        return CallPickles(data, False, modules=frozenset(modules))
+    script = script_source.running_script()
+    if script is None:
+        why = "defined where there is no source file to send: `python -c`, a prompt"
+        return CallPickles(tuple(by_value_on_the_same_python(calls, project, calls[0][0], why)), True)
+    namespace = vars(sys.modules["__main__"])
+    values = {}
+    for name in script.data_names(namespace):
+        try:
+            values[name] = script_source.dumps(namespace[name])
+        except script_source.NoSource as missing:
+            raise _refused_global(script, name, _kind(missing.obj)) from None
+        except (pickle.PicklingError, AttributeError, TypeError) as error:
+            raise _refused_global(script, name, f"it cannot be pickled: {error}") from None
+    for each in values.values():
+        main |= each.main_names
+        modules |= each.modules
+    undefined = sorted(main - script.defined)
+    if undefined:
+        raise HpcboxError(
+            f"{undefined[0]} ({script.where(undefined[0])}) is defined inside a block that does not run on "
+            'the node: only the script\'s top level and its `if __name__ == "__main__":` block are',
+            "define it at the top level of the script",
+        )
+    script_globals = pickle.dumps({name: each.data for name, each in values.items()}, protocol=4)
+    return CallPickles(data, False, script, script_globals, frozenset(modules | set(script.imports)))
+
+
+def _kind(obj: Any) -> str:
+    """What has no source of its own at a script's top level, in a user's words."""
+    if getattr(obj, "__name__", "") == "<lambda>":
+        return "a lambda"
+    if isinstance(obj, type):
+        return "a class defined inside a function"
+    return (
+        "a closure over a function's local state"
+        if getattr(obj, "__closure__", None)
+        else "a nested function"
+    )
+
+
+def _refused_global(script: ScriptSource, name: str, why: str) -> HpcboxError:
+    return HpcboxError(
+        f"{name} ({script.where(name)}) is set by code that does not run on the node, and the script's "
+        f"functions read it, but its value cannot travel: {why}",
+        "pass it to the call as an argument, or set it inside the function that reads it",
+    )
 
 
 def script_module(project) -> str | None:
@@ -472,7 +699,11 @@ class Job:
         outcome = self._outcome()
         if outcome[0] == "success":
             return outcome[1]
-        raise FailedJobError(f"job {self.job_id} failed: {outcome[1]}\nits traceback there:\n{outcome[2]}")
+        _, error, trace, missing_module = outcome
+        hint = (
+            f"\n{missing_module_hint(missing_module, self._call.job.site.project)}" if missing_module else ""
+        )
+        raise FailedJobError(f"job {self.job_id} failed: {error}\nits traceback there:\n{trace}{hint}")
 
     def results(self) -> list[Any]:
         return [self.result()]
