@@ -67,7 +67,10 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     assert "Slurm 24.11." in text and "squeue and sacct answer (accounting on)" in text
     assert "cpu: no limit, gres gpu:2" in text and "gpu: no limit, gres gpu:2" in text
     assert "yours: research" in text
-    assert "apptainer version 1.4" in text and "(/usr/bin/apptainer)" in text
+    # the Apptainer the node image installed, as the login node's dpkg says: its upstream version
+    installed = minicluster.exec("login", ["dpkg-query", "-W", "-f=${Version}", "apptainer"]).stdout
+    upstream = re.sub(r"^\d+:|-[^-]+$", "", installed.strip())
+    assert f"apptainer version {upstream} " in text and "(/usr/bin/apptainer)" in text, (installed, text)
     assert "user namespaces, FUSE and /usr/bin/squashfuse" in text
     assert re.search(
         r"an hour's job in cpu: Slurm guesses it starts at \S+ \(from the queue as it stands, not a", text

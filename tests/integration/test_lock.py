@@ -75,6 +75,28 @@ def test_the_helper_locks_pin_apptainer_mksquashfs_and_libdeflate_and_name_the_r
     assert sif_helper.refresh_helper_lock(say=lambda _: None) == []
 
 
+def test_the_node_locks_pin_every_package_at_the_version_its_suite_serves(docker_engine, tmp_path):
+    """`hpcbox lock`'s node half: the common lock and one per Slurm version, every line an exact version,
+    each Slurm lock its own release (bookworm's 22.05 even though trixie's 24.11 is newer); asked again,
+    nothing changes, so no node image's tag moves."""
+    from hpcbox.build.offlock import apt_pins
+    from hpcbox.minicluster import node_image, versions
+
+    context = tmp_path / "node"
+    (context / "lock").mkdir(parents=True)
+    written = node_image.refresh_node_locks(context, say=lambda _: None)
+    slurm_locks = [node_image.slurm_lock(version, context) for version in versions.SUITES]
+    assert sorted(written) == sorted([context / "lock" / "apt-node.txt", *slurm_locks])
+    common = apt_pins((context / "lock" / "apt-node.txt").read_text())
+    assert set(common) == {package.partition("/")[0] for package in node_image.NODE_PACKAGES}
+    for version, lock in zip(versions.SUITES, slurm_locks, strict=True):
+        pins = apt_pins(lock.read_text())
+        assert all(pins[name].startswith(f"{version}.") for name in node_image.SLURM_PACKAGES), (lock, pins)
+        body = [line for line in lock.read_text().splitlines() if not line.startswith("#")]
+        assert len(body) == len(pins), lock
+    assert node_image.refresh_node_locks(context, say=lambda _: None) == []
+
+
 # A project's own dependency list, locked from PyPI for both flavours (no Docker needed).
 OWN_PYPROJECT = """\
 [project]

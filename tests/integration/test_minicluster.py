@@ -102,6 +102,28 @@ def running(cluster, *job_ids: str, timeout_s: float = 60) -> dict[str, str]:
     return states
 
 
+def test_every_node_has_exactly_the_versions_the_node_image_locks_pin(minicluster):
+    """What a node runs is what the node image's locks pin (the common one and its Slurm version's), as the
+    node's own dpkg says; where Debian moved past a pin and the image was built off-lock, the version its
+    label names instead (so this holds on the day Debian moves on too)."""
+    from hpcbox.build import offlock
+    from hpcbox.minicluster import node_image
+    from hpcbox.tools import docker
+
+    image = docker.image(minicluster.image)
+    assert image is not None and image.labels[node_image.SLURM_LABEL] == minicluster.spec.slurm
+    pins: dict[str, str] = {}
+    for lock in node_image.locked(minicluster.spec.slurm).locks.values():
+        pins |= offlock.apt_pins(lock.read_text())
+    assert {"apptainer", "mariadb-server", "munge", "slurm-wlm", "slurmdbd"} <= set(pins)
+    moved = {pin.package: pin.served for pin in offlock.from_labels(image.labels)}
+    wanted = {package: moved.get(package, version) for package, version in pins.items()}
+    for host in ("controller", "login"):
+        listed = minicluster.exec(host, ["dpkg-query", "-W", "-f=${Package}=${Version}\n", *sorted(pins)])
+        assert listed.returncode == 0, listed.stderr
+        assert dict(line.split("=", 1) for line in listed.stdout.split()) == wanted, host
+
+
 def test_compute_nodes_idle_in_both_partitions(minicluster):
     out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
     rows = sorted(tuple(line.split()) for line in out.splitlines())

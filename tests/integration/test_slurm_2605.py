@@ -4,9 +4,10 @@ COMPLETED and is read with `logs`, `status` and `report`, and a job meeting its 
 its own script and resumes from its checkpoint, as on 24.11 and 22.05; and the trainer completes with
 each container runtime a site may have (Singularity alone, Apptainer with or without FUSE).
 
-sid moves on to each new Slurm release: `--slurm 26.05` runs the release sid serves, 26.05 or newer, and
-`up` says so where it is newer. These tests hold that, whichever release sid serves on the day they run;
-a node image for a release sid has moved past is built too, and gets sid's.
+sid moves on to each new Slurm release: `--slurm 26.05` runs the release its lock pins, or once sid and
+the snapshot archive serve it no longer, off-lock, the release sid serves (26.05 or newer), and `up` says
+so where it is newer. These tests hold that, whichever release sid serves on the day they run; a node
+image whose lock sid has moved past is built too, off-lock, and gets sid's.
 
 Lean on purpose (the suite's budget): one cluster, brought up through the command line; the time-limited
 job is submitted first and waits out its limit while the short one runs beside it. As in
@@ -16,14 +17,17 @@ and submit from a copy of the session's project with a ledger of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hpcbox.build import baseimage
+from hpcbox.build import baseimage, offlock
+from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import node_image, versions
 from hpcbox.minicluster.shape import ENFORCEMENT
 from hpcbox.tools import docker
@@ -176,28 +180,67 @@ def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
     assert re.match(said, shown.stdout), shown.stdout
 
 
-def test_a_node_image_for_a_release_sid_has_moved_past_gets_the_release_sid_serves(
-    run_id: str, docker_engine
+def test_a_26_05_lock_sid_has_moved_past_builds_off_lock_with_the_release_sid_serves(
+    run_id: str, docker_engine, tmp_path, monkeypatch
 ):
-    """The node image's `SLURM_OR_NEWER` path for real, as it runs the day sid drops 26.05: built for
-    25.11, which sid served before 26.05, it installs sid's Slurm (26.05 or later) and passes its own
-    check. Built while the limited job waits out its limit; it shares every layer before Slurm's."""
-    args = {**node_image.build_args("26.05"), "SLURM_VERSION": "25.11"}
-    assert args["SLURM_OR_NEWER"] == "1" and args["SLURM_SUITE"] == "sid"
+    """The node image's off-lock path for real, as it runs the day sid drops 26.05 and the snapshot archive
+    cannot serve it: Slurm's pins name a version sid never served, so the locked build fails on them; the
+    image is built with the release sid serves (26.05 or later, checked so by its Dockerfile), labelled
+    with the pins that moved, said one line each, found again by the next call, and refused under
+    --strict-lock. Built while the limited job waits out its limit; it shares every layer before Slurm's."""
+    context = tmp_path / "node"
+    shutil.copytree(node_image.CONTEXT, context)
+    locked = node_image.locked("26.05", context)
     base = baseimage.ensure_base(lock=baseimage.own_lock(), say=lambda _line: None)
-    tag = f"{run_id}/node-moved:1"
+    # Every other pin as Debian serves it today, so that Slurm's below are the only ones moved, on any day.
+    moved_today = locked.moved(base.ref)
+    for lock in locked.locks.values():
+        lock.write_text(offlock.follow(lock.read_text(), moved_today))
+    slurm_lock = node_image.slurm_lock("26.05", context)
+    gone = "26.05.5-0+hpcbox.gone"
+    slurm_lock.write_text(re.sub(r"(?m)^(slurm[a-z-]*)=.*$", rf"\g<1>={gone}", slurm_lock.read_text()))
+    monkeypatch.setenv("HPCBOX_SNAPSHOT_URL", "http://127.0.0.1:9")
+    said: list[str] = []
     started = time.monotonic()
+    made = node_image.ensure_image(context, slurm="26.05", on_line=said.append)
+    TIMINGS["node image for 26.05 off-lock (sid moved past its pins)"] = time.monotonic() - started
     try:
-        docker.build(
-            docker.context_tar(node_image.context_files()), dockerfile="Dockerfile", tag_ref=tag,
-            build_args={"BASE": base.ref, **args}, labels={}, secrets={},
-        )  # fmt: skip
-        TIMINGS["node image for 25.11 (sid moved past it)"] = time.monotonic() - started
-        said = docker_engine.containers.run(tag, ["-V"], entrypoint="slurmd", remove=True).decode().strip()
+        image = docker.image(made.ref)
+        assert made.built and image is not None
+        labels = image.labels
+        assert labels[offlock.LABEL_OF] != made.ref and labels[node_image.SLURM_LABEL] == "26.05"
+        assert docker.image(labels[offlock.LABEL_OF]) is None  # the locked build left nothing tagged
+        # What the image installed, as its own dpkg says, is what the label says Slurm's pins moved to.
+        format_ = "${Package}=${Version}\n"
+        listed = docker_engine.containers.run(
+            made.ref,
+            ["-W", f"-f={format_}", *node_image.SLURM_PACKAGES],
+            entrypoint="dpkg-query",
+            remove=True,
+        ).decode()
+        installed = dict(line.split("=", 1) for line in listed.split())
+        moved = {pin.package: pin for pin in offlock.from_labels(labels)}
+        lock = "src/hpcbox/minicluster/node/lock/apt-slurm-26.05.txt"
+        for package in node_image.SLURM_PACKAGES:
+            pin = moved[package]
+            assert (pin.locked, pin.served, pin.lock) == (gone, installed[package], lock), pin
+            line = f"hpcbox: Debian moved on: {pin.describe()}; this build is off-lock: run hpcbox lock"
+            assert said.count(line) == 1, said
+        assert set(moved) & {"apptainer", "mariadb-server", "munge"} == set(), moved
+        gone_line = rf"hpcbox: Debian no longer serves slurm\S* {re.escape(gone)}, pinned in {lock}, and .*"
+        assert any(re.fullmatch(gone_line, each) for each in said), said
+        said_v = (
+            docker_engine.containers.run(made.ref, ["-V"], entrypoint="slurmd", remove=True).decode().strip()
+        )
+        release = said_v.removeprefix("slurm-wlm ")
+        assert said_v.startswith("slurm-wlm ") and at_least(release, "26.05"), said_v
+        assert installed["slurm-wlm"].startswith(f"{release}-"), (installed, said_v)
+        # Found again, not rebuilt; refused under --strict-lock.
+        assert node_image.ensure_image(context, slurm="26.05") == dataclasses.replace(made, built=False)
+        with pytest.raises(HpcboxError, match=r"--strict-lock refuses an off-lock node image \("):
+            node_image.ensure_image(context, slurm="26.05", strict=True)
     finally:
-        docker.remove_image(tag)
-    release = said.removeprefix("slurm-wlm ")
-    assert said.startswith("slurm-wlm ") and at_least(release, "26.05"), said
+        docker.remove_image(made.ref)
 
 
 def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(

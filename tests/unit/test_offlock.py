@@ -136,3 +136,31 @@ def test_each_moved_pin_is_announced_once_on_a_line_of_its_own():
         "hpcbox: Debian moved on: ca-certificates 20250419+deb13u1 -> 20250419+deb13u2 "
         "(docker/lock/apt-system.txt); this build is off-lock: run hpcbox lock"
     ]
+
+
+def test_locks_resolved_together_are_rewritten_only_when_a_pin_or_the_snapshot_time_is_new(tmp_path):
+    from hpcbox.build import aptlocked
+
+    one, two = tmp_path / "apt-one.txt", tmp_path / "apt-two.txt"
+    texts = {
+        one: aptlocked.lock_text("# one\n", None, ["a=1"]),
+        two: aptlocked.lock_text("# two\n", None, ["b=2"]),
+    }
+    assert aptlocked.write_locks(texts, None) == [one, two]
+    assert one.read_text() == "# one\na=1\n"
+    # the same pins, a new header: left as they are
+    assert aptlocked.write_locks({one: "# new\na=1\n", two: "# new\nb=2\n"}, None) == []
+    # the same pins, now with the snapshot time they were resolved at: recorded, both together
+    stamped = {
+        path: aptlocked.lock_text("# h\n", "20261205T000000Z", [pin])
+        for path, pin in ((one, "a=1"), (two, "b=2"))
+    }
+    assert aptlocked.write_locks(stamped, "20261205T000000Z") == [one, two]
+    locked = aptlocked.AptLocked("thing", {"one": one, "two": two}, "src/x/lock")
+    assert locked.snapshot() == "20261205T000000Z"
+    assert locked.pinned_in("b", "2") == "src/x/lock/apt-two.txt"
+    assert locked.pinned_in("c", "3") == "src/x/lock/apt-one.txt"  # none pins it: the first lock
+    # a later time with the same pins keeps the first one
+    assert aptlocked.write_locks({one: "# h\n# snapshot: 20261206T000000Z\na=1\n"}, "20261206T000000Z") == []
+    # one pin moved: both written
+    assert aptlocked.write_locks({one: "a=9\n", two: "b=2\n"}, None) == [one, two]

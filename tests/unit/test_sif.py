@@ -125,9 +125,11 @@ def test_a_vanished_pin_is_named_with_the_lock_that_holds_it():
         if line.startswith("libdeflate-dev=")
     )
     assert (
-        sif_helper._pinned_in(*dev.split("=", 1)) == "src/hpcbox/sif/helper-image/lock/apt-helper-build.txt"
+        sif_helper._locked().pinned_in(*dev.split("=", 1))
+        == "src/hpcbox/sif/helper-image/lock/apt-helper-build.txt"
     )
-    assert sif_helper._pinned_in("apptainer", "1.4.5-2") == "src/hpcbox/sif/helper-image/lock/apt-helper.txt"
+    apptainer = sif_helper._locked().pinned_in("apptainer", "1.4.5-2")
+    assert apptainer == "src/hpcbox/sif/helper-image/lock/apt-helper.txt"
 
 
 def test_the_helper_pins_what_writes_a_sifs_bytes_and_lets_the_rest_follow_the_mirror():

@@ -96,36 +96,132 @@ def test_sids_version_follows_sid_and_says_so_once_sid_has_moved_on():
     )
 
 
-def test_each_version_has_its_own_node_image_tag(tmp_path):
+def node_context(tmp_path: Path) -> Path:
+    """A node image context with a Dockerfile and a lock per Slurm version."""
+    (tmp_path / "lock").mkdir()
     (tmp_path / "Dockerfile").write_text("FROM scratch\n")
-    tags = {
-        version: node_image.content_hash(tmp_path, "sha256:base", node_image.build_args(version))
-        for version in versions.SUITES
-    }
+    (tmp_path / "lock" / "apt-node.txt").write_text("apptainer=1.4.5-2\n")
+    for version in versions.SUITES:
+        (tmp_path / "lock" / f"apt-slurm-{version}.txt").write_text(f"slurm-wlm={version}.1-1\n")
+    return tmp_path
+
+
+def tag(context: Path, version: str) -> str:
+    return node_image.content_hash(
+        node_image.context_files(context, version), "sha256:base", node_image.build_args(version)
+    )
+
+
+def test_each_version_has_its_own_node_image_tag(tmp_path):
+    context = node_context(tmp_path)
+    tags = {version: tag(context, version) for version in versions.SUITES}
     assert len(set(tags.values())) == len(versions.SUITES)
     assert node_image.build_args("22.05") == {"SLURM_VERSION": "22.05", "SLURM_SUITE": "bookworm"}
     assert node_image.build_args("24.11") == {"SLURM_VERSION": "24.11", "SLURM_SUITE": "trixie"}
-    # sid's: whatever release sid serves when it is built, 26.05 or newer.
+    # sid's: off-lock, whatever release sid serves when it is built, checked to be 26.05 or newer.
     assert node_image.build_args("26.05") == {
-        "SLURM_VERSION": "26.05", "SLURM_SUITE": "sid", "SLURM_SUITE_LIBRARIES": "libhwloc15",
-        "SLURM_OR_NEWER": "1",
+        "SLURM_VERSION": "26.05", "SLURM_SUITE": "sid", "SLURM_OR_NEWER": "1",
     }  # fmt: skip
     # The same inputs, the same tag: built once, then found.
-    assert node_image.content_hash(tmp_path, "sha256:base", node_image.build_args("22.05")) == tags["22.05"]
+    assert tag(context, "22.05") == tags["22.05"]
 
 
-def test_the_node_dockerfile_takes_the_version_and_checks_what_it_installed():
+def test_a_node_image_is_built_from_the_common_lock_and_its_own_versions_alone(tmp_path):
+    """Refreshing 26.05's pins re-tags 26.05's image, not 24.11's; the common lock re-tags every one."""
+    context = node_context(tmp_path)
+    files = node_image.context_files(context, "24.11")
+    assert files["lock/apt-slurm.txt"] == context / "lock" / "apt-slurm-24.11.txt"
+    assert files["add-suites.sh"].name == "add-suites.sh"
+    assert not any(name.startswith("lock/apt-slurm-") for name in files)
+    before = {version: tag(context, version) for version in versions.SUITES}
+    (context / "lock" / "apt-slurm-26.05.txt").write_text("slurm-wlm=26.05.6-1\n")
+    after = {version: tag(context, version) for version in versions.SUITES}
+    assert after["24.11"] == before["24.11"] and after["22.05"] == before["22.05"]
+    assert after["26.05"] != before["26.05"]
+    (context / "lock" / "apt-node.txt").write_text("apptainer=1.4.6-1\n")
+    assert all(tag(context, version) != after[version] for version in versions.SUITES)
+    # an off-lock build's tag is another, so that it never passes for the locked one
+    here = node_image.content_hash(files, "sha256:base", {})
+    assert node_image.content_hash(files, "sha256:base", {}, off_lock_of=f"hpcbox/minicluster:{here}") != here
+    with pytest.raises(FieldError, match="not a Slurm version the mini cluster runs"):
+        node_image.context_files(context, "25.11")
+
+
+def test_the_node_locks_pin_every_package_it_installs_at_an_exact_version():
+    """The committed locks: every package the node installs, exactly one version each; each Slurm lock
+    that version's release from its suite."""
+    from hpcbox.build.offlock import apt_pins
+
+    def lines(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+
+    common = node_image.CONTEXT / "lock" / "apt-node.txt"
+    pins = apt_pins(common.read_text())
+    assert len(pins) == len(lines(common)) == len(node_image.NODE_PACKAGES)
+    assert set(pins) == {package.partition("/")[0] for package in node_image.NODE_PACKAGES}
+    assert {"apptainer", "mariadb-server", "munge", "openssh-server", "squashfuse"} <= set(pins)
+    for version in versions.SUITES:
+        lock = node_image.slurm_lock(version)
+        slurm = apt_pins(lock.read_text())
+        assert len(slurm) == len(lines(lock)), lock
+        wanted = {
+            *node_image.SLURM_PACKAGES,
+            *node_image.TRIXIE_LIBRARIES,
+            *versions.SUITE_LIBRARIES.get(version, ()),
+        }
+        assert set(slurm) == wanted, lock
+        assert all(slurm[name].startswith(f"{version}.") for name in node_image.SLURM_PACKAGES), slurm
+
+
+def test_an_off_lock_node_build_follows_each_pin_to_its_own_suite():
+    """Where Debian moved on, bookworm's Slurm follows bookworm (not trixie's newer candidate), sid's
+    Apptainer and 26.05's Slurm follow sid, the rest trixie; a moved pin is named with its lock."""
+    from hpcbox.build import offlock
+
+    def served(candidate: str, **newest: str) -> offlock.Served:
+        return offlock.Served(candidate, frozenset({candidate, *newest.values()}), newest)
+
+    serving = {
+        "slurm-wlm": served("24.11.6-1", trixie="24.11.6-1", bookworm="22.05.8-4+deb12u4", sid="26.05.7-1"),
+        "apptainer": served("1.4.6-1", sid="1.4.6-1"),
+        "munge": served("0.5.17-1", trixie="0.5.17-1"),
+    }
+    for version, slurm in (("22.05", "22.05.8-4+deb12u4"), ("24.11", "24.11.6-1"), ("26.05", "26.05.7-1")):
+        locked = node_image.locked(version)
+        assert locked.suites == (versions.SUITES[version],)
+        assert locked.folder == "src/hpcbox/minicluster/node/lock"
+        assert [path.name for path in locked.locks.values()] == ["apt-node.txt", f"apt-slurm-{version}.txt"]
+        pins = {"slurm-wlm": "0+gone", "apptainer": "0+gone", "munge": "0+gone"}
+        moved = offlock.moved_pins(pins, serving, "lock", locked.releases)
+        assert {pin.package: pin.served for pin in moved} == {
+            "slurm-wlm": slurm, "apptainer": "1.4.6-1", "munge": "0.5.17-1",
+        }  # fmt: skip
+    text = "# header\nslurm-wlm=26.05.5-1\nslurmdbd=26.05.5-1\n"
+    moved = [offlock.MovedPin("slurm-wlm", "26.05.5-1", "26.11.1-1", "x")]
+    assert offlock.follow(text, moved) == "# header\nslurm-wlm=26.11.1-1\nslurmdbd=26.05.5-1\n"
+    pinned = node_image.locked("24.11")
+    slurm = offlock.apt_pins(node_image.slurm_lock("24.11").read_text())["slurm-wlm"]
+    assert pinned.pinned_in("slurm-wlm", slurm) == "src/hpcbox/minicluster/node/lock/apt-slurm-24.11.txt"
+    apptainer = offlock.apt_pins((node_image.CONTEXT / "lock" / "apt-node.txt").read_text())["apptainer"]
+    assert pinned.pinned_in("apptainer", apptainer) == "src/hpcbox/minicluster/node/lock/apt-node.txt"
+
+
+def test_the_node_dockerfile_installs_from_its_locks_and_checks_what_it_installed():
     dockerfile = (node_image.CONTEXT / "Dockerfile").read_text()
     assert "ARG SLURM_VERSION=24.11" in dockerfile and "ARG SLURM_SUITE=trixie" in dockerfile
-    # Slurm's packages pinned by version, the rest of the older suite below trixie's.
-    assert 'pin="version $SLURM_VERSION.*"' in dockerfile and "Pin-Priority: 100" in dockerfile
+    # Every package from the locks, the apt steps reading the snapshot archive where it is handed in.
+    assert "COPY add-suites.sh lock/apt-node.txt /tmp/node/" in dockerfile
+    assert "COPY add-suites.sh lock/apt-slurm.txt /tmp/node/" in dockerfile
+    assert dockerfile.count("RUN --mount=type=secret,id=apt_mirror") == 2
+    assert dockerfile.count("/tmp/hpcbox-apt /etc/apt/apt.conf.d/00hpcbox-mirror") == 2
+    # Slurm's other packages from its suite, the rest of that suite pinned low by add-suites.sh.
+    assert "Pin: release n=%s\\nPin-Priority: 990" in dockerfile
+    assert 'sh /tmp/node/add-suites.sh "$SLURM_SUITE"' in dockerfile
     assert 'slurmd -V | grep -q "^slurm-wlm $SLURM_VERSION\\."' in dockerfile
-    # A suite that moves on: its Slurm whatever release it is, checked to be the version or newer.
-    assert "ARG SLURM_OR_NEWER=" in dockerfile and 'pin="release n=$SLURM_SUITE"' in dockerfile
+    # A suite that moves on: an off-lock build's Slurm whatever release it is, checked to be the version
+    # or newer.
+    assert "ARG SLURM_OR_NEWER=" in dockerfile
     assert 'dpkg --compare-versions "$installed" ge "$SLURM_VERSION"' in dockerfile
-    # A newer Slurm's libraries from its own suite, by name (sid's source is there already, for Apptainer).
-    assert "ARG SLURM_SUITE_LIBRARIES=" in dockerfile
-    assert 'echo "$library/$SLURM_SUITE"' in dockerfile
 
 
 # --- a profile's [slurm] version ------------------------------------------------------------------

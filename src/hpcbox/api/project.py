@@ -81,14 +81,15 @@ class Project:
         self, *, base: str | None = None, mirror: str | None = None, pip_only: bool = False
     ) -> list[Path]:
         """Refresh the locks (the Debian base, Debian's versions, the hashed pip locks, the registry
-        base's digest, and in hpcbox's own checkout the SIF helper's); ``pip_only``: the pip locks alone.
-        The files whose content changed."""
+        base's digest, and in hpcbox's own checkout the SIF helper's and the mini cluster node image's);
+        ``pip_only``: the pip locks alone. The files whose content changed."""
         from hpcbox.build.lock import (
             refresh_base_lock,
             refresh_locks,
             refresh_pip_locks,
             refresh_registry_base,
         )
+        from hpcbox.minicluster.node_image import refresh_node_locks
         from hpcbox.sif.helper import HELPER_DIR, refresh_helper_lock
 
         if pip_only:
@@ -99,9 +100,11 @@ class Project:
             changed += [base_lock] if base_lock else []
         changed += refresh_locks(self.config, base, say=self.say)
         changed += [path for path in [refresh_registry_base(self.config, say=self.say)] if path]
-        # The SIF helper is hpcbox's own: its locks are refreshed in hpcbox's checkout, not in a project's.
+        # The SIF helper and the mini cluster's node image are hpcbox's own: their locks are refreshed in
+        # hpcbox's checkout, not in a project's.
         if HELPER_DIR.is_relative_to(self.root):
-            changed += refresh_helper_lock()
+            changed += refresh_helper_lock(say=self.say)
+            changed += refresh_node_locks(say=self.say)
         return changed
 
     def record_digests(self) -> Path:

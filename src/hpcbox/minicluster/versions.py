@@ -8,11 +8,14 @@ so bookworm's Slurm 22.05 links against trixie's libraries, MariaDB client and m
 with it (SUITE_LIBRARIES; a library trixie lacks altogether, llhttp, comes from sid unasked). A version
 whose packages need more than that would need a base of its own (docs/minicluster.md).
 
+Each version's Slurm packages are pinned (node/lock/apt-slurm-VERSION.txt, which `hpcbox lock` writes).
 sid moves on: it takes each new Slurm release within weeks and no longer serves the last. Its version
-here is the release it served when this was written, and its node image takes whatever release sid
-serves when it is built, that one or newer (MOVING_SUITES), so that a cluster asked for it still comes
-up the day sid moves on; `up` then says which release it runs (`moved_note`). A release that needs more
-of sid than SUITE_LIBRARIES names fails its build with apt's own words.
+here is the release it served when this was written; its node image is built from the lock's exact
+versions, from the snapshot archive once sid dropped them, and where that cannot serve them either,
+off-lock with the release sid serves then, checked to be that one or newer (MOVING_SUITES), so that a
+cluster asked for it still comes up the day sid moves on; `up` then says which release it runs
+(`moved_note`). A release that needs more of sid than SUITE_LIBRARIES names fails its build with apt's
+own words.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ SUITES: dict[str, str] = {"22.05": "bookworm", "24.11": "trixie", "26.05": "sid"
 # Release -> libraries its suite supplies too, where trixie has them at a version too old for its Slurm
 # (sid's slurmd 26.05 depends on libhwloc15 >= 2.15.0, trixie has 2.12).
 SUITE_LIBRARIES: dict[str, tuple[str, ...]] = {"26.05": ("libhwloc15",)}
-# Suites whose Slurm moves on: their version's node image takes the release the suite serves, or newer.
+# Suites whose Slurm moves on: their version's off-lock node image takes the release the suite serves then,
+# that one or newer.
 MOVING_SUITES = ("sid",)
 DEFAULT = "24.11"  # the node image's own suite's Slurm
 # A site's version as profiles and `sinfo --version` give it: 23.02, 23.02.7, 24.11.5.

@@ -5,18 +5,16 @@ refreshes the locks (in hpcbox's own checkout), and an off-lock helper stands in
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
-import re
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from hpcbox.build import baseimage, offlock
+from hpcbox.build import aptlocked, baseimage, offlock
 from hpcbox.build.lock import simulated_installs
 from hpcbox.errors import HpcboxError
-from hpcbox.files import one_at_a_time, write_atomically
+from hpcbox.files import one_at_a_time
 from hpcbox.tools import docker
 from hpcbox.tools.apptainer import ENGINE_HINT, ENGINES, Apptainer, host_program
 
@@ -24,13 +22,10 @@ HELPER_DIR = Path(__file__).resolve().parent / "helper-image"
 HELPER_DOCKERFILE = HELPER_DIR / "helper.Dockerfile"
 # What the helper adds to the base; `hpcbox lock` writes it (SIF_WRITERS at their exact versions).
 HELPER_LOCK = HELPER_DIR / "lock" / "apt-helper.txt"
-HELPER_SID_SCRIPT = HELPER_DIR / "add-sid.sh"
 # The zlib stand-in mksquashfs compresses gzip with in the fast path, its source and what compiles it.
 HELPER_ZLIB_SOURCE = HELPER_DIR / "zlib-libdeflate.c"
 HELPER_BUILD_LOCK = HELPER_DIR / "lock" / "apt-helper-build.txt"
 HELPER_BUILD_PACKAGES = ("gcc", "libc6-dev", "libdeflate-dev", "zlib1g-dev")
-# HELPER_LOCK's line for the snapshot.debian.org time its pins were resolved from, where it answered.
-HELPER_SNAPSHOT_LINE = re.compile(r"(?m)^# snapshot: (\d{8}T\d{6}Z)$")
 # What the helper is for; `hpcbox lock` writes these into HELPER_LOCK.
 HELPER_PACKAGES = (
     "apptainer/sid",
@@ -90,8 +85,18 @@ def engine(
 
 def helper_snapshot() -> str | None:
     """The snapshot archive time the helper's pins were resolved from (`hpcbox lock` records it)."""
-    found = HELPER_SNAPSHOT_LINE.search(HELPER_LOCK.read_text())
-    return found[1] if found else None
+    return _locked().snapshot()
+
+
+def _locked() -> aptlocked.AptLocked:
+    """The helper's locks; a SIF writer asked of sid follows sid (trixie's older mksquashfs does not clamp
+    every time)."""
+    return aptlocked.AptLocked(
+        "SIF helper",
+        {lock.name: lock for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)},
+        "src/hpcbox/sif/helper-image/lock",
+        releases=dict(package.split("/") for package in HELPER_PACKAGES if "/" in package),
+    )
 
 
 def helper_ref() -> str:
@@ -118,7 +123,7 @@ def _helper_files() -> dict[str, Path]:
     """The helper's build context: name in it → file."""
     return {
         "Dockerfile": HELPER_DOCKERFILE,
-        HELPER_SID_SCRIPT.name: HELPER_SID_SCRIPT,
+        aptlocked.SUITES_SCRIPT.name: aptlocked.SUITES_SCRIPT,
         HELPER_LOCK.name: HELPER_LOCK,
         HELPER_BUILD_LOCK.name: HELPER_BUILD_LOCK,
         HELPER_ZLIB_SOURCE.name: HELPER_ZLIB_SOURCE,
@@ -153,14 +158,15 @@ def _made_helper(strict: bool) -> str | None:
 
 
 def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Callable[[str], None]) -> str:
-    ref = helper_ref()
     base = baseimage.ensure_base(lock=baseimage.own_lock(), strict=strict, on_line=on_line, say=say)
-    files: dict[str, Path | bytes] = dict(_helper_files())
+    files = _helper_files()
 
-    def build(tag: str, labels: Mapping[str, str], secrets: Mapping[str, Path]) -> None:
+    def build(
+        tag: str, labels: Mapping[str, str], secrets: Mapping[str, Path], locks: Mapping[str, bytes]
+    ) -> None:
         say(f"hpcbox: building the Apptainer helper image {tag} (once: Apptainer and mksquashfs from Debian)")
         docker.build(
-            docker.context_tar(files),
+            docker.context_tar({**files, **locks}),
             dockerfile="Dockerfile",
             tag_ref=tag,
             build_args={"BASE": base.ref},
@@ -169,26 +175,11 @@ def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Calla
             on_line=docker.BuildProgress(on_line or say),
         )
 
-    try:
-        build(ref, offlock.labels_for(base.moved), {})
-    except HpcboxError as failed:
-        gone = baseimage.superseded_pin(failed.details)
-        if gone is None:
-            raise
-        gone_line = f"Debian no longer serves {gone[0]} {gone[1]}, pinned in {_pinned_in(*gone)}"
-        locked = functools.partial(build, ref, offlock.labels_for(base.moved))
-        # The helper's locks are refreshed with the base's, so the base lock's time is theirs too.
-        locked_at = baseimage.own_lock().source_date_epoch
-        snapshot = helper_snapshot()
-        if baseimage.build_from_snapshot(snapshot, "sid", locked, gone_line, say, dict([gone]), locked_at):
-            return ref
-        moved = moved_helper_pins(base.ref)
-        offlock.refuse_if((*base.moved, *moved), strict, "SIF helper")
-        for lock in (HELPER_LOCK, HELPER_BUILD_LOCK):
-            files[lock.name] = offlock.follow(lock.read_text(), moved).encode()
-        of, ref = ref, _tag(files, off_lock_of=ref)
-        build(ref, offlock.labels_for((*base.moved, *moved), of=of), {})
-    return ref
+    ref = helper_ref()
+    made, _moved = _locked().build(
+        ref, build, lambda locks: _tag({**files, **locks}, off_lock_of=ref), base, strict=strict, say=say
+    )
+    return made
 
 
 def helper_moved(ref: str) -> tuple:
@@ -199,23 +190,7 @@ def helper_moved(ref: str) -> tuple:
 
 def moved_helper_pins(base: str) -> list:
     """The helper's pins (both locks) that Debian no longer serves, asked of apt with sid added."""
-    locks = {_shown(lock): lock.read_text() for lock in (HELPER_LOCK, HELPER_BUILD_LOCK)}
-    # a SIF writer asked of sid follows sid: trixie's older mksquashfs does not clamp every time
-    releases = dict(package.split("/") for package in HELPER_PACKAGES if "/" in package)
-    moved = offlock.moved_in(base, locks, setup=HELPER_SID_SCRIPT.read_text() + "\n", releases=releases)
-    return [pin for each in moved.values() for pin in each]
-
-
-def _pinned_in(package: str, version: str) -> str:
-    """Which of the helper's locks pins ``package`` at ``version``, as a path in hpcbox's checkout."""
-    pin = f"{package}={version}"
-    lock = HELPER_BUILD_LOCK if pin in HELPER_BUILD_LOCK.read_text().splitlines() else HELPER_LOCK
-    return _shown(lock)
-
-
-def _shown(lock: Path) -> str:
-    """A helper lock as a path in hpcbox's checkout, where `hpcbox lock` refreshes it."""
-    return f"src/hpcbox/sif/helper-image/lock/{lock.name}"
+    return _locked().moved(base)
 
 
 def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
@@ -228,16 +203,10 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
     snapshot = baseimage.snapshot_now(
         "sid", "the helper is pinned from Debian's mirror with no snapshot time", say
     )
-    hand_in = ""
-    if snapshot:
-        # what the helper's build is handed as its apt_mirror secret when the mirror has moved on
-        secret = shlex.quote(baseimage.snapshot_mirror(snapshot))
-        hand_in = f"mkdir -p /run/secrets && printf %s {secret} > /run/secrets/apt_mirror\n"
     simulate = "apt-get install --simulate --no-install-recommends -y "
     script = (
-        hand_in
-        + HELPER_SID_SCRIPT.read_text()
-        + f"\n{simulate}{shlex.join(HELPER_PACKAGES)}"
+        aptlocked.setup(snapshot=snapshot)
+        + f"{simulate}{shlex.join(HELPER_PACKAGES)}"
         + f"\necho {_BUILD_STAGE_MARK}\n{simulate}{shlex.join(HELPER_BUILD_PACKAGES)}"
     )
     output = docker.run_once(base, ["sh", "-c", script], what="resolve the Apptainer helper's packages")
@@ -257,20 +226,8 @@ def refresh_helper_lock(*, say: Callable[[str], None] = print) -> list[Path]:
         unresolved = [name for name in names if name in SIF_WRITERS and name not in pins]
         if unresolved:
             raise HpcboxError(f"apt resolved no {unresolved[0]} for {path.name}", "see apt's output above")
-        text = header + (f"# snapshot: {snapshot}\n" if snapshot else "")
-        texts[path] = text + "".join(
-            f"{name}={pins[name]}\n" if name in SIF_WRITERS else f"{name}\n" for name in names
-        )
+        lines = [f"{name}={pins[name]}" if name in SIF_WRITERS else name for name in names]
+        texts[path] = aptlocked.lock_text(header, snapshot, lines)
         pinned = sum(name in SIF_WRITERS for name in names)
-        say(f"hpcbox: {_shown(path)}: {pinned} of {len(names)} packages pinned")
-    before = {path: path.read_text() if path.is_file() else "" for path in texts}
-    same = all(_pins(before[path]) == _pins(text) for path, text in texts.items())
-    if same and (all(HELPER_SNAPSHOT_LINE.search(text) for text in before.values()) or not snapshot):
-        return []  # the same pins: the locks, and the time they were first seen at, stay
-    for path, text in texts.items():
-        write_atomically(path, text)
-    return list(texts)
-
-
-def _pins(helper_lock: str) -> list[str]:
-    return [line for line in helper_lock.splitlines() if line and not line.startswith("#")]
+        say(f"hpcbox: {_locked().shown(path)}: {pinned} of {len(names)} packages pinned")
+    return aptlocked.write_locks(texts, snapshot)

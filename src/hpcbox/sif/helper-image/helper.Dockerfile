@@ -9,16 +9,16 @@ ARG BASE=hpcbox/debian:trixie
 # mksquashfs's gzip through libdeflate (zlib-libdeflate.c), compiled in a stage of its own so that the
 # compiler stays out of the helper.
 FROM ${BASE} AS zlib-libdeflate
-COPY add-sid.sh apt-helper-build.txt zlib-libdeflate.c /tmp/helper/
-RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-sid.sh \
+COPY add-suites.sh apt-helper-build.txt zlib-libdeflate.c /tmp/helper/
+RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-suites.sh \
  && grep -v '^#' /tmp/helper/apt-helper-build.txt \
     | xargs env DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-unsafe-io install -y \
       --no-install-recommends \
  && gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o /zlib-libdeflate.so /tmp/helper/zlib-libdeflate.c -ldeflate
 
 FROM ${BASE}
-COPY add-sid.sh apt-helper.txt /tmp/helper/
-RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-sid.sh \
+COPY add-suites.sh apt-helper.txt /tmp/helper/
+RUN --mount=type=secret,id=apt_mirror sh /tmp/helper/add-suites.sh \
  && grep -v '^#' /tmp/helper/apt-helper.txt \
     | xargs env DEBIAN_FRONTEND=noninteractive apt-get -o Dpkg::Options::=--force-unsafe-io install -y \
       --no-install-recommends \
