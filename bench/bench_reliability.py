@@ -87,6 +87,9 @@ SCENARIOS = {
     "an id Slurm gives again (controller rebuilt): the earlier job's folder kept, its commands its own": [
         f"{IDENTITY}::test_an_id_slurm_gives_again_is_never_taken_for_the_earlier_job",
     ],
+    "a finished job Slurm starts again (scontrol requeue): not run again, its results as they were": [
+        f"{SBATCH}::test_a_finished_job_slurm_requeues_does_not_run_again_and_keeps_its_results",
+    ],
     "an upload cut off: the next sends only what did not arrive, and the file is right": [
         "tests/integration/test_upload.py::test_an_interrupted_upload_sends_only_what_did_not_arrive",
     ],

@@ -70,6 +70,15 @@ def test_every_probe_reports_and_a_machine_without_slurm_fails_in_the_slurm_line
     assert table[1].split()[:2] == ["fails", "slurm"]
 
 
+def test_only_the_doctor_asks_slurm_to_guess_a_start_as_sbatch_test_only_takes_a_job_id():
+    """`sbatch --test-only` numbers its answer with a job id of the site's: the doctor's queue line asks
+    it, the first look a submit takes does not (a fresh mini cluster's first job is then job 1)."""
+    local = profiles.load_profile("local")
+    assert "--test-only" in probe_commands(local)["queue"]
+    assert not any("--test-only" in body for body in probe_commands(local, queue=False).values())
+    assert [finding.topic for finding in findings(local, {})][-1] == "quota"
+
+
 def test_a_storage_area_named_by_a_variable_is_expanded_where_the_probe_runs(tmp_path: Path):
     mila = profiles.load_profile("mila")  # home = "$HOME", scratch = "$SCRATCH"
     found = findings(mila, parse_probes(run_here(mila, tmp_path)))

@@ -106,8 +106,9 @@ class Probed:
 NOT_RUN = Probed("", 127)  # a probe the script did not run or report
 
 
-def probe_commands(profile: ClusterProfile) -> dict[str, str]:
-    """The probes the login node runs for ``profile``: name -> bash."""
+def probe_commands(profile: ClusterProfile, *, queue: bool = True) -> dict[str, str]:
+    """The probes the login node runs for ``profile``: name -> bash; with ``queue``, Slurm's guess of an
+    hour's job's start too (`sbatch --test-only`, which takes a job id of the site's for it)."""
     runtime, setup = _runtime_lines(profile)
     # Each area's free space, the line led by its key; the path is the profile's, variables expanded.
     areas = "\n".join(
@@ -133,8 +134,9 @@ def probe_commands(profile: ClusterProfile) -> dict[str, str]:
         "machine": "uname -m",
         # By content, not name: an upload cut short (at the doctor's deadline) leaves part of one there.
         "probe_sifs": f"cd {PROBE_SIFS} 2>/dev/null && sha256sum -- *.sif 2>/dev/null || true",
-        "queue": f"sbatch {shlex.join(_queue_request(profile))} --wrap=true",
     }
+    if queue:
+        probes["queue"] = f"sbatch {shlex.join(_queue_request(profile))} --wrap=true"
     return probes
 
 
@@ -300,11 +302,12 @@ def examine(
     return findings(profile, probed, sif=try_sifs(connection, profile, probed, say))
 
 
-def probes(connection: ssh.Connection, profile: ClusterProfile) -> dict[str, Probed]:
-    """What the login node says to the probes (the cheap part: no SIF is run)."""
+def probes(connection: ssh.Connection, profile: ClusterProfile, *, queue: bool = True) -> dict[str, Probed]:
+    """What the login node says to the probes (the cheap part: no SIF is run); ``queue`` as
+    `probe_commands`."""
     return ask(
         connection,
-        probe_commands(profile),
+        probe_commands(profile, queue=queue),
         what=f"probe {connection.target.address}",
         hint="check the host, your SSH key and ~/.ssh/config (hpcbox doctor needs a shell there)",
     )
@@ -384,7 +387,7 @@ def findings(
         *([sif] if sif is not None else []),
         *_areas(profile, get("areas")),
         _quota(get("quota")),
-        _queue(profile, get("queue")),
+        *([_queue(profile, probed["queue"])] if "queue" in probed else []),
     ]
 
 
@@ -710,7 +713,8 @@ def first_look(
             return None
     except (OSError, ValueError, AttributeError):
         pass  # not asked yet, or a damaged file: ask
-    found = findings(profile, probes(connection, profile))
+    # Not the queue's guess: its `sbatch --test-only` would take a job id, and the user submits one.
+    found = findings(profile, probes(connection, profile, queue=False))
     flagged = [finding for finding in found if finding.verdict != OK]
     for finding in flagged:
         say(f"hpcbox: {finding.line()}")
