@@ -83,6 +83,8 @@ class StandInJob:
 
     def state(self) -> JobState:
         assert self.record.task is not None, "the executor reads an array's states all at once"
+        if self.record.task not in self.cluster.states:  # as `jobs.state` says it
+            raise HpcboxError(f"job {self.job_id} is known to neither squeue nor sacct on edi")
         return JobState(self.job_id, self.cluster.states[self.record.task])
 
     def cancel(self) -> JobState:
@@ -212,6 +214,15 @@ def test_a_wait_has_no_cap_and_backs_off_to_a_minute_between_looks(three, monkey
     assert slept[0] == slurm.FIRST_POLL_S and max(slept) == MAX_POLL_S
     assert slept == sorted(slept)  # never sooner than the look before
     assert cluster.reads == len(slept) + 1  # one array-wide read per look
+
+
+def test_a_task_slurm_does_not_list_is_said_so_not_waited_on_as_pending(three):
+    cluster, jobs = three
+    cluster.run(0, "")
+    del cluster.states[2]  # forgotten (accounting off), or unreachable
+    assert jobs[0].state == "RUNNING"
+    with pytest.raises(HpcboxError, match="job 7_2 is known to neither squeue nor sacct"):
+        jobs[2].wait()
 
 
 def test_paths_and_submission_are_submitits(three):
@@ -390,9 +401,12 @@ def test_a_tasks_state_is_read_among_its_arrays_and_its_log_as_it_stands(tmp_pat
     for program in ("squeue", "sacct"):
         (bin_dir / program).chmod(0o755)
     connection = LocalConnection(home, bin_dir)
-    task = array_record(storage, 2).of_task(1)
+    array = array_record(storage, 3)
+    task = array.of_task(1)
     found = jobs.state(connection, task)  # type: ignore[arg-type]
     assert (found.job_id, found.state, found.reason) == ("7_1", "PENDING", "JobArrayTaskLimit")
+    with pytest.raises(HpcboxError, match="job 7_2 is known to neither squeue nor sacct"):
+        jobs.state(connection, array.of_task(2))  # type: ignore[arg-type]  # never taken for pending
     assert jobs.log_text(connection, task) is None  # type: ignore[arg-type]
     (storage / "logs" / "calls-7_1.out").write_text("epoch 1\n")
     assert jobs.log_text(connection, task) == "epoch 1\n"  # type: ignore[arg-type]

@@ -782,8 +782,6 @@ class SubmittedCalls:
     def state(self, task: int | None) -> JobState:
         """The task's state (None: the job's), from Slurm unless it was seen final. An array's read
         tells every task's: the others' final states are kept too."""
-        from hpcbox.tools.slurm import JobState
-
         if task in self._finished:
             return self._finished[task]
         if task is None:
@@ -795,8 +793,11 @@ class SubmittedCalls:
         for index, each in tasks.items():
             if each.finished:
                 self._finished[index] = each
-        # Listed by squeue (--array) from its submission on; not yet where Slurm has not split it out.
-        return tasks.get(task) or JobState(f"{self.job.job_id}_{task}", "PENDING", source="squeue")
+        if task in tasks:
+            return tasks[task]
+        # Not among the array's lines (squeue --array lists each task from its submission on): asked on
+        # its own, which says in one line where Slurm does not know it, rather than taken for pending.
+        return self.task_job(task).state()
 
     def wait(self, task: int | None) -> JobState:
         """Until the task (None: the job) has ended, however long: every FIRST_POLL_S at first, then
