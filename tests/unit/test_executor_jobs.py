@@ -7,6 +7,7 @@ log_text); tests/integration/test_executor.py proves the same on the mini cluste
 from __future__ import annotations
 
 import gc
+import math
 import operator
 import os
 import pickle
@@ -410,3 +411,57 @@ def test_a_tasks_state_is_read_among_its_arrays_and_its_log_as_it_stands(tmp_pat
     assert jobs.log_text(connection, task) is None  # type: ignore[arg-type]
     (storage / "logs" / "calls-7_1.out").write_text("epoch 1\n")
     assert jobs.log_text(connection, task) == "epoch 1\n"  # type: ignore[arg-type]
+
+
+def test_a_wait_rides_out_a_login_node_that_stops_answering_then_says_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """`slurm.poll` over a read that finds the login node gone for a while (ssh.Unreachable), with
+    Slurm's clock a counter: back within UNREACHABLE_S, the wait goes on to the job's end; gone for
+    longer, one line saying so, the job left running."""
+    from hpcbox.tools import ssh
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+    def read_while(answering_after_s: float):
+        def read() -> JobState:
+            if clock.now < answering_after_s:
+                raise ssh.Unreachable("failed to ask squeue about job 9: Connection refused")
+            return JobState("9", "COMPLETED")
+
+        return read
+
+    clock = Clock()
+    monkeypatch.setattr(slurm, "time", clock)
+    found = slurm.poll(read_while(slurm.UNREACHABLE_S - 60), "9", timeout_s=math.inf, poll_s=MAX_POLL_S)
+    assert found.state == "COMPLETED"
+    clock.now = 0.0
+    with pytest.raises(ssh.Unreachable) as given_up:
+        slurm.poll(read_while(math.inf), "9", timeout_s=math.inf, poll_s=MAX_POLL_S)
+    assert given_up.value.message.startswith("job 9: no answer for 15 min while waiting on it (failed to ")
+    assert given_up.value.message.endswith("Connection refused); the job runs on there")
+
+
+def test_a_login_node_that_does_not_answer_is_unreachable_and_one_that_refuses_is_not(tmp_path: Path):
+    """Real ssh, to a port here nothing listens on: Unreachable, which a wait rides out."""
+    import socket
+
+    from hpcbox.tools import ssh
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again once the block ends: nothing listens there
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    target = ssh.Target("127.0.0.1", port, "nobody", key_path=tmp_path / "key", known_hosts=known_hosts)
+    with pytest.raises(ssh.Unreachable, match="Connection refused"), ssh.Connection(target):
+        pass
+    assert not ssh.not_answering("Permission denied (publickey).")
+    assert not ssh.not_answering("Host key verification failed.")
