@@ -47,6 +47,7 @@ class StandInSlurm:
         self.reads = 0  # array-wide state reads (one squeue and one sacct each on a real cluster)
         self.fetches = 0
         self.cancelled: list[str] = []
+        self.events: list = []  # what happens on the cluster before each of the next reads, in turn
 
     def run(self, task: int, log: str) -> None:
         self.states[task] = "RUNNING"
@@ -80,6 +81,8 @@ class StandInJob:
 
     def task_states(self) -> dict[int, JobState]:
         self.cluster.reads += 1
+        if self.cluster.events:
+            self.cluster.events.pop(0)()
         return {task: JobState(f"7_{task}", state) for task, state in self.cluster.states.items()}
 
     def state(self) -> JobState:
@@ -180,6 +183,27 @@ def test_tasks_waited_on_in_turn_read_the_arrays_states_once_and_fetch_those_tha
         cluster.finish(task, task + 10)
     assert [job.result() for job in jobs] == [10, 11, 12]
     assert (cluster.reads, cluster.fetches) == (1, 1)  # the first read saw all three ended
+
+
+def test_as_completed_yields_tasks_as_they_end_asking_slurm_once_a_round(
+    three, monkeypatch: pytest.MonkeyPatch
+):
+    """submitit's own `helpers.as_completed` over the three tasks: each round's `done()`s share one
+    read of the array's states (a round here is 0.6 s, the states' freshness 0.5 s)."""
+    from submitit.helpers import as_completed
+
+    from hpcbox.submitit import executor
+
+    monkeypatch.setattr(executor, "STATES_FRESH_S", 0.5)
+    cluster, jobs = three
+    for task in range(3):
+        cluster.run(task, "")
+    nothing = lambda: None  # noqa: E731
+    cluster.events = [nothing, lambda: cluster.finish(2, 12), lambda: cluster.finish(0, 10), nothing]
+    cluster.events.append(lambda: cluster.finish(1, 11))
+    assert [job.task_id for job in as_completed(jobs, poll_frequency=0.6)] == [2, 0, 1]
+    assert cluster.reads == 5  # one a round, not one a task
+    assert [job.result() for job in jobs] == [10, 11, 12]
 
 
 def test_a_task_that_ended_after_the_last_fetch_is_fetched_again(three):

@@ -22,6 +22,7 @@ import platform
 import re
 import shutil
 import sys
+import time
 import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -119,6 +120,9 @@ VALID_PARAMETERS = tuple(
 JOB_FILE = "job.json"
 # The longest wait between two looks at a job's state (submitit's watcher also backs off to a minute).
 MAX_POLL_S = 60
+# How long a read of an array's states, made for one task's `state` or `done()`, answers for its other
+# tasks too: a loop over a thousand tasks (submitit's `helpers.as_completed`) asks Slurm once a round.
+STATES_FRESH_S = 1.0
 # A script guards its own run, so that importing it on the node runs none of it.
 _GUARDED = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']\s*:""", re.MULTILINE)
 
@@ -728,6 +732,8 @@ class SubmittedCalls:
         self.job, self.call_dir = job, call_dir
         self.array = job.record.is_array
         self._finished: dict[int | None, JobState] = {}  # by task (None: the job itself)
+        self._tasks: dict[int, JobState] = {}  # the array's last read, and when (time.monotonic)
+        self._read_at = -math.inf
         self._fetched: set[int | None] = set()  # whose results, complete, are here
         self._fetched_folder: Path | None = None
 
@@ -779,9 +785,10 @@ class SubmittedCalls:
     def task_job(self, task: int | None) -> api.Job:
         return self.job if task is None else self.job.task(task)
 
-    def state(self, task: int | None) -> JobState:
-        """The task's state (None: the job's), from Slurm unless it was seen final. An array's read
-        tells every task's: the others' final states are kept too."""
+    def state(self, task: int | None, *, fresh_s: float = 0.0) -> JobState:
+        """The task's state (None: the job's), from Slurm unless it was seen final, or read for the
+        array less than ``fresh_s`` ago. An array's read tells every task's: the others' final states
+        are kept too."""
         if task in self._finished:
             return self._finished[task]
         if task is None:
@@ -789,12 +796,13 @@ class SubmittedCalls:
             if found.finished:
                 self._finished[None] = found
             return found
-        tasks = self.job.task_states()
-        for index, each in tasks.items():
-            if each.finished:
-                self._finished[index] = each
-        if task in tasks:
-            return tasks[task]
+        if time.monotonic() - self._read_at > fresh_s or task not in self._tasks:
+            self._tasks, self._read_at = self.job.task_states(), time.monotonic()
+            for index, each in self._tasks.items():
+                if each.finished:
+                    self._finished[index] = each
+        if task in self._tasks:
+            return self._tasks[task]
         # Not among the array's lines (squeue --array lists each task from its submission on): asked on
         # its own, which says in one line where Slurm does not know it, rather than taken for pending.
         return self.task_job(task).state()
@@ -825,6 +833,7 @@ class SubmittedCalls:
     def cancel(self, task: int | None) -> None:
         self.task_job(task).cancel()
         self._finished.pop(task, None)  # its state is read again: cancelled, or ended before
+        self._read_at = -math.inf
 
 
 class Job:
@@ -883,10 +892,10 @@ class Job:
     def state(self) -> str:
         """Slurm's state of this job (an array's task: its own): PENDING, RUNNING, COMPLETED, FAILED,
         TIMEOUT, CANCELLED, ..."""
-        return self._call.state(self.task_id).state
+        return self._call.state(self.task_id, fresh_s=STATES_FRESH_S).state
 
     def done(self) -> bool:
-        return self._call.state(self.task_id).finished
+        return self._call.state(self.task_id, fresh_s=STATES_FRESH_S).finished
 
     def wait(self) -> None:
         """Until this job (an array's task: that task) has ended, however long it takes."""
@@ -970,7 +979,7 @@ class Job:
         """Its log (stdout and stderr; an array's task: its own): read on the cluster while it runs, the
         fetched copy once it has ended; None before it wrote one."""
         call = self._call
-        if not self.done():
+        if not call.state(self.task_id).finished:
             return call.task_job(self.task_id).log_text()
         call.results_folder(self.task_id)
         log = self.paths.stdout
