@@ -489,3 +489,11 @@ def test_a_login_node_that_does_not_answer_is_unreachable_and_one_that_refuses_i
         pass
     assert not ssh.not_answering("Permission denied (publickey).")
     assert not ssh.not_answering("Host key verification failed.")
+
+
+def test_sbatch_options_from_several_updates_add_up_and_a_later_one_replaces_its_own(project, tmp_path: Path):
+    executor = Executor(tmp_path / "calls", "edi", project=project)
+    executor.update_parameters(slurm_constraint="a100", slurm_exclusive=False)
+    executor.update_parameters(slurm_exclude="n1", extra=("--begin=now",))
+    executor.update_parameters(slurm_constraint="h100")
+    assert executor.parameters["extra"] == ("--exclude=n1", "--begin=now", "--constraint=h100")

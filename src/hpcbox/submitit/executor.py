@@ -193,7 +193,13 @@ class Executor:
             raise HpcboxError(
                 "parameters cannot change inside `with executor.batch():`", "set them before it"
             )
-        self.parameters.update(hpcbox_resources(parameters))
+        given = hpcbox_resources(parameters)
+        if given.get("extra") is not None and self.parameters.get("extra"):
+            # An earlier call's sbatch options stay, but those given again, which the later replaces.
+            again = {option.partition("=")[0] for option in given["extra"]}
+            kept = [option for option in self.parameters["extra"] if option.partition("=")[0] not in again]
+            given["extra"] = (*kept, *given["extra"])
+        self.parameters.update(given)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Job:
         """Run ``fn(*args, **kwargs)`` as a job; inside `batch()`, as a task of the batch's array."""
@@ -352,9 +358,10 @@ def _slurm_parameter(key: str, value: Any) -> list[tuple[str, Any]]:
     if name == "additional_parameters":
         if not isinstance(value, dict):
             raise FieldError(key, f"{value!r} is not a dict of sbatch options", "e.g. {'constraint': 'a100'}")
-        return [("extra", tuple(_sbatch_option(option, each) for option, each in value.items()))]
+        asked = tuple(_sbatch_option(option, each) for option, each in value.items() if each is not False)
+        return [("extra", asked)]
     if name in SLURM_AS_SBATCH:
-        return [("extra", _sbatch_option(name, value))]
+        return [] if value is False else [("extra", _sbatch_option(name, value))]
     option = SLURM_AS_OPTION[name]
     if option == STDERR_TO_STDOUT:
         _stderr_to_stdout(key, value)
