@@ -47,6 +47,12 @@ def nap(seconds, value):
     return value
 
 
+def say_then_nap(seconds, value):
+    print(f"napping for {seconds} s", flush=True)
+    time.sleep(seconds)
+    return value
+
+
 def where():
     return os.environ.get("SLURM_JOB_ID"), os.getcwd()
 
@@ -178,6 +184,68 @@ def test_an_exception_comes_back_with_its_traceback_and_a_job_without_a_result_s
     assert "OUT_OF_MEMORY" in message or "memory" in message, message
     kind, message = found["sleeper"]
     assert kind == "UncompletedJobError" and "ended CANCELLED" in message, message
+
+
+def test_one_task_of_an_array_is_cancelled_while_the_others_return_and_a_job_is_found_again_later(
+    calls_project: Path, setup: Setup, tmp_path: Path
+):
+    """Each task of a map_array is a job of its own: the long one's log is read while it runs, it alone
+    is cancelled, the other two return. Then a job whose result the submitting process never asked for
+    is found again from the executor's folder in a new process (and another from its pickle), and
+    returns."""
+    folder = str(tmp_path / "calls")
+    found = run_script(
+        f"""
+        import pickle, time
+        from submitit.core.utils import UncompletedJobError
+        from hpcbox.submitit import Executor
+        from hpctrain.calls import add, say_then_nap
+
+        executor = Executor({folder!r}, "local")
+        executor.update_parameters(timeout_min=10)
+        tasks = executor.map_array(say_then_nap, [3, 600, 3], ["first", "never", "third"])
+        started = time.monotonic()
+        while "napping for 600 s" not in (tasks[1].stdout() or ""):  # its log, read while it runs
+            assert time.monotonic() - started < 300, tasks[1].state
+            time.sleep(1)
+        live = [tasks[1].state, tasks[1].stdout()]
+        tasks[1].cancel()
+        returned = [tasks[0].result(), tasks[2].result()]
+        try:
+            tasks[1].result()
+            raised = None
+        except UncompletedJobError as error:
+            raised = str(error)
+        later = executor.submit(add, 40, 2)
+        print(json.dumps({{
+            "ids": [task.job_id for task in tasks], "live": live, "returned": returned, "raised": raised,
+            "states": [task.state for task in tasks], "later": later.job_id,
+            "pickled": pickle.dumps(tasks[2]).hex(),
+        }}))
+        """,
+        calls_project,
+        setup,
+    )
+    state, log = found["live"]
+    assert state == "RUNNING" and "napping for 600 s\n" in log
+    assert found["returned"] == ["first", "third"]
+    assert f"job {found['ids'][1]} ended CANCELLED" in found["raised"]
+    assert found["states"] == ["COMPLETED", "CANCELLED", "COMPLETED"]
+    array = jobs.Ledger(load_project(calls_project)).find(found["ids"][0].split("_")[0], "local")
+    assert array.resources["array"] == "0-2%256"  # submitit's throttle by default
+    again = run_script(
+        f"""
+        import pickle
+        from hpcbox.submitit import Job
+
+        later = Job({folder!r}, {found["later"]!r})
+        unpickled = pickle.loads(bytes.fromhex({found["pickled"]!r}))
+        print(json.dumps({{"later": [later.result(), later.state], "unpickled": unpickled.result()}}))
+        """,
+        calls_project,
+        setup,
+    )
+    assert again == {"later": [42, "COMPLETED"], "unpickled": "third"}
 
 
 def test_a_checkpointable_call_meets_its_time_limit_is_requeued_and_returns_what_it_would_have(

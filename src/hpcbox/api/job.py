@@ -114,6 +114,19 @@ class Job:
         with self._connection() as connection:
             jobs.logs(connection, self.record, follow=follow, on_line=on_line)
 
+    def log_text(self) -> str | None:
+        """Its Slurm log as it stands now, read on the cluster while it runs (a task's: its own);
+        None before it has written one."""
+        from hpcbox import jobs
+
+        with self._connection() as connection:
+            return jobs.log_text(connection, self.record)
+
+    def task(self, index: int) -> Job:
+        """Task ``index`` of this array job as a job of its own: its state, log, results and cancel are
+        that task's alone (`-j 12_3` on the command line)."""
+        return Job(self.site, self.record.of_task(index))
+
     def fetch(self) -> Path:
         """Its results, checkpoints, metrics and log copied to `runs/<cluster>/<job>/` (resumable: a
         second fetch brings only what is new); what came is said in bytes. The folder."""

@@ -32,6 +32,7 @@ _DEFINED_IN = {
     "gone": "identity",
     "local_run_dir": "fetch",
     "log_paths": "submit",
+    "log_text": "follow",
     "logs": "follow",
     "on_mini_cluster": "connect",
     "overview": "follow",

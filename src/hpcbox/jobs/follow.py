@@ -24,9 +24,14 @@ NO_OUTCOME = "NO_OUTCOME"
 
 def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
     """The job's state; an array's is its tasks' together: running while any runs, pending while any
-    waits, else COMPLETED when all did, else the state of the first that did not."""
-    found = array_state(task_states(connection, record)) if record.is_array else None
-    found = found or slurm.job_state(connection, record.job_id, record.script)
+    waits, else COMPLETED when all did, else the state of the first that did not. A task's is its own,
+    read among its array's (`squeue --array`: a pending task has no line of its own without it)."""
+    if record.task is not None:
+        array_id = record.job_id.partition("_")[0]
+        found = slurm.task_states(connection, array_id, record.script).get(record.task)
+    else:
+        found = array_state(task_states(connection, record)) if record.is_array else None
+        found = found or slurm.job_state(connection, record.job_id, record.script)
     if found is None:
         raise HpcboxError(
             f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
@@ -246,6 +251,26 @@ def log_words(record: JobRecord) -> str:
 def _glob_word(path: str) -> str:
     """``path`` as a shell word: quoted, but for the `*` standing for an array task's id."""
     return "*".join(shlex.quote(part) for part in path.split("*"))
+
+
+# `log_text`'s remote command's status where the log is not there (yet).
+_NO_LOG = 3
+
+
+def log_text(connection: ssh.Connection, record: JobRecord) -> str | None:
+    """The job's log as it stands now (a task's: its own), read on the cluster while the job writes
+    it; None before the job has written one."""
+    log = shlex.quote(record.log)
+    done = connection.run(
+        f"if test -f {log}; then cat -- {log}; else exit {_NO_LOG}; fi",
+        what=f"read the log of job {record.job_id}",
+        check=False,
+    )
+    if done.returncode == _NO_LOG:
+        return None
+    if done.returncode != 0:
+        raise HpcboxError(f"cannot read the log of job {record.job_id}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def logs(

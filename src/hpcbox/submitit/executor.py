@@ -10,8 +10,10 @@ clean-up and the profile's resources are those of every hpcbox job.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import io
+import json
 import math
 import operator
 import pickle
@@ -20,19 +22,24 @@ import platform
 import re
 import shutil
 import sys
+import time
 import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcbox import api
 from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.files import write_atomically
 from hpcbox.project.command import ContainerCommand
 from hpcbox.render.sweep import Sweep
 from hpcbox.submitit import script_source
 from hpcbox.submitit.script_source import GLOBALS, SCRIPT_DIR, ScriptSource
+
+if TYPE_CHECKING:
+    from hpcbox.tools.slurm import JobState
 
 try:  # submitit's own errors where it is installed, so that `except` clauses written for it hold
     from submitit.core.utils import FailedJobError, UncompletedJobError
@@ -71,22 +78,76 @@ GENERIC = {
 }
 # submitit's generic switch that hpcbox's jobs already do: stderr goes to the one log.
 STDERR_TO_STDOUT = "stderr_to_stdout"
-# How many of an array's tasks run at once (the sweep's throttle, `--array=0-99%N`).
+# How many of an array's tasks run at once (the sweep's throttle, `--array=0-99%N`): submitit's default.
 ARRAY_PARALLELISM = "array_parallelism"
-VALID_PARAMETERS = tuple(sorted({*GENERIC, STDERR_TO_STDOUT, ARRAY_PARALLELISM, *api.site.RESOURCE_NAMES}))
+DEFAULT_ARRAY_PARALLELISM = 256
+# submitit's SlurmExecutor parameters (`slurm_<name>`, the keywords of its `_make_sbatch_string`, v1.5.4),
+# each honoured as an hpcbox option or refused with why; none is left out unsaid.
+SLURM_AS_OPTION = {
+    "partition": "partition", "account": "account", "qos": "qos", "job_name": "job_name",
+    "mail_type": "mail_type", "mail_user": "mail_user", "nodes": "nodes",
+    "ntasks_per_node": "ntasks_per_node",
+    "cpus_per_task": "cpus", "gpus_per_node": "gpus", "num_gpus": "gpus", "mem": "mem", "time": "time",
+    "max_num_timeout": "max_restarts", "array_parallelism": ARRAY_PARALLELISM,
+    "stderr_to_stdout": STDERR_TO_STDOUT,
+}  # fmt: skip
+# Those that are one more sbatch option as they are (hpcbox's `extra`: `--name=value`).
+SLURM_AS_SBATCH = (
+    "comment", "constraint", "cpus_per_gpu", "dependency", "exclude", "exclusive", "gpus_per_task",
+    "mem_per_cpu", "mem_per_gpu", "nodelist", "wckey",
+)  # fmt: skip
+_IN_THE_ENVIRONMENT = (
+    "the call runs in the project's container, not in a shell of its own: what it needs goes into the "
+    "environment (docker/, the project's dependencies)"
+)
+SLURM_REFUSED = {
+    "setup": _IN_THE_ENVIRONMENT,
+    "teardown": _IN_THE_ENVIRONMENT,
+    "srun_args": "hpcbox starts the call with its own srun line",
+    "signal_delay_s": "hpcbox's job script asks for the time limit's signal itself, a margin before it",
+}
+# `slurm_gres`, `slurm_additional_parameters` and `slurm_use_srun` are read by `_slurm_parameter`.
+SLURM_NAMES = tuple(
+    sorted({*SLURM_AS_OPTION, *SLURM_AS_SBATCH, *SLURM_REFUSED, "gres", "additional_parameters", "use_srun"})
+)
+VALID_PARAMETERS = tuple(
+    sorted({
+        *GENERIC, STDERR_TO_STDOUT, ARRAY_PARALLELISM, *api.site.RESOURCE_NAMES,
+        *(f"slurm_{name}" for name in SLURM_NAMES),
+    })
+)  # fmt: skip
+# Where a job's call folder says what it is: `Job(folder, job_id)` finds it there in another process.
+JOB_FILE = "job.json"
+# The longest wait between two looks at a job's state (submitit's watcher also backs off to a minute).
+MAX_POLL_S = 60
+# How long a read of an array's states, made for one task's `state` or `done()`, answers for its other
+# tasks too: a loop over a thousand tasks (submitit's `helpers.as_completed`) asks Slurm once a round.
+STATES_FRESH_S = 1.0
 # A script guards its own run, so that importing it on the node runs none of it.
 _GUARDED = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']\s*:""", re.MULTILINE)
 
 
 @dataclass(frozen=True)
 class JobPaths:
-    """Where a job's files are here, as submitit names them: the call's pickle, and once fetched its
-    result and log (the job's stderr goes to the same log)."""
+    """Where a job's files are here, as submitit names them: its call folder, the job script (the
+    ledger's copy), the call's pickle, and once fetched its result and log (stderr goes to the same
+    log)."""
 
+    folder: Path
+    submission_file: Path
     submitted_pickle: Path
     result_pickle: Path
     stdout: Path
     stderr: Path
+
+
+@dataclass(frozen=True)
+class Submission:
+    """The call a job makes, as submitit's `DelayedSubmission` holds it."""
+
+    function: Callable[..., Any]
+    args: tuple
+    kwargs: dict[str, Any]
 
 
 class Executor:
@@ -118,7 +179,7 @@ class Executor:
         **site: Any,
     ) -> None:
         self.folder = Path(folder).expanduser().absolute()
-        self.site = api.Site(cluster, **{"on_line": lambda _: None, **site})
+        self.site = api.Site(cluster, **{"on_line": _quiet, **site})
         self.flavour, self.offline = flavour, offline
         self.parameters: dict[str, Any] = {}
         self._batch: list[tuple[Job, tuple[Callable[..., Any], tuple, dict]]] | None = None
@@ -132,12 +193,18 @@ class Executor:
             raise HpcboxError(
                 "parameters cannot change inside `with executor.batch():`", "set them before it"
             )
-        self.parameters.update(hpcbox_resources(parameters))
+        given = hpcbox_resources(parameters)
+        if given.get("extra") is not None and self.parameters.get("extra"):
+            # An earlier call's sbatch options stay, but those given again, which the later replaces.
+            again = {option.partition("=")[0] for option in given["extra"]}
+            kept = [option for option in self.parameters["extra"] if option.partition("=")[0] not in again]
+            given["extra"] = (*kept, *given["extra"])
+        self.parameters.update(given)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Job:
         """Run ``fn(*args, **kwargs)`` as a job; inside `batch()`, as a task of the batch's array."""
         if self._batch is not None:
-            job = Job(self, None, None)
+            job = Job._of(None, None)
             self._batch.append((job, (fn, args, kwargs)))
             return job
         return self._submit_calls([(fn, args, kwargs)], array=False)[0]
@@ -190,7 +257,7 @@ class Executor:
         the running script's names travel by name (`pickle_call`'s ``script``). Bad input leaves
         nothing: no call folder, no job."""
         resources = dict(self.parameters)
-        throttle = resources.pop(ARRAY_PARALLELISM, None)
+        throttle = resources.pop(ARRAY_PARALLELISM, DEFAULT_ARRAY_PARALLELISM)
         if resources.get("nodes", 1) != 1 or resources.get("ntasks_per_node", 1) != 1:
             raise FieldError(
                 "nodes" if resources.get("nodes", 1) != 1 else "tasks_per_node",
@@ -226,30 +293,102 @@ class Executor:
             shutil.rmtree(call_dir, ignore_errors=True)
             raise
         assert submitted is not None  # not a dry run
-        shared = _Submitted(submitted, call_dir, array)
-        return [Job(self, shared, index if array else None) for index in range(len(calls))]
+        shared = SubmittedCalls(submitted, call_dir)
+        shared.save()
+        return [Job._of(shared, index if array else None) for index in range(len(calls))]
 
 
 def hpcbox_resources(parameters: dict[str, Any]) -> dict[str, Any]:
-    """submitit's parameters as hpcbox's resource options; hpcbox's own names pass as they are."""
+    """submitit's parameters as hpcbox's resource options: its generic names, its SlurmExecutor's
+    (`slurm_partition`...: each honoured or refused with why); hpcbox's own names pass as they are."""
     unknown = sorted(set(parameters) - set(VALID_PARAMETERS))
     if unknown:
         raise FieldError(unknown[0], f"no such parameter (a typo? allowed: {', '.join(VALID_PARAMETERS)})")
     resources: dict[str, Any] = {}
     for key, value in parameters.items():
-        if key == STDERR_TO_STDOUT:
-            if value is False:
-                raise FieldError(key, "hpcbox's jobs write stderr to their one log", "leave it out, or True")
+        if key.startswith("slurm_"):
+            for option, converted in _slurm_parameter(key, value):
+                _set(resources, option, converted)
+        elif key == STDERR_TO_STDOUT:
+            _stderr_to_stdout(key, value)
         elif key == ARRAY_PARALLELISM:
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise FieldError(key, f"{value!r} must be a whole number of tasks, 1 or more")
-            resources[key] = value
+            resources[key] = _array_parallelism(key, value)
         elif key in GENERIC and value is not None:
             option, convert = GENERIC[key]
             resources[option] = convert(value)
         else:
-            resources[key] = value
+            _set(resources, key, value)
     return resources
+
+
+def _set(resources: dict[str, Any], option: str, value: Any) -> None:
+    """``option`` set to ``value``; `extra`'s sbatch options gather, from each name that gives some."""
+    if option == "extra" and value is not None:
+        value = (*resources.get("extra", ()), *((value,) if isinstance(value, str) else value))
+    resources[option] = value
+
+
+def _stderr_to_stdout(key: str, value: Any) -> None:
+    if value is False:
+        raise FieldError(key, "hpcbox's jobs write stderr to their one log", "leave it out, or True")
+
+
+def _array_parallelism(key: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise FieldError(key, f"{value!r} must be a whole number of tasks, 1 or more")
+    return value
+
+
+def _slurm_parameter(key: str, value: Any) -> list[tuple[str, Any]]:
+    """submitit's ``slurm_<name>`` as (hpcbox option, value) pairs; refused, naming it, where hpcbox
+    cannot do what it asks."""
+    name = key.removeprefix("slurm_")
+    if name in SLURM_REFUSED:
+        if value in (None, [], ()):
+            return []  # submitit's own default: nothing asked
+        raise FieldError(key, f"not taken by hpcbox.submitit: {SLURM_REFUSED[name]}", "leave it out")
+    if value is None:
+        return []
+    if name == "use_srun":
+        if value is not True:
+            raise FieldError(key, "hpcbox starts every call with srun", "leave it out, or True")
+        return []
+    if name == "gres":
+        return _gres(key, str(value))
+    if name == "additional_parameters":
+        if not isinstance(value, dict):
+            raise FieldError(key, f"{value!r} is not a dict of sbatch options", "e.g. {'constraint': 'a100'}")
+        asked = tuple(_sbatch_option(option, each) for option, each in value.items() if each is not False)
+        return [("extra", asked)]
+    if name in SLURM_AS_SBATCH:
+        return [] if value is False else [("extra", _sbatch_option(name, value))]
+    option = SLURM_AS_OPTION[name]
+    if option == STDERR_TO_STDOUT:
+        _stderr_to_stdout(key, value)
+        return []
+    if option == ARRAY_PARALLELISM:
+        return [(option, _array_parallelism(key, value))]
+    if name == "time" and isinstance(value, int | float):
+        return [(option, str(math.ceil(value)))]  # submitit's minutes, as Slurm reads a bare number
+    return [(option, value)]
+
+
+def _sbatch_option(name: str, value: Any) -> str:
+    """``name`` and ``value`` as sbatch's option, as submitit writes one (`--name=value`, `--name` for
+    True)."""
+    flag = "--" + name.replace("_", "-")
+    return flag if value is True else f"{flag}={value}"
+
+
+def _gres(key: str, gres: str) -> list[tuple[str, Any]]:
+    """`gpu:2` or `gpu:a100:2` as hpcbox's gpus and gpu_type (the job script writes GPUs its own way);
+    other generic resources as one more sbatch option."""
+    found = re.fullmatch(r"gpu(?::([A-Za-z][\w.-]*))?:(\d+)", gres)
+    if found is None:
+        if "gpu" in gres:
+            raise FieldError(key, f"{gres!r}: hpcbox takes GPUs as gpu:N or gpu:TYPE:N", "e.g. gpu:a100:2")
+        return [("extra", f"--gres={gres}")]
+    return [("gpus", int(found[2])), *((("gpu_type", found[1]),) if found[1] else ())]
 
 
 def environment_python(project) -> str | None:
@@ -587,48 +726,165 @@ def _job_name(fn: Callable[..., Any]) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", name)[:64] or "call"
 
 
-class _Submitted:
-    """One job of calls (an array of them or a single one), shared by its tasks' `Job`s: its state read
-    once for all, its results fetched once for all."""
+class SubmittedCalls:
+    """One job of calls (an array of them, or a single one), which its tasks' `Job`s share: the states
+    seen final (a finished task stays finished) and the results fetched, so that a thousand tasks
+    waited on one after another cost a read of the array's states per poll and a fetch per batch of
+    tasks found finished, not one each.
 
-    def __init__(self, job: api.Job, call_dir: Path, array: bool) -> None:
-        self.job, self.call_dir, self.array = job, call_dir, array
-        self.fetched: Path | None = None
-        self.final = None
+    ``job`` is the `hpcbox.Job` Slurm runs (an array's: its tasks by `task(i)`); ``call_dir`` the call's
+    folder here, where `job.json` lets a later process find the job again (`Job(folder, job_id)`)."""
 
-    def wait(self):
-        if self.final is None:
-            self.final = self.job.wait()
-        return self.final
+    def __init__(self, job: api.Job, call_dir: Path) -> None:
+        self.job, self.call_dir = job, call_dir
+        self.array = job.record.is_array
+        self._finished: dict[int | None, JobState] = {}  # by task (None: the job itself)
+        self._tasks: dict[int, JobState] = {}  # the array's last read, and when (time.monotonic)
+        self._read_at = -math.inf
+        self._fetched: set[int | None] = set()  # whose results, complete, are here
+        self._fetched_folder: Path | None = None
 
-    def results_folder(self) -> Path | None:
-        """The job's fetched results (once it ended), or None where it copied nothing back."""
+    def save(self) -> None:
+        """`job.json` in the call's folder: the job's record and how its site is reached."""
+        site = self.job.site
+        project = site.project
+        login = site.login and {
+            name: str(value) if isinstance(value, Path) else value
+            for name, value in dataclasses.asdict(site.login).items()
+        }
+        found = {
+            "record": json.loads(self.job.record.to_json()),
+            "site": {
+                "name": site.name, **dataclasses.asdict(site.place), "login": login,
+                "mini_cluster": site.mini_cluster, "remote_root": site.remote_root,
+                "cache": site.cache and str(site.cache),
+            },
+            "project": {
+                "root": str(project.root), "ledger_dir": project.ledger_dir and str(project.ledger_dir),
+                "results_dir": project.results_dir and str(project.results_dir),
+            },
+        }  # fmt: skip
+        write_atomically(self.call_dir / JOB_FILE, json.dumps(found, indent=1, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, call_dir: Path) -> SubmittedCalls:
+        """The job ``call_dir``'s `job.json` names, reached as it was submitted."""
+        from hpcbox.ledger import JobRecord
+        from hpcbox.project.config import load_project
+        from hpcbox.tools.ssh import Target
+
+        found = json.loads((call_dir / JOB_FILE).read_text())
+        paths = {name: Path(value) if value else None for name, value in found["project"].items()}
+        project = dataclasses.replace(
+            load_project(paths["root"]), ledger_dir=paths["ledger_dir"], results_dir=paths["results_dir"]
+        )
+        site_args = dict(found["site"])
+        login = site_args.pop("login")
+        if login is not None:
+            login = Target(**{
+                name: Path(value) if name in ("key_path", "known_hosts") and value else value
+                for name, value in login.items()
+            })  # fmt: skip
+        site = api.Site(site_args.pop("name"), **site_args, login=login, project=project, on_line=_quiet)
+        record = JobRecord.from_json(json.dumps(found["record"]))
+        return cls(api.Job(site, record), call_dir)
+
+    def task_job(self, task: int | None) -> api.Job:
+        return self.job if task is None else self.job.task(task)
+
+    def state(self, task: int | None, *, fresh_s: float = 0.0) -> JobState:
+        """The task's state (None: the job's), from Slurm unless it was seen final, or read for the
+        array less than ``fresh_s`` ago. An array's read tells every task's: the others' final states
+        are kept too."""
+        if task in self._finished:
+            return self._finished[task]
+        if task is None:
+            found = self.job.state()
+            if found.finished:
+                self._finished[None] = found
+            return found
+        if time.monotonic() - self._read_at > fresh_s or task not in self._tasks:
+            self._tasks, self._read_at = self.job.task_states(), time.monotonic()
+            for index, each in self._tasks.items():
+                if each.finished:
+                    self._finished[index] = each
+        if task in self._tasks:
+            return self._tasks[task]
+        # Not among the array's lines (squeue --array lists each task from its submission on): asked on
+        # its own, which says in one line where Slurm does not know it, rather than taken for pending.
+        return self.task_job(task).state()
+
+    def wait(self, task: int | None) -> JobState:
+        """Until the task (None: the job) has ended, however long: every FIRST_POLL_S at first, then
+        every tenth of the time waited, up to a minute (as submitit's watcher backs off)."""
+        from hpcbox.tools import slurm
+
+        job_id = self.task_job(task).job_id
+        return slurm.poll(lambda: self.state(task), job_id, timeout_s=math.inf, poll_s=MAX_POLL_S)
+
+    def results_folder(self, task: int | None) -> Path | None:
+        """Once the task (None: the job) has ended, the job's fetched results, or None where it copied
+        nothing back. One fetch brings every task that had ended before it."""
         from hpcbox.jobs.fetch import NoResults
 
-        self.wait()
-        if self.fetched is None:
+        self.wait(task)
+        if task not in self._fetched:
+            ended = set(self._finished)  # complete on the cluster before the fetch begins
             try:
-                self.fetched = self.job.fetch()
+                self._fetched_folder = self.job.fetch()
             except NoResults:
                 return None
-        return self.fetched
+            self._fetched |= ended
+        return self._fetched_folder
+
+    def cancel(self, task: int | None) -> None:
+        self.task_job(task).cancel()
+        self._finished.pop(task, None)  # its state is read again: cancelled, or ended before
+        self._read_at = -math.inf
 
 
 class Job:
     """A call submitted by `Executor`: submitit's `Job` (``job_id``, ``state``, ``done``, ``result``,
-    ``results``, ``exception``, ``wait``, ``cancel``, ``stdout``, ``stderr``, ``paths``)."""
+    ``results``, ``exception``, ``wait``, ``cancel``, ``stdout``, ``stderr``, ``paths``, ``submission``,
+    ``cancel_at_deletion``). An array's task is a job of its own: each of these acts on that task alone.
 
-    def __init__(self, executor: Executor, submitted: _Submitted | None, task: int | None) -> None:
-        self._executor, self._submitted, self.task_id = executor, submitted, task
+    ``Job(folder, job_id)`` finds a job again from the executor's ``folder`` (its call folder holds
+    what it takes), in another process, a day later; a job pickles as just that."""
+
+    def __init__(self, folder: str | Path, job_id: str) -> None:
+        base, _, task = str(job_id).partition("_")
+        calls = SubmittedCalls.load(_call_dir(Path(folder).expanduser().absolute(), base))
+        if task and not (task.isdigit() and 0 <= int(task) < len(calls.job.record.sweep)):
+            raise HpcboxError(
+                f"job {job_id}: job {base} has tasks 0-{len(calls.job.record.sweep) - 1}",
+                f"name one as {base}_N",
+            )
+        if calls.array and not task:
+            raise HpcboxError(f"job {base} is an array job", f"name one of its tasks: {base}_0, {base}_1...")
+        self._bind(calls, int(task) if task else None)
+
+    @classmethod
+    def _of(cls, calls: SubmittedCalls | None, task: int | None) -> Job:
+        job = cls.__new__(cls)
+        job._bind(calls, task)
+        return job
+
+    def _bind(self, calls: SubmittedCalls | None, task: int | None) -> None:
+        self._calls, self.task_id = calls, task
+        self._cancel_at_deletion = False
 
     def _become(self, other: Job) -> None:
-        self._submitted, self.task_id = other._submitted, other.task_id
+        self._calls, self.task_id = other._calls, other.task_id
+
+    def __reduce__(self) -> tuple:
+        calls = self._call
+        return Job, (str(calls.call_dir.parent), self.job_id)
 
     @property
-    def _call(self) -> _Submitted:
-        if self._submitted is None:
+    def _call(self) -> SubmittedCalls:
+        if self._calls is None:
             raise HpcboxError("this job is submitted at the end of its `with executor.batch():` block")
-        return self._submitted
+        return self._calls
 
     @property
     def job_id(self) -> str:
@@ -637,64 +893,74 @@ class Job:
         return job_id if self.task_id is None else f"{job_id}_{self.task_id}"
 
     def __repr__(self) -> str:
-        return f"Job<{self._call.job.record.where}: {self.job_id}>" if self._submitted else "Job<in a batch>"
+        return f"Job<{self._call.job.record.where}: {self.job_id}>" if self._calls else "Job<in a batch>"
 
     @property
     def state(self) -> str:
-        """Slurm's state: PENDING, RUNNING, COMPLETED, FAILED, TIMEOUT, CANCELLED, ..."""
-        call = self._call
-        if call.final is not None:
-            return self._task_state(call.final) if self.task_id is not None else call.final.state
-        if self.task_id is None:
-            return call.job.state().state
-        found = call.job.task_states().get(self.task_id)
-        return found.state if found else "PENDING"
-
-    def _task_state(self, final) -> str:
-        found = self._call.job.task_states().get(self.task_id)
-        return found.state if found else final.state
+        """Slurm's state of this job (an array's task: its own): PENDING, RUNNING, COMPLETED, FAILED,
+        TIMEOUT, CANCELLED, ..."""
+        return self._call.state(self.task_id, fresh_s=STATES_FRESH_S).state
 
     def done(self) -> bool:
-        from hpcbox.tools.slurm import FINISHED_STATES
-
-        return self.state in FINISHED_STATES
+        return self._call.state(self.task_id, fresh_s=STATES_FRESH_S).finished
 
     def wait(self) -> None:
-        """Until the job (an array: all its tasks) has ended."""
-        self._call.wait()
+        """Until this job (an array's task: that task) has ended, however long it takes."""
+        self._call.wait(self.task_id)
 
     def cancel(self) -> None:
-        """Cancel the job (an array: every task), letting it copy back what it wrote."""
-        self._call.job.cancel()
+        """Cancel this job (an array's task: that task alone), letting it copy back what it wrote."""
+        self._call.cancel(self.task_id)
+
+    def cancel_at_deletion(self, value: bool = True) -> Job:
+        """Whether this job is cancelled when this object is deleted (as submitit's: off unless asked),
+        where it has not ended."""
+        self._cancel_at_deletion = value
+        return self
+
+    def __del__(self) -> None:
+        if getattr(self, "_cancel_at_deletion", False) and self._calls is not None:
+            with contextlib.suppress(HpcboxError):
+                if not self.done():
+                    self.cancel()
 
     @property
     def paths(self) -> JobPaths:
+        """Where its files are here, as submitit names them (its result and log once fetched)."""
         from hpcbox.jobs.fetch import local_run_dir
 
         call = self._call
-        index = self.task_id or 0
-        local = local_run_dir(call.job.site.project, call.job.record)  # where fetch puts them
+        record = call.job.record
+        local = local_run_dir(call.job.site.project, record)  # where fetch puts them
         results = local / str(self.task_id) if self.task_id is not None else local
         # An array's log names its task `*` in the ledger (each task writes its own).
-        log = local / Path(call.job.record.log).name.replace("*", str(self.task_id))
-        return JobPaths(call.call_dir / f"call-{index}.pkl", results / "result.pkl", log, log)
+        log = local / Path(record.log).name.replace("*", str(self.task_id))
+        ledger = call.job.site.project.jobs_dir / f"{record.where}-{record.run}.sh"  # the ledger's copy
+        submitted = call.call_dir / f"call-{self.task_id or 0}.pkl"
+        return JobPaths(call.call_dir, ledger, submitted, results / "result.pkl", log, log)
+
+    def submission(self) -> Submission:
+        """The call this job makes (``function``, ``args``, ``kwargs``), as submitit's `submission()`
+        returns it: read back from its pickle, in this process (a function of the running script is
+        its name in `__main__`)."""
+        function, args, kwargs = pickle.loads(self.paths.submitted_pickle.read_bytes())
+        return Submission(function, args, kwargs)
 
     def _outcome(self) -> tuple:
         call = self._call
-        final = call.wait()
-        folder = call.results_folder()
+        folder = call.results_folder(self.task_id)
         found = self.paths.result_pickle
         if folder is None or not found.is_file():
-            state = self._task_state(final) if self.task_id is not None else final.state
+            final = call.state(self.task_id)
             note = f" ({final.note})" if final.note else ""
             tail = "\n".join((self.stdout() or "").splitlines()[-15:])
             raise UncompletedJobError(
-                f"job {self.job_id} ended {state}{note} without a result; its log's last lines:\n{tail}"
+                f"job {self.job_id} ended {final.state}{note} without a result; its log's last lines:\n{tail}"
             )
         return pickle.loads(found.read_bytes())
 
     def result(self) -> Any:
-        """What the function returned, once the job has ended; FailedJobError (with the remote
+        """What the function returned, once this job has ended; FailedJobError (with the remote
         traceback) where it raised, UncompletedJobError (naming how it ended) where it left no result."""
         outcome = self._outcome()
         if outcome[0] == "success":
@@ -717,10 +983,36 @@ class Job:
         return None
 
     def stdout(self) -> str | None:
-        """The job's log (stdout and stderr), as fetched; None before it wrote one."""
-        self._call.results_folder()
+        """Its log (stdout and stderr; an array's task: its own): read on the cluster while it runs, the
+        fetched copy once it has ended; None before it wrote one."""
+        call = self._call
+        if not call.state(self.task_id).finished:
+            return call.task_job(self.task_id).log_text()
+        call.results_folder(self.task_id)
         log = self.paths.stdout
         return log.read_text(errors="replace") if log.is_file() else None
 
     def stderr(self) -> str | None:
         return self.stdout()
+
+
+def _call_dir(folder: Path, job_id: str) -> Path:
+    """The call folder under the executor's ``folder`` (or ``folder`` itself) whose job is ``job_id``:
+    the last submitted, where a cluster gave the id again."""
+    found = []
+    for candidate in (folder, *sorted(folder.glob("call-*"))):
+        saved = candidate / JOB_FILE
+        if saved.is_file():
+            record = json.loads(saved.read_text())["record"]
+            if record["job_id"] == job_id:
+                found.append((record["submitted_at"], candidate))
+    if not found:
+        raise HpcboxError(
+            f"job {job_id}: no call folder in {folder} is that job's",
+            "give the folder the executor was made with (`Executor(folder, ...)`), and Slurm's job id",
+        )
+    return max(found)[1]
+
+
+def _quiet(_: str) -> None:
+    """A build's own output, not shown: the call's progress lines say what happens."""

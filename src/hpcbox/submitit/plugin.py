@@ -1,8 +1,10 @@
 """hpcbox as a submitit plugin: `submitit.AutoExecutor(folder, cluster="hpcbox", hpcbox_cluster="edi")`.
 
 pyproject.toml registers `HpcboxExecutor` in submitit's `executor` entry-point group; submitit names
-it `hpcbox` (its class name less "Executor") and hands it the parameters prefixed `hpcbox_`. Both
-classes are submitit's own, their work done by hpcbox.submitit's `Executor` and `Job`.
+it `hpcbox` (its class name less "Executor") and hands it the parameters prefixed `hpcbox_`
+(`hpcbox_partition`, `hpcbox_slurm_partition`) and the generic ones. Both classes are submitit's own,
+their work done by hpcbox.submitit's `Executor` and `Job`. Installed, it changes nothing for a user of
+submitit's own executors (`cluster="slurm"`, `"local"`): `AcceptedParameters`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,22 @@ from typing import Any
 
 from submitit.core import core, utils
 
-from hpcbox.api.site import RESOURCE_NAMES
 from hpcbox.submitit.executor import Executor, Job
+
+
+class AcceptedParameters(frozenset):
+    """The parameters `HpcboxExecutor` takes, as submitit's AutoExecutor asks for them. It asks twice:
+    whether `hpcbox_<name>` names one (every name does here: hpcbox's executor then refuses a misspelt
+    one with the valid ones listed), and, going through them, which unprefixed names to rename to an
+    executor's (`partition` → `hpcbox_partition`), a table it builds for every cluster, whose later
+    executors win. Gone through, this gives none, so that a `cluster="slurm"` user's `partition` stays
+    `slurm_partition` as it is without hpcbox."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __iter__(self):
+        return iter(())
 
 
 class HpcboxJob(core.Job):
@@ -26,6 +42,9 @@ class HpcboxJob(core.Job):
         self._sub_jobs: list[HpcboxJob] = []
         self._cancel_at_deletion = False
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # no watcher to register with (submitit's reads a local Slurm)
+
     @property
     def job_id(self) -> str:
         return self._hpcbox_job.job_id
@@ -37,6 +56,14 @@ class HpcboxJob(core.Job):
     @property
     def state(self) -> str:
         return self._hpcbox_job.state
+
+    def submission(self) -> utils.DelayedSubmission:
+        call = self._hpcbox_job.submission()
+        return utils.DelayedSubmission(call.function, *call.args, **call.kwargs)
+
+    def cancel_at_deletion(self, value: bool = True) -> HpcboxJob:
+        self._hpcbox_job.cancel_at_deletion(value)  # hpcbox's job cancels, where this one held it goes
+        return self
 
     def done(self, force_check: bool = False) -> bool:
         return self._hpcbox_job.done()
@@ -77,7 +104,7 @@ class HpcboxExecutor(core.Executor):
 
     @classmethod
     def _valid_parameters(cls) -> set[str]:
-        return set(RESOURCE_NAMES)
+        return AcceptedParameters()
 
     def _convert_parameters(self, params: dict[str, Any]) -> dict[str, Any]:
         return dict(params)  # hpcbox.submitit reads submitit's generic names itself

@@ -403,6 +403,8 @@ def job_state(connection: ssh.Connection, job_id: str, script: str = "") -> JobS
 # one within a tenth of its run, and a day's wait costs a look every poll_s.
 FIRST_POLL_S = 0.25
 LOOK_SHARE = 0.1
+# How long a wait rides out a login node that does not answer (the network, a reboot) before it says so.
+UNREACHABLE_S = 15 * 60
 
 
 def poll(
@@ -420,6 +422,7 @@ def poll(
     started = time.monotonic()
     deadline = started + timeout_s
     last = None
+    lost_since: float | None = None
     while True:
         try:
             found = read()
@@ -429,6 +432,20 @@ def poll(
                 raise
             time.sleep(_next_look(time.monotonic() - started, poll_s))
             continue
+        except ssh.Unreachable as lost:
+            # The job runs on without us: asked again, up to UNREACHABLE_S, before the wait gives up.
+            now = time.monotonic()
+            lost_since = now if lost_since is None else lost_since
+            if now - lost_since > UNREACHABLE_S or now > deadline:
+                raise ssh.Unreachable(
+                    f"job {job_id}: no answer for {(now - lost_since) / 60:.0f} min while waiting on it "
+                    f"({lost.message}); the job runs on there",
+                    lost.hint or "wait on it again once the login node answers",
+                    lost.details,
+                ) from lost
+            time.sleep(_next_look(now - started, poll_s))
+            continue
+        lost_since = None
         if on_change is not None and (found.state, found.reason) != last:
             on_change(found)
         last = (found.state, found.reason)

@@ -210,6 +210,25 @@ DROPPED_BEFORE_KEX = (
 )
 CONNECT_ATTEMPTS = 5
 CONNECT_BACKOFF_S = 0.5
+# What ssh says where the login node does not answer or went away (the network, the node down or
+# rebooting), as against a login it refuses (a key, a host key): waiting may mend the former.
+NOT_ANSWERING = (
+    *DROPPED_BEFORE_KEX, "Connection refused", "Connection timed out", "Operation timed out",
+    "No route to host", "Network is unreachable", "Could not resolve hostname", "Broken pipe",
+    "Connection closed by", "Connection to", "Control socket connect",
+)  # fmt: skip
+# ssh's own exit status: it could not reach, or lost, the remote side.
+SSH_FAILED = 255
+
+
+class Unreachable(HpcboxError):
+    """The login node did not answer, or stopped answering: what it was asked was not done there.
+    A wait rides it out for a while (`slurm.poll`)."""
+
+
+def not_answering(said: str) -> bool:
+    """Whether ssh's message ``said`` is of a login node that does not answer (NOT_ANSWERING)."""
+    return any(words in said for words in NOT_ANSWERING)
 
 
 def end_idle_masters(target: Target) -> None:
@@ -343,6 +362,8 @@ class Connection:
             except HpcboxError as failed:
                 said = f"{failed.message}\n{failed.details}"
                 if attempt == CONNECT_ATTEMPTS or not any(words in said for words in DROPPED_BEFORE_KEX):
+                    if isinstance(failed, proc.TimedOut) or not_answering(said):
+                        raise Unreachable(failed.message, failed.hint, failed.details) from failed
                     raise
                 # Spread out, so that many commands dropped together do not all come back together.
                 time.sleep(CONNECT_BACKOFF_S * 2 ** (attempt - 1) * random.uniform(1, 2))
@@ -391,15 +412,18 @@ class Connection:
         hint: str = "",
         input_bytes: bytes | None = None,
     ) -> proc.Completed:
-        """Run ``command`` (a shell string, or argv) on the remote side and capture its output."""
-        return proc.run(
-            self.argv(command),
-            what=what,
-            hint=hint,
-            check=check,
-            input_bytes=input_bytes,
-            timeout_s=self._limit(),
+        """Run ``command`` (a shell string, or argv) on the remote side and capture its output; where
+        the login node stopped answering, Unreachable, whatever ``check``."""
+        argv = self.argv(command)
+        done = proc.run(
+            argv, what=what, hint=hint, check=False, input_bytes=input_bytes, timeout_s=self._limit()
         )
+        if done.returncode == SSH_FAILED and not_answering(done.stderr):
+            failed = proc.failure(what, done.returncode, done.stderr, self._hint(), argv)
+            raise Unreachable(failed.message, failed.hint, failed.details)
+        if check and done.returncode != 0:
+            raise proc.failure(what, done.returncode, done.stderr or done.stdout, hint, argv)
+        return done
 
     def forward(self, local_port: int, host: str, port: int) -> None:
         """Forward 127.0.0.1:``local_port`` here to ``host``:``port`` as the remote side reaches it, for
