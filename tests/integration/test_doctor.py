@@ -161,7 +161,8 @@ def test_a_profile_that_differs_from_the_site_gets_the_key_to_change(setup: Setu
         "differs partitions gpu: no a100 GPUs (gres gpu:2) -> partitions[1].gpu_types",
     ], done.stdout
     assert [" ".join(line.split()) for line in found["fails"]] == [
-        "fails partitions bigmem: not a partition here (sinfo has cpu, gpu) -> partitions[2].name"
+        "fails partitions bigmem: not a partition here (sinfo has cpu, gpu, preemptible) -> "
+        "partitions[3].name"
     ], done.stdout
     assert done.stdout.splitlines()[-1] == "1 check would fail a job; 2 lines where the profile differs"
 

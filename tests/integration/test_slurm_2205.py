@@ -77,7 +77,9 @@ def test_it_comes_up_idle_running_slurm_22_05_with_the_same_configuration(minicl
     out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
     assert sorted(tuple(line.split()) for line in out.splitlines()) == [
         ("node1", "cpu*", "idle", "gpu:2"), ("node1", "gpu", "idle", "gpu:2"),
+        ("node1", "preemptible", "idle", "gpu:2"),
         ("node2", "cpu*", "idle", "gpu:2"), ("node2", "gpu", "idle", "gpu:2"),
+        ("node2", "preemptible", "idle", "gpu:2"),
     ]  # fmt: skip
     # Every slurm.conf setting hpcbox writes is one 22.05 takes: an unknown key stops slurmctld, an
     # unknown value is an error line in its log (or slurmd's).

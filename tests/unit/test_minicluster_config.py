@@ -31,8 +31,15 @@ def test_slurm_conf_names_nodes_partitions_and_gpus():
     assert values["AccountingStorageType"] == "accounting_storage/slurmdbd"
     assert int(values["SlurmdTimeout"]) <= 30
     assert "NodeName=node1,node2,node3 CPUs=2 RealMemory=2000 Gres=gpu:2 State=UNKNOWN" in text
-    assert "PartitionName=cpu Nodes=node1,node2,node3 Default=YES MaxTime=INFINITE State=UP" in text
-    assert "PartitionName=gpu Nodes=node1,node2,node3 MaxTime=INFINITE State=UP" in text
+    # cpu and gpu are never preempted: the tier above the preemptible partition's (below).
+    assert (
+        "PartitionName=cpu Nodes=node1,node2,node3 Default=YES MaxTime=INFINITE PriorityTier=2 "
+        "PreemptMode=OFF State=UP" in text
+    )
+    assert (
+        "PartitionName=gpu Nodes=node1,node2,node3 MaxTime=INFINITE PriorityTier=2 PreemptMode=OFF State=UP"
+        in text
+    )
     # The local mini cluster enforces no accounts and sets no per-job scratch; it enforces a job's
     # CPUs, memory and GPU devices with cgroups, and its task prolog tells jobs that its GPUs are
     # placeholders.
@@ -164,6 +171,62 @@ def test_a_cluster_shaped_like_edi_has_its_partition_and_time_limit():
     text = slurmconf.slurm_conf(ClusterSpec(like="edi"), shape_like("edi"))
     assert "PartitionName=PGR-Standard Nodes=node1,node2 Default=YES MaxTime=10080 State=UP" in text
     assert "PartitionName=cpu" not in text
+
+
+def test_the_local_clusters_preemptible_partition_is_preempted_by_the_others_and_requeued():
+    """Preemption by partition, as Slurm's own tests set it up: over the same nodes, a lower tier whose
+    jobs are requeued after their grace time; the profile says whether the --signal goes first."""
+    shape = shape_like("local")
+    text = slurmconf.slurm_conf(ClusterSpec(nodes=1), shape)
+    values = conf_values(text)
+    assert (values["PreemptType"], values["PreemptMode"]) == ("preempt/partition_prio", "REQUEUE")
+    assert "PreemptParameters" not in values  # local.toml: send_user_signal = false, Slurm's default
+    assert (
+        "PartitionName=preemptible Nodes=node1 MaxTime=INFINITE PriorityTier=1 PreemptMode=REQUEUE "
+        "GraceTime=30 State=UP" in text
+    )
+    signalled = dataclasses.replace(shape, send_user_signal=True, grace_time_s=120)
+    text = slurmconf.slurm_conf(ClusterSpec(nodes=1), signalled)
+    assert conf_values(text)["PreemptParameters"] == "send_user_signal"
+    assert "PreemptMode=REQUEUE GraceTime=120 State=UP" in text
+    assert ClusterShape.from_dict(json.loads(json.dumps(asdict(signalled)))) == signalled
+    assert (
+        "  preemption: preemptible preempted by the other partitions' jobs on its nodes; a preempted job "
+        "gets its --signal at once, then TERM, KILL 120 s later, and is requeued" in signalled.describe()
+    )
+
+
+def test_a_cluster_whose_profile_preempts_nothing_has_no_preemption_at_all():
+    text = slurmconf.slurm_conf(ClusterSpec(like="edi"), shape_like("edi"))
+    assert not any(word in text for word in ("Preempt", "PriorityTier", "GraceTime"))
+    assert not any("preemption" in line for line in shape_like("edi").describe())
+
+
+def test_a_site_whose_preemption_the_profile_does_not_describe_gets_generic_values_said_so():
+    shape = shape_like("mila")
+    assert [p.name for p in shape.partitions if p.preemptible] == ["long"]
+    assert (shape.send_user_signal, shape.grace_time_s) == (False, 30)
+    described = "\n".join(shape.describe())
+    assert "whether a preempted job gets its --signal first (here: no, Slurm's default)" in described
+    assert "a preempted job's grace time (here: 30 s)" in described
+    text = slurmconf.slurm_conf(ClusterSpec(like="mila"), shape)
+    assert "PartitionName=long Nodes=node1,node2 MaxTime=INFINITE PriorityTier=1 PreemptMode=REQUEUE" in text
+    assert (
+        "PartitionName=main Nodes=node1,node2 Default=YES MaxTime=INFINITE PriorityTier=2 PreemptMode=OFF"
+        in text
+    )
+
+
+def test_a_preemption_the_profile_states_is_the_rehearsals(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    shipped = profiles.load_profile("mila").source.read_text()
+    (tmp_path / "mymila.toml").write_text(
+        shipped + "\n[preemption]\nsend_user_signal = true\ngrace_time_s = 300\n"
+    )
+    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(tmp_path))
+    shape = shape_like("mymila")
+    assert (shape.send_user_signal, shape.grace_time_s) == (True, 300)
+    assert not any("grace time" in fact or "--signal" in fact for fact in shape.generic)
+    assert "GraceTime=300" in slurmconf.slurm_conf(ClusterSpec(like="mymila"), shape)
 
 
 def test_typed_gpus_each_get_their_own_device_files():

@@ -72,6 +72,8 @@ def test_shipped_profiles_carry_the_sites_public_facts():
     assert (mila.login.host, mila.login.port) == ("login.server.mila.quebec", 2222)
     assert [p.name for p in mila.partitions] == ["unkillable", "main", "long"]
     assert mila.partition("long").preemptible
+    # Mila's docs say neither whether its Slurm sends a job's --signal before preempting it nor the grace.
+    assert mila.preemption == profiles.Preemption(send_user_signal=None, grace_time_s=None)
 
     assert alliance.max_mig_slices == 1
     assert {"v100l", "a100_3g.20gb"} <= set(alliance.default_partition.gpu_types)
@@ -166,6 +168,9 @@ def _error_for(user_dir: Path, text: str) -> FieldError:
         (("cpus_per_gpu = 8\n", ""), "partitions[0].cpus_per_gpu"),  # neither given nor marked unknown
         (('host = "login.example.org"', 'hostname = "x"'), "login.host"),
         (("compute_internet = false", "compute_internet = false\nnode_scratch = '/x'"), "node_scratch"),
+        (("[login]", "[preemption]\nsend_user_signal = 'yes'\n[login]"), "preemption.send_user_signal"),
+        (("[login]", "[preemption]\ngrace_time_s = -1\n[login]"), "preemption.grace_time_s"),
+        (("[login]", "[preemption]\ngrace_time = 30\n[login]"), "preemption.grace_time"),
     ],
 )
 def test_profile_mistakes_name_the_key(user_dir: Path, change: tuple[str, str], field: str):
@@ -258,6 +263,7 @@ def test_an_lsf_profile_lists_queues_read_as_partitions(user_dir: Path):
         (('request = "gpu"', 'request = "gpu"\ntype_required = true'), "gpus.type_required", "Slurm setting"),
         (('name = "gpuq"', 'name = "gpuq"\nqos = "normal"'), "queues[0].qos", "LSF has no QOS"),
         (('max_time = "24:00:00"', 'max_time = "a day"'), "queues[0].max_time", "not a Slurm time"),
+        (('request = "gpu"', 'request = "gpu"\n[preemption]\ngrace_time_s = 60'), "preemption", "Slurm's"),
     ],
 )
 def test_lsf_profile_mistakes_name_the_key(user_dir: Path, change: tuple[str, str], field: str, says: str):

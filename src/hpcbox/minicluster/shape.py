@@ -39,6 +39,9 @@ RULES = {
     "accounting.qos_required": "qos_required",
     "gpus.type_required": "gpu_type_required",
 }
+# A preempted job's seconds between TERM and KILL where the profile does not say (Slurm's own default, 0,
+# would give a job no time to checkpoint): KillWait's 30 s, which a time limit gives.
+GENERIC_GRACE_TIME_S = 30
 # How the compute nodes hold a job to its request (ClusterShape.cgroups), as `cluster.status` says it.
 ENFORCEMENT = {
     True: "CPUs, memory and GPU devices by cgroups (cgroup v{version}), as at a cgroup site (over --mem: "
@@ -57,6 +60,8 @@ class ShapedPartition:
     # The GPU types its profile lists for it (() untyped); None: not known, so its nodes have every type
     # the shape has (ClusterShape.gpu_types).
     gpu_types: tuple[str, ...] | None = None
+    # Its jobs are preempted by those of the other partitions on its nodes (a lower PriorityTier).
+    preemptible: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,10 @@ class ClusterShape:
     # The engine's cgroup version, 1 or 2: which of Slurm's cgroup plugins the nodes run, and how
     # hpcbox-node hands slurmd its tree. Set by `up` from the engine, as ``cgroups`` is.
     cgroup_version: int = 1
+    # What a preempted job of a preemptible partition meets: its --signal first (send_user_signal) or
+    # TERM alone, and the seconds between that TERM and the KILL before it is requeued.
+    send_user_signal: bool = False
+    grace_time_s: int = GENERIC_GRACE_TIME_S
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> ClusterShape:
@@ -159,6 +168,11 @@ class ClusterShape:
         return self.account_required or self.qos_required or self.gpu_type_required
 
     @property
+    def preempts(self) -> bool:
+        """Jobs of some partition are preempted by the others' (PreemptType=preempt/partition_prio)."""
+        return any(p.preemptible for p in self.partitions)
+
+    @property
     def qos(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p.qos for p in self.partitions if p.qos))
 
@@ -201,6 +215,17 @@ class ClusterShape:
             f"  account: {account}",
             f"  node scratch: {scratch}",
         ]
+        if self.preempts:
+            first = (
+                "its --signal at once, then TERM"
+                if self.send_user_signal
+                else "TERM (not its --signal: no send_user_signal)"
+            )
+            preemptible = ", ".join(p.name for p in self.partitions if p.preemptible)
+            lines.append(
+                f"  preemption: {preemptible} preempted by the other partitions' jobs on its nodes; a "
+                f"preempted job gets {first}, KILL {self.grace_time_s} s later, and is requeued"
+            )
         if self.site_areas or self.area_variables:
             named = [f"${name} ({SITE_AREAS_DIR}/{name})" for name in self.area_variables]
             lines.append(f"  site areas: {', '.join([*self.site_areas, *named])}")
@@ -266,9 +291,16 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
             p is profile.default_partition,
             p.qos,
             p.gpu_types,
+            p.preemptible,
         )
         for p in profile.partitions
     )
+    preemption = profile.preemption
+    if any(p.preemptible for p in profile.partitions):
+        if preemption.send_user_signal is None:
+            generic.append("whether a preempted job gets its --signal first (here: no, Slurm's default)")
+        if preemption.grace_time_s is None:
+            generic.append(f"a preempted job's grace time (here: {GENERIC_GRACE_TIME_S} s)")
     for p in profile.partitions:
         unknown = [
             fact for fact in ("gpus_per_node", "gpu_types", "cpus_per_gpu") if getattr(p, fact) is None
@@ -317,4 +349,6 @@ def shape_of(profile: ClusterProfile, gpus_per_node: int = 2) -> ClusterShape:
         ),
         gpu_type_required=profile.gpu_type_required and "gpus.type_required" not in assumed,
         assumed_rules=assumed_rules,
+        send_user_signal=bool(preemption.send_user_signal),
+        grace_time_s=GENERIC_GRACE_TIME_S if preemption.grace_time_s is None else preemption.grace_time_s,
     )

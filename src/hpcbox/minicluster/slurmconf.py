@@ -67,6 +67,7 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     if shape.scratch_variable:
         settings["Prolog"] = f"{SITE_SCRIPTS}/prolog.sh"
         settings["Epilog"] = f"{SITE_SCRIPTS}/epilog.sh"
+    settings |= preemption(shape)
     # Every task is told that the node's GPUs are placeholders (and, at some sites' shapes, its scratch).
     settings["TaskProlog"] = f"{SITE_SCRIPTS}/task-prolog.sh"
     lines = [f"{key}={value}" for key, value in settings.items()]
@@ -84,8 +85,28 @@ def slurm_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
         limit = partition.max_time_minutes
         words.append(f"MaxTime={'INFINITE' if limit is None else limit}")
         words += [f"AllowQos={partition.qos}"] if partition.qos else []
+        if shape.preempts:
+            # A higher tier's job preempts a lower one's on the nodes they share; the others are never
+            # preempted, so that their jobs run as on a cluster without preemption.
+            words += (
+                ["PriorityTier=1", "PreemptMode=REQUEUE", f"GraceTime={shape.grace_time_s}"]
+                if partition.preemptible
+                else ["PriorityTier=2", "PreemptMode=OFF"]
+            )
         lines.append(" ".join([*words, "State=UP"]))
     return "\n".join(lines) + "\n"
+
+
+def preemption(shape: ClusterShape) -> dict[str, str]:
+    """Preemption by partition, as Slurm's own tests set it up (none where no partition is preemptible):
+    the cluster's PreemptMode must be one that preempts for preempt/partition_prio; each partition's
+    own (slurm_conf) decides."""
+    if not shape.preempts:
+        return {}
+    settings = {"PreemptType": "preempt/partition_prio", "PreemptMode": "REQUEUE"}
+    if shape.send_user_signal:
+        settings["PreemptParameters"] = "send_user_signal"
+    return settings
 
 
 def enforcement(shape: ClusterShape) -> dict[str, str]:

@@ -107,6 +107,18 @@ class Apptainer:
 
 
 @dataclass(frozen=True)
+class Preemption:
+    """`[preemption]`: what the site does to a job in a preemptible partition once it is picked, as far
+    as the profile knows (None: not known; a rehearsal then gives a generic value and says so)."""
+
+    # Slurm's PreemptParameters=send_user_signal: the job's own --signal goes to it at once, before the
+    # TERM of every preemption (Slurm's default: no).
+    send_user_signal: bool | None = None
+    # The partition's GraceTime: seconds between the TERM and the KILL.
+    grace_time_s: int | None = None
+
+
+@dataclass(frozen=True)
 class ClusterProfile:
     name: str
     description: str
@@ -133,6 +145,7 @@ class ClusterProfile:
     # Settings given a generic value, not the site's published one: ("storage.node_scratch", '"/tmp"').
     assumed: tuple[tuple[str, str], ...] = ()
     store: StoreSettings = field(default_factory=StoreSettings)
+    preemption: Preemption = field(default_factory=Preemption)
 
     @property
     def lsf(self) -> bool:
@@ -286,6 +299,14 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
             "copy it from `sinfo --version` on the site's login node",
         )
     slurm.reject_extra(what="profile setting")
+    preemption_table = reader.table("preemption", required=False)
+    preemption = Preemption(
+        send_user_signal=preemption_table.get("send_user_signal", bool),
+        grace_time_s=preemption_table.integer("grace_time_s", minimum=0)
+        if "grace_time_s" in preemption_table
+        else None,
+    )
+    preemption_table.reject_extra(what="profile setting")
     compute_internet = None if "compute_internet" in unknown else reader.boolean("compute_internet")
     profile = ClusterProfile(
         name=name,
@@ -309,6 +330,7 @@ def parse_profile(data: dict[str, Any], *, name: str, source: Path | None = None
         slurm_version=slurm_version,
         assumed=_assumed(reader, data),
         store=store,
+        preemption=preemption,
     )
     for table in (reader, gpus, accounting):
         table.reject_extra(what="profile setting")
@@ -356,6 +378,7 @@ def _check_lsf(profile: ClusterProfile) -> None:
         "gpus.max_mig_slices": (profile.max_mig_slices is not None, "no MIG slice request is rendered"),
         "accounting.qos_required": (profile.qos_required, "LSF has no QOS"),
         "slurm.version": (profile.slurm_version is not None, "the site runs LSF, not Slurm"),
+        "preemption": (profile.preemption != Preemption(), "these are Slurm's preemption settings"),
     }
     for index, partition in enumerate(profile.partitions):
         slurm_only[f"queues[{index}].qos"] = (partition.qos is not None, "LSF has no QOS")
