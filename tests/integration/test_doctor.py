@@ -60,12 +60,13 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     assert set(found) == {"ok"}, done.stdout
     topics = [line.split()[1] for line in found["ok"]]
     assert topics == [
-        "slurm", "scheduler", "partitions", "partitions", "accounts", "runtime", "mounting", "sif",
-        "storage", "storage", "quota", "queue",
+        "slurm", "scheduler", "partitions", "partitions", "partitions", "accounts", "runtime", "mounting",
+        "sif", "storage", "storage", "quota", "queue",
     ], done.stdout  # fmt: skip
     text = done.stdout
     assert "Slurm 24.11." in text and "squeue and sacct answer (accounting on)" in text
     assert "cpu: no limit, gres gpu:2" in text and "gpu: no limit, gres gpu:2" in text
+    assert "preemptible: no limit, gres gpu:2" in text
     assert "yours: research" in text
     # the Apptainer the node image installed, as the login node's dpkg says: its upstream version
     installed = minicluster.exec("login", ["dpkg-query", "-W", "-f=${Version}", "apptainer"]).stdout
