@@ -39,9 +39,9 @@ SCENARIOS = {
         f"{SBATCH}::test_two_nodes_with_a_rank_that_cannot_stop_end_in_time_and_resume_from_the_last_checkpoint",
         f"{SBATCH}::test_two_nodes_with_a_torchrun_that_cannot_stop_are_requeued_and_resume_from_the_last_checkpoint",
     ],
-    "over its --mem, a spike too: OUT_OF_MEMORY (cgroup), named with the --mem to ask, no scratch left": [
-        "tests/integration/test_minicluster.py::test_a_job_over_its_memory_ends_out_of_memory_as_at_a_cgroup_site",
-        "tests/integration/test_minicluster.py::test_a_spike_freed_at_once_is_stopped_too_where_sampling_would_miss_it",
+    "over its --mem, a spike too: OUT_OF_MEMORY by its cgroup (where the engine gives cgroups), no scratch": [
+        "tests/integration/test_minicluster.py::test_a_job_over_its_memory_ends_out_of_memory_by_its_cgroup_or_failed_by_the_accounting",
+        "tests/integration/test_minicluster.py::test_a_spike_freed_at_once_is_stopped_by_a_cgroup_where_sampling_may_miss_it",
         f"{SUBMIT}::test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch",
     ],
     "GPUs it cannot use (cpu environment): refused before anything is sent, or stopped before it trains": [

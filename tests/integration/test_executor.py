@@ -24,7 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 CALLS = """\
 import os
 import time
-import types
 
 
 def add(a, b):
@@ -55,25 +54,6 @@ def say_then_nap(seconds, value):
 
 def where():
     return os.environ.get("SLURM_JOB_ID"), os.getcwd()
-
-
-class Counter:
-    # Counts to steps, a second a step; checkpointed, it goes on from where it was.
-
-    def __init__(self):
-        self.counted = 0
-        self.runs = 0
-
-    def __call__(self, steps):
-        self.runs += 1
-        while self.counted < steps:
-            time.sleep(1)
-            self.counted += 1
-        return {"counted": self.counted, "runs": self.runs}
-
-    def __submitit_checkpoint__(self, steps):
-        # What submitit's DelayedSubmission holds, without submitit in the environment.
-        return types.SimpleNamespace(function=self, args=(steps,), kwargs={})
 """
 
 
@@ -248,33 +228,6 @@ def test_one_task_of_an_array_is_cancelled_while_the_others_return_and_a_job_is_
     assert again == {"later": [42, "COMPLETED"], "unpickled": "third"}
 
 
-def test_a_checkpointable_call_meets_its_time_limit_is_requeued_and_returns_what_it_would_have(
-    calls_project: Path, setup: Setup, tmp_path: Path
-):
-    """A real time limit (two minutes; Slurm's own timer sends USR1 a minute before it): the call
-    checkpoints, the job requeues itself outside the container, the next run resumes from the
-    checkpoint, and the call's result is what an uninterrupted run's would be (its count), after more
-    than one run of it (its runs)."""
-    found = run_script(
-        f"""
-        from hpcbox.submitit import Executor
-        from hpctrain.calls import Counter
-
-        executor = Executor({str(tmp_path / "calls")!r}, "local")
-        executor.update_parameters(timeout_min=2)
-        job = executor.submit(Counter(), 100)
-        print(json.dumps({{"job": job.job_id, "result": job.result(), "log": job.stdout()}}))
-        """,
-        calls_project,
-        setup,
-    )
-    assert found["result"]["counted"] == 100, found["log"]
-    assert found["result"]["runs"] >= 2, found["log"]  # the signal a minute before the limit stops the first
-    assert "hpcbox: the call checkpointed before the time limit" in found["log"]
-    assert "hpcbox: resuming the call from its checkpoint" in found["log"]
-    assert f"requeueing job {found['job']}" in found["log"]
-
-
 def test_a_notebook_submits_a_function_and_a_later_cell_gets_its_result(
     calls_project: Path, setup: Setup, monkeypatch: pytest.MonkeyPatch
 ):
@@ -382,5 +335,10 @@ def test_a_submitit_docs_script_runs_unchanged_from_another_python_than_the_envi
     raised_at = DOCS_SCRIPT.splitlines().index("    raise ValueError(message)") + 1
     assert "ValueError: boom from the node" in found["raised"]
     assert f'docs_script.py", line {raised_at}, in fail' in found["raised"]  # the node's traceback
+    # A real time limit (two minutes; Slurm's own timer sends USR1 a minute before it): the call
+    # checkpoints, the job requeues itself outside the container, the next run resumes from the
+    # checkpoint, and the result is an uninterrupted run's (its steps) after more than one run (starts).
     assert found["training"]["steps"] == 100 and found["training"]["starts"] >= 2, found["log"]
+    assert "hpcbox: the call checkpointed before the time limit" in found["log"]
     assert "hpcbox: resuming the call from its checkpoint" in found["log"]
+    assert "requeueing job " in found["log"]

@@ -80,3 +80,13 @@ def test_the_cgroup2_lanes_results_time_the_cluster_apart_and_pass_only_with_eve
     assert not lane.passed(details) and details["tests"][f"{module}::{names[-1]}"]["outcome"] == "failed"
     del details["tests"][f"{module}::{names[-1]}"]
     assert not lane.passed(details)  # a check that did not run is no pass
+
+
+def test_every_reliability_check_names_a_test_that_exists(monkeypatch: pytest.MonkeyPatch):
+    """A renamed test would leave its row's check never run, and the row "not held" for no fault."""
+    reliability = _benchmark(BENCH / "bench_reliability.py", monkeypatch)
+    repo = BENCH.parent
+    for scenario, checks in reliability.SCENARIOS.items():
+        for check in checks:
+            path, name = check.split("::")
+            assert f"def {name}(" in (repo / path).read_text(), f"{scenario}: {check} is no test"
