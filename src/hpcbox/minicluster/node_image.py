@@ -162,8 +162,11 @@ def ensure_image(
     ref = f"{REPOSITORY}:{content_hash(files, base.id, args)}"
     if (made := _made(ref, strict)) is not None:
         return made
-    waiting = functools.partial(say, f"hpcbox: another hpcbox is building {ref}; waiting for it")
-    with one_at_a_time(f"node image {ref}", on_wait=waiting):
+    waiting = functools.partial(say, "hpcbox: another hpcbox is building a node image; waiting for it")
+    # One node image at a time, whatever its Slurm: two versions' builds share their first layers, and
+    # BuildKit runs a layer both want once, for both; where it fails (a pin Debian dropped), only the
+    # build that ran it sees apt's words, and the other could not tell it from any failure and go off-lock.
+    with one_at_a_time("node image", on_wait=waiting):
         if (made := _made(ref, strict)) is not None:
             return made
         return _build(context, slurm, ref, files, base, strict, no_cache, say)
