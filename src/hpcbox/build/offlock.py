@@ -111,6 +111,18 @@ def stand_in(of: str, repository: str) -> tuple[str, docker.ImageInfo] | None:
     return None
 
 
+def found_image(ref: str, repository: str, strict: bool, what: str) -> tuple[str, docker.ImageInfo] | None:
+    """The image tagged ``ref``, or the off-lock build in ``repository`` standing in for it, with its tag;
+    None where neither is here. An off-lock one is refused under ``strict``, naming ``what`` it is."""
+    existing = docker.image(ref)
+    if existing is None and (standing := stand_in(ref, repository)) is not None:
+        ref, existing = standing
+    if existing is None:
+        return None
+    refuse_if(from_labels(existing.labels), strict, f"{what} ({ref} is off-lock)")
+    return ref, existing
+
+
 def apt_pins(text: str) -> dict[str, str]:
     """Package → version of the `name=version` lines of an apt lock (bare names follow the mirror)."""
     pins = {}

@@ -174,14 +174,11 @@ def ensure_image(
 
 def _made(ref: str, strict: bool) -> NodeImage | None:
     """The node image tagged ``ref``, or the off-lock one standing in for it; None where neither is here."""
-    existing = docker.image(ref)
-    if existing is None and (stand_in := offlock.stand_in(ref, REPOSITORY)) is not None:
-        ref, existing = stand_in
-    if existing is None:
+    found = offlock.found_image(ref, REPOSITORY, strict, "node image")
+    if found is None:
         return None
-    moved = offlock.from_labels(existing.labels)
-    offlock.refuse_if(moved, strict, f"node image ({ref} is off-lock)")
-    return NodeImage(ref, existing.id, built=False, moved=moved)
+    tag, existing = found
+    return NodeImage(tag, existing.id, built=False, moved=offlock.from_labels(existing.labels))
 
 
 def _build(

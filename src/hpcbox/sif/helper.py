@@ -147,14 +147,8 @@ def ensure_helper(
 
 
 def _made_helper(strict: bool) -> str | None:
-    ref = helper_ref()
-    existing = docker.image(ref)
-    if existing is None and (stand_in := offlock.stand_in(ref, HELPER_REPOSITORY)) is not None:
-        ref, existing = stand_in
-    if existing is None:
-        return None
-    offlock.refuse_if(offlock.from_labels(existing.labels), strict, f"SIF helper ({ref} is off-lock)")
-    return ref
+    found = offlock.found_image(helper_ref(), HELPER_REPOSITORY, strict, "SIF helper")
+    return found[0] if found else None
 
 
 def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Callable[[str], None]) -> str:
