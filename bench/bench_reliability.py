@@ -87,6 +87,9 @@ SCENARIOS = {
     "an id Slurm gives again (controller rebuilt): the earlier job's folder kept, its commands its own": [
         f"{IDENTITY}::test_an_id_slurm_gives_again_is_never_taken_for_the_earlier_job",
     ],
+    "preempted (no user signal: TERM at the grace time's end): resumed, figures of a run never stopped": [
+        f"{SUBMIT}::test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped",
+    ],
     "a finished job Slurm starts again (scontrol requeue): not run again, its results as they were": [
         f"{SBATCH}::test_a_finished_job_slurm_requeues_does_not_run_again_and_keeps_its_results",
     ],

@@ -35,7 +35,7 @@ from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import Setup
-from tests.integration.test_sbatch_cluster import scratch_left, wait_scratch_gone
+from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -393,6 +393,64 @@ def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setu
     assert '"signal": "SIGTERM"' in preempted, log
     assert minicluster.ssh(["ls", f"{record.run_dir}/checkpoints"]).stdout.strip()
     assert scratch_left(minicluster, record.job_id) == []
+
+
+def events_of(cluster, record: jobs.JobRecord, kind: str) -> list[dict]:
+    lines = cluster.ssh(["cat", f"{record.run_dir}/metrics.jsonl"], check=True).stdout.splitlines()
+    return [event for event in map(json.loads, filter(None, lines)) if event["event"] == kind]
+
+
+def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped(
+    first_job, setup: Setup, minicluster
+):
+    """A job of `preemptible` on node1 is picked by a `cpu` job that needs the node. The local profile
+    sends no user signal (Slurm's default): the batch shell hears of it by the TERM at its grace time's
+    end, with the requeue already decided. The trainer checkpoints, nothing cancels that requeue, the next
+    run resumes, and the job completes with the figures of the same job never stopped (beside it, on
+    node2); its earlier runs are PREEMPTED in accounting, and its status says it was preempted."""
+    # About 3.5 s an epoch: the job trains on through its grace time (30 s) and has epochs left after it.
+    training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025")
+    training += ("--workers", "0")
+    on_node1 = {"partition": "preemptible", "extra": ("--nodelist=node1",)}
+    picked = submit(setup, minicluster, training, job_name="picked", **on_node1)
+    whole = submit(
+        setup, minicluster, training, job_name="whole", partition="cpu", extra=("--nodelist=node2",)
+    )
+    assert picked is not None and whole is not None
+    deadline = time.monotonic() + 240
+    while '"epoch": 2,' not in (log := log_of(minicluster, picked)):
+        assert time.monotonic() < deadline, log
+        time.sleep(1)
+    higher = minicluster.ssh(
+        ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive", "--output=/dev/null",
+         "--job-name=higher", "--wrap=true"],
+        check=True,
+    ).stdout.strip()  # fmt: skip
+    assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
+    assert wait_finished(minicluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
+        minicluster, picked
+    )
+    assert finished(minicluster, whole).state == "COMPLETED", log_of(minicluster, whole)
+    log = log_of(minicluster, picked)
+    assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
+    assert "stopped by SIGTERM" not in log, log
+    runs = minicluster.ssh(["sacct", "-j", picked.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout
+    runs = runs.split()
+    assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
+    starts = events_of(minicluster, picked, "start")
+    assert not starts[0]["resumed"] and starts[1]["resumed"], log
+    stopped_at = events_of(minicluster, picked, "preempted")[0]
+    assert stopped_at["signal"] == "SIGTERM" and stopped_at["epoch"] < 20, log
+    assert starts[1]["resumed"]["checkpoint"] == stopped_at["checkpoint"], log
+    figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    final = [
+        {name: events_of(minicluster, job, "epoch")[-1][name] for name in figures} for job in (picked, whole)
+    ]
+    assert final[0] == final[1] and final[0]["epoch"] == 20, final
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        said = jobs.describe(jobs.state(connection, picked))
+    assert "preempted" in said, said
+    wait_scratch_gone(minicluster, picked.job_id, lambda: log_of(minicluster, picked))
 
 
 def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(

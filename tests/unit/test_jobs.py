@@ -361,6 +361,11 @@ def test_describe_explains_a_pending_reason_and_a_finished_job():
     )
     done = slurm.JobState("9", "COMPLETED", "None", "00:01:02", "00:10:00", "0:0", "node1", "sacct")
     assert jobs.describe(done) == "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0"
+    preempted = dataclasses.replace(done, preempted_runs=2)
+    assert jobs.describe(preempted) == (
+        "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0, "
+        "preempted and requeued by Slurm (2 earlier runs PREEMPTED)"
+    )
 
 
 def test_a_pending_job_says_what_it_waits_for_and_slurms_start_guess_as_a_guess():

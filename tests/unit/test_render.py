@@ -299,12 +299,23 @@ if mode == "wait":
     sys.exit(9)
 '''
 
+# Stand-in for scontrol: what it shows is read, what it does is logged. The job's Restarts is
+# $STUB_RESTARTS: one more than the run's SLURM_RESTART_COUNT once Slurm has decided to requeue it.
 STUB_SCONTROL = """#!/bin/sh
 if [ "$1 $2" = "show hostnames" ]; then
     printf 'node1\\nnode2\\n'
     exit 0
 fi
+if [ "$1 $2" = "show job" ]; then
+    printf 'JobId=%s JobName=job\\n   JobState=COMPLETING Reason=None\\n' "$3"
+    printf '   Requeue=1 Restarts=%s BatchFlag=1\\n' "${STUB_RESTARTS:-0}"
+    exit 0
+fi
 echo "$@" >>"$STUB_SCONTROL_LOG"
+"""
+
+STUB_SCANCEL = """#!/bin/sh
+echo "scancel $*" >>"$STUB_SCONTROL_LOG"
 """
 
 # Stand-in for srun on a one-node "cluster": drops srun's options, runs the command as node 0.
@@ -333,7 +344,7 @@ class Sandbox:
     def scratch_was(self) -> Path:
         return Path((self.root / "scratch-seen").read_text())
 
-    def scontrol_calls(self) -> list[str]:
+    def slurm_calls(self) -> list[str]:
         log = self.root / "scontrol.log"
         return log.read_text().splitlines() if log.exists() else []
 
@@ -363,6 +374,15 @@ class Sandbox:
         process = self.start(script, mode)
         try:
             output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired as expired:
+            # What still runs of it, and on what each waits: the script itself, or a process of its
+            # session keeping its output open after it ended.
+            left = subprocess.run(
+                ["ps", "-o", "pid,ppid,stat,etimes,wchan:24,args", "-s", str(process.pid)],
+                capture_output=True, text=True, check=False,
+            ).stdout  # fmt: skip
+            said = (expired.output or b"").decode(errors="replace")
+            raise AssertionError(f"the job script did not end in 60 s; its session:\n{left}{said}") from None
         finally:
             # A script that did not end (the test fails) leaves nothing of its session running.
             with contextlib.suppress(ProcessLookupError):
@@ -381,7 +401,8 @@ def make_sandbox(root: Path) -> Sandbox:
         archive.add(shard, arcname="shard-0000.npz")
     bin_dir = root / "bin"
     bin_dir.mkdir()
-    for name, body in (("apptainer", STUB_APPTAINER), ("scontrol", STUB_SCONTROL), ("srun", STUB_SRUN)):
+    stubs = {"apptainer": STUB_APPTAINER, "scontrol": STUB_SCONTROL, "scancel": STUB_SCANCEL}
+    for name, body in {**stubs, "srun": STUB_SRUN}.items():
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(0o755)
     node_scratch = root / "node-scratch"
@@ -423,7 +444,7 @@ def test_success_copies_results_back_and_removes_scratch(sandbox: Sandbox):
     assert (sandbox.run_dir / "metrics.jsonl").read_text() == '{"epoch": 1}\n'
     assert sandbox.scratch_was.parent == sandbox.node_scratch / "researcher"
     assert not sandbox.scratch_was.exists()
-    assert sandbox.scontrol_calls() == []
+    assert sandbox.slurm_calls() == []
 
 
 def test_the_dataset_archive_is_extracted_on_node_scratch(sandbox: Sandbox):
@@ -446,7 +467,7 @@ def test_failing_trainer_still_copies_back_and_cleans_up(sandbox: Sandbox):
     said = [line for line in output.splitlines() if line.startswith("hpcbox: ")]
     assert said[-1] == "hpcbox: the trainer exited with status 3", output
     assert not sandbox.scratch_was.exists()
-    assert sandbox.scontrol_calls() == []
+    assert sandbox.slurm_calls() == []
 
 
 def test_a_run_folder_of_an_earlier_job_given_the_same_id_is_left_as_it_is(sandbox: Sandbox):
@@ -508,7 +529,7 @@ def test_a_janitor_that_ignores_its_signals_does_not_hold_the_job(sandbox: Sandb
 def test_checkpointed_trainer_is_requeued_after_copy_back(sandbox: Sandbox):
     status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="ckpt")), mode="checkpoint")
     assert status == 0, output
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
     assert not sandbox.scratch_was.exists()
 
@@ -519,7 +540,7 @@ def test_a_job_requeues_itself_at_most_max_restarts_times(sandbox: Sandbox, rest
     status, output = again.run(
         again.script(ResourceRequest(job_name="bounded", max_restarts=2)), "checkpoint"
     )
-    assert sandbox.scontrol_calls() == (["requeue 4242"] if requeued else []), output
+    assert sandbox.slurm_calls() == (["requeue 4242"] if requeued else []), output
     if requeued:
         assert status == 0 and "(restart 2 of at most 2)" in output, output
     else:
@@ -548,7 +569,7 @@ def test_a_job_that_finished_is_not_run_again_when_slurm_starts_it_again(sandbox
     ), output
     assert not (sandbox.root / "argv.json").exists()  # the program never started
     assert {path: path.read_bytes() for path in sandbox.run_dir.rglob("*") if path.is_file()} == before
-    assert not sandbox.scratch_was.exists() and sandbox.scontrol_calls() == []
+    assert not sandbox.scratch_was.exists() and sandbox.slurm_calls() == []
     for outcome in ("3\n", "75\n"):  # failed, or checkpointed: the next run is the job's to run
         (sandbox.run_dir / ".hpcbox-exit").write_text(outcome)
         status, output = again.run(script)
@@ -581,19 +602,46 @@ def test_usr1_before_the_time_limit_is_forwarded_and_the_job_requeued(sandbox: S
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
     assert not sandbox.scratch_was.exists()
 
 
-def test_scancel_term_checkpoints_cleans_up_and_does_not_requeue(sandbox: Sandbox):
+def term_while_training(sandbox: Sandbox, restart_count: str | None, restarts: int) -> tuple[int, str]:
+    """TERM to the batch shell of a run whose SLURM_RESTART_COUNT is ``restart_count`` while the trainer
+    trains, the job's Restarts being ``restarts``: the script's status and output."""
+    if restart_count:
+        sandbox.env["SLURM_RESTART_COUNT"] = restart_count
+    sandbox.env["STUB_RESTARTS"] = str(restarts)
     process = sandbox.start(sandbox.script(ResourceRequest(job_name="term")), mode="wait")
     _wait_for(sandbox.root / "ready")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=30)
-    assert process.returncode == 75, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGTERM"
-    assert sandbox.scontrol_calls() == []
     assert not sandbox.scratch_was.exists()
+    return process.returncode, output.decode(errors="replace")
+
+
+@pytest.mark.parametrize("restart_count", [None, "2"], ids=["first run", "a requeued run"])
+def test_scancel_term_checkpoints_cleans_up_and_ends_the_job_cancelled(sandbox: Sandbox, restart_count):
+    """A TERM whose job Slurm is not requeueing (its Restarts is the run's own count) is a cancel."""
+    status, output = term_while_training(sandbox, restart_count, int(restart_count or 0))
+    assert status == 75, output
+    assert sandbox.slurm_calls() == ["scancel 4242"]
+
+
+@pytest.mark.parametrize("restart_count", [None, "1"], ids=["first run", "a requeued run"])
+def test_a_preemptions_term_checkpoints_and_leaves_the_requeue_to_slurm(sandbox: Sandbox, restart_count):
+    """Where the site does not send the user's signal, a preempted job's batch shell hears of it first by
+    the TERM at its grace time's end, when Slurm has already decided to requeue it (its Restarts one more
+    than the run's count). The trainer checkpoints and the results go back; the script neither cancels
+    the job, which would cancel the requeue, nor requeues it itself, and keeps no outcome: the next run
+    resumes."""
+    status, output = term_while_training(sandbox, restart_count, int(restart_count or 0) + 1)
+    assert status == 0, output
+    assert sandbox.slurm_calls() == [], output
+    assert not (sandbox.run_dir / ".hpcbox-exit").exists()
+    said = [line for line in output.splitlines() if line.startswith("hpcbox: ")]
+    assert said[-1].startswith("hpcbox: job 4242 was preempted; the trainer checkpointed"), output
 
 
 MULTI_PROCESS = ResourceRequest(job_name="ddp", nodes=2, ntasks_per_node=2, cpus=3, time="30")
@@ -623,7 +671,7 @@ def test_multi_process_job_sees_the_checkpoints_on_every_node_and_is_requeued(sa
     status, output = sandbox.run(sandbox.script(MULTI_PROCESS), mode="checkpoint")
     assert status == 0, output
     assert 'on_each_node cp -a "$run_dir/."' in sandbox.script(MULTI_PROCESS).text
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
 
 
@@ -713,7 +761,7 @@ def test_usr1_reaches_each_task_of_a_program_that_is_not_ddp(sandbox: Sandbox):
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
 
 
 # A program run by bash: on USR1 it checkpoints and exits 75. So does a decoy of the same user run by
@@ -748,7 +796,7 @@ def test_usr1_reaches_this_jobs_bash_program_and_no_other_process_that_matches(s
         output, _ = process.communicate(timeout=30)
         assert process.returncode == 0, output
         assert (sandbox.run_dir / "checkpointed").read_text() == "mine\n"
-        assert sandbox.scontrol_calls() == ["requeue 4242"]
+        assert sandbox.slurm_calls() == ["requeue 4242"]
         assert [decoy.poll() for decoy in decoys.values()] == [None, None]
         assert not any((sandbox.root / name / "checkpointed").exists() for name in decoys)
     finally:
@@ -794,7 +842,7 @@ def test_an_entry_point_runs_its_function_with_the_arguments_and_is_found_for_us
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "stubfit.cli --lr it's 0.1"
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
 
 
 # A trainer that checkpoints at once, then trains on for a minute; on USR1 it checkpoints again.
@@ -843,7 +891,7 @@ def test_checkpoints_reach_shared_storage_while_the_job_runs(sandbox: Sandbox):
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert copied.read_text() == "epoch 2"  # and the job's end copies the last one over it
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
     assert list(sandbox.node_scratch.rglob("hpcbox-*")) == []
     assert not Path(f"{sandbox.run_dir}.incoming").exists()
 
@@ -906,7 +954,7 @@ def test_a_program_that_exits_while_the_signal_is_still_being_passed_on_keeps_it
     output, _ = process.communicate(timeout=30)
     assert process.returncode == 0, output
     assert b"the trainer exited with status 75" in output or b"requeueing job 4242" in output, output
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
 
 
 def test_ddp_processes_that_do_not_match_the_gpus_are_refused_at_render_time():
@@ -1295,7 +1343,7 @@ def test_a_time_limit_signal_while_the_job_stages_requeues_it_without_starting_t
     assert status == 0, output
     assert "hpcbox: the time limit is near; the trainer runs when the job is requeued" in output
     assert not (sandbox.root / "argv.json").exists()  # the trainer never started
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
     assert not list(sandbox.node_scratch.rglob("hpcbox-*"))
 
 
@@ -1397,7 +1445,7 @@ def test_a_failed_step_stops_the_job_with_its_status(sandbox: Sandbox):
     assert status == 3, output
     assert steps_log(sandbox) == ["train --out /scratch/out (saw nothing)"]  # evaluate never ran
     assert markers(sandbox) == []
-    assert sandbox.scontrol_calls() == []
+    assert sandbox.slurm_calls() == []
     assert list(sandbox.node_scratch.rglob("hpcbox-*")) == []
 
 
@@ -1407,7 +1455,7 @@ def test_a_requeued_job_skips_the_steps_that_finished(sandbox: Sandbox):
     script = sandbox.script(ResourceRequest(job_name="steps"), (), steps_sandbox(sandbox))
     sandbox.env["STUB_TRAIN"] = "checkpoint"
     status, output = sandbox.run(script)
-    assert (status, sandbox.scontrol_calls(), markers(sandbox)) == (0, ["requeue 4242"], []), output
+    assert (status, sandbox.slurm_calls(), markers(sandbox)) == (0, ["requeue 4242"], []), output
     sandbox.env.update(STUB_TRAIN="ok", STUB_EVALUATE="fail", SLURM_RESTART_COUNT="1")
     status, output = sandbox.run(script)
     assert (status, markers(sandbox)) == (3, ["step-1"]), output
@@ -1430,7 +1478,7 @@ def test_near_the_time_limit_the_next_step_waits_for_the_requeued_job(sandbox: S
     text = output.decode()
     assert process.returncode == 0, text
     assert "the time limit is near; step 2 of 2 (evaluate) runs when the job is requeued" in text
-    assert sandbox.scontrol_calls() == ["requeue 4242"]
+    assert sandbox.slurm_calls() == ["requeue 4242"]
     assert markers(sandbox) == ["step-1"] and len(steps_log(sandbox)) == 1
 
 

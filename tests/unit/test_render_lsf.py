@@ -273,7 +273,7 @@ def test_success_copies_results_back_and_removes_scratch_under_lsf(lsf: Sandbox)
     assert (lsf.run_dir / "metrics.jsonl").read_text() == '{"epoch": 1}\n'
     assert lsf.scratch_was == lsf.node_scratch / "researcher" / "hpcbox-4242"
     assert not lsf.scratch_was.exists()
-    assert brequeue_calls(lsf) == [] and lsf.scontrol_calls() == []
+    assert brequeue_calls(lsf) == [] and lsf.slurm_calls() == []
     assert "hpcbox: job 4242 on" in output
 
 

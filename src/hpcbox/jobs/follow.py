@@ -191,6 +191,9 @@ def describe(found: slurm.JobState) -> str:
         parts.append(f"on {found.nodes}")
     if found.exit_code:
         parts.append(f"exit code {found.exit_code}")
+    if found.preempted_runs:
+        runs = "run" if found.preempted_runs == 1 else "runs"
+        parts.append(f"preempted and requeued by Slurm ({found.preempted_runs} earlier {runs} PREEMPTED)")
     if found.note:
         parts.append(found.note)
     return ", ".join(parts)

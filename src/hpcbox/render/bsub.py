@@ -68,6 +68,8 @@ def dialect(array: bool) -> Dialect:
 rendezvous_host=127.0.0.1
 rendezvous_port=$((20000 + (LSB_JOBID + LSB_JOBINDEX) % 20000))""",
         steps=False,
+        # LSF suspends a preempted job by default: nothing to tell from its TERM.
+        preemption=False,
     )
 
 

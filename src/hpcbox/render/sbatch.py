@@ -103,6 +103,8 @@ class Dialect:
     cancel: str  # the line that ends a job stopped on request as cancelled ("": it ends by itself)
     rendezvous: str  # comment and shell lines setting rendezvous_host and rendezvous_port
     steps: bool  # srun runs commands across the job's nodes (multi-node jobs, one process per task)
+    # A preemption's TERM is told from a cancel's (`scontrol show job`), and the scheduler requeues the job
+    preemption: bool
 
 
 SLURM = Dialect(
@@ -116,7 +118,8 @@ SLURM = Dialect(
     signals=(
         "# Slurm signals this shell: USR1 before the time limit, TERM on scancel, "
         "or TERM to this shell alone\n"
-        "# (`scancel --batch --signal=TERM`, as `hpcbox cancel` does). The trainer checkpoints on both."
+        "# (`scancel --batch --signal=TERM`, as `hpcbox cancel` does), TERM at a preemption's grace time's\n"
+        "# end (USR1 as it is picked where the site sets send_user_signal). The trainer checkpoints on both."
     ),
     killed_by="Slurm's KillWait after scancel",
     cancel_command="scancel",
@@ -134,6 +137,7 @@ job_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 rendezvous_host=${{job_nodes%%$'\\n'*}}
 rendezvous_port=$((20000 + SLURM_JOB_ID % 20000))""",
     steps=True,
+    preemption=True,
 )
 
 
@@ -438,6 +442,7 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             *(['janitor_pid=""'] if dialect.steps else []),
             # USR1 came: a trainer or step that has not started waits for the requeued job.
             'time_up=""',
+            *(['preemption=""'] if dialect.preemption else []),
         ]
     )
 
@@ -497,6 +502,8 @@ def _functions(
         else "",
         retry=retry,
         signals=dialect.signals,
+        preemption=_bash("preemption") + "\n\n" if dialect.preemption else "",
+        preempted_branch=_bash("preempted_branch") + "\n" if dialect.preemption else "",
         signal_trainer=signal_trainer,
     )
 
@@ -868,6 +875,10 @@ def _command_units(head: tuple[str, ...], args: tuple[str, ...]) -> list[str]:
 def _finish(max_restarts: int, dialect: Dialect) -> str:
     # A scheduler whose jobs end by themselves once stopped needs no cancel of its own.
     stopped = _bash("stopped_then_cancelled", cancel=dialect.cancel) if dialect.cancel else _bash("stopped")
+    checkpointed = str(CHECKPOINTED_EXIT)
+    preempted_finish = (
+        _bash("preempted_finish", checkpointed=checkpointed) + "\n" if dialect.preemption else ""
+    )
     return _bash(
         "finish",
         checkpointed=str(CHECKPOINTED_EXIT),
@@ -878,6 +889,8 @@ def _finish(max_restarts: int, dialect: Dialect) -> str:
         requeue_by_hand=dialect.requeue_by_hand,
         stopped=stopped,
         outcome=OUTCOME_FILE,
+        stop_signal="time limit's or preemption's signal" if dialect.preemption else "time limit's signal",
+        preempted_finish=preempted_finish,
     )
 
 

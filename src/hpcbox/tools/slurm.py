@@ -129,6 +129,9 @@ class JobState:
     # Slurm's own guess of when a pending job starts (squeue's %S: the backfill scheduler's estimate
     # from the queue as it stands), "" where it has none. A guess: the queue moves under it.
     start_guess: str = ""
+    # How many of its earlier runs sacct ends PREEMPTED (each requeued by Slurm). Slurm counts one or two
+    # a preemption: the run after one is requeued once more when it exits 0, and sacct names it so too.
+    preempted_runs: int = 0
 
     def is_of(self, script: str) -> bool:
         """Whether this is the job whose batch script is ``script`` (unknown on either side: taken so).
@@ -386,7 +389,10 @@ def job_state(connection: ssh.Connection, job_id: str, script: str = "") -> JobS
     if accounted.returncode == 0:
         runs = _read(accounted_states, accounted.stdout, job_id, fields)
         own = _own([*runs, *([other] if other else [])], job_id, script)
-        return (own[-1] if own else None) or state
+        if not own:
+            return state
+        preempted = sum(run.state == "PREEMPTED" for run in own[:-1])
+        return dataclasses.replace(own[-1], preempted_runs=preempted) if preempted else own[-1]
     if accounting_silent(accounted):
         if state is None:
             if other is not None:

@@ -131,10 +131,10 @@ on_exit() {
 # The trainer checkpoints on USR1 and TERM.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
-    if [[ $1 != USR1 ]]; then
-        terminated=$1
-    else
+    if [[ $1 == USR1 ]]; then
         time_up=1
+    else
+        terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
         kill -s "$1" "$trainer_pid" 2>/dev/null || true

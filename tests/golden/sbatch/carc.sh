@@ -43,6 +43,7 @@ terminated=""
 cleaned=""
 janitor_pid=""
 time_up=""
+preemption=""
 
 # Runs a command once on every node of the job (node scratch is per node).
 on_each_node() {
@@ -162,14 +163,28 @@ on_exit() {
     exit "$status"
 }
 
+# A preemption's TERM, told from a cancel's: by then Slurm has decided to requeue the job, and the job's
+# Restarts is one more than this run's count (unset on the first run). No variable of the job tells it.
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+preempted() {
+    local shown
+    shown=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    [[ $shown =~ Restarts=([0-9]+) ]] && (( BASH_REMATCH[1] > ${SLURM_RESTART_COUNT:-0} ))
+}
+
 # Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
-# (`scancel --batch --signal=TERM`, as `hpcbox cancel` does). The trainer checkpoints on both.
+# (`scancel --batch --signal=TERM`, as `hpcbox cancel` does), TERM at a preemption's grace time's
+# end (USR1 as it is picked where the site sets send_user_signal). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
-    if [[ $1 != USR1 ]]; then
-        terminated=$1
-    else
+    if [[ $1 == USR1 ]]; then
         time_up=1
+    elif [[ $1 == TERM ]] && preempted; then
+        # Preempted: the trainer checkpoints as at the time limit, and Slurm requeues the job itself.
+        time_up=1
+        preemption=1
+    else
+        terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
         kill -s "$1" "$trainer_pid" 2>/dev/null || true
@@ -327,9 +342,18 @@ fi
 # its ranks) is killed once its peers have stopped: the run is cut short at the time limit, not
 # failed, and the requeued job resumes from the last checkpoint written whole.
 if [[ -n $time_up && -z $terminated ]] && (( status == 128 + 9 || status == 128 + 15 )); then
-    echo "hpcbox: the trainer was killed (status $status) after the time limit's signal;" \
+    echo "hpcbox: the trainer was killed (status $status) after the time limit's or preemption's signal;" \
         "it resumes from its last whole checkpoint" >&2
     status=75
+fi
+# Preempted: Slurm requeues the job whatever this script does (a scancel now would cancel the requeue),
+# and its next run resumes from the checkpoint copied back. A trainer that had finished keeps its
+# outcome, so that the next run ends at once.
+if [[ -n $preemption ]] && (( status == 75 )); then
+    echo "hpcbox: job ${SLURM_JOB_ID} was preempted; the trainer checkpointed, and Slurm requeues the job," \
+        "whose next run resumes from the checkpoint" >&2
+    clean_up
+    exit 0
 fi
 if [[ $status -eq 75 && -z $terminated ]]; then
     restarts=${SLURM_RESTART_COUNT:-0}
