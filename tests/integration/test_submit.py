@@ -405,9 +405,10 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
 ):
     """A job of `preemptible` on node1 is picked by a `cpu` job that needs the node. The local profile
     sends no user signal (Slurm's default): the batch shell hears of it by the TERM at its grace time's
-    end, with the requeue already decided. The trainer checkpoints, nothing cancels that requeue, the next
-    run resumes, and the job completes with the figures of the same job never stopped (beside it, on
-    node2); its earlier runs are PREEMPTED in accounting, and its status says it was preempted."""
+    end, with the requeue already decided. The trainer, given the time limit's signal, checkpoints;
+    nothing cancels that requeue; the next run resumes, and the job completes with the figures of the
+    same job never stopped (beside it, on node2). Its earlier runs are PREEMPTED in accounting, and its
+    status says it was preempted."""
     # About 3.5 s an epoch: the job trains on through its grace time (30 s) and has epochs left after it.
     training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025")
     training += ("--workers", "0")
@@ -440,7 +441,7 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     starts = events_of(minicluster, picked, "start")
     assert not starts[0]["resumed"] and starts[1]["resumed"], log
     stopped_at = events_of(minicluster, picked, "preempted")[0]
-    assert stopped_at["signal"] == "SIGTERM" and stopped_at["epoch"] < 20, log
+    assert stopped_at["signal"] == "SIGUSR1" and stopped_at["epoch"] < 20, log  # the time limit's
     assert starts[1]["resumed"]["checkpoint"] == stopped_at["checkpoint"], log
     figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
     final = [

@@ -8,8 +8,10 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,9 @@ import pytest
 from hpcbox.submitit.executor import RUN_HYDRA_JOB, RUNNER
 
 TRAIN = '''\
+import os
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -29,7 +33,15 @@ from omegaconf import DictConfig
 def main(cfg: DictConfig) -> float:
     if cfg.lr < 0:
         raise ValueError(f"lr {cfg.lr} is negative")
-    (Path(HydraConfig.get().runtime.output_dir) / "trained.txt").write_text(f"{cfg.model}@{cfg.lr}")
+    output = Path(HydraConfig.get().runtime.output_dir)
+    if cfg.lr == 0:  # a job that runs until it is stopped the first time: each run noted in its output
+        runs = output / "runs.txt"
+        runs.write_text((runs.read_text() if runs.exists() else "") + "run\\n")
+        if len(runs.read_text().split()) == 1:
+            Path(os.environ["READY"]).write_text("")
+            time.sleep(60)
+        return len(runs.read_text().split())
+    (output / "trained.txt").write_text(f"{cfg.model}@{cfg.lr}")
     return cfg.lr * 2
 
 
@@ -101,7 +113,9 @@ def test_hydra_finds_the_launcher_and_its_config(tmp_path: Path):
     assert misspelt.returncode == 1 and "Key 'clustr' not in 'HpcboxLauncherConf'" in misspelt.stderr
 
 
-def test_a_job_runs_by_name_in_a_fresh_python_and_returns_hydras_job_return(tmp_path: Path):
+def send_to_a_node(tmp_path: Path, lrs: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The jobs of a multirun over ``lrs`` sent as the launcher sends them, and a node's Python to run
+    them with: the runner's command line up to the output folder and job index, and its environment."""
     project = tmp_path / "project"
     (project / "conf").mkdir(parents=True)
     (project / "conf" / "config.yaml").write_text("lr: 0.1\nmodel: resnet\n")
@@ -110,30 +124,33 @@ def test_a_job_runs_by_name_in_a_fresh_python_and_returns_hydras_job_return(tmp_
     data = tmp_path / "data"
     data.mkdir()
     sent = subprocess.run(
-        [sys.executable, "train.py", "send", str(data), "0.5", "-1"],
-        capture_output=True, text=True, cwd=project,
-    )  # fmt: skip
+        [sys.executable, "train.py", "send", str(data), *lrs], capture_output=True, text=True, cwd=project
+    )
     assert sent.returncode == 0, sent.stderr
     for module in (RUNNER, RUN_HYDRA_JOB):
         shutil.copyfile(module, data / module.name)
     node = tmp_path / "node"
     shutil.copytree(project, node / "code", ignore=shutil.ignore_patterns("conf", "*.toml"))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(node / "code"),
-        "SLURM_ARRAY_JOB_ID": "77",
-        "SLURM_ARRAY_TASK_ID": "",
-    }
+    env = {**os.environ, "PYTHONPATH": str(node / "code"), "SLURM_ARRAY_JOB_ID": "77"}
+    return [sys.executable, "-c", AS_ON_A_NODE, str(data / RUNNER.name), str(data)], env
+
+
+def run_on_the_node(runner: list[str], env: dict[str, str], out: Path, index: int) -> subprocess.Popen:
+    out.mkdir(exist_ok=True)
+    return subprocess.Popen(
+        [*runner, str(out), str(index)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=out.parent / "node", env={**env, "SLURM_ARRAY_TASK_ID": str(index)},
+    )  # fmt: skip
+
+
+def test_a_job_runs_by_name_in_a_fresh_python_and_returns_hydras_job_return(tmp_path: Path):
+    runner, env = send_to_a_node(tmp_path, ["0.5", "-1"])
     returns = []
     for index in (0, 1):
         out = tmp_path / f"out-{index}"
-        out.mkdir()
-        env["SLURM_ARRAY_TASK_ID"] = str(index)
-        ran = subprocess.run(
-            [sys.executable, "-c", AS_ON_A_NODE, str(data / RUNNER.name), str(data), str(out), str(index)],
-            capture_output=True, text=True, cwd=node, env=env,
-        )  # fmt: skip
-        assert ran.returncode == 0, ran.stderr
+        ran = run_on_the_node(runner, env, out, index)
+        said, _ = ran.communicate(timeout=60)
+        assert ran.returncode == 0, said
         outcome, returned = pickle.loads((out / "result.pkl").read_bytes())
         assert outcome == "success"
         returns.append((out, returned))
@@ -147,5 +164,30 @@ def test_a_job_runs_by_name_in_a_fresh_python_and_returns_hydras_job_return(tmp_
     with pytest.raises(ValueError, match="lr -1 is negative") as raised:
         failed.return_value  # noqa: B018 - Hydra's sweeper reads it so, and raises the job's error
     (note,) = raised.value.__notes__
-    assert note.startswith("its traceback on the node:\n") and 'code/train.py", line 12, in main' in note
+    assert note.startswith("its traceback on the node:\n") and 'code/train.py", line 14, in main' in note
     assert not (failed_out / "trained.txt").exists()
+
+
+def test_a_job_stopped_at_its_time_limit_runs_again_from_its_start_and_returns(tmp_path: Path):
+    """The time limit's signal (USR1; a preemption's too, as the job script passes it on) mid-job: the
+    runner checkpoints the job's call and exits 75, on which the job script requeues it; the next run
+    makes that call, the same job from its start (as hydra-submitit-launcher's), beside what the first
+    wrote in the job's output folder, and returns."""
+    runner, env = send_to_a_node(tmp_path, ["0"])
+    env["READY"] = str(tmp_path / "ready")
+    out = tmp_path / "out-0"
+    first = run_on_the_node(runner, env, out, 0)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists():
+        assert time.monotonic() < deadline and first.poll() is None, first.communicate()[0]
+        time.sleep(0.05)
+    first.send_signal(signal.SIGUSR1)
+    said, _ = first.communicate(timeout=60)
+    assert first.returncode == 75 and "the call checkpointed before the time limit" in said, said
+    assert (out / "checkpoint.pkl").is_file() and not (out / "result.pkl").exists()
+    again = run_on_the_node(runner, env, out, 0)
+    said, _ = again.communicate(timeout=60)
+    assert again.returncode == 0 and "resuming the call from its checkpoint" in said, said
+    outcome, returned = pickle.loads((out / "result.pkl").read_bytes())
+    assert outcome == "success" and returned.status.name == "COMPLETED", said
+    assert returned.return_value == 2 and returned.overrides == ["lr=0"]  # its second run, which returned

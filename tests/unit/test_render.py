@@ -616,16 +616,20 @@ def term_while_training(sandbox: Sandbox, restart_count: str | None, restarts: i
     _wait_for(sandbox.root / "ready")
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=30)
-    assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGTERM"
     assert not sandbox.scratch_was.exists()
     return process.returncode, output.decode(errors="replace")
+
+
+def checkpointed_on(sandbox: Sandbox) -> str:
+    """The signal on which the stand-in trainer checkpointed."""
+    return (sandbox.run_dir / "checkpoints" / "last.pt").read_text()
 
 
 @pytest.mark.parametrize("restart_count", [None, "2"], ids=["first run", "a requeued run"])
 def test_scancel_term_checkpoints_cleans_up_and_ends_the_job_cancelled(sandbox: Sandbox, restart_count):
     """A TERM whose job Slurm is not requeueing (its Restarts is the run's own count) is a cancel."""
     status, output = term_while_training(sandbox, restart_count, int(restart_count or 0))
-    assert status == 75, output
+    assert status == 75 and checkpointed_on(sandbox) == "SIGTERM", output
     assert sandbox.slurm_calls() == ["scancel 4242"]
 
 
@@ -633,11 +637,11 @@ def test_scancel_term_checkpoints_cleans_up_and_ends_the_job_cancelled(sandbox: 
 def test_a_preemptions_term_checkpoints_and_leaves_the_requeue_to_slurm(sandbox: Sandbox, restart_count):
     """Where the site does not send the user's signal, a preempted job's batch shell hears of it first by
     the TERM at its grace time's end, when Slurm has already decided to requeue it (its Restarts one more
-    than the run's count). The trainer checkpoints and the results go back; the script neither cancels
-    the job, which would cancel the requeue, nor requeues it itself, and keeps no outcome: the next run
-    resumes."""
+    than the run's count). The trainer is given the time limit's signal and checkpoints, and the results
+    go back; the script neither cancels the job, which would cancel the requeue, nor requeues it itself,
+    and keeps no outcome: the next run resumes."""
     status, output = term_while_training(sandbox, restart_count, int(restart_count or 0) + 1)
-    assert status == 0, output
+    assert status == 0 and checkpointed_on(sandbox) == "SIGUSR1", output
     assert sandbox.slurm_calls() == [], output
     assert not (sandbox.run_dir / ".hpcbox-exit").exists()
     said = [line for line in output.splitlines() if line.startswith("hpcbox: ")]

@@ -467,7 +467,7 @@ def _functions(
 ) -> str:
     each_node = f'{_SRUN_EACH_NODE} "$@"' if resources.nodes > 1 else '"$@"'
     janitor_cleanup = _bash("janitor_cleanup") if dialect.steps else ""
-    signal_trainer = 'kill -s "$1" "$trainer_pid" 2>/dev/null || true'
+    signal_trainer = 'kill -s "$signal" "$trainer_pid" 2>/dev/null || true'
     signal_job = ""
     if resources.tasks > 1 and dialect.steps:
         signal_job = _bash("signal_job_definition", signal_job=shlex.quote(_bash("signal_job")))
@@ -480,8 +480,8 @@ def _functions(
             f"# To {to_whom}: srun would signal every process of\n"
             "        # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.\n"
             "        # After a plain scancel no step can start, but Slurm has signalled every process.\n"
-            "        if [[ $1 == USR1 || $1 == TERM ]]; then\n"
-            f'            on_each_node bash -c "$signal_job" signal "$1" "${{{dialect.job_id}}}" \\\n'
+            "        if [[ $signal == USR1 || $signal == TERM ]]; then\n"
+            f'            on_each_node bash -c "$signal_job" signal "$signal" "${{{dialect.job_id}}}" \\\n'
             f"                {shlex.quote(pattern)} || true\n"
             "        fi"
         )

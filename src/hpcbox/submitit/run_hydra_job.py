@@ -7,10 +7,18 @@ task function on it as its own launchers do (`run_job`), with the job's output f
 (`$HPCBOX_OUTPUT_DIR`, copied back) as the sweep's folder. The task function comes with the call: by
 name where its script is part of the project's code, `@hydra.main`'s wrapper of it then. Where it
 raises, the exception goes home in the job's return, its traceback on the node attached as a note.
+
+At the time limit, or a preemption, the runner asks `run.checkpoint` for the call to make instead: the
+same job, from its start, in the requeued job (as hydra-submitit-launcher's jobs are). The job's output
+folder comes back with it, so a task function resumes from what it saved there.
 """
 
+import collections
 import os
 import traceback
+
+# What the runner (run_call.py) makes instead of a call cut short, as submitit's DelayedSubmission.
+Resubmission = collections.namedtuple("Resubmission", "function args kwargs")
 
 
 def run(task, config, task_name: str):
@@ -36,6 +44,14 @@ def run(task, config, task_name: str):
         job_subdir_key="hydra.sweep.subdir",
         hydra_context=HydraContext(config_loader=None, callbacks=Callbacks(config)),
     )
+
+
+def checkpoint(task, config, task_name: str) -> Resubmission:
+    """The job's call again, for its requeued run."""
+    return Resubmission(run, (task, config, task_name), {})
+
+
+run.checkpoint = checkpoint
 
 
 def _with_traceback(function):

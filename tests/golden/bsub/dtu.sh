@@ -131,13 +131,14 @@ on_exit() {
 # The trainer checkpoints on USR1 and TERM.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
+    local signal=$1  # to the trainer
     if [[ $1 == USR1 ]]; then
         time_up=1
     else
         terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
-        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+        kill -s "$signal" "$trainer_pid" 2>/dev/null || true
     fi
 }
 

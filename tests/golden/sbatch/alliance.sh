@@ -174,17 +174,20 @@ preempted() {
 # end (USR1 as it is picked where the site sets send_user_signal). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
+    local signal=$1  # to the trainer
     if [[ $1 == USR1 ]]; then
         time_up=1
     elif [[ $1 == TERM ]] && preempted; then
-        # Preempted: the trainer checkpoints as at the time limit, and Slurm requeues the job itself.
+        # Preempted: the trainer is given the time limit's signal, on which it checkpoints (a program
+        # may take TERM as a cancel), and Slurm requeues the job itself.
         time_up=1
         preemption=1
+        signal=USR1
     else
         terminated=$1
     fi
     if [[ -n $trainer_pid ]]; then
-        kill -s "$1" "$trainer_pid" 2>/dev/null || true
+        kill -s "$signal" "$trainer_pid" 2>/dev/null || true
     fi
 }
 

@@ -180,12 +180,15 @@ preempted() {
 # end (USR1 as it is picked where the site sets send_user_signal). The trainer checkpoints on both.
 # shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
 forward() {
+    local signal=$1  # to the trainer
     if [[ $1 == USR1 ]]; then
         time_up=1
     elif [[ $1 == TERM ]] && preempted; then
-        # Preempted: the trainer checkpoints as at the time limit, and Slurm requeues the job itself.
+        # Preempted: the trainer is given the time limit's signal, on which it checkpoints (a program
+        # may take TERM as a cancel), and Slurm requeues the job itself.
         time_up=1
         preemption=1
+        signal=USR1
     else
         terminated=$1
     fi
@@ -193,8 +196,8 @@ forward() {
         # To each node's torchrun, which tells its ranks: srun would signal every process of
         # the step, and the squashfuse serving the SIF (unprivileged Apptainer) dies of it.
         # After a plain scancel no step can start, but Slurm has signalled every process.
-        if [[ $1 == USR1 || $1 == TERM ]]; then
-            on_each_node bash -c "$signal_job" signal "$1" "${SLURM_JOB_ID}" \
+        if [[ $signal == USR1 || $signal == TERM ]]; then
+            on_each_node bash -c "$signal_job" signal "$signal" "${SLURM_JOB_ID}" \
                 '^([^ ]*/)?python[0-9.]* -m hpctrain[.]torchrun ' || true
         fi
     fi
