@@ -54,9 +54,14 @@ def send(folder: Path, lrs: list[str]) -> None:
     from hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher import _portable
 
     JobRuntime.instance().set("name", "train")
+    overrides = ["hydra/launcher=hpcbox"]
+    if os.environ.get("THIRD_PARTY_SWEEPER"):
+        import third_party_sweeper  # noqa: F401 - its config is stored as a sweeper plugin's would be
+
+        overrides.append("hydra/sweeper=third_party")
     with initialize_config_dir(config_dir=str(Path(__file__).with_name("conf")), version_base=None):
         for index, lr in enumerate(lrs):
-            config = compose("config", [f"lr={lr}", "hydra/launcher=hpcbox"], return_hydra_config=True)
+            config = compose("config", [f"lr={lr}", *overrides], return_hydra_config=True)
             config.hydra.job.num = index
             call = (NodeFunction("run_hydra_job", "run"), (main, _portable(config), "train"), {})
             project = load_project(Path(__file__).parent)
@@ -71,6 +76,23 @@ if __name__ == "__main__":
     else:
         main()
 '''
+
+
+# A sweeper plugin's structured config, from a module the laptop has and the node does not.
+THIRD_PARTY_SWEEPER = """\
+from dataclasses import dataclass
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ThirdPartySweeperConf:
+    _target_: str = "third_party_sweeper.ThirdPartySweeper"
+    n_trials: int = 3
+
+
+ConfigStore.instance().store(group="hydra/sweeper", name="third_party", node=ThirdPartySweeperConf)
+"""
 
 
 # The node's Python has Hydra and the project's code, and nothing of hpcbox: the runner runs with those
@@ -113,24 +135,27 @@ def test_hydra_finds_the_launcher_and_its_config(tmp_path: Path):
     assert misspelt.returncode == 1 and "Key 'clustr' not in 'HpcboxLauncherConf'" in misspelt.stderr
 
 
-def send_to_a_node(tmp_path: Path, lrs: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The jobs of a multirun over ``lrs`` sent as the launcher sends them, and a node's Python to run
-    them with: the runner's command line up to the output folder and job index, and its environment."""
+def send_to_a_node(tmp_path: Path, lrs: list[str], sweeper: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The jobs of a multirun over ``lrs`` (with a third-party ``sweeper``'s config) sent as the launcher
+    sends them, and a node's Python to run them with: the runner's command line up to the output folder
+    and job index, and its environment."""
     project = tmp_path / "project"
     (project / "conf").mkdir(parents=True)
     (project / "conf" / "config.yaml").write_text("lr: 0.1\nmodel: resnet\n")
     (project / "train.py").write_text(TRAIN)
+    (project / "third_party_sweeper.py").write_text(THIRD_PARTY_SWEEPER)
     (project / "pyproject.toml").write_text('[project]\nname = "app"\n[tool.hpcbox]\ncode = ["train.py"]\n')
     data = tmp_path / "data"
     data.mkdir()
     sent = subprocess.run(
-        [sys.executable, "train.py", "send", str(data), *lrs], capture_output=True, text=True, cwd=project
-    )
+        [sys.executable, "train.py", "send", str(data), *lrs], capture_output=True, text=True, cwd=project,
+        env={**os.environ, "THIRD_PARTY_SWEEPER": "1" if sweeper else ""},
+    )  # fmt: skip
     assert sent.returncode == 0, sent.stderr
     for module in (RUNNER, RUN_HYDRA_JOB):
         shutil.copyfile(module, data / module.name)
     node = tmp_path / "node"
-    shutil.copytree(project, node / "code", ignore=shutil.ignore_patterns("conf", "*.toml"))
+    shutil.copytree(project, node / "code", ignore=shutil.ignore_patterns("conf", "*.toml", "third_party_*"))
     env = {**os.environ, "PYTHONPATH": str(node / "code"), "SLURM_ARRAY_JOB_ID": "77"}
     return [sys.executable, "-c", AS_ON_A_NODE, str(data / RUNNER.name), str(data)], env
 
@@ -191,3 +216,17 @@ def test_a_job_stopped_at_its_time_limit_runs_again_from_its_start_and_returns(t
     outcome, returned = pickle.loads((out / "result.pkl").read_bytes())
     assert outcome == "success" and returned.status.name == "COMPLETED", said
     assert returned.return_value == 2 and returned.overrides == ["lr=0"]  # its second run, which returned
+
+
+def test_a_third_party_sweepers_config_travels_without_its_plugin_on_the_node(tmp_path: Path):
+    """A sweeper plugin's structured config (as Optuna's or Nevergrad's) is composed on the laptop, where
+    the plugin is; the node, without it, reads the job's configuration with that node made plain."""
+    runner, env = send_to_a_node(tmp_path, ["0.5"], sweeper=True)
+    out = tmp_path / "out-0"
+    ran = run_on_the_node(runner, env, out, 0)
+    said, _ = ran.communicate(timeout=60)
+    assert ran.returncode == 0, said
+    outcome, returned = pickle.loads((out / "result.pkl").read_bytes())
+    assert outcome == "success" and returned.return_value == 1.0, returned
+    sweeper = returned.hydra_cfg.hydra.sweeper
+    assert (sweeper._target_, sweeper.n_trials) == ("third_party_sweeper.ThirdPartySweeper", 3)

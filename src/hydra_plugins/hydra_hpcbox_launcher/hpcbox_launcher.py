@@ -18,7 +18,7 @@ import logging
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,10 +139,15 @@ def _by_name(task_function: TaskFunction) -> Any:
 
 
 def _portable(config: DictConfig) -> DictConfig:
-    """The job's configuration, with the launcher's own node made plain: its structured type is this
-    plugin's, which the node's Python does not have."""
+    """The job's configuration, with each node of `hydra.*` typed by a plugin made plain: the node's Python
+    has Hydra, not this launcher nor a third-party sweeper, whose structured types would not unpickle
+    there. Hydra's own types stay, as Hydra on the node asks for them."""
     with read_write(config.hydra), open_dict(config.hydra):
-        config.hydra.launcher = OmegaConf.create(OmegaConf.to_container(config.hydra.launcher, resolve=True))
+        for key in list(config.hydra):
+            kind = OmegaConf.get_type(config.hydra, key)
+            if is_dataclass(kind) and not kind.__module__.startswith("hydra."):
+                plain = OmegaConf.to_container(config.hydra[key], resolve=True)
+                config.hydra[key] = OmegaConf.create(plain)
     return config
 
 
