@@ -297,6 +297,10 @@ executor.update_parameters(timeout_min=10)
 job = executor.submit(add, 5, 7)
 jobs = executor.map_array(add, [1, 2, 3], [10, 20, 30])
 failing = executor.submit(fail, "boom from the node")
+with executor.batch():
+    batched = [executor.submit(add, n, n) for n in range(3)]
+echoed = executor.submit(submitit.helpers.CommandFunction(["echo", "from", "the", "node"]))
+sleepers = executor.map_array(time.sleep, [600, 1, 2])
 executor.update_parameters(timeout_min=2)
 training = executor.submit(Trainer(), 100)
 output = job.result()
@@ -305,10 +309,27 @@ try:
     raised = None
 except submitit.core.utils.FailedJobError as error:
     raised = str(error)
+while sleepers[0].state != "RUNNING":
+    time.sleep(1)
+sleepers[0].cancel()
+slept = [each.result() for each in sleepers[1:]]
+sleepers[0].wait()
 print(json.dumps({
     "python": list(sys.version_info[:2]), "add": output, "mapped": [each.result() for each in jobs],
     "raised": raised, "training": training.result(), "log": training.stdout(),
+    "as_completed": sorted(each.result() for each in submitit.helpers.as_completed(batched)),
+    "echoed": echoed.result(), "slept": slept, "cancelled": sleepers[0].state,
+    "found_again": [job.paths.folder.parent.as_posix(), job.job_id],
 }))
+"""
+
+# A new process, a day later as far as it knows: the job found again from its folder and id.
+FOUND_AGAIN = """\
+import sys
+
+from hpcbox.submitit import Job
+
+print(Job(sys.argv[1], sys.argv[2]).result())
 """
 
 
@@ -342,3 +363,11 @@ def test_a_submitit_docs_script_runs_unchanged_from_another_python_than_the_envi
     assert "hpcbox: the call checkpointed before the time limit" in found["log"]
     assert "hpcbox: resuming the call from its checkpoint" in found["log"]
     assert "requeueing job " in found["log"]
+    assert found["as_completed"] == [0, 2, 4] and found["echoed"] == "from the node"
+    # One task of an array cancelled while the others finish: theirs are their own results.
+    assert found["slept"] == [None, None] and found["cancelled"] == "CANCELLED", found
+    again = subprocess.run(
+        [sys.executable, "-c", FOUND_AGAIN, *found["found_again"]], cwd=calls_project,
+        env={**os.environ, **setup.env}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert (again.returncode, again.stdout) == (0, "12\n"), again.stderr[-2000:]

@@ -188,6 +188,17 @@ def test_own_project_init_lock_build_submit_fetch(own_project: OwnProject):
     assert json.loads((fetched / "result.json").read_text())["mean"] == 5.5  # its own numbers, 1 to 10
 
 
+def multirun(own_project: OwnProject, sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`python sweep.py -m OVERRIDES` with hpcbox's launcher on the mini cluster, into ``sweep_dir``."""
+    return subprocess.run(
+        [sys.executable, "sweep.py", "-m", *overrides, "hydra/launcher=hpcbox",
+         "hydra.launcher.cluster=local", "hydra.launcher.offline=true", "hydra.launcher.timeout_min=10",
+         f"hydra.sweep.dir={sweep_dir}"],
+        cwd=own_project.root, env={**os.environ, **own_project.env},
+        capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+
+
 @pytest.mark.cluster
 def test_a_hydra_multirun_from_the_laptop_is_one_array_job_returning_each_points_return(
     own_project: OwnProject,
@@ -196,13 +207,7 @@ def test_a_hydra_multirun_from_the_laptop_is_one_array_job_returning_each_points
     cluster, in the project's SIF (Python 3.13 there, this one's here: the task function goes by name);
     each point's return in the launcher's lines, its output folder home where a local multirun puts it."""
     sweep_dir = own_project.root / "multirun" / "lr-sweep"
-    swept = subprocess.run(
-        [sys.executable, "sweep.py", "-m", "lr=0.5,1,2,4", "hydra/launcher=hpcbox",
-         "hydra.launcher.cluster=local", "hydra.launcher.offline=true", "hydra.launcher.timeout_min=10",
-         f"hydra.sweep.dir={sweep_dir}"],
-        cwd=own_project.root, env={**os.environ, **own_project.env},
-        capture_output=True, text=True, timeout=900, check=False,
-    )  # fmt: skip
+    swept = multirun(own_project, sweep_dir, "lr=0.5,1,2,4")
     said = swept.stdout + swept.stderr
     assert swept.returncode == 0, said
     returned = re.findall(r"#(\d) : COMPLETED, returned ([0-9.]+) \(job (\d+)_(\d)\)", said)
@@ -215,6 +220,29 @@ def test_a_hydra_multirun_from_the_laptop_is_one_array_job_returning_each_points
         assert json.loads((home / "result.json").read_text()) == {"lr": lr, "scaled": lr * 10}
         assert (home / ".hydra" / "overrides.yaml").read_text() == f"- lr={lr}\n"
         assert not (home / "result.pkl").exists()
+
+
+@pytest.mark.cluster
+def test_a_hydra_multirun_sent_without_waiting_returns_at_once_and_collect_brings_its_returns(
+    own_project: OwnProject,
+):
+    """`hydra.launcher.wait=false`: the multirun returns once its array job is sent, its points' returns
+    placeholders and nothing of theirs home yet; `hpcbox collect`, from another process, waits for the
+    jobs, says each point's return and brings its output folder where a multirun that waited puts it."""
+    sweep_dir = own_project.root / "multirun" / "sent-sweep"
+    sent = multirun(own_project, sweep_dir, "lr=3,5", "hydra.launcher.wait=false")
+    said = sent.stdout + sent.stderr
+    assert sent.returncode == 0, said
+    array = re.search(r"array job (\d+) sent; its 2 returns are placeholders until collected", said)
+    assert array is not None, said
+    assert not list(sweep_dir.glob("*/result.json")), said
+    collected = hpcbox(own_project.root, "collect", f"--sweep-dir={sweep_dir}", env=own_project.env)
+    returned = re.findall(r"#(\d) : COMPLETED, returned ([0-9.]+) \(job (\d+_\d)\)", collected.stdout)
+    assert returned == [("0", "30", f"{array[1]}_0"), ("1", "50", f"{array[1]}_1")], collected.stdout
+    for point, lr in enumerate([3, 5]):
+        home = sweep_dir / str(point)
+        assert json.loads((home / "result.json").read_text()) == {"lr": lr, "scaled": lr * 10}
+        assert (home / ".hydra" / "overrides.yaml").read_text() == f"- lr={lr}\n"
 
 
 # The project's own tests, as its CI runs them: its job on a mini cluster of the test session

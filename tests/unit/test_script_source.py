@@ -188,22 +188,27 @@ def test_a_docs_style_scripts_functions_and_checkpointable_run_on_the_node_from_
     assert read_results(project, outs[3:]) == ["('success', (300, 2))"]
 
 
+def sent_and_run(project: Path, tmp_path: Path, body: str, call: str, python: str):
+    """A script of ``body`` that sends ``call`` (a Python expression over its names), then the runner
+    on a node in ``python``: its outcome in tmp_path/out."""
+    script = (
+        "import pathlib, sys\nfrom hpcbox.project.config import load_project\n"
+        f"from hpcbox.submitit.executor import pickle_calls\n{body}\n"
+        "project = load_project(pathlib.Path(__file__).parent)\n"
+        f"pickle_calls([{call}], project).write(pathlib.Path(sys.argv[1]))\n"
+    )
+    assert send(project, script, tmp_path / "call").returncode == 0
+    node = tmp_path / "node"
+    node.mkdir()
+    return run_on_node(python, tmp_path / "call", tmp_path / "out", 0, node)
+
+
 def test_a_module_the_node_lacks_comes_back_as_the_calls_error_naming_it(project: Path, tmp_path: Path):
     """A module of the script that the node cannot import fails inside the runner's `try`: the call's
     error, with the traceback and the module's name, not a job without a result."""
     (project / "helperlib.py").write_text("def double(x):\n    return 2 * x\n")
-    body = (
-        "import json, pathlib, sys\nfrom helperlib import double\n"
-        "from hpcbox.project.config import load_project\n"
-        "from hpcbox.submitit.executor import pickle_calls\n\n"
-        "def twice(x):\n    return double(x)\n\n"
-        "project = load_project(pathlib.Path(__file__).parent)\n"
-        "pickle_calls([(twice, (4,), {})], project).write(pathlib.Path(sys.argv[1]))\n"
-    )
-    assert send(project, body, tmp_path / "call").returncode == 0
-    node = tmp_path / "node"
-    node.mkdir()
-    ran = run_on_node(sys.executable, tmp_path / "call", tmp_path / "out", 0, node)
+    body = "from helperlib import double\n\ndef twice(x):\n    return double(x)\n\n"
+    ran = sent_and_run(project, tmp_path, body, "(twice, (4,), {})", sys.executable)
     assert ran.returncode == 1 and "ModuleNotFoundError" in ran.stderr
     error, message, trace, missing = pickle.loads((tmp_path / "out" / "result.pkl").read_bytes())
     assert (error, message, missing) == (
@@ -211,7 +216,7 @@ def test_a_module_the_node_lacks_comes_back_as_the_calls_error_naming_it(project
         "ModuleNotFoundError: No module named 'helperlib'",
         "helperlib",
     )
-    assert 'experiment.py", line 2, in <module>' in trace
+    assert 'experiment.py", line 4, in <module>' in trace  # the import's line in the script
 
 
 REFUSALS = {
@@ -346,3 +351,15 @@ def test_a_call_that_asks_for_no_gpu_runs_in_the_cpu_flavour_unless_told(project
     assert executor.flavour_for({}) == "cpu"
     assert executor.flavour_for({"gpus": 1, "partition": "gpu"}) is None  # the last one built, as any job's
     assert Executor(tmp_path / "calls", "local", project=project, flavour="cuda").flavour_for({}) == "cuda"
+
+
+@pytest.mark.parametrize("python", NODE_PYTHONS)
+def test_a_call_of_submitits_own_command_function_takes_submitit_to_a_node_without_it(
+    project: Path, tmp_path: Path, python: str
+):
+    """`submitit.helpers.CommandFunction` travels by name, as submitit's: the laptop's submitit goes
+    with it, as with a script's Checkpointable, to a node whose Python has none."""
+    body = "import submitit\n\necho = submitit.helpers.CommandFunction(['echo', 'from', 'the', 'node'])\n"
+    ran = sent_and_run(project, tmp_path, body, "(echo, (), {})", python)
+    assert ran.returncode == 0, ran.stderr
+    assert pickle.loads((tmp_path / "out" / "result.pkl").read_bytes()) == ("success", "from the node")

@@ -275,7 +275,7 @@ def sif(
     help={
         "artifact": "a .sif file, or a local image reference",
         "engine": "where Apptainer runs for a SIF: auto (default), host, container",
-    }
+    },
 )
 @friendly
 def verify(c, artifact, engine="auto"):
@@ -492,6 +492,18 @@ def report(c, job=None, cluster=None):
     text, shown = _job(job, cluster).report()
     print(text)
     say(f"hpcbox: results in {shown}" if shown.is_dir() else f"hpcbox: plot {shown}")  # a sweep's: its folder
+
+
+@task(help={"sweep_dir": "the multirun's folder (hydra.sweep.dir), as its launch named it"})
+@friendly
+def collect(c, sweep_dir):
+    """Wait for a Hydra multirun sent with wait=false; bring its outputs home and say what each returned."""
+    try:
+        from hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher import collect as collect_sweep
+    except ModuleNotFoundError as missing:
+        needs = f"collecting a Hydra multirun needs Hydra ({missing})"
+        raise HpcboxError(needs, "pip install hpcbox[hydra]") from None
+    collect_sweep(sweep_dir, say=print)
 
 
 @task(help=JOB_HELP)

@@ -60,7 +60,7 @@ CALL_COMMAND = ContainerCommand("script", "/scratch/data/run_call.py", ("{data_d
 
 # A call that asks for no GPU runs in this flavour unless told otherwise (`Executor(flavour=...)`).
 CPU_FLAVOUR = "cpu"
-# What a script that imports submitit (a `Checkpointable` of its own, say) needs of it on the node, sent
+# What calls that need submitit (a script's `Checkpointable`, its `CommandFunction`) need on the node, sent
 # from the laptop: pure Python, read by any Python 3, and last on the node's path, so that an
 # environment with its own submitit uses that.
 LAPTOP_PACKAGES = ("submitit", "cloudpickle", "typing_extensions")
@@ -558,11 +558,7 @@ class CallPickles:
             import cloudpickle
 
             shutil.copytree(Path(cloudpickle.__file__).parent, call_dir / "cloudpickle")
-        if self.script is None:
-            return
-        (call_dir / SCRIPT_DIR).mkdir()
-        (call_dir / SCRIPT_DIR / self.script.file_name).write_text(self.script.text)
-        (call_dir / SCRIPT_DIR / GLOBALS).write_bytes(self.script_globals)
+        # A call of submitit's own (its CommandFunction) needs them as much as a script's Checkpointable.
         for module in self.shipped:
             found = importlib.import_module(module)
             folder = Path(found.__file__ or "")
@@ -571,6 +567,11 @@ class CallPickles:
             else:
                 (call_dir / LAPTOP_PACKAGES_DIR).mkdir(exist_ok=True)
                 shutil.copyfile(folder, call_dir / LAPTOP_PACKAGES_DIR / folder.name)
+        if self.script is None:
+            return
+        (call_dir / SCRIPT_DIR).mkdir()
+        (call_dir / SCRIPT_DIR / self.script.file_name).write_text(self.script.text)
+        (call_dir / SCRIPT_DIR / GLOBALS).write_bytes(self.script_globals)
 
 
 def pickle_calls(calls: list[tuple[Callable[..., Any], tuple, dict]], project) -> CallPickles:

@@ -9,7 +9,8 @@ Where the call names the laptop's running script (its functions and classes, by 
 the script's definitions come along as source (script/<name>.py: its imports, defs, classes and
 constants, nothing that runs): they become this process's `__main__`, as the script was the laptop's,
 and the values their code reads that other statements set (script/globals.pkl) are put in it. Where
-the script imports submitit, the laptop's submitit comes along (laptop-packages/), last on the path.
+the calls need submitit (a script's Checkpointable, submitit's CommandFunction), the laptop's submitit
+comes along (laptop-packages/), last on the path.
 What fails there (a module the environment lacks, say) is the call's error, as what the call raises.
 
 At the time limit's signal (USR1, which the job script passes on), a callable with

@@ -10,14 +10,19 @@ folder comes back into the sweep's folder here, as a local multirun would leave 
 return is Hydra's `JobReturn`. The work is hpcbox.submitit's `Executor`: the environment built from
 docker/, shipped as a delta, node scratch and clean-up as in every hpcbox job.
 
+With `hydra.launcher.wait=false` the multirun returns as soon as the array job is sent, each job's
+return a placeholder (`Sent`); `collect(sweep_dir)` (`hpcbox collect --sweep-dir DIR`), later, from
+any process, waits for the jobs, brings their outputs into the sweep's folder and gives their returns.
+
 Hydra imports this module to discover its plugins at every start: it imports nothing of hpcbox until a
 multirun launches.
 """
 
 import logging
+import pickle
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 _SITE = ("via", "host", "user", "port", "mini_cluster")
 # What a job leaves in its output folder for the launcher, not for the user.
 _CALL_FILES = ("result.pkl", "checkpoint.pkl")
+# In a sweep's folder: what a launch with wait=false sent, one file per array job, for `collect`.
+_SENT = ".hpcbox/sent-{array}.pkl"
 
 
 @dataclass
@@ -57,6 +64,7 @@ class HpcboxLauncherConf:
     gpus_per_node: int | None = None
     name: str = "${hydra.job.name}"
     array_parallelism: int = 256
+    wait: bool = True  # false: return once the sweep is sent; `collect` brings its returns in later
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -102,23 +110,32 @@ class HpcboxLauncher(Launcher):
             subdirs.append(str(OmegaConf.select(config, "hydra.sweep.subdir")))
             calls.append((NodeFunction("run_hydra_job", "run"), (task, _portable(config), task_name), {}))
         jobs = executor._submit_calls(calls, array=True, beside=(RUN_HYDRA_JOB,), script_by_name=True)
-        log.info(f"hpcbox: array job {jobs[0].job_id.split('_')[0]}; waiting for its {len(jobs)} jobs")
-        returns = []
-        for number, (job, overrides, subdir) in enumerate(
-            zip(jobs, job_overrides, subdirs, strict=True), start=initial_job_idx
-        ):
-            returned = _job_return(job, list(overrides))
-            here = _bring_home(job, sweep_dir / subdir)
-            if returned.hydra_cfg is not None and returned.hydra_cfg.hydra.job.chdir:
-                returned.working_dir = str(here)
-            log.info(f"\t#{number} : {_outcome(returned)} (job {job.job_id}), its outputs in {here}")
-            returns.append(returned)
-        return returns
+        array = jobs[0].job_id.split("_")[0]
+        points = [
+            (number, list(overrides), subdir, job)
+            for number, (job, overrides, subdir) in enumerate(
+                zip(jobs, job_overrides, subdirs, strict=True), start=initial_job_idx
+            )
+        ]
+        if not self.params.get("wait", True):
+            sent = sweep_dir / _SENT.format(array=array)
+            sent.parent.mkdir(parents=True, exist_ok=True)
+            sent.write_bytes(pickle.dumps(points))
+            log.info(
+                f"hpcbox: array job {array} sent; its {len(jobs)} returns are placeholders until "
+                f"collected: `hpcbox collect --sweep-dir {sweep_dir}`"
+            )
+            return [
+                JobReturn(overrides=overrides, status=JobStatus.COMPLETED, _return_value=Sent(job.job_id))
+                for _, overrides, _, job in points
+            ]
+        log.info(f"hpcbox: array job {array}; waiting for its {len(jobs)} jobs")
+        return [_collected(sweep_dir, *point, log.info) for point in points]
 
     def _executor(self):
         from hpcbox.submitit.executor import Executor
 
-        params = {key: value for key, value in self.params.items() if value is not None}
+        params = {key: value for key, value in self.params.items() if value is not None and key != "wait"}
         site = {key: params.pop(key) for key in _SITE if key in params}
         executor = Executor(
             params.pop("folder"), params.pop("cluster"), flavour=params.pop("flavour", None),
@@ -127,6 +144,44 @@ class HpcboxLauncher(Launcher):
         resources = params.pop("resources", {})
         executor.update_parameters(**params, **_plain(resources))
         return executor
+
+
+class Sent:
+    """A job's return while it runs, in a multirun sent with `hydra.launcher.wait=false`."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+
+    def __repr__(self) -> str:
+        return f"Sent(job {self.job_id}: its return once collected)"
+
+
+def collect(sweep_dir: str | Path, say: Callable[[str], None] = log.info) -> list[JobReturn]:
+    """The returns of the multirun sent to ``sweep_dir`` with `hydra.launcher.wait=false`, in the order
+    of its jobs, once each has ended: each job's outputs come into the sweep's folder, where a multirun
+    that waited would have left them. ``say`` is told each job's outcome as it comes."""
+    from hpcbox.errors import HpcboxError
+
+    sweep = Path(sweep_dir)
+    sent = sorted(sweep.glob(_SENT.format(array="*")), key=lambda path: path.stat().st_mtime)
+    if not sent:
+        raise HpcboxError(
+            f"{sweep} holds no multirun sent with hydra.launcher.wait=false",
+            "give the multirun's folder (hydra.sweep.dir), the one its launch named",
+        )
+    return [_collected(sweep, *point, say) for path in sent for point in pickle.loads(path.read_bytes())]
+
+
+def _collected(
+    sweep_dir: Path, number: int, overrides: list[str], subdir: str, job, say: Callable[[str], None]
+) -> JobReturn:
+    """The job's return once it has ended, its outputs brought into the sweep's folder."""
+    returned = _job_return(job, overrides)
+    here = _bring_home(job, sweep_dir / subdir)
+    if returned.hydra_cfg is not None and returned.hydra_cfg.hydra.job.chdir:
+        returned.working_dir = str(here)
+    say(f"\t#{number} : {_outcome(returned)} (job {job.job_id}), its outputs in {here}")
+    return returned
 
 
 def _by_name(task_function: TaskFunction) -> Any:
