@@ -137,39 +137,6 @@ def test_compute_nodes_idle_in_every_partition(minicluster):
     ]
 
 
-def test_a_job_of_the_preemptible_partition_is_preempted_by_a_cpu_job_and_requeued(minicluster):
-    """Preemption by partition: a job of `preemptible` holding node1 whole is preempted by a `cpu` job
-    that needs it, which then runs; the preempted job ends PREEMPTED in accounting and is run again
-    (SLURM_RESTART_COUNT set), until a run of it completes."""
-    runs = f"/home/researcher/preempted-{time.monotonic_ns()}.runs"
-    # Each run notes its restart count; the first holds the node until it is preempted, a later one ends.
-    low = submit(
-        minicluster,
-        f"echo ${{SLURM_RESTART_COUNT:-0}} >>{runs}; "
-        "if [ -z \"$SLURM_RESTART_COUNT\" ]; then while :; do sleep 1; done; fi",
-        "--partition=preemptible", "--nodelist=node1", "--exclusive", "--requeue",
-        wait=False,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while minicluster.ssh(["squeue", "-h", "-j", low, "-o", "%T"]).stdout.strip() != "RUNNING":
-        assert time.monotonic() < deadline, f"job {low} not running after 60 s"
-        time.sleep(0.5)
-    high = submit(minicluster, "true", "--partition=cpu", "--nodelist=node1", "--exclusive", wait=False)
-    assert accounting(minicluster, high, timeout_s=180)["State"] == "COMPLETED"
-    # The low job's runs in order: the first PREEMPTED, the last COMPLETED.
-    deadline = time.monotonic() + 180
-    states: list[str] = []
-    while time.monotonic() < deadline:
-        out = minicluster.ssh(["sacct", "-j", low, "-X", "-D", "-n", "-P", "-o", "State"]).stdout
-        states = out.split()
-        if states and states[-1] == "COMPLETED":
-            break
-        time.sleep(1)
-    assert states[0] == "PREEMPTED" and states[-1] == "COMPLETED", states
-    counts = minicluster.ssh(["cat", runs], check=True).stdout.split()
-    assert counts[0] == "0" and len(counts) == len(states) and int(counts[-1]) >= 1, (counts, states)
-
-
 def test_batch_job_runs_as_the_user_with_scratch_home_and_accounting(minicluster):
     script = (
         'echo "$(hostname) $(id -u) $(id -un)"; '

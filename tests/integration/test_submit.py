@@ -408,7 +408,7 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     end, with the requeue already decided. The trainer, given the time limit's signal, checkpoints;
     nothing cancels that requeue; the next run resumes, and the job completes with the figures of the
     same job never stopped (beside it, on node2). Its earlier runs are PREEMPTED in accounting, and its
-    status says it was preempted."""
+    status says it was preempted. (Also the mini cluster's proof that its partitions preempt as set.)"""
     # About 3.5 s an epoch: the job trains on through its grace time (30 s) and has epochs left after it.
     training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025")
     training += ("--workers", "0")
