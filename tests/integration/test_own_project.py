@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +75,7 @@ def hpcbox(project: Path, *args: str, env: dict[str, str], timeout: float = 900)
 # writes into its output folder and returns a value, run as a script.
 SWEEP = """\
 import json
+import time
 from pathlib import Path
 
 import hydra
@@ -87,6 +89,13 @@ from scaling import scale
 def main(cfg: DictConfig) -> float:
     scaled = scale(cfg.lr, cfg.factor)
     out = Path(HydraConfig.get().runtime.output_dir)
+    if "seconds" in cfg:  # a long point: a step a second, its progress kept in its output folder
+        done, starts = out / "done.txt", out / "starts.txt"
+        starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
+        for step in range(int(done.read_text()) if done.exists() else 0, cfg.seconds):
+            time.sleep(1)
+            done.write_text(str(step + 1))
+        return float(starts.read_text())
     (out / "result.json").write_text(json.dumps({"lr": cfg.lr, "scaled": scaled}))
     return scaled
 
@@ -243,6 +252,48 @@ def test_a_hydra_multirun_sent_without_waiting_returns_at_once_and_collect_bring
         home = sweep_dir / str(point)
         assert json.loads((home / "result.json").read_text()) == {"lr": lr, "scaled": lr * 10}
         assert (home / ".hydra" / "overrides.yaml").read_text() == f"- lr={lr}\n"
+
+
+@pytest.mark.cluster
+def test_a_hydra_point_preempted_mid_run_is_requeued_resumes_and_returns(
+    own_project: OwnProject, minicluster
+):
+    """A point of `preemptible` on node1, picked by a `cpu` job that needs node1 while it runs: the
+    runner checkpoints it at the grace time's end (the job script gives it the time limit's signal),
+    Slurm requeues it, and the point runs again from its start beside the progress its first run kept
+    in its output folder, and returns: its second start, the multirun never told of the stop."""
+    sweep_dir = own_project.root / "multirun" / "preempted-sweep"
+    on_node1 = '+hydra.launcher.resources.extra=["--nodelist=node1"]'
+    sweep = subprocess.Popen(
+        [sys.executable, "sweep.py", "-m", "lr=1", "+seconds=75", "hydra/launcher=hpcbox",
+         "hydra.launcher.cluster=local", "hydra.launcher.offline=true", "hydra.launcher.timeout_min=10",
+         "hydra.launcher.partition=preemptible", on_node1, f"hydra.sweep.dir={sweep_dir}"],
+        cwd=own_project.root, env={**os.environ, **own_project.env},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        task = ""
+        while not task:  # the point's job, running
+            assert time.monotonic() < deadline and sweep.poll() is None, "the point's job never ran"
+            time.sleep(2)
+            running = minicluster.ssh(["squeue", "-h", "-p", "preemptible", "-t", "RUNNING", "-o", "%i"])
+            task = running.stdout.strip()
+        time.sleep(5)  # into its steps
+        minicluster.ssh(
+            ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
+             "--output=/dev/null", "--job-name=higher", "--wrap=true"],
+            check=True,
+        )  # fmt: skip
+        said, _ = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, said
+    assert re.search(rf"#0 : COMPLETED, returned 2.0 \(job {re.escape(task)}\)", said), said
+    runs = minicluster.ssh(["sacct", "-j", task, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+    assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
+    assert (sweep_dir / "0" / "done.txt").read_text() == "75"
 
 
 # The project's own tests, as its CI runs them: its job on a mini cluster of the test session
