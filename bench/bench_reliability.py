@@ -90,7 +90,7 @@ SCENARIOS = {
     "preempted (no user signal: TERM at the grace time's end): resumed, figures of a run never stopped": [
         f"{SUBMIT}::test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped",
     ],
-    "a Hydra point preempted mid-run (no user signal): requeued by Slurm, run again, returned": [
+    "a Hydra point preempted mid-run (no user signal): requeued, went on from its kept progress, returned": [
         "tests/integration/test_own_project.py::test_a_hydra_point_preempted_mid_run_is_requeued_resumes_and_returns",
     ],
     "a finished job Slurm starts again (scontrol requeue): not run again, its results as they were": [

@@ -91,11 +91,12 @@ def main(cfg: DictConfig) -> float:
     out = Path(HydraConfig.get().runtime.output_dir)
     if "seconds" in cfg:  # a long point: a step a second, its progress kept in its output folder
         done, starts = out / "done.txt", out / "starts.txt"
-        starts.write_text(str(int(starts.read_text()) + 1 if starts.exists() else 1))
-        for step in range(int(done.read_text()) if done.exists() else 0, cfg.seconds):
+        first = int(done.read_text()) if done.exists() else 0
+        starts.write_text((starts.read_text() if starts.exists() else "") + f"{first}\\n")
+        for step in range(first, cfg.seconds):
             time.sleep(1)
             done.write_text(str(step + 1))
-        return float(starts.read_text())
+        return float(len(starts.read_text().split()))
     (out / "result.json").write_text(json.dumps({"lr": cfg.lr, "scaled": scaled}))
     return scaled
 
@@ -293,7 +294,9 @@ def test_a_hydra_point_preempted_mid_run_is_requeued_resumes_and_returns(
     assert re.search(rf"#0 : COMPLETED, returned 2.0 \(job {re.escape(task)}\)", said), said
     runs = minicluster.ssh(["sacct", "-j", task, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
     assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
-    assert (sweep_dir / "0" / "done.txt").read_text() == "75"
+    # Each start's first step: the second carried on from where the first had got to.
+    first, again = map(int, (sweep_dir / "0" / "starts.txt").read_text().split())
+    assert first == 0 and 0 < again < 75 and (sweep_dir / "0" / "done.txt").read_text() == "75", said
 
 
 # The project's own tests, as its CI runs them: its job on a mini cluster of the test session
