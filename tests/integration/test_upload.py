@@ -80,7 +80,8 @@ def held_still(minicluster, job_id: str) -> None:
     module's minutes; `let_go` has it run on."""
     _wait_for_state(minicluster, job_id, "RUNNING", ("PENDING", "CONFIGURING"))
     minicluster.ssh(["scancel", "--signal=STOP", "--full", job_id], check=True)
-    _wait_for_state(minicluster, job_id, "STOPPED", ("RUNNING",))
+    # SIGNALING: Slurm's state while the signal is on its way to the job's processes (seen in a full run).
+    _wait_for_state(minicluster, job_id, "STOPPED", ("RUNNING", "SIGNALING"))
 
 
 def let_go(minicluster, job_id: str) -> None:

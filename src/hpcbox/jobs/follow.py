@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -215,6 +216,18 @@ def wait(
     )
 
 
+def _signal_batch(connection: ssh.Connection, job_id: str, tries: int = 5) -> bool:
+    """TERM to the job's batch shell, tried again a second apart: a scancel --batch of an array task
+    squeue had just called RUNNING once failed in a full run (exit status 229, no message), its cause
+    not known; a job that just started has nothing to save yet."""
+    for attempt in range(tries):
+        if slurm.signal_batch(connection, job_id, "TERM"):
+            return True
+        if attempt + 1 < tries:
+            time.sleep(1)
+    return False
+
+
 def follow_command(record: JobRecord, follow: bool) -> str:
     """The remote shell command printing the job's logs, to the end of the job with ``follow``."""
     logs = log_words(record)
@@ -306,7 +319,9 @@ def cancel(
         slurm.cancel(connection, record.job_id)
     else:
         say(f"hpcbox: asking job {record.job_id} to save its results and stop")
-        slurm.cancel(connection, record.job_id, batch_signal="TERM")
+        if not _signal_batch(connection, record.job_id):
+            say(f"hpcbox: job {record.job_id}'s batch shell did not take the signal; cancelling it outright")
+            slurm.cancel(connection, record.job_id)
     try:
         return wait(connection, record, timeout_s=grace_s, poll_s=1)
     except HpcboxError:

@@ -744,9 +744,15 @@ def submit(
     return submitted(connection.run(command, what=_SBATCH_WHAT, check=False, input_bytes=text))
 
 
-def cancel(connection: ssh.Connection, job_id: str, *, batch_signal: str | None = None) -> None:
-    """scancel the job; with ``batch_signal``, only signal its batch shell (the job script's trap)."""
-    argv = ["scancel"]
-    if batch_signal is not None:
-        argv += ["--batch", f"--signal={batch_signal}"]
-    connection.run([*argv, job_id], what=f"cancel job {job_id}", hint="is it your job, on this cluster?")
+def cancel(connection: ssh.Connection, job_id: str) -> None:
+    """scancel the job."""
+    connection.run(["scancel", job_id], what=f"cancel job {job_id}", hint="is it your job, on this cluster?")
+
+
+def signal_batch(connection: ssh.Connection, job_id: str, signal: str) -> bool:
+    """``signal`` to the job's batch shell alone (the job script's trap); False where scancel could not
+    deliver it."""
+    sent = connection.run(
+        ["scancel", "--batch", f"--signal={signal}", job_id], what=f"signal job {job_id}", check=False
+    )
+    return sent.returncode == 0
