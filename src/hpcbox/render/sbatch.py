@@ -881,7 +881,7 @@ def _finish(max_restarts: int, dialect: Dialect) -> str:
     )
     return _bash(
         "finish",
-        checkpointed=str(CHECKPOINTED_EXIT),
+        checkpointed=checkpointed,
         restarts=dialect.restarts,
         max_restarts=str(max_restarts),
         job=f"${{{dialect.job_id}}}",

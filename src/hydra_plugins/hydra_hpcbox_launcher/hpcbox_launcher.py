@@ -78,6 +78,7 @@ ConfigStore.instance().store(
 
 class HpcboxLauncher(Launcher):
     def __init__(self, **params: Any) -> None:
+        self.wait = params.pop("wait", True)  # the launcher's own: not an executor parameter
         self.params = params
         self.config: DictConfig | None = None
         self.hydra_context: HydraContext | None = None
@@ -117,7 +118,7 @@ class HpcboxLauncher(Launcher):
                 zip(jobs, job_overrides, subdirs, strict=True), start=initial_job_idx
             )
         ]
-        if not self.params.get("wait", True):
+        if not self.wait:
             sent = sweep_dir / _SENT.format(array=array)
             sent.parent.mkdir(parents=True, exist_ok=True)
             sent.write_bytes(pickle.dumps(points))
@@ -135,7 +136,7 @@ class HpcboxLauncher(Launcher):
     def _executor(self):
         from hpcbox.submitit.executor import Executor
 
-        params = {key: value for key, value in self.params.items() if value is not None and key != "wait"}
+        params = {key: value for key, value in self.params.items() if value is not None}
         site = {key: params.pop(key) for key in _SITE if key in params}
         executor = Executor(
             params.pop("folder"), params.pop("cluster"), flavour=params.pop("flavour", None),
