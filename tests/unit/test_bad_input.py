@@ -76,6 +76,8 @@ CASES = [
     (["notebook", "--cluster=edi", "-j", "42"], "job: -j names the notebook to reach with --attach"),
     (["notebook", "--cluster=edi", "--attach"], "no notebook was started on edi from this project"),
     (["collect", "--sweep-dir=multirun/nowhere"], "multirun/nowhere holds no multirun sent with"),
+    (["collect"], "hpcbox collect needs --sweep-dir"),
+    (["verify"], "hpcbox verify needs --artifact"),
     (["notebook", "--cluster=edi", "--attach", "-j", "42"], "job 42 on cluster edi was not submitted from"),
     (["notebook", "--cluster=lsfsite"], "cluster: no profile named 'lsfsite'"),
     # images and SIFs

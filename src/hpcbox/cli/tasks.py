@@ -82,6 +82,15 @@ def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _needed(command: str, **values: Any) -> None:
+    """Refuse in one line an option the command needs that was not given (Invoke passes it as None)."""
+    missing = [f"--{name.replace('_', '-')}" for name, value in values.items() if value is None]
+    if missing:
+        raise HpcboxError(
+            f"hpcbox {command} needs {', '.join(missing)}", f"`hpcbox {command} --help` says what it takes"
+        )
+
+
 def _details_add_to(exc: HpcboxError) -> bool:
     """Whether ``exc``'s details (a failed program's command line and its last lines) say more than its
     one line does: a program whose one line of output is the error's own (ssh that cannot resolve a
@@ -280,6 +289,7 @@ def sif(
 @friendly
 def verify(c, artifact, engine="auto"):
     """Rebuild an image or SIF from the commit it records, in a clean checkout: identical or not?"""
+    _needed("verify", artifact=artifact)
     from hpcbox.api.project import Project
 
     verdict = Project(say=say).verify(artifact, engine=engine)
@@ -498,6 +508,7 @@ def report(c, job=None, cluster=None):
 @friendly
 def collect(c, sweep_dir):
     """Wait for a Hydra multirun sent with wait=false; bring its outputs home and say what each returned."""
+    _needed("collect", sweep_dir=sweep_dir)
     try:
         from hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher import collect as collect_sweep
     except ModuleNotFoundError as missing:
