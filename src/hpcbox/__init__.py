@@ -16,13 +16,15 @@ _PUBLIC = {
     "Site": "hpcbox.api",
     "Project": "hpcbox.api",
     "Job": "hpcbox.api",
+    "race": "hpcbox.api",
+    "Entrant": "hpcbox.api",
     "HpcboxError": "hpcbox.errors",
     "FieldError": "hpcbox.errors",
 }
-__all__ = ["FieldError", "HpcboxError", "Job", "Project", "Site", "__version__"]
+__all__ = ["Entrant", "FieldError", "HpcboxError", "Job", "Project", "Site", "__version__", "race"]
 
 if TYPE_CHECKING:
-    from hpcbox.api import Job, Project, Site
+    from hpcbox.api import Entrant, Job, Project, Site, race
     from hpcbox.errors import FieldError, HpcboxError
 
 

@@ -99,7 +99,7 @@ def format_request(size: int) -> str:
 
 
 def parse_cpu_time(text: str) -> float:
-    """Seconds in sacct's TotalCPU: [D-][HH:]MM:SS[.mmm]."""
+    """Seconds in sacct's TotalCPU or Elapsed: [D-][HH:]MM:SS[.mmm]."""
     match = _CPU_TIME.match(text.strip())
     if not match:
         raise ValueError(f"{text!r} is not a sacct CPU time")

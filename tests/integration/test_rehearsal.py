@@ -459,6 +459,58 @@ def test_m3_takes_a_job_without_an_account_on_the_users_default_account(rehearsa
     takes_a_job_without_an_account_on_the_users_default_account(rehearsals, setup, "m3")
 
 
+def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_its_limit(
+    rehearsals, setup: Setup
+):
+    """cluv's race of a lab's two accounts on one cluster, on a Slurm that enforces accounts' limits as
+    M3's does: the first account at its limit of running jobs (GrpJobs=1, held by a job of its own),
+    the second free. `submit --account=FULL,FREE` sends the job under both; the free one's starts and
+    is kept, the other, pending at its limit, is cancelled; the ledger and `hpcbox jobs` say so."""
+    cluster = rehearsals.like("m3")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    suffix = uuid.uuid4().hex[:6]
+    full, free = f"vf68-full-{suffix}", f"vf68-free-{suffix}"
+    cluster.add_account(full)
+    limited = ["sacctmgr", "--immediate", "modify", "account", "where", f"name={full}", "set"]
+    assert cluster.exec("accounting", [*limited, "GrpJobs=1"]).returncode == 0
+    blocker = cluster.ssh(
+        ["sbatch", "--parsable", f"--account={full}", "--time=10", "--output=/dev/null", "--wrap=sleep 600"],
+        check=True,
+    ).stdout.strip()
+    try:
+        deadline = time.monotonic() + 120
+        while cluster.ssh(["squeue", "-h", "-j", blocker, "-o", "%T"]).stdout.strip() != "RUNNING":
+            assert time.monotonic() < deadline, "the account's own job never started"
+            time.sleep(1)
+        raced = invoke(
+            setup, "submit", "--cluster=m3", "--via=local", f"--account={full},{free}",
+            f"--data={setup.data}", "--flavour=cpu", "--time=10", "--", *SHORT, "--device", "cpu", env=env,
+        )  # fmt: skip
+        assert raced.returncode == 0, raced.stderr
+        kept = raced.stdout.strip().splitlines()[-1]
+        ledger = {record.job_id: record for record in jobs.Ledger(setup.project()).on("m3-via-local")}
+        lost = next(job_id for job_id, record in ledger.items() if record.race and job_id != kept)
+        assert ledger[kept].resources["account"] == free and ledger[lost].resources["account"] == full
+        assert (
+            ledger[kept].race
+            == ledger[lost].race
+            == {
+                "entrants": [f"m3-via-local job {lost}", f"m3-via-local job {kept}"],
+                "kept": f"m3-via-local job {kept}",
+            }
+        )
+        assert f"hpcbox: race: cancelled job {lost} on m3-via-local\n" in raced.stderr, raced.stderr
+        assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
+        listed = invoke(setup, "jobs", "--cluster=m3-via-local", env=env).stdout.splitlines()
+        assert any(f"job {kept}: " in line and "(raced against 1 other: kept, the first to start)" in line
+                   for line in listed), listed  # fmt: skip
+        assert any(f"job {lost}: CANCELLED" in line and f"(raced: cancelled, m3-via-local job {kept} started "
+                   "first)" in line for line in listed), listed  # fmt: skip
+    finally:
+        cluster.ssh(["scancel", blocker])
+        cluster.exec("accounting", [*limited, "GrpJobs=-1"])
+
+
 def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):
     cluster = rehearsals.like("m3")
     text = golden_script("m3")

@@ -408,7 +408,9 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     end, with the requeue already decided. The trainer, given the time limit's signal, checkpoints;
     nothing cancels that requeue; the next run resumes, and the job completes with the figures of the
     same job never stopped (beside it, on node2). Its earlier runs are PREEMPTED in accounting, and its
-    status says it was preempted. (Also the mini cluster's proof that its partitions preempt as set.)"""
+    status says it is requeued while it waits to run again, and then that it was preempted, with the
+    time of all its runs; its report, the time lost between checkpoint and resume. (Also the mini
+    cluster's proof that its partitions preempt as set.)"""
     # About 3.5 s an epoch: the job trains on through its grace time (30 s) and has epochs left after it.
     training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025")
     training += ("--workers", "0")
@@ -427,6 +429,19 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
          "--job-name=higher", "--wrap=true"],
         check=True,
     ).stdout.strip()  # fmt: skip
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        # Requeued, it waits out Slurm's requeue delay (cred_expire, 10 s here) under the reason a
+        # --begin gives: status says requeued.
+        looked_at, deadline = [], time.monotonic() + 240
+        while not (found := jobs.state(connection, picked)).requeued:
+            seen = (found.state, found.reason)
+            looked_at += [] if looked_at[-1:] == [seen] else [seen]
+            assert time.monotonic() < deadline and not found.finished, looked_at
+            time.sleep(0.2)
+    said = jobs.describe(found)
+    assert said.startswith(
+        f"job {picked.job_id}: PENDING, requeued, to run again (BeginTime: Slurm requeued it (once so far)"
+    ), said
     assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
     assert wait_finished(minicluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
         minicluster, picked
@@ -450,7 +465,10 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     assert final[0] == final[1] and final[0]["epoch"] == 20, final
     with ssh.Connection(minicluster.ssh_target()) as connection:
         said = jobs.describe(jobs.state(connection, picked))
-    assert "preempted" in said, said
+        text, _ = jobs.report(connection, setup.project(), picked)
+    assert f"in its {len(runs)} runs" in said and "preempted and requeued by Slurm" in said, said
+    stops = f"stopped 1 time, preempted by Slurm ({runs.count('PREEMPTED')} earlier run"
+    assert stops in text and " lost between checkpoint and resume" in text, text
     wait_scratch_gone(minicluster, picked.job_id, lambda: log_of(minicluster, picked))
 
 

@@ -401,6 +401,31 @@ def test_throughput_counts_the_restarts_of_a_requeued_run():
     )
 
 
+def test_a_stopped_run_says_why_and_the_time_it_lost_between_checkpoint_and_resume():
+    metrics = DATA / "metrics-requeued.jsonl"
+    # Its checkpoint at 1795413645.907 (the `preempted` line), its next start at 1795413660.57.
+    at_limit = figures("requeued", metrics)["stops"]
+    assert at_limit == Figure(
+        "stops",
+        "stopped 1 time, at its time limit",
+        "00:00:15 lost between checkpoint and resume (copying back, waiting to run again, starting again)",
+    )
+    rows = sacct("requeued")
+    preempted = {f.name: f for f in efficiency.build_report(rows, metrics, None, preempted_runs=2).figures}
+    assert (
+        preempted["stops"].value
+        == "stopped 1 time, preempted by Slurm (2 earlier runs PREEMPTED in accounting)"
+    )
+    assert preempted["stops"].verdict == at_limit.verdict
+    unmeasured = {f.name: f for f in efficiency.build_report(rows, None, None, preempted_runs=1).figures}
+    assert unmeasured["stops"] == Figure(
+        "stops",
+        "requeued, preempted by Slurm (1 earlier run PREEMPTED in accounting)",
+        "unknown: no metrics.jsonl to say how long it was stopped",
+    )
+    assert "stops" not in figures("steps", DATA / "metrics-2epochs.jsonl")
+
+
 def test_a_data_bound_run_is_told_to_raise_workers(tmp_path):
     # The real run with its data wait scaled to 40% of training time (the captured run is not data-bound).
     lines = []

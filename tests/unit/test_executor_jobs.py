@@ -1,8 +1,9 @@
 """hpcbox.submitit's jobs after submit, without a cluster: each task of an array is a job of its own
 (state, wait, result, cancel, log), a job is found again from its folder and pickles, waits have no cap
 and back off, and submitit's parameters are each honoured or refused. Slurm here is an in-memory
-stand-in behind the `hpcbox.Job` methods the executor calls (state, task_states, task, fetch, cancel,
-log_text); tests/integration/test_executor.py proves the same on the mini cluster."""
+stand-in behind the `hpcbox.Job` methods the executor calls (watch, state, task, fetch, cancel,
+log_text), its watch's look the stand-in's; tests/integration/test_executor.py proves the same on the
+mini cluster."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ import pytest
 from hpcbox import api
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.jobs.fetch import NoResults, local_run_dir
+from hpcbox.jobs.watch import MAX_INTERVAL_S, Watch
 from hpcbox.ledger import JobRecord
 from hpcbox.project.config import load_project
 from hpcbox.submitit.executor import (
     JOB_FILE,
-    MAX_POLL_S,
     SLURM_NAMES,
     Executor,
     Job,
@@ -44,10 +45,19 @@ class StandInSlurm:
     def __init__(self, storage: Path, tasks: int) -> None:
         self.storage = storage
         self.states: dict[int, str] = dict.fromkeys(range(tasks), "PENDING")
-        self.reads = 0  # array-wide state reads (one squeue and one sacct each on a real cluster)
+        self.reads = 0  # looks at the array's states (one squeue, and one sacct, on a real cluster)
+        self.watch = Watch(self.read)
         self.fetches = 0
         self.cancelled: list[str] = []
         self.events: list = []  # what happens on the cluster before each of the next reads, in turn
+
+    def read(self, records) -> slurm.Looked:
+        """One look at the array, as `jobs.look` answers it: each task's state by `7_TASK`."""
+        assert [record.job_id for record in records] == ["7"]
+        self.reads += 1
+        if self.events:
+            self.events.pop(0)()
+        return {f"7_{task}": JobState(f"7_{task}", state) for task, state in self.states.items()}
 
     def run(self, task: int, log: str) -> None:
         self.states[task] = "RUNNING"
@@ -79,11 +89,10 @@ class StandInJob:
     def task(self, index: int) -> StandInJob:
         return StandInJob(self.cluster, self.site, self.record.of_task(index))
 
-    def task_states(self) -> dict[int, JobState]:
-        self.cluster.reads += 1
-        if self.cluster.events:
-            self.cluster.events.pop(0)()
-        return {task: JobState(f"7_{task}", state) for task, state in self.cluster.states.items()}
+    @property
+    def watch(self) -> Watch:
+        self.cluster.watch.add(self.record)
+        return self.cluster.watch
 
     def state(self) -> JobState:
         assert self.record.task is not None, "the executor reads an array's states all at once"
@@ -172,6 +181,7 @@ def test_a_tasks_log_is_read_live_while_it_runs_and_from_the_fetched_copy_once_i
     assert jobs[2].stdout() == "epoch 1\n"  # on the cluster, the job still running
     assert cluster.fetches == 0
     cluster.finish(2, 12)
+    jobs[2].wait()  # seen ended
     assert jobs[2].stdout() == "epoch 1\ntask 2 completed\n"
     assert jobs[2].paths.stdout.read_text() == jobs[2].stdout()  # the fetched copy
     assert jobs[0].stdout() is None and jobs[0].stderr() is None
@@ -185,24 +195,29 @@ def test_tasks_waited_on_in_turn_read_the_arrays_states_once_and_fetch_those_tha
     assert (cluster.reads, cluster.fetches) == (1, 1)  # the first read saw all three ended
 
 
-def test_as_completed_yields_tasks_as_they_end_asking_slurm_once_a_round(
-    three, monkeypatch: pytest.MonkeyPatch
-):
-    """submitit's own `helpers.as_completed` over the three tasks: each round's `done()`s share one
-    read of the array's states (a round here is 0.6 s, the states' freshness 0.5 s)."""
+def test_as_completed_yields_tasks_as_they_end_asking_slurm_at_most_once_a_round(three):
+    """submitit's own `helpers.as_completed` over the three tasks: a round's `done()`s share the
+    watch's look (a round here is 0.2 s; the watch looks as its schedule says, never more than once a
+    round)."""
     from submitit.helpers import as_completed
 
-    from hpcbox.submitit import executor
-
-    monkeypatch.setattr(executor, "STATES_FRESH_S", 0.5)
     cluster, jobs = three
     for task in range(3):
         cluster.run(task, "")
     nothing = lambda: None  # noqa: E731
     cluster.events = [nothing, lambda: cluster.finish(2, 12), lambda: cluster.finish(0, 10), nothing]
     cluster.events.append(lambda: cluster.finish(1, 11))
-    assert [job.task_id for job in as_completed(jobs, poll_frequency=0.6)] == [2, 0, 1]
-    assert cluster.reads == 5  # one a round, not one a task
+    rounds = 0
+
+    def done(job: Job, done=Job.done) -> bool:
+        nonlocal rounds
+        rounds += job is jobs[0] or (job is jobs[1] and jobs[0].done())  # each round's first look
+        return done(job)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Job, "done", done)
+        assert [job.task_id for job in as_completed(jobs, poll_frequency=0.2)] == [2, 0, 1]
+    assert cluster.reads == 5 < rounds  # one for each change, not one a task or a round
     assert [job.result() for job in jobs] == [10, 11, 12]
 
 
@@ -233,10 +248,12 @@ def test_a_wait_has_no_cap_and_backs_off_to_a_minute_between_looks(three, monkey
             if self.now > 30 * 3600:
                 cluster.finish(0, 10)
 
-    monkeypatch.setattr(slurm, "time", Clock())
+    clock = Clock()
+    monkeypatch.setattr(slurm, "time", clock)
+    cluster.watch = Watch(cluster.read, clock=clock.monotonic, sleep=clock.sleep)
     cluster.run(0, "")
     assert jobs[0].result() == 10
-    assert slept[0] == slurm.FIRST_POLL_S and max(slept) == MAX_POLL_S
+    assert slept[0] == slurm.FIRST_POLL_S and max(slept) == MAX_INTERVAL_S
     assert slept == sorted(slept)  # never sooner than the look before
     assert cluster.reads == len(slept) + 1  # one array-wide read per look
 
@@ -464,11 +481,11 @@ def test_a_wait_rides_out_a_login_node_that_stops_answering_then_says_so_in_one_
 
     clock = Clock()
     monkeypatch.setattr(slurm, "time", clock)
-    found = slurm.poll(read_while(slurm.UNREACHABLE_S - 60), "9", timeout_s=math.inf, poll_s=MAX_POLL_S)
+    found = slurm.poll(read_while(slurm.UNREACHABLE_S - 60), "9", timeout_s=math.inf, poll_s=MAX_INTERVAL_S)
     assert found.state == "COMPLETED"
     clock.now = 0.0
     with pytest.raises(ssh.Unreachable) as given_up:
-        slurm.poll(read_while(math.inf), "9", timeout_s=math.inf, poll_s=MAX_POLL_S)
+        slurm.poll(read_while(math.inf), "9", timeout_s=math.inf, poll_s=MAX_INTERVAL_S)
     assert given_up.value.message.startswith("job 9: no answer for 15 min while waiting on it (failed to ")
     assert given_up.value.message.endswith("Connection refused); the job runs on there")
 

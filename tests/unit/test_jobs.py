@@ -89,6 +89,9 @@ def test_ledger_round_trips_records_and_finds_the_last_by_default(project):
         ("99", None, "job 99 was not submitted from this project"),
         ("7", "edi", "job 7 on cluster edi was not submitted from this project"),
         ("7; rm -rf ~", None, "is not a job id"),
+        ("7", "lcoal", "cluster: no profile named 'lcoal' (did you mean local?)"),
+        ("7", "edi-via-lcoal", "job 7 on cluster edi-via-lcoal was not submitted from this project"),
+        (None, "nowhere", "cluster: no profile named 'nowhere'"),
     ],
 )
 def test_ledger_refuses_unknown_or_malformed_jobs_in_one_line(project, job, cluster, message):
@@ -353,6 +356,75 @@ def test_a_sweeps_id_naming_another_array_is_said_not_read_as_its_tasks():
     }
 
 
+class AnsweringSlurm:
+    """A login node whose squeue and sacct answer from fixed texts (as Slurm 24.11 prints them), keeping
+    each command asked."""
+
+    def __init__(self, squeue: str, sacct: str = "", restarts: str = "") -> None:
+        self.answers = {"squeue": squeue, "sacct": sacct, "restarts": restarts}
+        self.asked: list[list[str]] = []
+
+    def run(self, argv, *, what: str, check: bool = True, **_: object) -> proc.Completed:
+        self.asked.append(list(argv))
+        kind = (
+            "restarts"
+            if any(a.startswith("--Format=") for a in argv)
+            else "sacct"
+            if "sacct" in argv
+            else "squeue"
+        )
+        return proc.Completed(tuple(argv), 0, self.answers[kind], "")
+
+
+def queued(job_id: str, state: str, reason: str = "None") -> str:
+    return f"{job_id}|{state}|{reason}|0:05|10:00|node1|2026-12-05T17:00:05|2026-12-05T17:00:00|{SCRIPT}\n"
+
+
+def accounted(job_id: str, state: str, exit_code: str = "0:0") -> str:
+    return (
+        f"{job_id}|{state}|None|00:00:30|00:10:00|{exit_code}|node1|2026-12-05T17:00:00|/home/r/x|"
+        f"sbatch --parsable {SCRIPT}\n"
+    )
+
+
+def test_a_look_at_many_jobs_is_one_squeue_while_slurm_holds_them_all_unfinished():
+    jobs_ = [slurm.Watched("5", SCRIPT), slurm.Watched("6", SCRIPT), slurm.Watched("7", SCRIPT, True, 3)]
+    running = queued("5", "RUNNING") + queued("6", "PENDING", "Priority")
+    running += "".join(queued(f"7_{task}", "RUNNING") for task in range(3))
+    login = AnsweringSlurm(running)
+    found = slurm.look(login, jobs_)  # type: ignore[arg-type]
+    assert [argv[0] for argv in login.asked] == ["squeue"] and "--jobs=5,6,7" in login.asked[0]
+    assert {key: state.state for key, state in found.items()} == {
+        "5": "RUNNING", "6": "PENDING", "7_0": "RUNNING", "7_1": "RUNNING", "7_2": "RUNNING"
+    }  # fmt: skip
+
+
+def test_a_look_asks_sacct_once_for_the_jobs_squeue_has_seen_end_or_no_longer_holds():
+    jobs_ = [slurm.Watched("5", SCRIPT), slurm.Watched("6", SCRIPT), slurm.Watched("7", SCRIPT, True, 3)]
+    # 5 ended (squeue still lists it), 6 left squeue, task 7_2 is not listed yet
+    login = AnsweringSlurm(
+        queued("5", "COMPLETED") + queued("7_0", "RUNNING") + queued("7_1", "RUNNING"),
+        accounted("5", "COMPLETED") + accounted("6", "FAILED", "1:0") + accounted("7_0", "RUNNING"),
+    )
+    found = slurm.look(login, jobs_)  # type: ignore[arg-type]
+    assert len(login.asked) == 2 and "--jobs=5,6,7" in login.asked[1]  # one sacct for the three
+    assert (found["5"].exit_code, found["6"].state, found["6"].exit_code) == ("0:0", "FAILED", "1:0")  # type: ignore[union-attr]
+    assert {key for key in found if key.startswith("7_")} == {"7_0", "7_1"}  # 7_2: known to neither yet
+
+
+def test_a_look_at_jobs_held_by_begintime_asks_how_often_each_was_requeued_in_one_call():
+    jobs_ = [slurm.Watched("5", SCRIPT), slurm.Watched("6", SCRIPT)]
+    login = AnsweringSlurm(
+        queued("5", "PENDING", "BeginTime") + queued("6", "PENDING", "BeginTime"),
+        restarts=f"{'5':<40}{'1':<12}\n{'6':<40}{'0':<12}\n",
+    )
+    found = slurm.look(login, jobs_)  # type: ignore[arg-type]
+    assert len(login.asked) == 2 and "--jobs=5,6" in login.asked[1]
+    assert [(found[job].requeued, found[job].waiting_for) for job in ("5", "6")] == [  # type: ignore[union-attr]
+        (True, "requeued, to run again"), (False, "held")
+    ]  # fmt: skip
+
+
 def test_describe_explains_a_pending_reason_and_a_finished_job():
     pending = slurm.JobState("9", "PENDING", "Priority", "0:00", "10:00", "", "", "squeue")
     assert jobs.describe(pending) == (
@@ -366,6 +438,48 @@ def test_describe_explains_a_pending_reason_and_a_finished_job():
         "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0, "
         "preempted and requeued by Slurm (2 earlier runs PREEMPTED)"
     )
+
+
+def test_a_preempted_jobs_runs_are_told_as_one_job_with_all_their_time():
+    # sacct -X --duplicates of a job preempted once: Slurm requeued it, and requeued the run after its
+    # grace time once more (it exited 0 then), which ended at once; the third ran to the end.
+    text = "".join(
+        f"9|{state}|None|{elapsed}|00:10:00|0:0|node1|2026-12-05T17:{minute}:00|/home/r/x|sbatch --parsable "
+        f"{SCRIPT}\n"
+        for state, elapsed, minute in (
+            ("PREEMPTED", "00:01:40", "00"),
+            ("PREEMPTED", "00:00:00", "02"),
+            ("COMPLETED", "00:03:25", "03"),
+        )
+    )
+    job = slurm.all_runs(slurm._own(slurm.accounted_states(text, "9"), "9", SCRIPT))
+    assert (job.state, job.elapsed, job.runs, job.preempted_runs) == ("COMPLETED", "00:05:05", 3, 2)
+    assert jobs.describe(job) == (
+        "job 9: COMPLETED, elapsed 00:05:05 in its 3 runs, each given 00:10:00, on node1, exit code 0:0, "
+        "preempted and requeued by Slurm (2 earlier runs PREEMPTED)"
+    )
+    [once] = slurm.accounted_states(text.splitlines(keepends=True)[-1], "9")
+    assert slurm.all_runs([once]) == once
+
+
+def test_a_job_slurm_requeued_waits_as_requeued_not_as_held_for_a_begin_time():
+    # squeue gives a requeued job the reason BeginTime while it waits out the requeue delay; only its
+    # RestartCnt (squeue --Format, padded to 20 columns) tells it from a --begin of its user's.
+    line = "9|PENDING|BeginTime|0:00|10:00||2026-12-05T17:02:11|2026-12-05T17:02:00|/h/s.sh\n"
+    pending = slurm.parse_squeue(line, "9")
+    padded = (
+        "9                                       2           \n12                                      N/A\n"
+    )
+    assert slurm.parse_restarts(padded) == {"9": 2} and slurm.parse_restarts("") == {}
+    requeued = dataclasses.replace(pending, restarts=slurm.parse_restarts(padded)["9"])
+    assert jobs.describe(requeued).startswith(
+        "job 9: PENDING, requeued, to run again (BeginTime: Slurm requeued it (2 times so far) and holds it "
+        "for its requeue delay before its next run), "
+    )
+    assert jobs.describe(pending).startswith(
+        "job 9: PENDING, held (BeginTime: its --begin time has not come yet), "
+    )
+    assert not dataclasses.replace(requeued, state="RUNNING").requeued
 
 
 def test_a_pending_job_says_what_it_waits_for_and_slurms_start_guess_as_a_guess():

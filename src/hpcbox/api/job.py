@@ -9,8 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcbox.errors import HpcboxError
+
 if TYPE_CHECKING:
     from hpcbox.api.site import Site
+    from hpcbox.jobs.watch import Watch
     from hpcbox.ledger import JobRecord
     from hpcbox.project.config import ProjectConfig
     from hpcbox.tools.slurm import JobState
@@ -81,6 +84,14 @@ class Job:
         with self._connection() as connection:
             return jobs.task_states(connection, self.record)
 
+    @property
+    def watch(self) -> Watch:
+        """Its site's watch (`Site.watch`), watching it: waits on it and on the site's other jobs in this
+        process share one look at Slurm a poll."""
+        watch = self.site.watch
+        watch.add(self.record)
+        return watch
+
     def describe(self) -> list[str]:
         """The job's state in words: a line, or for an array a line per state with its tasks."""
         from hpcbox import jobs
@@ -146,12 +157,22 @@ class Job:
         with self._connection() as connection:
             return jobs.report(connection, self.site.project, self.record)
 
-    def cancel(self) -> JobState:
+    def cancel(self, *, outright: bool = False) -> JobState | None:
         """Stop it so that it keeps what it wrote: it checkpoints and copies its results back, then
-        ends (cancelled outright after a grace period). Its last state."""
+        ends (cancelled outright after a grace period). Its last state. ``outright``: `scancel` it and
+        return at once (None), keeping nothing (a race's loser); cancelling twice is harmless."""
         from hpcbox import jobs
+        from hpcbox.tools import slurm
 
         with self._connection() as connection:
+            if outright:
+                try:
+                    slurm.cancel(connection, self.job_id)
+                except HpcboxError:
+                    if not jobs.state(connection, self.record).finished:
+                        raise  # else it had ended meanwhile: nothing to cancel
+                self.site.watch.forget(self.job_id)
+                return None
             return jobs.cancel(connection, self.record, say=self.site.say)
 
     def attach_notebook(self, *, show: Say = print) -> None:

@@ -20,6 +20,7 @@ from hpcbox.render.options import RESOURCE_OPTIONS
 if TYPE_CHECKING:
     from hpcbox.api.job import Job
     from hpcbox.jobs.connect import Place
+    from hpcbox.jobs.watch import Watch
     from hpcbox.ledger import JobRecord
     from hpcbox.minicluster.cluster import Cluster
     from hpcbox.minicluster.lifecycle import Removed
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from hpcbox.render.sbatch import JobScript
     from hpcbox.render.sweep import Sweep
     from hpcbox.store.prune import Plan, Removable
+    from hpcbox.tools.slurm import Looked
     from hpcbox.tools.ssh import Target
 
 Say = Callable[[str], None]
@@ -169,6 +171,33 @@ class Site:
         if self.login is not None or not on_mini_cluster(self.profile, self.place.via, self.place.host):
             return None
         return running_mini_cluster(self.project.state_dir, like=self.profile.name, name=self.mini_cluster)
+
+    @functools.cached_property
+    def watch(self) -> Watch:
+        """What this process waits on at this site, looked at together (`jobs.watch.Watch`): one squeue
+        for all its jobs a look, less often the longer the wait; shared by every `Site` of the same
+        login node and project in the process."""
+        from hpcbox.jobs.watch import watch_at
+
+        return watch_at((self.target, self.project.root), self._look)
+
+    def _look(self, records: Sequence[JobRecord]) -> Looked:
+        """One look at ``records`` (jobs of this site); one whose mini cluster has gone since is said so,
+        not asked about (its id may name another job there now)."""
+        from hpcbox import jobs
+        from hpcbox.tools import ssh
+
+        said: Looked = {}
+        here = []
+        for record in records:
+            if (line := jobs.gone(record, self.project)) is not None:
+                said[record.job_id] = HpcboxError(line, "`hpcbox jobs` lists this project's jobs")
+            else:
+                here.append(record)
+        if here:
+            with ssh.Connection(self.target) as connection:
+                said.update(jobs.look(connection, here))
+        return said
 
     def at(self, place: Place) -> Site:
         """This site reached another way (where a job ran): the same profile, project and login given
@@ -339,6 +368,21 @@ class Site:
             command=command,
             resume_from=earlier,
         )
+
+    def prepare(
+        self,
+        *,
+        data: str | Path | None = None,
+        flavour: str | None = None,
+        offline: bool = False,
+        command: ContainerCommand | None = None,
+        **options: Any,
+    ) -> None:
+        """What `submit` makes before it sends anything, made here and now: the environment image, its
+        SIF in the compression this site reads, the code and the dataset (each a no-op when made
+        before), and the rehearsal (via local) ready; nothing is sent."""
+        checked = self.resources(options, command=command, warn=False)
+        self._payload(checked, data, flavour, offline, program=command or self.project.run)
 
     def _resumable(self, job: Job | str, points: Sweep | None) -> JobRecord:
         """The record of ``job``, a job of this site that a new one can start from."""

@@ -34,6 +34,7 @@ _DEFINED_IN = {
     "log_paths": "submit",
     "log_text": "follow",
     "logs": "follow",
+    "look": "follow",
     "on_mini_cluster": "connect",
     "overview": "follow",
     "place_of": "connect",

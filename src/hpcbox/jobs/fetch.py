@@ -98,7 +98,7 @@ def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord
     try:
         built = efficiency.build_report(
             rows, metrics_path, gpu_path, _own_program(project.run), why_no_metrics=why_no_metrics,
-            resume=resume_command(record),
+            resume=resume_command(record), preempted_runs=found.preempted_runs,
         )  # fmt: skip
     except ValueError as exc:
         raise HpcboxError(f"cannot report on job {record.job_id}: {exc}") from exc

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hpcbox.errors import HpcboxError
@@ -27,18 +27,43 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
     """The job's state; an array's is its tasks' together: running while any runs, pending while any
     waits, else COMPLETED when all did, else the state of the first that did not. A task's is its own,
     read among its array's (`squeue --array`: a pending task has no line of its own without it)."""
-    if record.task is not None:
-        array_id = record.job_id.partition("_")[0]
-        found = slurm.task_states(connection, array_id, record.script).get(record.task)
+    return _with_cause(connection, found_in(look(connection, [_looked_at(record)]), record))
+
+
+def _looked_at(record: JobRecord) -> JobRecord:
+    """What a look asks Slurm about for ``record``: a task's array, else the job itself."""
+    if record.task is None:
+        return record
+    array_id = record.job_id.partition("_")[0]
+    return dataclasses.replace(
+        record, job_id=array_id, task=None, resources={**record.resources, "array": "*"}
+    )
+
+
+def found_in(said: slurm.Looked, record: JobRecord) -> slurm.JobState:
+    """``record``'s state in a look's answer (`look`): its own, or its array's tasks' together."""
+    if record.is_array:
+        prefix = f"{record.job_id}_"
+        tasks = {int(key[len(prefix) :]): each for key, each in said.items() if key.startswith(prefix)}
+        found = array_state(
+            {index: each for index, each in tasks.items() if isinstance(each, slurm.JobState)}
+        )
     else:
-        found = array_state(task_states(connection, record)) if record.is_array else None
-        found = found or slurm.job_state(connection, record.job_id, record.script)
+        found = said.get(record.job_id)
+    if found is None:
+        found = said.get(record.job_id.partition("_")[0])
+    if isinstance(found, HpcboxError):
+        raise found
     if found is None:
         raise HpcboxError(
             f"job {record.job_id} is known to neither squeue nor sacct on {record.cluster}",
             "Slurm forgets finished jobs after a while where accounting is off; its results may still be "
             f"in {record.run_dir} (`hpcbox fetch -j {record.job_id}`)",
         )
+    return found
+
+
+def _with_cause(connection: ssh.Connection, found: slurm.JobState) -> slurm.JobState:
     if found.source == "sacct" and found.state in _MAYBE_MEMORY:
         return _with_memory_cause(connection, found)
     return found
@@ -56,6 +81,16 @@ def _with_memory_cause(connection: ssh.Connection, found: slurm.JobState) -> slu
     except (HpcboxError, ValueError):
         return found  # the state stands on its own; `hpcbox report` says more when sacct does
     return dataclasses.replace(found, note=killed.in_words()) if killed else found
+
+
+def look(connection: ssh.Connection, records: Sequence[JobRecord]) -> slurm.Looked:
+    """One look at ``records`` (single jobs and arrays of one cluster): each one's state by its id, each
+    array task's by `ID_TASK` (`tools.slurm.look`: one squeue for them all, one sacct for those that
+    ended)."""
+    watched = [
+        slurm.Watched(record.job_id, record.script, record.is_array, len(record.sweep)) for record in records
+    ]
+    return slurm.look(connection, watched)
 
 
 def task_states(connection: ssh.Connection, record: JobRecord) -> dict[int, slurm.JobState]:
@@ -186,7 +221,10 @@ def describe(found: slurm.JobState) -> str:
         parts.append(f"{found.waiting_for} {said}" if found.waiting_for else said)
     if found.start_guess:
         parts.append(f"Slurm guesses it starts at {found.start_guess} (its own estimate, not a promise)")
-    if found.elapsed:
+    if found.elapsed and found.runs > 1:
+        limit = f", each given {found.time_limit}" if found.time_limit else ""
+        parts.append(f"elapsed {found.elapsed} in its {found.runs} runs{limit}")
+    elif found.elapsed:
         parts.append(f"elapsed {found.elapsed}" + (f" of {found.time_limit}" if found.time_limit else ""))
     if found.nodes and found.state != "PENDING":
         parts.append(f"on {found.nodes}")
@@ -336,7 +374,7 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
     from hpcbox.jobs.identity import gone
     from hpcbox.render.profiles import load_profile
 
-    records = [record for record in Ledger(project).all() if cluster in (None, record.cluster, record.where)]
+    records = Ledger(project).on(cluster)
     described: dict[tuple[str, str], str] = {}
     for record in records:
         if (line := gone(record, project)) is not None:
@@ -348,16 +386,23 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
         try:
             target = connection_target(load_profile(mine[0].cluster), project, via=mine[0].via)
             with ssh.Connection(target) as connection:
+                said = look(connection, mine)  # one squeue for them all
                 for record in mine:
                     # One job the cluster forgot is that job's line only.
                     try:
-                        described[name, record.run] = describe(state(connection, record))
+                        described[name, record.run] = describe(
+                            _with_cause(connection, found_in(said, record))
+                        )
                     except HpcboxError as exc:
                         described[name, record.run] = _unknown(record, exc)
         except HpcboxError as exc:
             for record in mine:
                 described.setdefault((name, record.run), _unknown(record, exc))
-    return [f"{r.submitted_at}  {r.where:<10} {described[r.where, r.run]}" for r in records]
+    return [
+        f"{r.submitted_at}  {r.where:<10} {described[r.where, r.run]}"
+        + (f" ({r.race_said})" if r.race else "")
+        for r in records
+    ]
 
 
 def _unknown(record: JobRecord, exc: HpcboxError) -> str:

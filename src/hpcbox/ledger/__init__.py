@@ -3,15 +3,17 @@ the commands after submit find their job there."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from hpcbox.errors import HpcboxError
+from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.project.config import ProjectConfig
+from hpcbox.render.profiles import available
 
 _JOB_ID = re.compile(r"^\d+$")
 _RUN_NAME = re.compile(r"^\d+-\d+$")  # the second job of an id here is `<id>-2`
@@ -56,10 +58,24 @@ class JobRecord:
     run_name: str | None = None
     # One task of a sweep, as the commands about one job see it (`-j 3_2`; never written to the ledger).
     task: int | None = None
+    # A job raced among clusters or accounts (`submit --cluster=a,b`): every entrant's job as
+    # `WHERE job ID` (`entrants`, in the order given) and the one kept, the first to start (`kept`).
+    race: dict[str, Any] | None = None
 
     @property
     def is_array(self) -> bool:
         return bool(self.resources.get("array"))
+
+    @property
+    def race_said(self) -> str:
+        """What its race came to, in words (`hpcbox jobs`); "" for a job not raced."""
+        if not self.race:
+            return ""
+        me, kept = f"{self.where} job {self.job_id}", self.race["kept"]
+        others = len(self.race["entrants"]) - 1
+        if kept == me:
+            return f"raced against {others} other{'s' if others != 1 else ''}: kept, the first to start"
+        return f"raced: cancelled, {kept} started first"
 
     @property
     def run(self) -> str:
@@ -146,6 +162,10 @@ class Ledger:
         write_atomically(path, record.to_json())
         return record
 
+    def update(self, record: JobRecord) -> None:
+        """Write ``record`` over its own entry (what became of it since it was added: a race's end)."""
+        write_atomically(self.path(record.where, record.run), record.to_json())
+
     def all(self) -> list[JobRecord]:
         if not self.directory.is_dir():
             return []
@@ -165,9 +185,8 @@ class Ledger:
             )
         records = [
             record
-            for record in self.all()
-            if cluster in (None, record.cluster, record.where)
-            and job_id
+            for record in self.on(cluster)
+            if job_id
             in (
                 None,
                 record.job_id,
@@ -188,6 +207,14 @@ class Ledger:
             raise HpcboxError(f"job {job_id} exists on several clusters ({clusters})", "add --cluster=NAME")
         return records[-1]
 
+    def on(self, cluster: str | None) -> list[JobRecord]:
+        """The jobs here on ``cluster`` (by its profile's name, or a rehearsal's `NAME-via-PLACE`), all
+        where None; a cluster with none that names no profile is refused as the typo it likely is."""
+        records = [record for record in self.all() if cluster in (None, record.cluster, record.where)]
+        if cluster and not records:
+            _refuse_unknown(cluster)
+        return records
+
     def earlier(self, record: JobRecord) -> list[JobRecord]:
         """The jobs here at ``record``'s cluster that had its id before it (each with a run of its own)."""
         return [
@@ -198,3 +225,19 @@ class Ledger:
             and other.run != record.run
             and other.submitted_at <= record.submitted_at
         ]
+
+
+def _refuse_unknown(cluster: str) -> None:
+    """A --cluster that names no profile (a rehearsal's `NAME-via-PLACE` by its NAME) is a typo more
+    likely than a cluster with no jobs: said so, with the name it may have meant."""
+    profiles = available()
+    name = cluster.partition("-via-")[0]
+    if name in profiles:
+        return
+    close = difflib.get_close_matches(name, profiles, n=1)
+    meant = f" (did you mean {close[0]}?)" if close else ""
+    raise FieldError(
+        "cluster",
+        f"no profile named {name!r}{meant}",
+        f"the clusters with profiles are: {', '.join(sorted(profiles))}",
+    )

@@ -89,6 +89,8 @@ class Training:
     workers: int | None
     resumed: int
     preempted: int
+    # Seconds from each stop's checkpoint to the next run's start: time the job spent not training.
+    stopped_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -364,6 +366,31 @@ def time_figure(job: dict[str, str], training: Training | None = None) -> Figure
     return Figure("time", value, f"ran {ran} of {asked}: ask for {suggestion}")
 
 
+def stops_figure(training: Training | None, preempted_runs: int) -> Figure | None:
+    """How often the job stopped and resumed, why (preempted by Slurm, where accounting has PREEMPTED
+    runs, else its time limit), and the time it lost not training in between; None for a job that ran
+    through."""
+    stops = training.preempted if training else 0
+    if not stops and not preempted_runs:
+        return None
+    by = (
+        f"preempted by Slurm ({preempted_runs} earlier run{'s' if preempted_runs != 1 else ''} PREEMPTED "
+        "in accounting)"
+        if preempted_runs
+        else "at its time limit"
+    )
+    if training is None:
+        return Figure("stops", f"requeued, {by}", "unknown: no metrics.jsonl to say how long it was stopped")
+    if not training.stopped_s:
+        return Figure("stops", f"stopped {_times(stops)}, {by}", "not resumed yet")
+    lost = format_time(round(training.stopped_s))
+    return Figure(
+        "stops",
+        f"stopped {_times(stops)}, {by}",
+        f"{lost} lost between checkpoint and resume (copying back, waiting to run again, starting again)",
+    )
+
+
 def gpu_figure(job: dict[str, str], gpu_csv: Path | None) -> Figure:
     """Mean utilisation and peak memory per GPU from nvidia-smi's samples."""
     asked = gpus_asked(job["AllocTRES"] or job["ReqTRES"])
@@ -498,7 +525,21 @@ def summarise_training(records: list[dict[str, Any]]) -> Training:
         workers=starts[-1]["workers"] if starts else None,
         resumed=sum(1 for s in starts if s.get("resumed")),
         preempted=sum(1 for r in records if r["event"] == "preempted"),
+        stopped_s=_stopped_s(records),
     )
+
+
+def _stopped_s(records: list[dict[str, Any]]) -> float:
+    """Seconds between each stop (the trainer's `preempted` line, written with its checkpoint) and the
+    start of the run after it; a stop no run followed counts nothing."""
+    stopped, at = 0.0, None
+    for record in records:
+        if record["event"] == "preempted":
+            at = record["time"]
+        elif record["event"] == "start" and at is not None:
+            stopped += max(0.0, record["time"] - at)
+            at = None
+    return stopped
 
 
 def read_gpu_samples(path: Path) -> list[dict[str, str]]:
@@ -556,13 +597,15 @@ def build_report(
     *,
     why_no_metrics: str | None = None,
     resume: str | None = None,
+    preempted_runs: int = 0,
 ) -> Report:
     """The report of one job from its sacct rows (job line first, as sacct prints it) and whichever
     of its metrics and GPU samples were fetched. ``program``: what the job ran, where that is not the
     example trainer (which always writes metrics.jsonl): its missing metrics are then its own choice.
     ``why_no_metrics``: why there are none, where the caller knows (the job copied nothing back).
     ``resume``: the command that starts a job from this one's last checkpoint (said where it stopped
-    before its last epoch)."""
+    before its last epoch). ``preempted_runs``: how many of its earlier runs accounting ends PREEMPTED
+    (`tools.slurm.all_runs`)."""
     jobs = [row for row in sacct_rows if "." not in row["JobID"]]
     if not jobs:
         raise ValueError("sacct printed no job line (is the job id right, and is accounting enabled?)")
@@ -587,6 +630,8 @@ def build_report(
         gpu_figure(job, gpu_csv),
         *throughput_figures(training, why_missing, resume),
     )
+    stops = stops_figure(training, preempted_runs)
+    figures += (stops,) if stops else ()
     killed = memory_kill([job, *steps])
     return Report(
         job["JobID"], job["State"], figures, job_name=job["JobName"], exit_code=job["ExitCode"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib
 import io
 import json
@@ -22,7 +23,6 @@ import platform
 import re
 import shutil
 import sys
-import time
 import types
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,6 +39,7 @@ from hpcbox.submitit import script_source
 from hpcbox.submitit.script_source import GLOBALS, SCRIPT_DIR, ScriptSource
 
 if TYPE_CHECKING:
+    from hpcbox.jobs.watch import Watch
     from hpcbox.tools.slurm import JobState
 
 try:  # submitit's own errors where it is installed, so that `except` clauses written for it hold
@@ -118,11 +119,6 @@ VALID_PARAMETERS = tuple(
 )  # fmt: skip
 # Where a job's call folder says what it is: `Job(folder, job_id)` finds it there in another process.
 JOB_FILE = "job.json"
-# The longest wait between two looks at a job's state (submitit's watcher also backs off to a minute).
-MAX_POLL_S = 60
-# How long a read of an array's states, made for one task's `state` or `done()`, answers for its other
-# tasks too: a loop over a thousand tasks (submitit's `helpers.as_completed`) asks Slurm once a round.
-STATES_FRESH_S = 1.0
 # A script guards its own run, so that importing it on the node runs none of it.
 _GUARDED = re.compile(r"""^if\s+__name__\s*==\s*["']__main__["']\s*:""", re.MULTILINE)
 
@@ -728,10 +724,11 @@ def _job_name(fn: Callable[..., Any]) -> str:
 
 
 class SubmittedCalls:
-    """One job of calls (an array of them, or a single one), which its tasks' `Job`s share: the states
-    seen final (a finished task stays finished) and the results fetched, so that a thousand tasks
-    waited on one after another cost a read of the array's states per poll and a fetch per batch of
-    tasks found finished, not one each.
+    """One job of calls (an array of them, or a single one), which its tasks' `Job`s share: its site's
+    watch (`hpcbox.Site.watch`: every job of the site this process waits on, in one look a poll, less
+    often the longer the wait, a task seen ended never asked about again) and the results fetched, so
+    that a thousand tasks waited on one after another, or in `helpers.as_completed`'s rounds, cost one
+    look at Slurm per poll of the watch and a fetch per batch of tasks found ended, not one each.
 
     ``job`` is the `hpcbox.Job` Slurm runs (an array's: its tasks by `task(i)`); ``call_dir`` the call's
     folder here, where `job.json` lets a later process find the job again (`Job(folder, job_id)`)."""
@@ -739,11 +736,16 @@ class SubmittedCalls:
     def __init__(self, job: api.Job, call_dir: Path) -> None:
         self.job, self.call_dir = job, call_dir
         self.array = job.record.is_array
-        self._finished: dict[int | None, JobState] = {}  # by task (None: the job itself)
-        self._tasks: dict[int, JobState] = {}  # the array's last read, and when (time.monotonic)
-        self._read_at = -math.inf
         self._fetched: set[int | None] = set()  # whose results, complete, are here
         self._fetched_folder: Path | None = None
+
+    @functools.cached_property
+    def watch(self) -> Watch:
+        return self.job.watch
+
+    def key(self, task: int | None) -> str:
+        """The task's id as Slurm and the watch name it: `1234`, or `1234_5`."""
+        return self.job.job_id if task is None else f"{self.job.job_id}_{task}"
 
     def save(self) -> None:
         """`job.json` in the call's folder: the job's record and how its site is reached."""
@@ -793,35 +795,19 @@ class SubmittedCalls:
     def task_job(self, task: int | None) -> api.Job:
         return self.job if task is None else self.job.task(task)
 
-    def state(self, task: int | None, *, fresh_s: float = 0.0) -> JobState:
-        """The task's state (None: the job's), from Slurm unless it was seen final, or read for the
-        array less than ``fresh_s`` ago. An array's read tells every task's: the others' final states
-        are kept too."""
-        if task in self._finished:
-            return self._finished[task]
-        if task is None:
-            found = self.job.state()
-            if found.finished:
-                self._finished[None] = found
-            return found
-        if time.monotonic() - self._read_at > fresh_s or task not in self._tasks:
-            self._tasks, self._read_at = self.job.task_states(), time.monotonic()
-            for index, each in self._tasks.items():
-                if each.finished:
-                    self._finished[index] = each
-        if task in self._tasks:
-            return self._tasks[task]
-        # Not among the array's lines (squeue --array lists each task from its submission on): asked on
-        # its own, which says in one line where Slurm does not know it, rather than taken for pending.
+    def state(self, task: int | None) -> JobState:
+        """The task's state (None: the job's), as the watch last saw it where a look is not yet due."""
+        return self.watch.state(self.key(task))
+
+    def final_state(self, task: int | None) -> JobState:
+        """The ended task's state from Slurm, with why where it says more than its state (a kill for
+        memory)."""
         return self.task_job(task).state()
 
     def wait(self, task: int | None) -> JobState:
-        """Until the task (None: the job) has ended, however long: every FIRST_POLL_S at first, then
-        every tenth of the time waited, up to a minute (as submitit's watcher backs off)."""
-        from hpcbox.tools import slurm
-
-        job_id = self.task_job(task).job_id
-        return slurm.poll(lambda: self.state(task), job_id, timeout_s=math.inf, poll_s=MAX_POLL_S)
+        """Until the task (None: the job) has ended, however long, looking as the watch's schedule says
+        (every FIRST_POLL_S at first, up to a minute, as submitit's watcher backs off)."""
+        return self.watch.wait(self.key(task))
 
     def results_folder(self, task: int | None) -> Path | None:
         """Once the task (None: the job) has ended, the job's fetched results, or None where it copied
@@ -830,7 +816,9 @@ class SubmittedCalls:
 
         self.wait(task)
         if task not in self._fetched:
-            ended = set(self._finished)  # complete on the cluster before the fetch begins
+            # complete on the cluster before the fetch begins
+            tasks = range(len(self.job.record.sweep)) if self.array else (None,)
+            ended = {each for each in tasks if self.watch.ended(self.key(each))}
             try:
                 self._fetched_folder = self.job.fetch()
             except NoResults:
@@ -840,8 +828,7 @@ class SubmittedCalls:
 
     def cancel(self, task: int | None) -> None:
         self.task_job(task).cancel()
-        self._finished.pop(task, None)  # its state is read again: cancelled, or ended before
-        self._read_at = -math.inf
+        self.watch.forget(self.key(task))  # read again: cancelled, or ended before
 
 
 class Job:
@@ -900,10 +887,10 @@ class Job:
     def state(self) -> str:
         """Slurm's state of this job (an array's task: its own): PENDING, RUNNING, COMPLETED, FAILED,
         TIMEOUT, CANCELLED, ..."""
-        return self._call.state(self.task_id, fresh_s=STATES_FRESH_S).state
+        return self._call.state(self.task_id).state
 
     def done(self) -> bool:
-        return self._call.state(self.task_id, fresh_s=STATES_FRESH_S).finished
+        return self._call.state(self.task_id).finished
 
     def wait(self) -> None:
         """Until this job (an array's task: that task) has ended, however long it takes."""
@@ -952,7 +939,7 @@ class Job:
         folder = call.results_folder(self.task_id)
         found = self.paths.result_pickle
         if folder is None or not found.is_file():
-            final = call.state(self.task_id)
+            final = call.final_state(self.task_id)
             note = f" ({final.note})" if final.note else ""
             tail = "\n".join((self.stdout() or "").splitlines()[-15:])
             raise UncompletedJobError(

@@ -18,6 +18,7 @@ from typing import Any
 
 from hpcbox.errors import HpcboxError
 from hpcbox.tools import proc, ssh
+from hpcbox.units import format_time, parse_cpu_time
 
 # Job states after which nothing more happens to a job (Slurm's "completed" family).
 FINISHED_STATES = frozenset(
@@ -132,6 +133,12 @@ class JobState:
     # How many of its earlier runs sacct ends PREEMPTED (each requeued by Slurm). Slurm counts one or two
     # a preemption: the run after one is requeued once more when it exits 0, and sacct names it so too.
     preempted_runs: int = 0
+    # How many runs sacct keeps of a finished job: its elapsed is then theirs together.
+    runs: int = 1
+    # How many times Slurm has requeued a job it holds back by BeginTime (squeue's RestartCnt, asked of
+    # such a job only): a requeued job waits out Slurm's requeue delay under that reason, as if the user
+    # had asked for --begin.
+    restarts: int = 0
 
     def is_of(self, script: str) -> bool:
         """Whether this is the job whose batch script is ``script`` (unknown on either side: taken so).
@@ -145,12 +152,24 @@ class JobState:
         return self.state in FINISHED_STATES
 
     @property
+    def requeued(self) -> bool:
+        """Whether it waits to run again after Slurm requeued it (not for a --begin of its user's)."""
+        return self.state == "PENDING" and self.reason == "BeginTime" and self.restarts > 0
+
+    @property
     def reason_in_words(self) -> str:
+        if self.requeued:
+            times = "once" if self.restarts == 1 else f"{self.restarts} times"
+            return (
+                f"Slurm requeued it ({times} so far) and holds it for its requeue delay before its next run"
+            )
         return PENDING_REASONS.get(self.reason, "")
 
     @property
     def waiting_for(self) -> str:
         """What a pending job waits for, in words (`wait_group`); "" for a job not pending."""
+        if self.requeued:
+            return "requeued, to run again"
         return wait_group(self.reason) if self.state == "PENDING" else ""
 
 
@@ -353,55 +372,161 @@ def parse_tasks(
 def task_states(connection: ssh.Connection, job_id: str, script: str = "") -> dict[int, JobState]:
     """The state of each task of array job ``job_id`` (the one whose batch script is ``script``), by
     task id."""
-    accounted, fields = _sacct_states(connection, job_id)
-    queued = connection.run(
-        ["squeue", "--noheader", "--array", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
-        what=f"ask squeue about the tasks of job {job_id}",
-        check=False,
-    )
-    return _read(
-        parse_tasks,
-        accounted.stdout if accounted.returncode == 0 else "",
-        queued.stdout if queued.returncode == 0 else "",
-        job_id,
-        script,
-        fields,
-    )
+    found = look(connection, [Watched(job_id, script, array=True)])
+    if isinstance(error := found.get(job_id), HpcboxError):
+        raise error
+    prefix = f"{job_id}_"
+    return {
+        int(key.removeprefix(prefix)): state
+        for key, state in found.items()
+        if key.startswith(prefix) and isinstance(state, JobState)
+    }
 
 
 def job_state(connection: ssh.Connection, job_id: str, script: str = "") -> JobState | None:
     """The state of job ``job_id`` (the one whose batch script is ``script``, where given) from squeue
     while Slurm holds it, or else sacct; None if neither knows it. IdReused where they know only
     another job by the id."""
+    found = look(connection, [Watched(job_id, script)]).get(job_id)
+    if isinstance(found, HpcboxError):
+        raise found
+    return found
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A job to look at: its id (an array's own), its batch script ("" where not known), and, for an
+    array, how many tasks it has (0: not known)."""
+
+    job_id: str
+    script: str = ""
+    array: bool = False
+    tasks: int = 0
+
+
+# What a look says of each job (by its id) and each array task (by `ID_TASK`): its state, or the error
+# that stands for it (IdReused, AccountingSilent); a job neither squeue nor sacct knows is left out.
+Looked = dict[str, JobState | HpcboxError]
+
+
+def look(connection: ssh.Connection, jobs: Sequence[Watched]) -> Looked:
+    """The state of each of ``jobs`` and of their arrays' tasks, asked together: one squeue for them all
+    while Slurm holds them (pending, running: squeue alone), one sacct for those it no longer holds or
+    has seen end (the exit code, and the runs of a requeued job), and one squeue more for a job held by
+    BeginTime (how often it was requeued). However many jobs, at most three calls: what a wait on a
+    thousand tasks asks of Slurm is what a wait on one does (submitit#1759: polled one by one,
+    thousands of tasks hit a site's per-user RPC limit)."""
+    ids = ",".join(dict.fromkeys(job.job_id for job in jobs))
     queued = connection.run(
-        ["squeue", "--noheader", "--states=all", f"--jobs={job_id}", f"--format={_SQUEUE_FORMAT}"],
-        what=f"ask squeue about job {job_id}",
+        ["squeue", "--noheader", "--array", "--states=all", f"--jobs={ids}", f"--format={_SQUEUE_FORMAT}"],
+        what=f"ask squeue about job {ids}",
         check=False,
     )
-    state = parse_squeue(queued.stdout, job_id) if queued.returncode == 0 else None
+    # squeue exits non-zero for a lone id it does not know: that job is then sacct's to tell.
+    queued_text = queued.stdout if queued.returncode == 0 else ""
+    listed = {state.job_id: state for state in _squeue_lines(queued_text, _SQUEUE_FORMAT)}
+    asking = [job.job_id for job in jobs if _needs_accounting(job, listed)]
+    accounted, fields = _sacct_states(connection, ",".join(asking)) if asking else (None, _STATE_FIELDS)
+    found: Looked = {}
+    for job in jobs:
+        try:
+            if job.array:
+                sacct_text = accounted.stdout if accounted is not None and accounted.returncode == 0 else ""
+                tasks = _read(parse_tasks, sacct_text, queued_text, job.job_id, job.script, fields)
+                found.update({f"{job.job_id}_{index}": task for index, task in tasks.items()})
+            elif (state := _job_from(listed, accounted, fields, job)) is not None:
+                found[job.job_id] = state
+        except HpcboxError as error:
+            found[job.job_id] = error
+    requeued = [
+        job.job_id for job in jobs
+        if not job.array and isinstance(state := found.get(job.job_id), JobState)
+        and state.state == "PENDING" and state.reason == "BeginTime"
+    ]  # fmt: skip
+    if requeued:
+        counts = _restarts(connection, requeued)
+        for job_id in requeued:
+            found[job_id] = dataclasses.replace(found[job_id], restarts=counts.get(job_id, 0))  # type: ignore[arg-type]
+    return found
+
+
+def _needs_accounting(job: Watched, listed: dict[str, JobState]) -> bool:
+    """Whether squeue's lines leave the job's state to sacct: gone from squeue, ended, or another job's
+    (the id named again); an array's where any task is so, or not every task is listed."""
+    if not job.array:
+        state = listed.get(job.job_id)
+        return state is None or state.finished or not state.is_of(job.script)
+    task = re.compile(rf"^{re.escape(job.job_id)}_\d+$")
+    tasks = [state for key, state in listed.items() if task.match(key)]
+    return (
+        not job.tasks
+        or len(tasks) < job.tasks
+        or any(state.finished or not state.is_of(job.script) for state in tasks)
+    )
+
+
+def _job_from(
+    listed: dict[str, JobState], accounted: proc.Completed | None, fields: Sequence[str], job: Watched
+) -> JobState | None:
+    """A single job's state from squeue's lines while Slurm holds it unfinished, else from sacct's runs
+    (``accounted``, None where it was not asked); None where neither knows it."""
+    state = listed.get(job.job_id)
     other = None
-    if state is not None and not state.is_of(script):
+    if state is not None and not state.is_of(job.script):
         state, other = None, state
     if state is not None and not state.finished:
         return state
     # Finished, or already gone from squeue: sacct also knows the exit code.
-    accounted, fields = _sacct_states(connection, job_id)
-    if accounted.returncode == 0:
-        runs = _read(accounted_states, accounted.stdout, job_id, fields)
-        own = _own([*runs, *([other] if other else [])], job_id, script)
-        if not own:
-            return state
-        preempted = sum(run.state == "PREEMPTED" for run in own[:-1])
-        return dataclasses.replace(own[-1], preempted_runs=preempted) if preempted else own[-1]
-    if accounting_silent(accounted):
+    if accounted is not None and accounted.returncode == 0:
+        runs = _read(accounted_states, accounted.stdout, job.job_id, fields)
+        own = _own([*runs, *([other] if other else [])], job.job_id, job.script)
+        return all_runs(own) if own else state
+    if accounted is not None and accounting_silent(accounted):
         if state is None:
             if other is not None:
-                raise IdReused(job_id, script, other)
-            raise AccountingSilent(job_id)
+                raise IdReused(job.job_id, job.script, other)
+            raise AccountingSilent(job.job_id)
         return dataclasses.replace(state, note="exit code unknown: Slurm's accounting does not answer")
     if other is not None:
-        raise IdReused(job_id, script, other)
+        raise IdReused(job.job_id, job.script, other)
     return state
+
+
+def all_runs(own: Sequence[JobState]) -> JobState:
+    """A job from its runs in sacct, oldest first: the last one's state, with the earlier ones it was
+    preempted in counted and the elapsed of them all (the last of a preempted job can be an instant)."""
+    last = own[-1]
+    if len(own) == 1:
+        return last
+    try:
+        elapsed = format_time(round(sum(parse_cpu_time(run.elapsed) for run in own)))
+    except ValueError:
+        elapsed = last.elapsed
+    preempted = sum(run.state == "PREEMPTED" for run in own[:-1])
+    return dataclasses.replace(last, elapsed=elapsed, runs=len(own), preempted_runs=preempted)
+
+
+def _restarts(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, int]:
+    """How many times Slurm has requeued each of ``job_ids`` (squeue's RestartCnt, in the one form of
+    squeue that has it); a job it does not say is left out."""
+    ids = ",".join(job_ids)
+    asked = connection.run(
+        ["squeue", "--noheader", f"--jobs={ids}", "--Format=JobID:40,RestartCnt:12"],
+        what=f"ask squeue how often job {ids} was requeued",
+        check=False,
+    )
+    return parse_restarts(asked.stdout) if asked.returncode == 0 else {}
+
+
+def parse_restarts(text: str) -> dict[str, int]:
+    """The restart count of each job in `squeue --noheader --Format=JobID:40,RestartCnt:12` (columns
+    padded with spaces), by job id; a line without a count is skipped."""
+    counts = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[1].isdigit():
+            counts[words[0]] = int(words[1])
+    return counts
 
 
 # The shortest wait between two looks at a job's state, and each wait's share of the time waited so far
@@ -421,10 +546,17 @@ def poll(
     timeout_s: float = 3600,
     poll_s: float = 2,
     on_change: Callable[[JobState], None] | None = None,
+    pause_s: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
 ) -> JobState:
     """Call ``read`` for job ``job_id``'s state until ``until`` holds, telling ``on_change`` each new
     state (wait's loop, for a job no ledger records): every FIRST_POLL_S at first, then every tenth of
-    the time waited, up to ``poll_s``."""
+    the time waited, up to ``poll_s``; or, with ``pause_s``, as long as it says each time (a schedule of
+    the caller's, e.g. a `jobs.watch.Watch`'s, shared with other waits)."""
+
+    def pause() -> None:
+        (sleep or time.sleep)(pause_s() if pause_s else _next_look(time.monotonic() - started, poll_s))
+
     started = time.monotonic()
     deadline = started + timeout_s
     last = None
@@ -436,7 +568,7 @@ def poll(
             # It comes back (slurmctld keeps what it owes it): a job is never taken for failed meanwhile.
             if time.monotonic() > deadline:
                 raise
-            time.sleep(_next_look(time.monotonic() - started, poll_s))
+            pause()
             continue
         except ssh.Unreachable as lost:
             # The job runs on without us: asked again, up to UNREACHABLE_S, before the wait gives up.
@@ -449,7 +581,7 @@ def poll(
                     lost.hint or "wait on it again once the login node answers",
                     lost.details,
                 ) from lost
-            time.sleep(_next_look(now - started, poll_s))
+            pause()
             continue
         lost_since = None
         if on_change is not None and (found.state, found.reason) != last:
@@ -459,7 +591,7 @@ def poll(
             return found
         if time.monotonic() > deadline:
             raise HpcboxError(f"job {job_id} is still {found.state} after {timeout_s:.0f} s")
-        time.sleep(_next_look(time.monotonic() - started, poll_s))
+        pause()
 
 
 def _next_look(waited_s: float, poll_s: float) -> float:

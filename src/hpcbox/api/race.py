@@ -1,0 +1,196 @@
+"""A job raced among clusters and accounts (`submit --cluster=a,b`, `--account=x,y`): sent to every
+entrant, the first to start kept and the others cancelled, as cluv's `submit first` races Mila's and
+the Alliance's clusters (and a lab's `def-` and `rrg-` accounts on one), with the environment that must
+first be on each cluster.
+
+The environment is built once and converted once per compression the sites read, before anything is
+sent; then each login node gets its entrants' jobs from a thread of its own (ship what it lacks, a
+changed SIF as a delta, sbatch), so that no site waits on another's upload (cluv#165: its first design
+made every cluster wait for the slowest sync). The jobs are then looked at together, each site's through
+its watch, until one has started; the others are cancelled, a loser that started in the same look
+too, and said so. Every sent job's ledger entry names the race's jobs and the one kept."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcbox.errors import FieldError, HpcboxError
+
+if TYPE_CHECKING:
+    from hpcbox.api.job import Job
+    from hpcbox.api.site import Site
+    from hpcbox.tools.slurm import JobState
+
+Say = Callable[[str], None]
+# Where a look at the jobs is due sooner than this, the race sleeps this long between looks.
+_LEAST_PAUSE_S = 0.25
+
+
+@dataclass(frozen=True)
+class Entrant:
+    """One place a raced job is sent: a site, and the account it is charged to there (None: the
+    request's own)."""
+
+    site: Site
+    account: str | None = None
+
+    def __str__(self) -> str:
+        return self.site.where + (f" (account {self.account})" if self.account else "")
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"account": self.account} if self.account else {}
+
+
+@dataclass(frozen=True)
+class Raced:
+    """A race's end: the job kept (the first to start), the other entrants' jobs (cancelled, or ended
+    before it), and the entrants that could not be sent, each with why."""
+
+    kept: Job
+    others: tuple[Job, ...] = ()
+    unsent: tuple[tuple[Entrant, HpcboxError], ...] = ()
+
+
+def race(
+    entrants: Sequence[Site | Entrant],
+    args: Sequence[str] = (),
+    *,
+    data: str | Path | None = None,
+    flavour: str | None = None,
+    offline: bool = False,
+    timeout_s: float = math.inf,
+    say: Say | None = None,
+    **options: Any,
+) -> Raced:
+    """Send the job (``args``: the program's arguments; ``options``: its resources, by the option
+    table's names) to every entrant (a `Site`, or an `Entrant`: a site and an account), keep the first
+    to start (RUNNING, or already ended) and cancel the rest; a site that cannot be sent to is said so
+    and raced without. ``timeout_s``: how long to wait for a start before giving up (the jobs then left
+    as they are, each in the ledger)."""
+    field = _checked(entrants, options)
+    say = say or field[0].site.say
+    for entrant in field:  # every request checked before anything is built or sent
+        entrant.site.resources({**options, **entrant.options}, warn=False)
+    made: set[str] = set()
+    for entrant in field:  # built once, converted once per compression: each submit finds them made
+        compression = entrant.site.profile.apptainer.compression
+        if compression not in made:
+            entrant.site.prepare(
+                data=data, flavour=flavour, offline=offline, **{**options, **entrant.options}
+            )
+            made.add(compression)
+    sent, unsent = _send(field, tuple(args), dict(data=data, flavour=flavour, offline=offline), options, say)
+    if not sent:
+        reasons = "; ".join(f"{entrant}: {error.message}" for entrant, error in unsent)
+        raise HpcboxError(f"no entrant of the race could be sent ({reasons})")
+    started = _first_started(sent, timeout_s, say)
+    kept, _ = started[0]
+    others = tuple(job for _, job in sent if job is not kept)
+    for job in others:
+        _call_off(job, started, say)
+    _record(kept, [job for _, job in sent], unsent)
+    say(f"hpcbox: race: kept job {kept.job_id} on {kept.record.where}, the first to start")
+    return Raced(kept, others, tuple(unsent))
+
+
+def _checked(entrants: Sequence[Site | Entrant], options: dict[str, Any]) -> list[Entrant]:
+    field = [entrant if isinstance(entrant, Entrant) else Entrant(entrant) for entrant in entrants]
+    if len(field) < 2:
+        raise FieldError(
+            "cluster", "a race needs two entrants or more", "name several: --cluster=a,b or --account=x,y"
+        )
+    if any(entrant.account for entrant in field) and options.get("account"):
+        raise FieldError("account", "give it per entrant or for all, not both")
+    names = [str(entrant) for entrant in field]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise FieldError("cluster", f"{', '.join(twice)} is named twice in the race", "name each once")
+    return field
+
+
+def _send(
+    field: list[Entrant], args: tuple[str, ...], stages: dict[str, Any], options: dict[str, Any], say: Say
+) -> tuple[list[tuple[Entrant, Job]], list[tuple[Entrant, HpcboxError]]]:
+    """Each login node's entrants sent from a thread of its own (one after another on one login: they
+    share its SSH master); what was sent and what could not be, in the entrants' order."""
+    by_login: dict[object, list[int]] = {}
+    for index, entrant in enumerate(field):
+        by_login.setdefault(entrant.site.target, []).append(index)
+    outcome: dict[int, Job | HpcboxError] = {}
+
+    def send(indices: list[int]) -> None:
+        for index in indices:
+            entrant = field[index]
+            try:
+                job = entrant.site.submit(args, **stages, **{**options, **entrant.options})
+            except HpcboxError as error:
+                outcome[index] = error
+                say(f"hpcbox: race: {entrant} could not be sent ({error.message}); racing on without it")
+                continue
+            assert job is not None  # not a dry run
+            outcome[index] = job
+            say(f"hpcbox: race: {entrant}: job {job.job_id}")
+
+    with concurrent.futures.ThreadPoolExecutor(len(by_login)) as pool:
+        for done in [pool.submit(send, indices) for indices in by_login.values()]:
+            done.result()
+    sent = [(field[i], found) for i, found in sorted(outcome.items()) if not isinstance(found, HpcboxError)]
+    unsent = [(field[i], found) for i, found in sorted(outcome.items()) if isinstance(found, HpcboxError)]
+    return sent, unsent
+
+
+def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float, say: Say) -> list[tuple[Job, JobState]]:
+    """The jobs started (RUNNING, or ended) at the first look that finds any, in the entrants' order;
+    each site's jobs looked at through its watch, on its schedule."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        started = []
+        for _, job in sent:
+            try:
+                found = job.watch.state(job.job_id)
+            except HpcboxError:  # this look said nothing of it (accounting silent, the login away)
+                continue
+            if found.state == "RUNNING" or found.finished:
+                started.append((job, found))
+        if started:
+            return started
+        if time.monotonic() > deadline:
+            raise HpcboxError(
+                f"no job of the race started within {timeout_s:.0f} s",
+                "they wait on as they are: `hpcbox jobs` lists them; cancel those you do not want",
+            )
+        time.sleep(max(_LEAST_PAUSE_S, min(job.watch.due_in_s() for _, job in sent)))
+
+
+def _call_off(job: Job, started: list[tuple[Job, JobState]], say: Say) -> None:
+    """Cancel a job that lost the race: one that had started too is said so; one that had ended before
+    is left as it ended; cancelling twice is harmless."""
+    had = next((found for each, found in started if each is job), None)
+    if had is not None and had.finished:
+        say(f"hpcbox: race: job {job.job_id} on {job.record.where} had already ended {had.state}; left so")
+        return
+    job.cancel(outright=True)
+    also = " (it had started too, in the same look)" if had is not None else ""
+    say(f"hpcbox: race: cancelled job {job.job_id} on {job.record.where}{also}")
+
+
+def _record(kept: Job, jobs: list[Job], unsent: list[tuple[Entrant, HpcboxError]]) -> None:
+    """Each sent job's ledger entry names the race's jobs and the one kept."""
+    from hpcbox.ledger import Ledger
+
+    race = {
+        "entrants": [f"{job.record.where} job {job.job_id}" for job in jobs]
+        + [f"{entrant} (not sent)" for entrant, _ in unsent],
+        "kept": f"{kept.record.where} job {kept.job_id}",
+    }
+    for job in jobs:
+        job.record = dataclasses.replace(job.record, race=race)
+        Ledger(job.site.project).update(job.record)

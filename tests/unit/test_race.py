@@ -1,0 +1,180 @@
+"""hpcbox.race without a cluster: every entrant sent, each login from a thread of its own, the first to
+start kept, the others cancelled (one started in the same look too, and said so), an entrant that
+cannot be sent raced without, and each job's ledger entry naming the race. The sites here are stand-ins
+for what `race` calls of `hpcbox.Site` and `hpcbox.Job`; tests/integration/test_rehearsal.py races two
+accounts on a rehearsal's Slurm."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from hpcbox.api.race import Entrant, race
+from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.jobs.watch import Watch
+from hpcbox.ledger import JobRecord, Ledger
+from hpcbox.project.config import load_project
+from hpcbox.tools import slurm
+from hpcbox.tools.slurm import JobState
+
+JOB_IDS = itertools.count(100)
+
+
+@dataclass
+class Compression:
+    compression: str = "gzip"
+
+
+@dataclass
+class Profile:
+    apptainer: Compression = field(default_factory=Compression)
+
+
+class StandInJob:
+    def __init__(self, site: StandInSite, job_id: str, account: str | None) -> None:
+        self.site, self.job_id = site, job_id
+        self.record = JobRecord(
+            job_id=job_id, cluster=site.where, host="h", submitted_at="2026-12-05T19:00:00+00:00",
+            submit_dir="/s", script=f"/s/scripts/{job_id}.sh", log="/s/l.out", run_dir=f"/s/runs/{job_id}",
+            sif="s.sif", sif_sha256="ab" * 32, image="i:1", code_revision="0", code_snapshot="cd" * 32,
+            dataset_sha256="ef" * 32, resources={"account": account}, trainer_args=(),
+        )  # fmt: skip
+        self.cancelled = False
+
+    @property
+    def watch(self) -> Watch:
+        self.site.watch.add(self.record)
+        return self.site.watch
+
+    def cancel(self, *, outright: bool = False) -> None:
+        assert outright
+        self.cancelled = True
+
+
+class StandInSite:
+    """A site whose jobs start at the look given (None: never); its submit takes ``upload_s``."""
+
+    def __init__(self, where: str, project, starts_at_look: int | None, upload_s: float = 0.0) -> None:
+        self.where, self.project, self.starts_at_look, self.upload_s = (
+            where,
+            project,
+            starts_at_look,
+            upload_s,
+        )
+        self.target = where  # one login each
+        self.profile = Profile()
+        self.say = print
+        self.prepared = 0
+        self.sent_at: float | None = None
+        self.looks = 0
+        self.watch = Watch(self.read)
+
+    def read(self, records) -> slurm.Looked:
+        self.looks += 1
+        started = self.starts_at_look is not None and self.looks >= self.starts_at_look
+        return {
+            record.job_id: JobState(record.job_id, "RUNNING" if started else "PENDING") for record in records
+        }
+
+    def resources(self, options, *, warn: bool) -> None:
+        if options.get("mem") == "lots":
+            raise FieldError("mem", "'lots' is not a Slurm memory size")
+
+    def prepare(self, **_: object) -> None:
+        self.prepared += 1
+
+    def submit(self, args, **options) -> StandInJob:
+        if self.upload_s < 0:
+            raise HpcboxError(f"{self.where}'s login node does not answer")
+        time.sleep(self.upload_s)
+        self.sent_at = time.monotonic()
+        return StandInJob(self, str(next(JOB_IDS)), options.get("account"))
+
+
+@pytest.fixture
+def project(tmp_path: Path):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "raced"\n')
+    return load_project(tmp_path)
+
+
+def test_the_first_to_start_is_kept_and_the_other_cancelled_and_the_ledger_says_so(project, capsys):
+    fast, slow = StandInSite("edi", project, 2), StandInSite("mila", project, None)
+    raced = race([slow, fast], ["--epochs", "1"], say=print)
+    assert raced.kept.site is fast and [job.site for job in raced.others] == [slow]
+    assert raced.others[0].cancelled and not raced.kept.cancelled
+    assert fast.prepared + slow.prepared == 1  # built and converted once: one compression
+    said = capsys.readouterr().out
+    assert f"cancelled job {raced.others[0].job_id} on mila\n" in said
+    assert f"kept job {raced.kept.job_id} on edi, the first to start" in said
+    kept, lost = (Ledger(project).find(job.job_id, job.site.where) for job in (raced.kept, raced.others[0]))
+    assert kept.race == lost.race and kept.race["kept"] == f"edi job {raced.kept.job_id}"
+    assert kept.race_said == "raced against 1 other: kept, the first to start"
+    assert lost.race_said == f"raced: cancelled, edi job {raced.kept.job_id} started first"
+
+
+def test_a_loser_that_started_in_the_same_look_is_cancelled_and_said_so(project, capsys):
+    first, second = StandInSite("edi", project, 1), StandInSite("mila", project, 1)
+    raced = race([first, second], say=print)
+    assert raced.kept.site is first and raced.others[0].cancelled
+    assert "(it had started too, in the same look)" in capsys.readouterr().out
+
+
+def test_a_slow_upload_delays_no_other_sites_sbatch(project):
+    fast, slow = StandInSite("edi", project, 1), StandInSite("mila", project, None, upload_s=1.0)
+    started = time.monotonic()
+    raced = race([slow, fast], say=lambda _: None)
+    assert fast.sent_at is not None and slow.sent_at is not None
+    assert fast.sent_at - started < 0.5 <= slow.sent_at - started  # sent while the other uploaded
+    assert raced.kept.site is fast
+
+
+def test_an_entrant_that_cannot_be_sent_is_raced_without(project, capsys):
+    gone, there = StandInSite("edi", project, 1, upload_s=-1), StandInSite("mila", project, 1)
+    raced = race([gone, there], say=print)
+    assert raced.kept.site is there and [str(entrant) for entrant, _ in raced.unsent] == ["edi"]
+    assert "edi could not be sent (edi's login node does not answer); racing on without it" in (
+        capsys.readouterr().out
+    )
+    assert Ledger(project).find(raced.kept.job_id, "mila").race["entrants"][-1] == "edi (not sent)"
+
+
+def test_two_accounts_of_one_site_are_two_entrants(project):
+    site = StandInSite("edi", project, 1)
+    raced = race([Entrant(site, "def-lab"), Entrant(site, "rrg-lab")], say=lambda _: None)
+    accounts = [job.record.resources["account"] for job in (raced.kept, *raced.others)]
+    assert accounts == ["def-lab", "rrg-lab"]  # both started at the first look: the first given kept
+    assert raced.others[0].cancelled
+
+
+@pytest.mark.parametrize(
+    ("entrants", "options", "message"),
+    [
+        (lambda p: [StandInSite("edi", p, 1)], {}, "cluster: a race needs two entrants or more"),
+        (
+            lambda p: [StandInSite("edi", p, 1), StandInSite("edi", p, 1)],
+            {},
+            "edi is named twice in the race",
+        ),
+        (
+            lambda p: [StandInSite("edi", p, 1), StandInSite("mila", p, 1)],
+            {"mem": "lots"},
+            "mem: 'lots' is not",
+        ),
+        (
+            lambda p: [Entrant(StandInSite("edi", p, 1), "a"), Entrant(StandInSite("mila", p, 1), "b")],
+            {"account": "c"},
+            "account: give it per entrant or for all, not both",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_sends_nothing(project, entrants, options, message):
+    sites = entrants(project)
+    with pytest.raises(HpcboxError) as refused:
+        race(sites, say=lambda _: None, **options)
+    assert message in str(refused.value.message) and "\n" not in refused.value.message
+    assert all(getattr(each, "site", each).sent_at is None for each in sites)
+    assert Ledger(project).all() == []

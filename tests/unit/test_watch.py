@@ -1,0 +1,151 @@
+"""hpcbox.jobs.watch: the jobs a process waits on at one cluster, looked at together on one schedule.
+Slurm is a stand-in here (its look, what `jobs.look` returns) and time a counter; bench/bench_polling.py
+measures the same waits' calls on the mini cluster's Slurm."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from hpcbox.errors import HpcboxError
+from hpcbox.jobs.watch import MAX_INTERVAL_S, SHARE, Watch
+from hpcbox.ledger import JobRecord
+from hpcbox.tools import slurm
+from hpcbox.tools.slurm import JobState
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
+class StandInSlurm:
+    """Jobs that end at given times; each look answers every record asked, and is kept."""
+
+    def __init__(self, clock: Clock, ends: dict[str, float]) -> None:
+        self.clock, self.ends = clock, ends
+        self.looks: list[tuple[float, tuple[str, ...]]] = []  # when, and the records asked about
+
+    def state(self, job_id: str) -> JobState:
+        ended = self.clock.now >= self.ends[job_id]
+        return JobState(job_id, "COMPLETED" if ended else "RUNNING", exit_code="0:0" if ended else "")
+
+    def read(self, records) -> slurm.Looked:
+        self.looks.append((self.clock.now, tuple(record.job_id for record in records)))
+        found: slurm.Looked = {}
+        for record in records:
+            keys = [f"{record.job_id}_{task}" for task in range(len(record.sweep))] or [record.job_id]
+            found.update({key: self.state(key) for key in keys if key in self.ends})
+        return found
+
+
+def record(job_id: str, tasks: int = 0) -> JobRecord:
+    return JobRecord(
+        job_id=job_id, cluster="edi", host="me@login.edi:22", submitted_at="2026-12-05T10:00:00+00:00",
+        submit_dir="/s", script=f"/s/scripts/{job_id}.sh", log="/s/logs/x.out", run_dir=f"/s/runs/{job_id}",
+        sif="s.sif", sif_sha256="ab" * 32, image="i:1", code_revision="0", code_snapshot="cd" * 32,
+        dataset_sha256="ef" * 32, resources={"array": f"0-{tasks - 1}"} if tasks else {},
+        trainer_args=(), sweep=tuple((str(task),) for task in range(tasks)),
+    )  # fmt: skip
+
+
+def watched(ends: dict[str, float], *records: JobRecord) -> tuple[Clock, StandInSlurm, Watch]:
+    clock = Clock()
+    cluster = StandInSlurm(clock, ends)
+    watch = Watch(cluster.read, clock=clock.monotonic, sleep=clock.sleep)
+    for each in records:
+        watch.add(each)
+    return clock, cluster, watch
+
+
+def test_separate_jobs_and_an_arrays_tasks_share_each_look():
+    clock, cluster, watch = watched(
+        {"5": 10, "6": 30, "7_0": 5, "7_1": 20}, record("5"), record("6"), record("7", 2)
+    )
+    assert [watch.state(key).state for key in ("5", "6", "7_0", "7_1")] == ["RUNNING"] * 4
+    assert cluster.looks == [(0.0, ("5", "6", "7"))]  # one look answered all four
+    clock.now = 6
+    assert watch.state("7_0").state == "COMPLETED" and len(cluster.looks) == 2
+    assert watch.state("5").state == "RUNNING" and len(cluster.looks) == 2  # the same look's
+    clock.now = 40
+    assert watch.state("6").state == "COMPLETED"
+    assert [watch.state(key).state for key in ("5", "7_1")] == ["COMPLETED"] * 2
+    assert len(cluster.looks) == 3
+
+
+def test_a_job_seen_ended_is_never_asked_about_again():
+    clock, cluster, watch = watched({"5": 1, "6": 100}, record("5"), record("6"))
+    clock.now = 2
+    watch.state("5")
+    clock.now = 50
+    assert watch.state("5").state == "COMPLETED"  # kept: no look for it
+    watch.state("6")
+    assert cluster.looks[-1] == (50, ("6",))
+
+
+def test_looks_space_out_with_the_time_waited_up_to_a_minute_and_a_new_job_starts_them_again():
+    clock, cluster, watch = watched({"5": 10_000, "6": 20_000}, record("5"))
+    found = watch.state("5")
+    assert found.state == "RUNNING"
+    waits = []
+    for _ in range(40):
+        waits.append(watch.due_in_s())
+        clock.sleep(waits[-1])
+        watch.state("5")
+    assert waits[0] == slurm.FIRST_POLL_S and waits == sorted(waits) and waits[-1] == MAX_INTERVAL_S
+    # Each wait is SHARE of the time since the job was added (at 0), once over FIRST_POLL_S; a minute
+    # once a minute has passed.
+    looked = [when for when, _ in cluster.looks]
+    expected = [
+        MAX_INTERVAL_S if at >= MAX_INTERVAL_S else max(slurm.FIRST_POLL_S, SHARE * at) for at in looked
+    ]
+    assert [later - earlier for earlier, later in itertools.pairwise(looked)] == pytest.approx(expected[:-1])
+    watch.add(record("6"))
+    assert watch.due_in_s() == slurm.FIRST_POLL_S  # a new job is looked at soon
+
+
+def test_asking_before_a_look_is_due_asks_slurm_nothing():
+    _clock, cluster, watch = watched({"5": 100}, record("5"))
+    watch.state("5")
+    for _ in range(1000):  # a `while not job.done()` loop without a sleep
+        watch.state("5")
+    assert len(cluster.looks) == 1
+
+
+def test_forget_looks_again_at_once():
+    _clock, cluster, watch = watched({"5": 100}, record("5"))
+    watch.state("5")
+    watch.forget("5")  # e.g. cancelled
+    watch.state("5")
+    assert len(cluster.looks) == 2
+
+
+def test_a_job_slurm_does_not_know_is_said_so():
+    _clock, _cluster, watch = watched({"7_0": 1}, record("7", 2))
+    with pytest.raises(HpcboxError, match="job 7_1 is known to neither squeue nor sacct on edi"):
+        watch.state("7_1")
+
+
+def test_a_thousand_tasks_waited_on_in_turn_cost_a_look_a_minute_after_the_first():
+    """As a Hydra multirun or `[job.result() for job in jobs]` waits: task by task, each wait a
+    schedule of the watch's, not its own. Tasks end at random over ten minutes."""
+    shuffled = random.Random(0)
+    ends = {f"7_{task}": shuffled.uniform(5, 600) for task in range(1000)}
+    clock, cluster, watch = watched(ends, record("7", 1000))
+    for task in range(1000):
+        assert watch.wait(f"7_{task}").state == "COMPLETED"
+    minutes = [0] * (int(clock.now // 60) + 1)
+    for when, _ in cluster.looks:
+        minutes[int(when // 60)] += 1
+    assert all(count <= 1 for count in minutes[1:]), minutes
+    assert minutes[0] <= 15, minutes  # 0, 0.25, 0.5, 0.75, 1.125 ... 43 s
+    assert clock.now - max(ends.values()) <= MAX_INTERVAL_S  # the last end seen within a minute
