@@ -73,6 +73,8 @@ CASES = [
     (["submit", "--cluster=edi,carc", "--sweep=sweep.toml"], "--sweep does not go with a race"),
     (["submit", "--cluster=edi,carc", "--mem=lots"], "mem: 'lots' is not a Slurm memory size"),
     (["submit", "--cluster=edi", "--account=a1,$(id)"], "account: '$(id)' is not a Slurm account name"),
+    (["submit", "--cluster=edi,carc", "--first=soon"], "first: 'soon' is not a Slurm time"),
+    (["submit", "--cluster=edi", "--first=10"], "--first picks among several clusters or accounts"),
     (["submit", "--cluster=edi", "--gpus=2", "--offline", "--data=pyproject.toml"],
      "environment is the cpu flavour (the flavour --offline builds unless told)"),
     # the job's life after it, with no job

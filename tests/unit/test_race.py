@@ -178,3 +178,14 @@ def test_bad_input_is_one_line_and_sends_nothing(project, entrants, options, mes
     assert message in str(refused.value.message) and "\n" not in refused.value.message
     assert all(getattr(each, "site", each).sent_at is None for each in sites)
     assert Ledger(project).all() == []
+
+
+def test_failover_sends_one_at_a_time_each_given_its_time_to_start(project, capsys):
+    waiting, starting = StandInSite("edi", project, None), StandInSite("mila", project, 1)
+    raced = race([waiting, starting], failover_after_s=0.5, say=print)
+    assert raced.kept.site is starting and raced.others[0].site is waiting and raced.others[0].cancelled
+    assert waiting.sent_at is not None and starting.sent_at is not None
+    assert starting.sent_at - waiting.sent_at >= 0.5  # sent once the first had had its time
+    said = capsys.readouterr().out
+    assert f"job {raced.others[0].job_id} on edi did not start within 0.5 s; cancelled, trying mila" in said
+    assert said.count("cancelled") == 1  # not cancelled again at the end

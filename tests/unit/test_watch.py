@@ -97,11 +97,12 @@ def test_looks_space_out_with_the_time_waited_up_to_a_minute_and_a_new_job_start
     found = watch.state("5")
     assert found.state == "RUNNING"
     waits = []
-    for _ in range(40):
+    for _ in range(100):
         waits.append(watch.due_in_s())
         clock.sleep(waits[-1])
         watch.state("5")
-    assert waits[0] == slurm.FIRST_POLL_S and waits == sorted(waits) and waits[-1] == MAX_INTERVAL_S
+    assert waits[0] == slurm.FIRST_POLL_S and waits[-1] == pytest.approx(MAX_INTERVAL_S)
+    assert all(later >= earlier - 1e-6 for earlier, later in itertools.pairwise(waits))  # never sooner
     # Each wait is SHARE of the time since the job was added (at 0), once over FIRST_POLL_S; a minute
     # once a minute has passed.
     looked = [when for when, _ in cluster.looks]
@@ -147,5 +148,5 @@ def test_a_thousand_tasks_waited_on_in_turn_cost_a_look_a_minute_after_the_first
     for when, _ in cluster.looks:
         minutes[int(when // 60)] += 1
     assert all(count <= 1 for count in minutes[1:]), minutes
-    assert minutes[0] <= 15, minutes  # 0, 0.25, 0.5, 0.75, 1.125 ... 43 s
+    assert minutes[0] <= 45, minutes  # a quarter second apart to 2.5 s, then a tenth of the time waited
     assert clock.now - max(ends.values()) <= MAX_INTERVAL_S  # the last end seen within a minute

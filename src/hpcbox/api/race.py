@@ -66,6 +66,7 @@ def race(
     data: str | Path | None = None,
     flavour: str | None = None,
     offline: bool = False,
+    failover_after_s: float | None = None,
     timeout_s: float = math.inf,
     say: Say | None = None,
     **options: Any,
@@ -73,8 +74,10 @@ def race(
     """Send the job (``args``: the program's arguments; ``options``: its resources, by the option
     table's names) to every entrant (a `Site`, or an `Entrant`: a site and an account), keep the first
     to start (RUNNING, or already ended) and cancel the rest; a site that cannot be sent to is said so
-    and raced without. ``timeout_s``: how long to wait for a start before giving up (the jobs then left
-    as they are, each in the ledger)."""
+    and raced without. ``failover_after_s``: instead of all at once, one entrant at a time in the order
+    given, each given that long to start before it is cancelled and the next is sent (the last waits
+    as long as it takes; SkyPilot's failover). ``timeout_s``: how long to wait for a start before
+    giving up (the jobs then left as they are, each in the ledger)."""
     field = _checked(entrants, options)
     say = say or field[0].site.say
     for entrant in field:  # every request checked before anything is built or sent
@@ -87,18 +90,70 @@ def race(
                 data=data, flavour=flavour, offline=offline, **{**options, **entrant.options}
             )
             made.add(compression)
-    sent, unsent = _send(field, tuple(args), dict(data=data, flavour=flavour, offline=offline), options, say)
-    if not sent:
-        reasons = "; ".join(f"{entrant}: {error.message}" for entrant, error in unsent)
-        raise HpcboxError(f"no entrant of the race could be sent ({reasons})")
-    started = _first_started(sent, timeout_s, say)
+    stages = dict(data=data, flavour=flavour, offline=offline)
+    failed_over: list[Job] = []  # cancelled on the way, for not starting in their time
+    if failover_after_s is None:
+        sent, unsent = _send(field, tuple(args), stages, options, say)
+        if not sent:
+            raise _none_sent(unsent)
+        started = _first_started(sent, timeout_s)
+    else:
+        sent, unsent, started = _fail_over(
+            field, tuple(args), stages, options, failover_after_s, timeout_s, say, failed_over
+        )
     kept, _ = started[0]
     others = tuple(job for _, job in sent if job is not kept)
     for job in others:
-        _call_off(job, started, say)
+        if job not in failed_over:
+            _call_off(job, started, say)
     _record(kept, [job for _, job in sent], unsent)
     say(f"hpcbox: race: kept job {kept.job_id} on {kept.record.where}, the first to start")
     return Raced(kept, others, tuple(unsent))
+
+
+def _fail_over(
+    field: list[Entrant],
+    args: tuple[str, ...],
+    stages: dict[str, Any],
+    options: dict[str, Any],
+    after_s: float,
+    timeout_s: float,
+    say: Say,
+    failed_over: list[Job],
+) -> tuple[list[tuple[Entrant, Job]], list[tuple[Entrant, HpcboxError]], list[tuple[Job, JobState]]]:
+    """One entrant at a time: each sent and given ``after_s`` to start (the last, ``timeout_s``); one
+    that does not start is cancelled (added to ``failed_over``) and the next sent."""
+    sent: list[tuple[Entrant, Job]] = []
+    unsent: list[tuple[Entrant, HpcboxError]] = []
+    for index, entrant in enumerate(field):
+        now_sent, now_unsent = _send([entrant], args, stages, options, say)
+        sent += now_sent
+        unsent += now_unsent
+        if not now_sent:
+            continue
+        last = index == len(field) - 1
+        try:
+            return sent, unsent, _first_started(now_sent, timeout_s if last else after_s)
+        except NotStarted:
+            if last:
+                raise
+            job = now_sent[0][1]
+            job.cancel(outright=True)
+            failed_over.append(job)
+            say(
+                f"hpcbox: race: job {job.job_id} on {job.record.where} did not start within "
+                f"{after_s:g} s; cancelled, trying {field[index + 1]}"
+            )
+    raise _none_sent(unsent)
+
+
+def _none_sent(unsent: list[tuple[Entrant, HpcboxError]]) -> HpcboxError:
+    reasons = "; ".join(f"{entrant}: {error.message}" for entrant, error in unsent)
+    return HpcboxError(f"no entrant of the race could be sent ({reasons})")
+
+
+class NotStarted(HpcboxError):
+    """No job of the race started within the time it was given."""
 
 
 def _checked(entrants: Sequence[Site | Entrant], options: dict[str, Any]) -> list[Entrant]:
@@ -147,7 +202,7 @@ def _send(
     return sent, unsent
 
 
-def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float, say: Say) -> list[tuple[Job, JobState]]:
+def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float) -> list[tuple[Job, JobState]]:
     """The jobs started (RUNNING, or ended) at the first look that finds any, in the entrants' order;
     each site's jobs looked at through its watch, on its schedule."""
     deadline = time.monotonic() + timeout_s
@@ -163,7 +218,7 @@ def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float, say: Say) 
         if started:
             return started
         if time.monotonic() > deadline:
-            raise HpcboxError(
+            raise NotStarted(
                 f"no job of the race started within {timeout_s:.0f} s",
                 "they wait on as they are: `hpcbox jobs` lists them; cancel those you do not want",
             )

@@ -398,6 +398,9 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         "with its arguments (and the resources given now)",
         "resume_from": "JOB: start from the results and last checkpoint of stopped job JOB (copied on the "
         "cluster), with its arguments unless given after --",
+        "first": "how a race of several clusters or accounts keeps one: start (default: sent to all at "
+        "once, the first to start kept) or a time (minutes, or H:M:S): one at a time in the order given, "
+        "each given that long to start",
     },
 )
 def submit(
@@ -415,6 +418,7 @@ def submit(
     sweep=None,
     resubmit_failed=None,
     resume_from=None,
+    first=None,
     **resources,
 ):
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`.
@@ -431,7 +435,9 @@ def submit(
             if value:
                 raise HpcboxError(f"{flag} does not go with a race", "a race sends one job to each entrant")
         from hpcbox.api import Entrant, race
+        from hpcbox.units import parse_time
 
+        failover_after_s = None if first in (None, "start") else parse_time(first, "first")
         sites = [Site(name, via=via, remote_root=remote_root, say=say) for name in clusters]
         options = {name: value for name, value in resources.items() if name != "account" or len(accounts) < 2}
         entrants = [
@@ -439,9 +445,12 @@ def submit(
             for site in sites
             for account in (accounts if len(accounts) > 1 else [None])
         ]
-        raced = race(entrants, trainer_args, data=data, flavour=flavour, offline=offline, say=say, **options)
+        stages = {"data": data, "flavour": flavour, "offline": offline, "failover_after_s": failover_after_s}
+        raced = race(entrants, trainer_args, **stages, say=say, **options)
         print(raced.kept.job_id)
         return
+    if first is not None:
+        raise HpcboxError("--first picks among several clusters or accounts", "name them: --cluster=a,b")
     site = Site(cluster, via=via, host=host, user=user, port=port, remote_root=remote_root, say=say)
     stages = {"data": data, "flavour": flavour, "offline": offline, "dry_run": dry_run}
     if resubmit_failed is None:
