@@ -93,6 +93,9 @@ SCENARIOS = {
     "a Hydra point preempted mid-run (no user signal): requeued, went on from its kept progress, returned": [
         "tests/integration/test_own_project.py::test_a_hydra_point_preempted_mid_run_is_requeued_resumes_and_returns",
     ],
+    "a race of two accounts, one at its limit: the free one's job kept, the other cancelled": [
+        "tests/integration/test_rehearsal.py::test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_its_limit",
+    ],
     "a finished job Slurm starts again (scontrol requeue): not run again, its results as they were": [
         f"{SBATCH}::test_a_finished_job_slurm_requeues_does_not_run_again_and_keeps_its_results",
     ],

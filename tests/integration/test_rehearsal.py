@@ -497,6 +497,7 @@ def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_i
             == {
                 "entrants": [f"m3-via-local job {lost}", f"m3-via-local job {kept}"],
                 "kept": f"m3-via-local job {kept}",
+                "cancelled": [f"m3-via-local job {lost}"],
             }
         )
         assert f"hpcbox: race: cancelled job {lost} on m3-via-local\n" in raced.stderr, raced.stderr

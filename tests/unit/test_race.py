@@ -123,6 +123,20 @@ def test_a_loser_that_started_in_the_same_look_is_cancelled_and_said_so(project,
     assert "(it had started too, in the same look)" in capsys.readouterr().out
 
 
+def test_a_loser_that_had_already_ended_is_left_as_it_ended(project, capsys):
+    running, ended = StandInSite("edi", project, 1), StandInSite("mila", project, 1)
+    ended.read = lambda records: {r.job_id: JobState(r.job_id, "COMPLETED", exit_code="0:0") for r in records}
+    ended.watch = Watch(ended.read)
+    raced = race([running, ended], say=print)
+    assert raced.kept.site is running and not raced.others[0].cancelled
+    said = capsys.readouterr().out
+    assert f"job {raced.others[0].job_id} on mila had already ended COMPLETED; left so" in said
+    left = Ledger(project).find(raced.others[0].job_id, "mila")
+    assert left.race["cancelled"] == [] and left.race_said == (
+        f"raced: edi job {raced.kept.job_id} was kept; this one had ended before it was called off"
+    )
+
+
 def test_a_slow_upload_delays_no_other_sites_sbatch(project):
     fast, slow = StandInSite("edi", project, 1), StandInSite("mila", project, None, upload_s=1.0)
     started = time.monotonic()

@@ -103,10 +103,11 @@ def race(
         )
     kept, _ = started[0]
     others = tuple(job for _, job in sent if job is not kept)
-    for job in others:
-        if job not in failed_over:
-            _call_off(job, started, say)
-    _record(kept, [job for _, job in sent], unsent)
+    cancelled = [
+        *failed_over,
+        *(job for job in others if job not in failed_over and _call_off(job, started, say)),
+    ]
+    _record(kept, [job for _, job in sent], cancelled, unsent)
     say(f"hpcbox: race: kept job {kept.job_id} on {kept.record.where}, the first to start")
     return Raced(kept, others, tuple(unsent))
 
@@ -225,26 +226,30 @@ def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float) -> list[tu
         time.sleep(max(_LEAST_PAUSE_S, min(job.watch.due_in_s() for _, job in sent)))
 
 
-def _call_off(job: Job, started: list[tuple[Job, JobState]], say: Say) -> None:
+def _call_off(job: Job, started: list[tuple[Job, JobState]], say: Say) -> bool:
     """Cancel a job that lost the race: one that had started too is said so; one that had ended before
-    is left as it ended; cancelling twice is harmless."""
+    is left as it ended (False); cancelling twice is harmless."""
     had = next((found for each, found in started if each is job), None)
     if had is not None and had.finished:
         say(f"hpcbox: race: job {job.job_id} on {job.record.where} had already ended {had.state}; left so")
-        return
+        return False
     job.cancel(outright=True)
     also = " (it had started too, in the same look)" if had is not None else ""
     say(f"hpcbox: race: cancelled job {job.job_id} on {job.record.where}{also}")
+    return True
 
 
-def _record(kept: Job, jobs: list[Job], unsent: list[tuple[Entrant, HpcboxError]]) -> None:
-    """Each sent job's ledger entry names the race's jobs and the one kept."""
+def _record(
+    kept: Job, jobs: list[Job], cancelled: list[Job], unsent: list[tuple[Entrant, HpcboxError]]
+) -> None:
+    """Each sent job's ledger entry names the race's jobs, the one kept and those cancelled."""
     from hpcbox.ledger import Ledger
 
+    name = lambda job: f"{job.record.where} job {job.job_id}"  # noqa: E731
     race = {
-        "entrants": [f"{job.record.where} job {job.job_id}" for job in jobs]
-        + [f"{entrant} (not sent)" for entrant, _ in unsent],
-        "kept": f"{kept.record.where} job {kept.job_id}",
+        "entrants": [name(job) for job in jobs] + [f"{entrant} (not sent)" for entrant, _ in unsent],
+        "kept": name(kept),
+        "cancelled": [name(job) for job in cancelled],
     }
     for job in jobs:
         job.record = dataclasses.replace(job.record, race=race)

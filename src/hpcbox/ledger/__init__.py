@@ -59,7 +59,8 @@ class JobRecord:
     # One task of a sweep, as the commands about one job see it (`-j 3_2`; never written to the ledger).
     task: int | None = None
     # A job raced among clusters or accounts (`submit --cluster=a,b`): every entrant's job as
-    # `WHERE job ID` (`entrants`, in the order given) and the one kept, the first to start (`kept`).
+    # `WHERE job ID` (`entrants`, in the order given), the one kept, the first to start (`kept`), and
+    # those cancelled (`cancelled`; a loser that had ended before is not).
     race: dict[str, Any] | None = None
 
     @property
@@ -75,7 +76,9 @@ class JobRecord:
         others = len(self.race["entrants"]) - 1
         if kept == me:
             return f"raced against {others} other{'s' if others != 1 else ''}: kept, the first to start"
-        return f"raced: cancelled, {kept} started first"
+        if me in self.race.get("cancelled", ()):
+            return f"raced: cancelled, {kept} started first"
+        return f"raced: {kept} was kept; this one had ended before it was called off"
 
     @property
     def run(self) -> str:
