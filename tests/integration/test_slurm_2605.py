@@ -251,7 +251,9 @@ def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(
 ):
     """Slurm 26.05's --signal=B:USR1 before the limit reaches the job script: the trainer checkpoints, the
     script requeues the job, and the next run resumes from the checkpoint; then `cancel` stops it, and
-    status, logs and report say what happened (sacct's Restarts: 1)."""
+    status, logs and report say what happened: sacct's Restarts is the requeues the log tells (one, or
+    two where the resumed run reached its own limit before the cancel: on a loaded machine it did), the
+    report's resumes the resumed starts the log shows."""
     setup, job_id = own_setup, limited_job
     deadline = time.monotonic() + 300
     log = ""
@@ -269,10 +271,12 @@ def test_a_job_at_its_time_limit_checkpoints_is_requeued_and_resumes(
     status = invoke(setup, "status", "-j", job_id)
     assert status.stdout.startswith(f"job {job_id}: CANCELLED"), status.stdout + status.stderr
     restarts = minicluster.ssh(["sacct", "-X", "-n", "-P", f"--jobs={job_id}", "--format=Restarts"]).stdout
-    assert restarts.split() == ["1"], restarts
+    log = invoke(setup, "logs", "-j", job_id).stdout
+    requeues, resumes = log.count(f"requeueing job {job_id}"), log.count('"resumed": {')
+    assert restarts.split() == [str(requeues)] and resumes >= 1, (restarts, log)
 
     reported = invoke(setup, "report", "-j", job_id)
     assert reported.returncode == 0, reported.stderr
     figures = {line.split()[0]: line for line in reported.stdout.splitlines() if line.startswith("  ")}
-    assert "resumed 1 time" in figures["throughput"], reported.stdout
+    assert f"resumed {resumes} time" in figures["throughput"], reported.stdout
     assert "stopped (CANCELLED" in figures["time"], figures["time"]
