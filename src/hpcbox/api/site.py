@@ -190,8 +190,10 @@ class Site:
         said: Looked = {}
         here = []
         for record in records:
-            if (line := jobs.gone(record, self.project)) is not None:
-                said[record.job_id] = HpcboxError(line, "`hpcbox jobs` lists this project's jobs")
+            try:
+                jobs.check_reachable(record, self.project)
+            except HpcboxError as gone:
+                said[record.job_id] = gone
             else:
                 here.append(record)
         if here:

@@ -42,14 +42,7 @@ def _looked_at(record: JobRecord) -> JobRecord:
 
 def found_in(said: slurm.Looked, record: JobRecord) -> slurm.JobState:
     """``record``'s state in a look's answer (`look`): its own, or its array's tasks' together."""
-    if record.is_array:
-        prefix = f"{record.job_id}_"
-        tasks = {int(key[len(prefix) :]): each for key, each in said.items() if key.startswith(prefix)}
-        found = array_state(
-            {index: each for index, each in tasks.items() if isinstance(each, slurm.JobState)}
-        )
-    else:
-        found = said.get(record.job_id)
+    found = array_state(slurm.tasks_in(said, record.job_id)) if record.is_array else said.get(record.job_id)
     if found is None:
         found = said.get(record.job_id.partition("_")[0])
     if isinstance(found, HpcboxError):

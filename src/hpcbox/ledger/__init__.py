@@ -13,7 +13,6 @@ from typing import Any
 from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.files import write_atomically
 from hpcbox.project.config import ProjectConfig
-from hpcbox.render.profiles import available
 
 _JOB_ID = re.compile(r"^\d+$")
 _RUN_NAME = re.compile(r"^\d+-\d+$")  # the second job of an id here is `<id>-2`
@@ -233,6 +232,8 @@ class Ledger:
 def _refuse_unknown(cluster: str) -> None:
     """A --cluster that names no profile (a rehearsal's `NAME-via-PLACE` by its NAME) is a typo more
     likely than a cluster with no jobs: said so, with the name it may have meant."""
+    from hpcbox.render.profiles import available  # profiles are read only where a name is unknown
+
     profiles = available()
     name = cluster.partition("-via-")[0]
     if name in profiles:

@@ -375,10 +375,15 @@ def task_states(connection: ssh.Connection, job_id: str, script: str = "") -> di
     found = look(connection, [Watched(job_id, script, array=True)])
     if isinstance(error := found.get(job_id), HpcboxError):
         raise error
+    return tasks_in(found, job_id)
+
+
+def tasks_in(said: Looked, job_id: str) -> dict[int, JobState]:
+    """The states a look (`look`) gives of array ``job_id``'s tasks, by task id."""
     prefix = f"{job_id}_"
     return {
         int(key.removeprefix(prefix)): state
-        for key, state in found.items()
+        for key, state in said.items()
         if key.startswith(prefix) and isinstance(state, JobState)
     }
 
