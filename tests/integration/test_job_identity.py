@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,6 +144,85 @@ def test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one(setup: Setu
     assert re.search(said[fetched_job], listed[0]) and "job 1: COMPLETED" in listed[2], listed
     forced = invoke(setup, "cluster.down", f"--name={spec.name}")
     assert forced.returncode == 0, forced.stderr  # its one job's results fetched: nothing to lose
+
+
+def test_a_cluster_whose_containers_stopped_comes_back_with_its_jobs_and_results(
+    setup: Setup, spec, minicluster_state, docker_engine
+):
+    """The machine restarted and stopped the cluster's containers: `cluster.up` replaced it, and the
+    results of its jobs never fetched went with it (`cluster.down` refuses exactly that). Now `cluster.up`
+    starts the same containers again, Slurm's state, accounting and run folders as they were, and a
+    replacement with other settings is refused while a job's results were never fetched."""
+    from hpcbox import minicluster as mc
+
+    project = setup.project().root
+    cluster = mc.up(spec, minicluster_state)
+    job, _ = submitted(setup)
+    run = run_of(setup, job)  # `<id>-<n>` after the test above made the cluster again
+    completed(setup, run)
+    state_saved_after_the_end_of(cluster, job)
+    label = {"label": f"io.hpcbox.minicluster={spec.name}"}
+    made = {c.name: c.id for c in docker_engine.containers.list(all=True, filters=label)}
+    for container in docker_engine.containers.list(filters=label):
+        container.kill()  # as a machine's restart leaves them: stopped, never asked to stop
+    for container in docker_engine.containers.list(all=True, filters=label):
+        container.wait(timeout=60)
+
+    down = invoke(setup, "cluster.status", f"--name={spec.name}")
+    assert down.returncode == 1
+    assert down.stderr.splitlines()[0] == (
+        f"error: cluster {spec.name} is not up: its accounting, controller, node1, login containers are not "
+        "running"
+    ), down.stderr
+    unreachable = invoke(setup, "status", "-j", run)
+    assert unreachable.returncode == 1
+    hinted = re.search(r"`(hpcbox cluster\.up [^`]*)` starts its containers again", unreachable.stderr)
+    assert hinted, unreachable.stderr
+    start_again = shlex.split(hinted.group(1))[1:]
+    assert start_again == ["cluster.up", f"--name={spec.name}", "--nodes=1", f"--port={spec.port}"]
+
+    other = invoke(setup, "cluster.up", f"--name={spec.name}", f"--port={spec.port}", "--nodes=2")
+    assert other.returncode == 1
+    assert other.stderr.splitlines() == [
+        f"error: cluster {spec.name} holds the results of job {run} of {project}, never fetched: "
+        "replacing it (nodes 1 -> 2) loses them",
+        f"  hint: fetch them first (`hpcbox fetch -j {run}` in {project}), or pass --force",
+    ]
+    assert {c.name: c.status for c in docker_engine.containers.list(all=True, filters=label)} == {
+        name: "exited" for name in made
+    }
+
+    again = invoke(setup, *start_again)  # as the hint says
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(
+        f"cluster {spec.name}: starting its stopped containers again (accounting, controller, node1, login), "
+        "its jobs kept\n"
+    ), again.stdout
+    assert {c.name: c.id for c in docker_engine.containers.list(filters=label)} == made
+    assert mc.find(spec.name, minicluster_state).incarnation == cluster.incarnation
+    status = invoke(setup, "status", "-j", run)
+    assert status.stdout.startswith(f"job {job}: COMPLETED"), status.stdout + status.stderr
+    fetch = invoke(setup, "fetch", "-j", run)
+    assert fetch.returncode == 0, fetch.stderr
+    assert "metrics.jsonl" in tree(Path(fetch.stdout.strip()))
+    # Slurm's own state came back too: it goes on numbering jobs after the last one.
+    after, _ = submitted(setup)
+    assert int(after) == int(job) + 1, (job, after)
+    completed(setup, run_of(setup, after))
+
+
+def state_saved_after_the_end_of(cluster, job_id: str, timeout_s: float = 60) -> None:
+    """Wait until slurmctld has saved its job state since job ``job_id`` ended (it does a second or so
+    after each change): a controller killed before forgets that end, as Slurm's at any site would, and
+    runs the job again."""
+    saved_since_end = (
+        f'end=$(date -d "$(sacct --noheader --allocations --parsable2 --format=End --jobs={job_id})" +%s) && '
+        'test "$(stat --format=%Y /var/lib/slurm/slurmctld/job_state)" -ge "$end"'
+    )
+    deadline = time.monotonic() + timeout_s
+    while (said := cluster.exec("controller", ["sh", "-c", saved_since_end])).returncode != 0:
+        assert time.monotonic() < deadline, f"slurmctld saved no job state in {timeout_s} s: {said}"
+        time.sleep(0.5)
 
 
 def ctrl_c_as_in_a_terminal() -> None:

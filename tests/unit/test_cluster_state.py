@@ -243,3 +243,20 @@ def test_a_bad_cluster_flag_is_one_line_and_makes_no_state(args: list[str], says
     assert first.startswith(f"error: {says}"), done.stderr
     assert all(line.startswith("  hint: ") for line in rest), done.stderr
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_the_up_command_of_a_cluster_names_exactly_the_flags_it_was_made_with():
+    """What a stopped cluster's hints tell to type: the flags that are not defaults, so that `cluster.up`
+    finds the same cluster and starts it again instead of replacing it; --nodes always for a site's
+    shape, whose default is its own."""
+    from hpcbox.minicluster.spec import ClusterSpec, spec_like
+
+    assert ClusterSpec().up_command == "hpcbox cluster.up"
+    made = ClusterSpec(name="mine-2", nodes=1, port=2300, slurm="26.05", runtime="singularity", fuse=False)
+    assert made.up_command == (
+        "hpcbox cluster.up --name=mine-2 --nodes=1 --port=2300 --slurm=26.05 --runtime=singularity --fuse=no"
+    )
+    assert (
+        spec_like("edi", name="rehearsal").up_command
+        == "hpcbox cluster.up --name=rehearsal --like=edi --nodes=2"
+    )

@@ -505,6 +505,12 @@ def test_a_login_node_that_does_not_answer_is_unreachable_and_one_that_refuses_i
     target = ssh.Target("127.0.0.1", port, "nobody", key_path=tmp_path / "key", known_hosts=known_hosts)
     with pytest.raises(ssh.Unreachable, match="Connection refused"), ssh.Connection(target):
         pass
+    # Where the target's owner knows what a login node that does not answer means (a mini cluster's
+    # stopped containers), its hint is the one given.
+    told = ssh.Target(**{**vars(target), "unreachable_hint": "start it again"})
+    with pytest.raises(ssh.Unreachable) as unreachable, ssh.Connection(told):
+        pass
+    assert unreachable.value.hint == "start it again"
     assert not ssh.not_answering("Permission denied (publickey).")
     assert not ssh.not_answering("Host key verification failed.")
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from hpcbox.ledger import JobRecord
     from hpcbox.minicluster.cluster import Cluster
     from hpcbox.minicluster.lifecycle import Removed
+    from hpcbox.minicluster.spec import ClusterSpec
     from hpcbox.project.command import ContainerCommand
     from hpcbox.project.config import ProjectConfig
     from hpcbox.render.profiles import ClusterProfile
@@ -651,6 +652,19 @@ def overview(cluster: str | None = None, *, project: ProjectConfig | str | Path 
     from hpcbox import jobs
 
     return jobs.overview(project_of(project), cluster)
+
+
+def up_mini_cluster(spec: ClusterSpec, state_root: Path, *, force: bool = False, say: Say = print) -> Cluster:
+    """Mini cluster ``spec`` up and ready (`minicluster.up`): the one there is if it matches, its stopped
+    containers started again with its jobs and results; one of other settings replaced only while
+    Slurm holds no unfinished job there and no results never fetched (as `remove_mini_cluster`
+    refuses), or with ``force``, which says what goes with it."""
+    from hpcbox import jobs, minicluster
+
+    def refuse_unfetched(current: Cluster, why: str) -> None:
+        jobs.refuse_unfetched(current, "replace", why, force=force, say=say)
+
+    return minicluster.up(spec, state_root, force=force, on_line=say, before_replacing=refuse_unfetched)
 
 
 def remove_mini_cluster(name: str, state_root: Path, *, force: bool = False, say: Say = print) -> Removed:

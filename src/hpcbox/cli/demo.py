@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcbox import minicluster
-from hpcbox.api import Job, Site, describe
+from hpcbox.api import Job, Site, describe, up_mini_cluster
 from hpcbox.build import baseimage, offlock
 from hpcbox.build.image import build_image, record_image
 from hpcbox.errors import HpcboxError
@@ -140,7 +140,7 @@ def run_demo(
     spec = minicluster.ClusterSpec(name=name, port=port)
 
     def cluster_then_helper(on_line: Callable[[str], None]) -> None:
-        minicluster.up(spec, root, force=force, on_line=on_line)
+        up_mini_cluster(spec, root, force=force, say=on_line)
         helper.ensure_helper(strict=offlock.strict_lock(), on_line=lambda _line: None, say=on_line)
 
     cluster = Beside(cluster_then_helper, say)

@@ -724,8 +724,8 @@ def _cluster_tasks() -> Collection:
             "port": "login SSH port",
             "like": "shape it like this cluster profile (partitions, GPU types, accounts, scratch): a "
             "rehearsal of that site for `hpcbox submit --cluster NAME --via local` (default: local)",
-            "force": "replace a cluster of other settings even while Slurm has unfinished jobs on it "
-            "(they are lost)",
+            "force": "replace a cluster of other settings even while Slurm has unfinished jobs on it or it "
+            "holds results never fetched (they are lost)",
             "slurm": "the Slurm version every node runs: 22.05, 24.11 or 26.05 (default: the nearest to the "
             "version --like's profile names, else 24.11)",
             "runtime": "the container command on the compute nodes: apptainer (with its singularity alias) "
@@ -755,8 +755,10 @@ def _cluster_tasks() -> Collection:
     ):
         """Start the mini Slurm cluster (idempotent, from any project) and wait until it is up.
 
-        Shaped like a profile (--like); a running one of other settings is replaced."""
+        Shaped like a profile (--like); a stopped one is started again, its jobs kept; one of other
+        settings is replaced (refused while it runs jobs or holds results never fetched)."""
         from hpcbox import minicluster
+        from hpcbox.api import up_mini_cluster
 
         version = minicluster.slurm_like(like, slurm, say=print)
         spec = minicluster.spec_like(
@@ -770,7 +772,7 @@ def _cluster_tasks() -> Collection:
             squashfuse=_yes_no("squashfuse", squashfuse),
             zstd=_yes_no("zstd", zstd),
         )
-        cluster = minicluster.up(spec, _state(name), force=force, on_line=print)
+        cluster = up_mini_cluster(spec, _state(name), force=force, say=print)
         print(minicluster.status(cluster), end="")
         login = ["ssh", "-i", str(cluster.key_path), "-p", str(cluster.login_port)]
         login += ["-o", f"UserKnownHostsFile={cluster.known_hosts}", f"{cluster.user}@127.0.0.1"]

@@ -106,20 +106,25 @@ def unfetched(cluster: Cluster) -> list[Unfetched]:
     return [Unfetched(root, tuple(runs)) for root, runs in found.items()]
 
 
-def refuse_unfetched(cluster: Cluster, *, force: bool, say: Callable[[str], None] = print) -> None:
-    """Refuse to remove ``cluster`` while it holds results never fetched (naming the jobs, by project);
-    with ``force``, say what goes with it and go on."""
+def refuse_unfetched(
+    cluster: Cluster, verb: str = "remove", why: str = "", *, force: bool, say: Callable[[str], None] = print
+) -> None:
+    """Refuse to ``verb`` ("remove", "replace") ``cluster`` (because ``why``) while it holds results
+    never fetched (naming the jobs, by project); with ``force``, say what goes with it and go on."""
     lost = unfetched(cluster)
     if not lost:
         return
     listing = "; ".join(str(jobs) for jobs in lost)
+    doing = f"{verb.removesuffix('e')}ing"
+    because = f" ({why})" if why else ""
     if not force:
         first = lost[0]
         raise HpcboxError(
-            f"cluster {cluster.name} holds the results of {listing}, never fetched: removing it loses them",
+            f"cluster {cluster.name} holds the results of {listing}, never fetched: {doing} it{because} "
+            "loses them",
             f"fetch them first (`hpcbox fetch -j {first.runs[0]}` in {first.project}), or pass --force",
         )
-    say(f"hpcbox: --force: removing cluster {cluster.name} loses the results of {listing}, never fetched")
+    say(f"hpcbox: --force: {doing} cluster {cluster.name} loses the results of {listing}, never fetched")
 
 
 def _to_stderr(line: str) -> None:

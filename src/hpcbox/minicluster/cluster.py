@@ -21,7 +21,7 @@ from hpcbox.files import write_atomically
 from hpcbox.minicluster import state
 from hpcbox.minicluster.secrets import ClusterSecrets
 from hpcbox.minicluster.shape import ClusterShape
-from hpcbox.minicluster.spec import USER, ClusterSpec, legacy_state_dir, state_dir, state_root
+from hpcbox.minicluster.spec import DEFAULT_NAME, USER, ClusterSpec, legacy_state_dir, state_dir, state_root
 from hpcbox.tools import docker as engine
 from hpcbox.tools import proc, ssh
 
@@ -79,8 +79,21 @@ class Cluster:
     def known_hosts(self) -> Path:
         return self.secrets.known_hosts
 
+    @property
+    def start_again(self) -> str:
+        """What brings its stopped containers back, in a sentence."""
+        return (
+            f"after the machine or Docker restarted, `{self.spec.up_command}` starts its containers again, "
+            "its jobs and results kept"
+        )
+
     def ssh_target(self) -> ssh.Target:
-        return ssh.Target("127.0.0.1", self.login_port, USER, self.key_path, self.known_hosts)
+        status = "hpcbox cluster.status" + ("" if self.name == DEFAULT_NAME else f" --name {self.name}")
+        then = self.start_again
+        stopped = f"is mini cluster {self.name} running (`{status}`)? {then[:1].upper()}{then[1:]}"
+        return ssh.Target(
+            "127.0.0.1", self.login_port, USER, self.key_path, self.known_hosts, unreachable_hint=stopped
+        )
 
     def ssh(self, command: str | Sequence[str], *, check: bool = False) -> proc.Completed:
         """Run ``command`` on the login node as the cluster user, over SSH: through the master connection
@@ -100,7 +113,10 @@ class Cluster:
 
     def exec(self, host: str, argv: Sequence[str], *, user: str = "root") -> proc.Completed:
         """Run ``argv`` inside ``host``'s container (as ``user``), bypassing SSH."""
-        code, (out, err) = self.node_container(host).exec_run(list(argv), user=user, demux=True)
+        container = self.node_container(host)
+        if container.status != "running":
+            raise HpcboxError(f"cluster {self.name}: its {host} container is not running", self.start_again)
+        code, (out, err) = container.exec_run(list(argv), user=user, demux=True)
         return proc.Completed(
             tuple(argv), code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
         )

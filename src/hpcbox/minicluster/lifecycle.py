@@ -9,7 +9,9 @@ class per role (`nodes.py`); finding a running cluster again and removing one go
 
 A cluster is the user's, shared by every project on the machine: its keys are under the user's state
 folder (state.py), `up` in a second project finds the one the first brought up, and replacing a
-cluster Slurm still runs or queues jobs on is refused unless forced (`refuse_unfinished`).
+cluster Slurm still runs or queues jobs on is refused unless forced (`refuse_unfinished`). One whose
+containers stopped (the machine or its Docker engine restarted) is started again, not replaced: Slurm's
+saved state and accounting are in its containers, the users' files in its volumes.
 """
 
 from __future__ import annotations
@@ -57,11 +59,14 @@ def up(
     force: bool = False,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     on_line: Callable[[str], None] | None = None,
+    before_replacing: Callable[[Cluster, str], None] | None = None,
 ) -> Cluster:
     """A running, ready cluster for ``spec``: the one already up if it matches (whichever project
-    brought it up), else a fresh one. One that must be replaced for it (other settings, shape or node
-    image, or a container not running) is replaced only while Slurm holds no unfinished job on it, or
-    with ``force``; nothing is touched before that is known, nor before ``spec.port`` is known free."""
+    brought it up), with its stopped containers started again, else a fresh one. One that must be
+    replaced for it (other settings, shape or node image, or a container gone) is replaced only while
+    Slurm holds no unfinished job on it, or with ``force``, and after ``before_replacing(cluster, why)``
+    has not refused (raised); nothing is touched before that is known, nor before ``spec.port`` is
+    known free."""
     say = on_line or (lambda _line: None)
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
@@ -79,7 +84,12 @@ def up(
         current = find(spec.name, state_root)
         wanted = (spec, image.ref, shape)
         same = current is not None and (current.spec, current.image, current.shape) == wanted
-        if current is not None and same and _all_running(current):
+        kept = current is not None and (same or _software_alone_differs(current, wanted))
+        if current is not None and kept and not _missing(current) and (stopped := _stopped(current)):
+            _start_again(current, stopped, timeout_s, say)
+            if same:
+                return current
+        elif current is not None and same and _all_running(current):
             say(f"cluster {spec.name} is already up")
             wait_ready(current, timeout_s)
             return current
@@ -91,6 +101,8 @@ def up(
         if containers or networks or volumes:
             why = _why_replaced(current, wanted, state_root)
             refuse_unfinished(spec.name, "replace", why, force=force, say=say)
+            if current is not None and before_replacing is not None:
+                before_replacing(current, why)
             say(f"replacing the existing cluster {spec.name} ({why})")
             _remove(spec.name, state_root)
             _check_port_free(spec.port)
@@ -201,6 +213,31 @@ def add_gpu_type(
             container.start()
         wait_ready(grown, timeout_s)
         return grown
+
+
+def _start_again(
+    cluster: Cluster, stopped: Sequence[str], timeout_s: float, say: Callable[[str], None]
+) -> None:
+    """Start ``cluster``'s ``stopped`` hosts' containers again, as they were made: its jobs, their ids,
+    accounting and results are as they were when they stopped (a job that was running then ends as
+    Slurm decides for a node that went down under it). The accounting node first, the controller last,
+    as `_start`."""
+    containers = {c.labels.get(nodes.HOST_LABEL): c for c in _resources(cluster.name)[0]}
+    if "login" in stopped:
+        _check_port_free(cluster.login_port)
+    name = cluster.name
+    say(f"cluster {name}: starting its stopped containers again ({', '.join(stopped)}), its jobs kept")
+    named = "" if name == DEFAULT_NAME else f" --name {name}"
+    for host in sorted(stopped, key=lambda host: (host != "accounting", host == "controller")):
+        try:
+            containers[host].start()
+        except docker.errors.APIError as exc:
+            raise HpcboxError(
+                f"cluster {name}: starting its {host} container again failed: {exc.explanation or exc}",
+                f"look at `docker logs {containers[host].name}`; `hpcbox cluster.down{named} --force`, then "
+                f"`{cluster.spec.up_command}`, makes it anew (its jobs' results go with it)",
+            ) from exc
+    wait_ready(cluster, timeout_s)
 
 
 def _software_alone_differs(current: Cluster, wanted: tuple[ClusterSpec, str, ClusterShape]) -> bool:
@@ -361,7 +398,14 @@ def _remove(name: str, state_root: Path) -> Removed:
 
 
 def status(cluster: Cluster) -> str:
-    """The Slurm it runs, what it is shaped like, and `sinfo` and `squeue` as the controller sees them."""
+    """The Slurm it runs, what it is shaped like, and `sinfo` and `squeue` as the controller sees them;
+    refused, naming them, where some of its containers are not running."""
+    if stopped := _stopped(cluster) + _missing(cluster):
+        several = "s are" if len(stopped) > 1 else " is"
+        raise HpcboxError(
+            f"cluster {cluster.name} is not up: its {', '.join(stopped)} container{several} not running",
+            cluster.start_again,
+        )
     sinfo = cluster.exec("controller", ["sinfo"])
     squeue = cluster.exec("controller", ["squeue"])
     shape = "\n".join([running_slurm(cluster), *cluster.shape.describe()])
@@ -471,6 +515,8 @@ def _why_replaced(
     same_cgroups = dataclasses.replace(current.shape, **enforcing)
     if same_cgroups != shape and current.spec.like == spec.like:
         changes.append(f"profile {spec.like} changed")
+    if not changes and (missing := _missing(current)):
+        changes.append(f"its {', '.join(missing)} container{'s' if len(missing) > 1 else ''} gone")
     return ", ".join(changes) or "not all of its containers are running"
 
 
@@ -497,6 +543,19 @@ def login_host_key(name: str) -> str | None:
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
         member = archive.extractfile(archive.getmembers()[0])
         return member.read().decode(errors="replace").strip() if member else None
+
+
+def _missing(cluster: Cluster) -> list[str]:
+    """The hosts of ``cluster`` that have no container (running or not)."""
+    made = {c.labels.get(nodes.HOST_LABEL) for c in _resources(cluster.name)[0]}
+    return [host for host in cluster.spec.hosts if host not in made]
+
+
+def _stopped(cluster: Cluster) -> list[str]:
+    """The hosts of ``cluster`` whose containers are there but not running."""
+    containers = {c.labels.get(nodes.HOST_LABEL): c for c in _resources(cluster.name)[0]}
+    containers = {host: containers[host] for host in cluster.spec.hosts if host in containers}
+    return [host for host, container in containers.items() if container.status != "running"]
 
 
 def _all_running(cluster: Cluster) -> bool:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,20 @@ class ClusterSpec:
         return {"runtime": self.runtime, "fuse": self.fuse, "squashfuse": self.squashfuse, "zstd": self.zstd}
 
     @property
+    def up_command(self) -> str:
+        """The `hpcbox cluster.up` that asks for exactly this cluster (one made through its flags): those
+        that are not defaults, and --nodes for a cluster shaped like a site (whose default is its own)."""
+        flags = []
+        for name in ("name", "like", "nodes", "port", "slurm", *self.software):
+            value = getattr(self, name)
+            if value is None or (
+                value == CLUSTER_SPEC_DEFAULTS[name] and (name != "nodes" or self.like == "local")
+            ):
+                continue
+            flags.append(f"--{name}={('yes' if value else 'no') if isinstance(value, bool) else value}")
+        return shlex.join(["hpcbox", "cluster.up", *flags])
+
+    @property
     def slurm_name(self) -> str:
         # Slurm names accounting tables after the cluster; keep it to [a-z0-9_].
         return self.name.replace("-", "_")
@@ -110,6 +125,9 @@ class ClusterSpec:
     @property
     def data_volume(self) -> str:
         return f"{self.name}-data"
+
+
+CLUSTER_SPEC_DEFAULTS = {field.name: field.default for field in fields(ClusterSpec)}
 
 
 def spec_like(profile: str, nodes: int | None = None, **settings: Any) -> ClusterSpec:

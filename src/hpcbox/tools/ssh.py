@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -62,6 +62,8 @@ class Target:
     key_path: Path | None = None
     known_hosts: Path | None = None
     connect_timeout_s: int = CONNECT_TIMEOUT_S
+    # What to do where it does not answer, where its owner knows better than "check that it is reachable".
+    unreachable_hint: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         # ssh, scp and rsync would read either as an option (`-oProxyCommand=...`): never passed on.
@@ -363,7 +365,8 @@ class Connection:
                 said = f"{failed.message}\n{failed.details}"
                 if attempt == CONNECT_ATTEMPTS or not any(words in said for words in DROPPED_BEFORE_KEX):
                     if isinstance(failed, proc.TimedOut) or not_answering(said):
-                        raise Unreachable(failed.message, failed.hint, failed.details) from failed
+                        hint = self.target.unreachable_hint or failed.hint
+                        raise Unreachable(failed.message, hint, failed.details) from failed
                     raise
                 # Spread out, so that many commands dropped together do not all come back together.
                 time.sleep(CONNECT_BACKOFF_S * 2 ** (attempt - 1) * random.uniform(1, 2))
