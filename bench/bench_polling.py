@@ -3,11 +3,14 @@ the executor and the Hydra launcher wait through) beside submitit's own watcher,
 TASKS tasks that takes minutes, waited on task by task as `[job.result() for job in jobs]` does.
 
 - hpcbox: `jobs.watch.Watch` over the real transport (`jobs.look`: one squeue for the unfinished
-  jobs, one sacct for those that ended), each task waited on in turn with `Watch.wait`.
+  jobs, one sacct for those that ended; `jobs.exits_kept` between looks: one command on the login
+  node for the exit statuses the tasks' run folders keep, which each task writes as it ends, as
+  hpcbox's job script does), each task waited on in turn with `Watch.wait`.
 - submitit: its `SlurmInfoWatcher` (sacct of the arrays, on its schedule from the last job registered),
   each task's `is_done` asked once a second, as submitit's `Job.wait` loops; its sacct run over SSH.
 
-Counted two ways: each squeue and sacct the waiter ran (by the minute of the wait), and what Slurm
+Counted two ways: each squeue and sacct the waiter ran (by the minute of the wait; hpcbox's peeks
+apart, as they ask the login node's shell, not Slurm), and what Slurm
 itself counted of the login user's calls (sdiag's RPCs by user at slurmctld, sacctmgr's at slurmdbd),
 before and after. The two waits run one after the other, each over a fresh array of the same tasks.
 """
@@ -24,14 +27,21 @@ from pathlib import Path
 
 from benchkit import free_port
 from hpcbox import minicluster
-from hpcbox.jobs import look
+from hpcbox.jobs import exits_kept, look
 from hpcbox.jobs.watch import Watch
 from hpcbox.ledger import JobRecord
+from hpcbox.render.sbatch import OUTCOME_FILE
 from hpcbox.tools import ssh
 
 TASKS = 1000
 THROTTLE = 24  # tasks at once: 2 nodes of 12 CPUs
-TASK = "sleep $((2 + SLURM_ARRAY_TASK_ID % 5))"  # 2 to 6 s, 4 s on average
+RUNS = "bench-polling"  # under the user's home on the cluster: a run folder per array, one per task
+# 2 to 6 s, 4 s on average; then the exit status kept in the task's run folder, as the job script keeps it.
+TASK = (
+    "sleep $((2 + SLURM_ARRAY_TASK_ID % 5)) && "
+    f'kept="$HOME/{RUNS}/$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID" && mkdir -p "$kept" && '
+    f'echo 0 >"$kept/{OUTCOME_FILE}"'
+)
 GOAL_PER_MINUTE = 2  # Slurm calls a minute after the first minute (issue 56)
 
 
@@ -41,10 +51,13 @@ class Counted:
     def __init__(self, connection: ssh.Connection, started: float) -> None:
         self.connection, self.started = connection, started
         self.calls: list[tuple[float, str]] = []
+        self.peeks: list[float] = []
 
     def run(self, argv, **kwargs):
-        program = "sacct" if "sacct" in argv else str(argv[0])
-        self.calls.append((time.monotonic() - self.started, program))
+        if isinstance(argv, str):  # the peek: a shell loop over the run folders
+            self.peeks.append(time.monotonic() - self.started)
+        else:
+            self.calls.append((time.monotonic() - self.started, "sacct" if "sacct" in argv else str(argv[0])))
         return self.connection.run(argv, **kwargs)
 
 
@@ -57,12 +70,13 @@ def _array(connection: ssh.Connection) -> str:
     return submitted.strip().split(";")[0]
 
 
-def _record(job_id: str) -> JobRecord:
-    """The array as a ledger would record it: what a look needs (its id, its tasks; no script to tell
-    it by, so Slurm's answer is taken as the array's)."""
+def _record(job_id: str, home: str) -> JobRecord:
+    """The array as a ledger would record it: what a look and a peek need (its id, its tasks, its run
+    folder; no script to tell it by, so Slurm's answer is taken as the array's)."""
     return JobRecord(
         job_id=job_id, cluster="local", host="bench", submitted_at="", submit_dir="", script="", log="",
-        run_dir="", sif="", sif_sha256="", image="", code_revision="", code_snapshot="", dataset_sha256="",
+        run_dir=f"{home}/{RUNS}/{job_id}", sif="", sif_sha256="", image="", code_revision="",
+        code_snapshot="", dataset_sha256="",
         resources={"array": f"0-{TASKS - 1}%{THROTTLE}"}, trainer_args=(),
         sweep=tuple((str(task),) for task in range(TASKS)),
     )  # fmt: skip
@@ -86,17 +100,20 @@ def _per_minute(times: list[float]) -> list[int]:
     return minutes
 
 
-def _hpcbox_wait(connection: ssh.Connection, job_id: str) -> tuple[list[float], float]:
+def _hpcbox_wait(connection: ssh.Connection, job_id: str, home: str) -> tuple[list[float], float, int]:
     started = time.monotonic()
     counted = Counted(connection, started)
-    watch = Watch(lambda records: look(counted, records))  # type: ignore[arg-type]
-    watch.add(_record(job_id))
+    watch = Watch(
+        lambda records: look(counted, records),  # type: ignore[arg-type]
+        peek=lambda records: exits_kept(counted, records),  # type: ignore[arg-type]
+    )
+    watch.add(_record(job_id, home))
     for task in range(TASKS):
         watch.wait(f"{job_id}_{task}")
-    return [when for when, _ in counted.calls], time.monotonic() - started
+    return [when for when, _ in counted.calls], time.monotonic() - started, len(counted.peeks)
 
 
-def _submitit_wait(target: ssh.Target, job_id: str) -> tuple[list[float], float]:
+def _submitit_wait(target: ssh.Target, job_id: str) -> tuple[list[float], float, int]:
     from submitit.slurm.slurm import SlurmInfoWatcher
 
     started = time.monotonic()
@@ -119,7 +136,7 @@ def _submitit_wait(target: ssh.Target, job_id: str) -> tuple[list[float], float]
     for each in ids:
         while not watcher.is_done(each):  # submitit's Job.wait: `while not self.done(): sleep(1)`
             time.sleep(1)
-    return calls, time.monotonic() - started
+    return calls, time.monotonic() - started, 0
 
 
 def _last_end(connection: ssh.Connection, job_id: str) -> float:
@@ -133,15 +150,18 @@ def _last_end(connection: ssh.Connection, job_id: str) -> float:
 
 
 def _measured(
-    cluster: minicluster.Cluster, connection: ssh.Connection, wait: Callable[[str], tuple[list[float], float]]
+    cluster: minicluster.Cluster,
+    connection: ssh.Connection,
+    wait: Callable[[str], tuple[list[float], float, int]],
 ) -> dict:
     before = _slurm_counts(cluster)
     job_id = _array(connection)
-    calls, waited = wait(job_id)
+    calls, waited, peeks = wait(job_id)
     after = _slurm_counts(cluster)
     return {
         "minutes": _per_minute(calls),
         "calls": len(calls),
+        "peeks": peeks,
         "waited_s": waited,
         "array_s": _last_end(connection, job_id),
         "slurm": {daemon: after[daemon] - before[daemon] for daemon in after},
@@ -162,7 +182,8 @@ def run() -> list[dict]:
             cluster = minicluster.up(spec, state)
             target = cluster.ssh_target()
             with ssh.Connection(target) as connection:
-                hpcbox = _measured(cluster, connection, lambda job_id: _hpcbox_wait(connection, job_id))
+                home = f"/home/{cluster.user}"
+                hpcbox = _measured(cluster, connection, lambda job_id: _hpcbox_wait(connection, job_id, home))
                 submitit = _measured(cluster, connection, lambda job_id: _submitit_wait(target, job_id))
         finally:
             minicluster.down(spec.name, state)
@@ -173,12 +194,13 @@ def _rows(hpcbox: dict, submitit: dict) -> list[dict]:
     rows = []
     for name, found in (("hpcbox's watch", hpcbox), ("submitit's watcher", submitit)):
         after_first = found["minutes"][1:]
+        peeks = f"; and {found['peeks']} peeks at the run folders (no Slurm call)" if found["peeks"] else ""
         rows += [
             _row(f"{name}: Slurm calls in the first minute", found["minutes"][0], "calls", None,
                  f"squeue and sacct it ran; by minute: {found['minutes']}"),
             _row(f"{name}: Slurm calls a minute after the first (most)", max(after_first, default=0), "calls",
                  f"<= {GOAL_PER_MINUTE}" if name.startswith("hpcbox") else None,
-                 f"{found['calls']} in all over {found['waited_s'] / 60:.1f} min"),
+                 f"{found['calls']} in all over {found['waited_s'] / 60:.1f} min{peeks}"),
             _row(f"{name}: RPCs slurmctld and slurmdbd counted", sum(found["slurm"].values()), "RPCs", None,
                  "the login user's, sdiag and sacctmgr show stats, before and after: "
                  + ", ".join(f"{daemon} {count}" for daemon, count in found["slurm"].items())),

@@ -10,12 +10,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hpcbox import jobs
 from hpcbox.project.config import load_project
+from hpcbox.tools import ssh
 from tests.fixtures.submitting import Setup
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -67,6 +69,16 @@ def calls_project(setup: Setup, tmp_path_factory) -> Path:
     return project_dir
 
 
+@pytest.fixture(autouse=True)
+def jobs_end_with_their_test(calls_project: Path, minicluster) -> Iterator[None]:
+    """Every job of this module's project ends with the test that sent it, passed or failed: a script
+    that died leaves none running on the session's cluster for the next tests to wait behind."""
+    yield
+    sent = [record.job_id for record in jobs.Ledger(load_project(calls_project)).all()]
+    if sent:  # scancel of a job that has ended says so and changes nothing
+        minicluster.exec("controller", ["scancel", *sent])
+
+
 def run_script(body: str, project_dir: Path, setup: Setup) -> dict:
     """``body`` run as a script in the project (its code importable, as in a user's checkout); the
     last line it prints is JSON."""
@@ -80,7 +92,7 @@ def run_script(body: str, project_dir: Path, setup: Setup) -> dict:
 
 
 def test_a_function_returns_its_value_and_map_array_of_20_is_one_array_job_in_order(
-    calls_project: Path, setup: Setup, tmp_path: Path
+    calls_project: Path, setup: Setup, tmp_path: Path, minicluster
 ):
     found = run_script(
         f"""
@@ -118,6 +130,10 @@ def test_a_function_returns_its_value_and_map_array_of_20_is_one_array_job_in_or
     assert ids == [f"{ids[0].split('_')[0]}_{task}" for task in range(20)]
     assert [value for _, value in found["mapped"]] == [100 + 2 * i for i in range(20)]
     assert found["auto"] == ["HpcboxJob", True, "ab"]
+    # What a wait peeks at between its looks at Slurm: the exit status each one's run folder keeps.
+    array = jobs.Ledger(load_project(calls_project)).find(ids[0].split("_")[0], "local")
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        assert jobs.exits_kept(connection, [record, array]) == {job_id, *ids}
 
 
 def test_an_exception_comes_back_with_its_traceback_and_a_job_without_a_result_says_how_it_ended(

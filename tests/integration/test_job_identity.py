@@ -209,6 +209,8 @@ def test_a_cluster_whose_containers_stopped_comes_back_with_its_jobs_and_results
     after, _ = submitted(setup)
     assert int(after) == int(job) + 1, (job, after)
     completed(setup, run_of(setup, after))
+    # Fetched, as the module's later tests expect the cluster they remove to hold nothing unfetched.
+    assert invoke(setup, "fetch", "-j", run_of(setup, after)).returncode == 0
 
 
 def state_saved_after_the_end_of(cluster, job_id: str, timeout_s: float = 60) -> None:

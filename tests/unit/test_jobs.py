@@ -663,6 +663,81 @@ def test_following_goes_on_through_a_squeue_that_fails_and_ends_once_slurm_forge
     assert following.returncode == 0 and "epoch 1" in output
 
 
+def test_following_asks_slurm_once_a_minute_after_the_first_and_at_once_when_the_exit_status_is_kept(
+    tmp_path: Path,
+):
+    """A follow of hours costs Slurm a call a minute; its end is seen within seconds, by the exit status
+    the job script keeps in the run folder as it ends. The clock is a stand-in `date`, squeue another."""
+    clock, calls, states = tmp_path / "clock", tmp_path / "calls", tmp_path / "states"
+    clock.write_text("1000\n")
+    states.write_text("RUNNING\n")
+    (tmp_path / "bin").mkdir()
+    for name, body in (("squeue", f"echo >>{calls}; cat {states}"), ("date", f"cat {clock}")):
+        (tmp_path / "bin" / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / "bin" / name).chmod(0o755)
+    (tmp_path / "fit-5.out").write_text("epoch 1\n")
+    (tmp_path / "run").mkdir()
+    job = dataclasses.replace(record("5"), log=f"{tmp_path}/fit-5.out", run_dir=f"{tmp_path}/run")
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
+
+    def asked() -> int:
+        return len(calls.read_text()) if calls.exists() else 0
+
+    def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not condition():
+            assert time.monotonic() < deadline and following.poll() is None, what
+            time.sleep(0.1)
+
+    following = subprocess.Popen(
+        ["sh", "-c", jobs.follow_command(job, True)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        until(lambda: asked() >= 2, "asked every few seconds in the first minute")
+        clock.write_text("1100\n")  # past the first minute
+        before = asked()
+        until(lambda: asked() == before + 1, "asked once, a minute after the last")
+        time.sleep(7)  # two turns of the follow's loop
+        assert asked() == before + 1 and following.poll() is None
+        (tmp_path / "run" / ".hpcbox-exit").write_text("0\n")
+        states.write_text("COMPLETED\n")
+        output, _ = following.communicate(timeout=15)
+    finally:
+        if following.poll() is None:
+            following.kill()
+    assert following.returncode == 0 and "epoch 1" in output and asked() == before + 2
+
+
+def test_a_cancel_signals_the_batch_shell_only_once_the_script_has_set_its_traps(tmp_path: Path):
+    """Before the job script has set its traps, TERM to its batch shell alone kills it unsaved and Slurm
+    calls the job FAILED (a full run's cancel of a job that had just started): the line the script
+    writes once they are set, in the log, is what `cancel` reads first. The rendered script's own line,
+    written after its TERM trap, is what it looks for."""
+    local = profiles.load_profile("local")
+    script = render_sbatch(
+        local, resolve(local, ResourceRequest(job_name="fit")), JobInputs.defaults("t")
+    ).text
+    lines = script.splitlines()
+    said = next(index for index, line in enumerate(lines) if "node scratch $job_scratch" in line)
+    assert said > lines.index("trap 'forward TERM' TERM")
+    env = {**os.environ, "SLURM_JOB_ID": "77", "job_scratch": "/disk/scratch/r/x", "run_dir": "/r/runs/77"}
+    written = subprocess.run(["bash", "-c", lines[said]], env=env, capture_output=True, text=True).stderr
+
+    class Here:
+        def run(self, command, *, what, check=True):
+            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=check)
+
+    log = tmp_path / "fit-77.out"
+    job = dataclasses.replace(record("77"), log=str(log))
+    assert not jobs.script_started(Here(), job)  # no log yet
+    log.write_text("")
+    assert not jobs.script_started(Here(), job)
+    log.write_text(written)
+    assert jobs.script_started(Here(), job)
+    (tmp_path / "sweep-9_1.out").write_text(written)
+    assert jobs.script_started(Here(), dataclasses.replace(record("9"), log=f"{tmp_path}/sweep-9_*.out"))
+
+
 def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project):
     """The cluster is this machine: its commands run in sh, its downloads are copies."""
     remote = tmp_path / "cluster"

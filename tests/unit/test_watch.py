@@ -10,7 +10,7 @@ import random
 import pytest
 
 from hpcbox.errors import HpcboxError
-from hpcbox.jobs.watch import MAX_INTERVAL_S, SHARE, Watch
+from hpcbox.jobs.watch import MAX_INTERVAL_S, MAX_PEEK_INTERVAL_S, SHARE, Watch
 from hpcbox.ledger import JobRecord
 from hpcbox.tools import slurm
 from hpcbox.tools.slurm import JobState
@@ -34,10 +34,20 @@ class StandInSlurm:
     def __init__(self, clock: Clock, ends: dict[str, float]) -> None:
         self.clock, self.ends = clock, ends
         self.looks: list[tuple[float, tuple[str, ...]]] = []  # when, and the records asked about
+        self.peeks: list[float] = []
+        self.kept_before: set[str] = set()
 
     def state(self, job_id: str) -> JobState:
         ended = self.clock.now >= self.ends[job_id]
         return JobState(job_id, "COMPLETED" if ended else "RUNNING", exit_code="0:0" if ended else "")
+
+    def peek(self, records) -> set[str]:
+        """The exit statuses the run folders keep: each job's and task's from its end on, and those
+        listed in ``kept_before`` (an earlier run's) from the start."""
+        self.peeks.append(self.clock.now)
+        keys = [f"{r.job_id}_{task}" for r in records for task in range(len(r.sweep))]
+        keys += [r.job_id for r in records if not r.sweep]
+        return {key for key in keys if self.clock.now >= self.ends.get(key, 0) or key in self.kept_before}
 
     def read(self, records) -> slurm.Looked:
         self.looks.append((self.clock.now, tuple(record.job_id for record in records)))
@@ -58,10 +68,12 @@ def record(job_id: str, tasks: int = 0) -> JobRecord:
     )  # fmt: skip
 
 
-def watched(ends: dict[str, float], *records: JobRecord) -> tuple[Clock, StandInSlurm, Watch]:
+def watched(
+    ends: dict[str, float], *records: JobRecord, peek: bool = False
+) -> tuple[Clock, StandInSlurm, Watch]:
     clock = Clock()
     cluster = StandInSlurm(clock, ends)
-    watch = Watch(cluster.read, clock=clock.monotonic, sleep=clock.sleep)
+    watch = Watch(cluster.read, peek=cluster.peek if peek else None, clock=clock.monotonic, sleep=clock.sleep)
     for each in records:
         watch.add(each)
     return clock, cluster, watch
@@ -150,3 +162,38 @@ def test_a_thousand_tasks_waited_on_in_turn_cost_a_look_a_minute_after_the_first
     assert all(count <= 1 for count in minutes[1:]), minutes
     assert minutes[0] <= 45, minutes  # a quarter second apart to 2.5 s, then a tenth of the time waited
     assert clock.now - max(ends.values()) <= MAX_INTERVAL_S  # the last end seen within a minute
+
+
+def test_a_call_ending_after_the_first_minute_is_seen_within_a_peeks_interval_for_no_look_more():
+    """Looks are a minute apart by then; the peek (the login node, no Slurm) finds the exit status its
+    run folder keeps within MAX_PEEK_INTERVAL_S and brings the next look forward to see it ended."""
+    clock, cluster, watch = watched({"5": 65.0}, record("5"), peek=True)
+    assert watch.wait("5").state == "COMPLETED"
+    assert 65.0 <= clock.now <= 65.0 + MAX_PEEK_INTERVAL_S
+    without = watched({"5": 65.0}, record("5"))
+    without[2].wait("5")
+    assert without[0].now > 120  # a look a minute: seen at the look after it
+    assert len(cluster.looks) == len(without[1].looks) == watch.looks
+    # Nothing is peeked while the looks come as often as the peeks would.
+    assert min(cluster.peeks) >= 50 and len(cluster.peeks) == watch.peeks <= 20 / MAX_PEEK_INTERVAL_S + 1
+
+
+def test_an_exit_status_kept_from_an_earlier_run_brings_one_look_forward_once():
+    _, cluster, watch = watched({"5": 400.0}, record("5"), peek=True)
+    cluster.kept_before = {"5"}  # a requeued job's run folder keeps its last run's status
+    assert watch.wait("5").state == "COMPLETED"
+    without = watched({"5": 400.0}, record("5"))
+    without[2].wait("5")
+    assert len(cluster.looks) <= len(without[1].looks) + 1
+    after = [when for when, _ in cluster.looks if when > min(cluster.peeks)]
+    assert all(
+        later - earlier == pytest.approx(MAX_INTERVAL_S) for earlier, later in itertools.pairwise(after)
+    )
+
+
+def test_a_peek_that_fails_finds_nothing_and_the_looks_go_on():
+    clock, cluster, _ = watched({"5": 65.0}, record("5"))
+    failing = Watch(cluster.read, peek=lambda _records: (_ for _ in ()).throw(HpcboxError("ssh: no answer")),
+                    clock=clock.monotonic, sleep=clock.sleep)  # fmt: skip
+    failing.add(record("5"))
+    assert failing.wait("5").state == "COMPLETED" and failing.peeks == 0

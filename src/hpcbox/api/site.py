@@ -180,7 +180,7 @@ class Site:
         login node and project in the process."""
         from hpcbox.jobs.watch import watch_at
 
-        return watch_at((self.target, self.project.root), self._look)
+        return watch_at((self.target, self.project.root), self._look, self._peek)
 
     def _look(self, records: Sequence[JobRecord]) -> Looked:
         """One look at ``records`` (jobs of this site); one whose mini cluster has gone since is said so,
@@ -201,6 +201,15 @@ class Site:
             with ssh.Connection(self.target) as connection:
                 said.update(jobs.look(connection, here))
         return said
+
+    def _peek(self, records: Sequence[JobRecord]) -> set[str]:
+        """Which of ``records`` (jobs of this site) and their tasks keep an exit status in their run
+        folders (`jobs.exits_kept`): between looks, no call to Slurm."""
+        from hpcbox import jobs
+        from hpcbox.tools import ssh
+
+        with ssh.Connection(self.target) as connection:
+            return jobs.exits_kept(connection, records)
 
     def at(self, place: Place) -> Site:
         """This site reached another way (where a job ran): the same profile, project and login given

@@ -12,13 +12,16 @@ from hpcbox.errors import HpcboxError
 from hpcbox.jobs.connect import connection_target
 from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.project.config import ProjectConfig
-from hpcbox.render.sbatch import OUTCOME_FILE
+from hpcbox.render.sbatch import OUTCOME_FILE, SCRIPT_STARTED
 from hpcbox.render.sweep import Sweep
 from hpcbox.report import efficiency
 from hpcbox.tools import slurm, ssh
 
 # How long `cancel` lets the job script copy its results back before it cancels outright.
 CANCEL_GRACE_S = 120
+# `logs --follow` asks Slurm whether the job is over every few seconds for this long, then at most
+# this often (but every few seconds once every task keeps its exit status), as jobs.watch does.
+FOLLOW_ASK_S = 60
 # A sweep's point whose run folder kept no exit status: killed before its script ended, or lost.
 NO_OUTCOME = "NO_OUTCOME"
 
@@ -84,6 +87,28 @@ def look(connection: ssh.Connection, records: Sequence[JobRecord]) -> slurm.Look
         slurm.Watched(record.job_id, record.script, record.is_array, len(record.sweep)) for record in records
     ]
     return slurm.look(connection, watched)
+
+
+def exits_kept(connection: ssh.Connection, records: Sequence[JobRecord]) -> set[str]:
+    """The jobs of ``records`` (by id) and their array tasks (by `ID_TASK`) whose run folders on the
+    cluster keep an exit status (OUTCOME_FILE, which the job script writes as it ends, with the results
+    copied back), in one command on the login node: no call to Slurm."""
+    kept_at = {f"{record.run_dir}/{OUTCOME_FILE}": record.job_id for record in records if not record.is_array}
+    patterns = " ".join(_exit_words(record) for record in records)
+    listed = connection.run(
+        f'for kept in {patterns}; do if test -f "$kept"; then printf "%s\\n" "$kept"; fi; done',
+        what="look for the exit statuses the jobs' run folders keep",
+    )
+    arrays = {record.run_dir: record.job_id for record in records if record.is_array}
+    found = set()
+    for path in listed.stdout.splitlines():
+        if path in kept_at:
+            found.add(kept_at[path])
+            continue
+        folder, _, task = path.removesuffix(f"/{OUTCOME_FILE}").rpartition("/")
+        if folder in arrays and task.isdigit():
+            found.add(f"{arrays[folder]}_{task}")
+    return found
 
 
 def task_states(connection: ssh.Connection, record: JobRecord) -> dict[int, slurm.JobState]:
@@ -274,6 +299,9 @@ if test $# -gt 0; then tail -n +1 -- "$@"; else echo 'hpcbox: no log yet at '{fi
     # and writes on in the same log, so only a finished state (or a job Slurm forgot) ends it. An array
     # has a line per task: it is over when none of them is in another state. A squeue that fails for
     # another reason (slurmctld busy: "Socket timed out") says nothing of the job: it goes on.
+    # Slurm is asked every few seconds in the first minute, then once a minute, and again every few
+    # seconds once the run folders keep an exit status for every task (the job script writes it as it
+    # ends): a follow of hours costs Slurm a call a minute, and its end is seen within seconds.
     return f"""
 over() {{
     local said
@@ -283,12 +311,35 @@ over() {{
     ! printf '%s\n' "$said" | grep -qvxE '{finished}|'
 }}
 any_log() {{ for log in {logs}; do if test -f "$log"; then return 0; fi; done; return 1; }}
-until any_log || over; do sleep 2; done
+all_kept() {{
+    local kept=0 status
+    for status in {_exit_words(record)}; do if test -f "$status"; then kept=$((kept + 1)); fi; done
+    test "$kept" -ge {len(record.sweep) if record.is_array else 1}
+}}
+ask_now() {{
+    local now
+    now=$(date +%s)
+    if test $((now - started)) -lt {FOLLOW_ASK_S} || test $((now - asked)) -ge {FOLLOW_ASK_S} ||
+        all_kept; then
+        asked=$now
+        return 0
+    fi
+    return 1
+}}
+started=$(date +%s); asked=0
+until any_log || {{ ask_now && over; }}; do sleep 2; done
 any_log || exit 0
 tail -n +1 -F -- {logs} 2>/dev/null & tailer=$!
-until over; do sleep 3; done
+until ask_now && over; do sleep 3; done
 sleep 2; kill "$tailer"
 """
+
+
+def _exit_words(record: JobRecord) -> str:
+    """The exit statuses' paths in the job's run folder (each task's own in an array's), as shell words."""
+    if record.is_array:
+        return f"{shlex.quote(record.run_dir)}/*/{OUTCOME_FILE}"
+    return shlex.quote(f"{record.run_dir}/{OUTCOME_FILE}")
 
 
 def log_words(record: JobRecord) -> str:
@@ -348,6 +399,11 @@ def cancel(
         return found
     if found.state != "RUNNING":
         slurm.cancel(connection, record.job_id)
+    elif not script_started(connection, record):
+        say(
+            f"hpcbox: job {record.job_id} has not started its script yet: cancelling it, with nothing to save"
+        )
+        slurm.cancel(connection, record.job_id)
     else:
         say(f"hpcbox: asking job {record.job_id} to save its results and stop")
         if not _signal_batch(connection, record.job_id):
@@ -359,6 +415,18 @@ def cancel(
         say(f"hpcbox: job {record.job_id} did not stop within {grace_s:.0f} s; cancelling it outright")
         slurm.cancel(connection, record.job_id)
         return wait(connection, record, timeout_s=60, poll_s=1)
+
+
+def script_started(connection: ssh.Connection, record: JobRecord) -> bool:
+    """Whether the job's script has set its traps, as the line it then writes to its log says (an
+    array's: any task's). Before, TERM to its batch shell alone would end it unsaved, and Slurm would
+    call the job FAILED, where a plain scancel ends it CANCELLED with nothing yet to save."""
+    found = connection.run(
+        f"grep -qsE -- {shlex.quote(SCRIPT_STARTED)} {log_words(record)}",
+        what=f"read whether job {record.job_id}'s script has started",
+        check=False,
+    )
+    return found.returncode == 0
 
 
 def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:

@@ -8,7 +8,13 @@ FIRST_POLL_S at first, then every SHARE of that time, and once MAX_INTERVAL_S ha
 MAX_INTERVAL_S, whoever asks and however often (submitit's watcher: 0, 2, 4, 8 ... 64, then every
 minute). A thousand tasks waited on cost what one does: one look a minute after the first minute (a
 squeue, and a sacct where some task has ended; bench/bench_polling.py). A job cancelled is looked at
-again at once."""
+again at once.
+
+Between looks, a peek asks the login node, not Slurm, which of the watched jobs' run folders keep an
+exit status (the job script writes it as it ends): on the look's schedule, but at least every
+MAX_PEEK_INTERVAL_S; a job or task newly found so brings the next look forward to now. Slurm stays the
+one that says a job ended; the peek only tells when asking it is worth it, so a call that ends just
+after the looks have gone over to one a minute is seen within seconds, for no call to Slurm."""
 
 from __future__ import annotations
 
@@ -27,32 +33,42 @@ SHARE = 0.1
 # ... until that time reaches this, then this (submitit's watcher's delay_s): once a minute from the
 # first minute on, where submitit's 0, 2, 4 ... 64, 124 s reach it at its second.
 MAX_INTERVAL_S = 60.0
+# The longest wait between peeks: a shell command on the login node through the open SSH connection,
+# which no scheduler counts.
+MAX_PEEK_INTERVAL_S = 5.0
 
 # The transport: one look at ``records`` (each an array's or a single job's), by job id and `ID_TASK`.
 Read = Callable[[Sequence[JobRecord]], slurm.Looked]
+# The peek: which of ``records`` and their tasks keep an exit status in their run folders (job ids and
+# `ID_TASK`s).
+Peek = Callable[[Sequence[JobRecord]], set[str]]
 
 
 class Watch:
     """The jobs of one cluster a process waits on, and what the last look said of each (``read``: one
-    look at the records given, `jobs.look` over the cluster's connection, or a stand-in)."""
+    look at the records given, `jobs.look` over the cluster's connection, or a stand-in; ``peek``: which
+    of them keep an exit status, `jobs.exits_kept` there, or none)."""
 
     def __init__(
         self,
         read: Read,
         *,
+        peek: Peek | None = None,
         max_interval_s: float = MAX_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._read = read
+        self._read, self._peek = read, peek
         self.max_interval_s = max_interval_s
         self._clock, self._sleep = clock, sleep
         self._records: dict[str, JobRecord] = {}  # by job id (an array's own)
         self._said: slurm.Looked = {}  # the last look's, by job id and ID_TASK
         self._final: dict[str, slurm.JobState] = {}  # seen ended: never asked about again
+        self._exits_seen: set[str] = set()  # found by a peek: each brings one look forward, once
         self._added_at = clock()
         self._next_look_at = -math.inf  # when a look is due: set at each look, from the schedule then
-        self.looks = 0
+        self._next_peek_at = math.inf  # likewise, from each look and peek (none before the first look)
+        self.looks = self.peeks = 0
 
     def add(self, record: JobRecord) -> None:
         """Watch ``record`` (a single job or an array, not one of its tasks); a job new to the watch
@@ -70,16 +86,22 @@ class Watch:
             return self.max_interval_s
         return max(slurm.FIRST_POLL_S, SHARE * waited)
 
+    @property
+    def peek_interval_s(self) -> float:
+        """The wait after a look or peek made now until the next peek."""
+        return min(self.interval_s, MAX_PEEK_INTERVAL_S)
+
     def due_in_s(self) -> float:
-        """Seconds until the next look is due (0: now)."""
-        return max(0.0, self._next_look_at - self._clock())
+        """Seconds until the next look or peek is due (0: now)."""
+        return max(0.0, min(self._next_look_at, self._next_peek_at) - self._clock())
 
     def state(self, job_id: str, *, fresh: bool = False) -> slurm.JobState:
         """Job (or task, `ID_TASK`) ``job_id``'s state: as last seen where it had ended or no look is due
-        yet, else from a look at every unfinished job of the watch; ``fresh``: a look now."""
+        yet, else from a look at every unfinished job of the watch (made now where a peek due now finds
+        a job's exit status new); ``fresh``: a look now."""
         if job_id in self._final:
             return self._final[job_id]
-        if fresh or self.due_in_s() == 0 or job_id not in self._said:
+        if fresh or job_id not in self._said or self._look_due():
             self.look()
         found = self._said.get(job_id, self._said.get(job_id.partition("_")[0]))
         if isinstance(found, HpcboxError):
@@ -97,6 +119,7 @@ class Watch:
         """Ask about every watched job not seen ended, in one look."""
         unfinished = [record for record in self._records.values() if not self._ended(record)]
         self._next_look_at = self._clock() + self.interval_s
+        self._next_peek_at = self._clock() + self.peek_interval_s if self._peek else math.inf
         if not unfinished:
             return
         said = self._read(unfinished)
@@ -105,6 +128,25 @@ class Watch:
         for key, found in said.items():
             if isinstance(found, slurm.JobState) and found.finished:
                 self._final[key] = found
+
+    def _look_due(self) -> bool:
+        """Whether a look is due now: by the schedule, or by a peek due now that finds an exit status."""
+        now = self._clock()
+        return now >= self._next_look_at or (now >= self._next_peek_at and self._exits_kept())
+
+    def _exits_kept(self) -> bool:
+        """Peek: whether a job or task of the watch not yet seen ended keeps an exit status not found
+        before. A login node that does not answer finds none: the look due next says why."""
+        assert self._peek is not None  # no peek is ever due without one
+        self._next_peek_at = self._clock() + self.peek_interval_s
+        unfinished = [record for record in self._records.values() if not self._ended(record)]
+        try:
+            found = self._peek(unfinished) - self._exits_seen - set(self._final) if unfinished else set()
+        except HpcboxError:
+            return False
+        self.peeks += 1
+        self._exits_seen |= found
+        return bool(found)
 
     def ended(self, job_id: str) -> bool:
         """Whether job (or task) ``job_id`` was seen ended."""
@@ -135,9 +177,9 @@ class Watch:
 _WATCHES: dict[tuple[object, ...], Watch] = {}
 
 
-def watch_at(key: tuple[object, ...], read: Read) -> Watch:
+def watch_at(key: tuple[object, ...], read: Read, peek: Peek | None = None) -> Watch:
     """The process's watch of the cluster ``key`` names (its login node, and the project), made with
-    ``read`` the first time: every wait on that cluster's jobs in this process shares it."""
+    ``read`` and ``peek`` the first time: every wait on that cluster's jobs in this process shares it."""
     if key not in _WATCHES:
-        _WATCHES[key] = Watch(read)
+        _WATCHES[key] = Watch(read, peek=peek)
     return _WATCHES[key]

@@ -43,6 +43,9 @@ from hpcbox.units import format_time
 CHECKPOINTED_EXIT = 75
 # In a job's run folder (an array task's own): the program's exit status, written as the script ends it.
 OUTCOME_FILE = ".hpcbox-exit"
+# The line the job script writes to its log once its traps are set (a regular expression for grep -E):
+# before it, TERM to its batch shell alone ends the script unsaved, and Slurm calls the job FAILED.
+SCRIPT_STARTED = r"^hpcbox: job [0-9]+ on .*: node scratch "
 # In a job's run folder: the name of the submission it is the folder of (JobInputs.submission).
 SUBMISSION_FILE = ".hpcbox-submission"
 GPU_SAMPLE_INTERVAL_S = 30
