@@ -58,14 +58,22 @@ class StandInJob:
 class StandInSite:
     """A site whose jobs start at the look given (None: never); its submit takes ``upload_s``."""
 
-    def __init__(self, where: str, project, starts_at_look: int | None, upload_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        where: str,
+        project,
+        starts_at_look: int | None,
+        upload_s: float = 0.0,
+        mini_cluster: str | None = None,
+    ) -> None:
         self.where, self.project, self.starts_at_look, self.upload_s = (
             where,
             project,
             starts_at_look,
             upload_s,
         )
-        self.target = where  # one login each
+        self.mini_cluster = mini_cluster
+        self.target = (where, mini_cluster)  # one login each
         self.profile = Profile()
         self.say = print
         self.prepared = 0
@@ -154,6 +162,14 @@ def test_an_entrant_that_cannot_be_sent_is_raced_without(project, capsys):
         capsys.readouterr().out
     )
     assert Ledger(project).find(raced.kept.job_id, "mila").race["entrants"][-1] == "edi (not sent)"
+
+
+def test_two_mini_clusters_named_are_two_entrants_though_both_are_local(project):
+    first, second = (StandInSite("local", project, 1, mini_cluster=name) for name in ("lab-a", "lab-b"))
+    raced = race([first, second], say=lambda _: None)
+    assert raced.kept.site is first and raced.others[0].site is second
+    with pytest.raises(FieldError, match="local on mini cluster lab-a is named twice"):
+        race([first, StandInSite("local", project, 1, mini_cluster="lab-a")], say=lambda _: None)
 
 
 def test_two_accounts_of_one_site_are_two_entrants(project):

@@ -42,7 +42,9 @@ class Entrant:
     account: str | None = None
 
     def __str__(self) -> str:
-        return self.site.where + (f" (account {self.account})" if self.account else "")
+        # Two mini clusters given by name are two sites, though both are `local`.
+        mini = f" on mini cluster {self.site.mini_cluster}" if self.site.mini_cluster else ""
+        return self.site.where + mini + (f" (account {self.account})" if self.account else "")
 
     @property
     def options(self) -> dict[str, Any]:
