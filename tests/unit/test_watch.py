@@ -197,3 +197,17 @@ def test_a_peek_that_fails_finds_nothing_and_the_looks_go_on():
                     clock=clock.monotonic, sleep=clock.sleep)  # fmt: skip
     failing.add(record("5"))
     assert failing.wait("5").state == "COMPLETED" and failing.peeks == 0
+
+
+def test_tasks_ending_one_after_another_bring_no_look_forward_before_the_last():
+    """An array whose tasks end in a stream (a thousand, waited on in turn): the peek finds some new
+    exit status at nearly every turn, and asking Slurm each time would cost a look every few seconds.
+    Only the last end, every task's status kept, brings the look forward."""
+    ends = {f"7_{task}": 30.0 + task * 2.0 for task in range(100)}  # the last at 228 s
+    clock, cluster, watch = watched(ends, record("7", 100), peek=True)
+    for task in range(100):
+        assert watch.wait(f"7_{task}").state == "COMPLETED"
+    assert 228.0 <= clock.now <= 228.0 + MAX_PEEK_INTERVAL_S
+    minutes = [int(when // 60) for when, _ in cluster.looks]
+    looks_a_minute = [minutes.count(minute) for minute in range(1, max(minutes))]
+    assert looks_a_minute and max(looks_a_minute) == 1  # full minutes after the first: one look each

@@ -12,9 +12,11 @@ again at once.
 
 Between looks, a peek asks the login node, not Slurm, which of the watched jobs' run folders keep an
 exit status (the job script writes it as it ends): on the look's schedule, but at least every
-MAX_PEEK_INTERVAL_S; a job or task newly found so brings the next look forward to now. Slurm stays the
-one that says a job ended; the peek only tells when asking it is worth it, so a call that ends just
-after the looks have gone over to one a minute is seen within seconds, for no call to Slurm."""
+MAX_PEEK_INTERVAL_S. Once every job and task not yet seen ended keeps one, one of them newly, the next
+look comes now. Slurm stays the one that says a job ended; the peek only tells when asking it is worth
+it, so work that ends just after the looks have gone over to one a minute is seen within seconds, and a
+stream of tasks ending one after another (an array of a thousand) brings no look forward before its
+last: it costs Slurm what it did without the peek."""
 
 from __future__ import annotations
 
@@ -135,18 +137,23 @@ class Watch:
         return now >= self._next_look_at or (now >= self._next_peek_at and self._exits_kept())
 
     def _exits_kept(self) -> bool:
-        """Peek: whether a job or task of the watch not yet seen ended keeps an exit status not found
-        before. A login node that does not answer finds none: the look due next says why."""
+        """Peek: whether every job and task of the watch not yet seen ended keeps an exit status, one of
+        them not found before (one kept from an earlier run brings one look forward, once). A login node
+        that does not answer finds none: the look due next says why."""
         assert self._peek is not None  # no peek is ever due without one
         self._next_peek_at = self._clock() + self.peek_interval_s
         unfinished = [record for record in self._records.values() if not self._ended(record)]
+        if not unfinished:
+            return False
         try:
-            found = self._peek(unfinished) - self._exits_seen - set(self._final) if unfinished else set()
+            found = self._peek(unfinished)
         except HpcboxError:
             return False
         self.peeks += 1
+        waited_on = {key for record in unfinished for key in _keys(record)} - set(self._final)
+        new = (found & waited_on) - self._exits_seen
         self._exits_seen |= found
-        return bool(found)
+        return bool(new) and waited_on <= found
 
     def ended(self, job_id: str) -> bool:
         """Whether job (or task) ``job_id`` was seen ended."""
@@ -172,6 +179,13 @@ class Watch:
         self._final.pop(job_id, None)
         self._said.pop(job_id, None)
         self._next_look_at = -math.inf
+
+
+def _keys(record: JobRecord) -> list[str]:
+    """What a look answers for ``record``: each task's `ID_TASK` of an array, else its id."""
+    if record.is_array:
+        return [f"{record.job_id}_{task}" for task in range(len(record.sweep))]
+    return [record.job_id]
 
 
 _WATCHES: dict[tuple[object, ...], Watch] = {}
