@@ -78,7 +78,7 @@ SCENARIOS = {
     "a mini cluster made again: its job 1 beside the old job 1, neither's record nor results replaced": [
         f"{IDENTITY}::test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one",
     ],
-    "a mini cluster whose containers were killed: `cluster.up` starts them again, jobs and results kept": [
+    "a mini cluster whose containers stopped: `cluster.up` starts them again, jobs and results kept": [
         f"{IDENTITY}::test_a_cluster_whose_containers_stopped_comes_back_with_its_jobs_and_results",
     ],
     "a cancelled job resumed with --resume-from: the final figures of the same job never stopped": [
