@@ -85,8 +85,9 @@ def up(
         wanted = (spec, image.ref, shape)
         same = current is not None and (current.spec, current.image, current.shape) == wanted
         kept = current is not None and (same or _software_alone_differs(current, wanted))
-        if current is not None and kept and not _missing(current) and (stopped := _stopped(current)):
-            _start_again(current, stopped, timeout_s, say)
+        found = _containers_of(current) if current is not None else {}
+        if current is not None and kept and not _missing(current, found) and (stopped := _stopped(found)):
+            _start_again(current, found, stopped, timeout_s, say)
             if same:
                 return current
         elif current is not None and same and _all_running(current):
@@ -216,13 +217,16 @@ def add_gpu_type(
 
 
 def _start_again(
-    cluster: Cluster, stopped: Sequence[str], timeout_s: float, say: Callable[[str], None]
+    cluster: Cluster,
+    containers: dict[str, Any],
+    stopped: Sequence[str],
+    timeout_s: float,
+    say: Callable[[str], None],
 ) -> None:
     """Start ``cluster``'s ``stopped`` hosts' containers again, as they were made: its jobs, their ids,
     accounting and results are as they were when they stopped (a job that was running then ends as
     Slurm decides for a node that went down under it). The accounting node first, the controller last,
-    as `_start`."""
-    containers = {c.labels.get(nodes.HOST_LABEL): c for c in _resources(cluster.name)[0]}
+    as `_start`. ``containers``: its hosts' (`_containers_of`)."""
     if "login" in stopped:
         _check_port_free(cluster.login_port)
     name = cluster.name
@@ -400,7 +404,8 @@ def _remove(name: str, state_root: Path) -> Removed:
 def status(cluster: Cluster) -> str:
     """The Slurm it runs, what it is shaped like, and `sinfo` and `squeue` as the controller sees them;
     refused, naming them, where some of its containers are not running."""
-    if stopped := _stopped(cluster) + _missing(cluster):
+    found = _containers_of(cluster)
+    if stopped := _stopped(found) + _missing(cluster, found):
         several = "s are" if len(stopped) > 1 else " is"
         raise HpcboxError(
             f"cluster {cluster.name} is not up: its {', '.join(stopped)} container{several} not running",
@@ -515,7 +520,7 @@ def _why_replaced(
     same_cgroups = dataclasses.replace(current.shape, **enforcing)
     if same_cgroups != shape and current.spec.like == spec.like:
         changes.append(f"profile {spec.like} changed")
-    if not changes and (missing := _missing(current)):
+    if not changes and (missing := _missing(current, _containers_of(current))):
         changes.append(f"its {', '.join(missing)} container{'s' if len(missing) > 1 else ''} gone")
     return ", ".join(changes) or "not all of its containers are running"
 
@@ -545,16 +550,21 @@ def login_host_key(name: str) -> str | None:
         return member.read().decode(errors="replace").strip() if member else None
 
 
-def _missing(cluster: Cluster) -> list[str]:
-    """The hosts of ``cluster`` that have no container (running or not)."""
-    made = {c.labels.get(nodes.HOST_LABEL) for c in _resources(cluster.name)[0]}
-    return [host for host in cluster.spec.hosts if host not in made]
+def _containers_of(cluster: Cluster) -> dict[str, Any]:
+    """``cluster``'s hosts' containers, running or not, by host: one listing of the engine's."""
+    selector = {"label": f"{LABEL}={cluster.name}"}
+    every = engine.client().containers.list(all=True, filters=selector)
+    by_host = {c.labels.get(nodes.HOST_LABEL): c for c in every}
+    return {host: by_host[host] for host in cluster.spec.hosts if host in by_host}
 
 
-def _stopped(cluster: Cluster) -> list[str]:
-    """The hosts of ``cluster`` whose containers are there but not running."""
-    containers = {c.labels.get(nodes.HOST_LABEL): c for c in _resources(cluster.name)[0]}
-    containers = {host: containers[host] for host in cluster.spec.hosts if host in containers}
+def _missing(cluster: Cluster, containers: dict[str, Any]) -> list[str]:
+    """The hosts of ``cluster`` that have no container among ``containers`` (`_containers_of`)."""
+    return [host for host in cluster.spec.hosts if host not in containers]
+
+
+def _stopped(containers: dict[str, Any]) -> list[str]:
+    """The hosts whose containers (`_containers_of`) are there but not running."""
     return [host for host, container in containers.items() if container.status != "running"]
 
 
