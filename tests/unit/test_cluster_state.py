@@ -245,6 +245,20 @@ def test_a_bad_cluster_flag_is_one_line_and_makes_no_state(args: list[str], says
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
 
 
+def test_a_misspelt_cluster_name_is_told_the_name_it_may_have_meant(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCBOX_")}
+    env.update(XDG_STATE_HOME=str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "hpcbox" / "cluster" / "hpcbox-local").mkdir(parents=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcbox", "cluster.status", "--name=hpcbox-lcoal"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[1] == (
+        "  hint: did you mean hpcbox-local? start it: `hpcbox cluster.up --name hpcbox-lcoal`"
+    ), done.stderr
+
+
 def test_the_up_command_of_a_cluster_names_exactly_the_flags_it_was_made_with():
     """What a stopped cluster's hints tell to type: the flags that are not defaults, so that `cluster.up`
     finds the same cluster and starts it again instead of replacing it; --nodes always for a site's

@@ -11,6 +11,7 @@ Thin by design: parse flags, call the hpcbox package, print. Logic lives in the 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import os
@@ -711,9 +712,15 @@ def _cluster_tasks() -> Collection:
         root = _state(name)
         found = minicluster.find(name, root)
         if found is None:
+            # A misspelt name is told so before a cluster of that name is offered.
+            known = (
+                sorted(folder.name for folder in root.iterdir() if folder.is_dir()) if root.is_dir() else []
+            )
+            close = difflib.get_close_matches(name, known, n=1)
             raise HpcboxError(
                 f"no cluster named {name} is up (its keys would be in {state_dir(root, name)})",
-                f"start it: `hpcbox cluster.up --name {name}`",
+                (f"did you mean {close[0]}? " if close else "")
+                + f"start it: `hpcbox cluster.up --name {name}`",
             )
         return found
 
