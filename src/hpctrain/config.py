@@ -124,7 +124,8 @@ OPTIONS: tuple[Option, ...] = (
         float,
         0.0,
         "seconds to rest after each training step, for rehearsals that wait for a time limit or a signal "
-        "without holding a CPU the whole time (0: none; the results are the same)",
+        "without holding a CPU the whole time; a job signal ends the rest (0: none; the results are the "
+        "same)",
         _at_least(0),
     ),
     Option(

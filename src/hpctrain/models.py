@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchvision.models import resnet18
 
 from hpctrain import HpctrainError
 
@@ -48,6 +47,10 @@ def build(name: str, in_channels: int, num_classes: int, pretrained_weights: Pat
     """The model with a fresh `fc` head for `num_classes`; the head is what a frozen phase trains."""
     if name == "cnn":
         return SmallCNN(in_channels, num_classes)
+    # Imported here, not at the top: torchvision's import (it pulls in torch._dynamo) nearly doubles the
+    # start of every job of the small CNN, which never uses it.
+    from torchvision.models import resnet18
+
     model = resnet18(weights=None)
     if pretrained_weights is not None:
         try:

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from collections.abc import Iterator
 from types import FrameType
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 CHECKPOINT_SIGNAL = signal.SIGUSR2
 JOB_SIGNALS = (*STOP_SIGNALS, CHECKPOINT_SIGNAL)
+# A rest between steps is slept in slices this long, each ending with a look at the flags: a signal
+# ends it within a slice (Python resumes a sleep its handler interrupted).
+REST_SLICE_S = 0.1
 
 
 @contextlib.contextmanager
@@ -54,6 +58,15 @@ class JobSignals:
     @property
     def stop_requested(self) -> bool:
         return self.stop_signal is not None
+
+    def rest(self, seconds: float) -> None:
+        """Sleeps ``seconds``, or until a signal asks for a checkpoint."""
+        until = time.monotonic() + seconds
+        while not (self.stop_requested or self.checkpoint_requested):
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, REST_SLICE_S))
 
     def stop_name(self) -> str:
         return signal.Signals(self.stop_signal).name if self.stop_signal else ""

@@ -276,7 +276,7 @@ class Trainer:
             if self.cfg.log_interval and (step + 1) % self.cfg.log_interval == 0:
                 self.log.write("step", epoch=epoch + 1, step=step + 1, loss=round(loss.item(), 6))
             if self.cfg.step_pause:
-                time.sleep(self.cfg.step_pause)
+                self.signals.rest(self.cfg.step_pause)
         return None
 
     def _finish_epoch(self, epoch: int, start_step: int, totals: metrics.EpochTotals) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup, with_own_ledger
+from tests.fixtures.submitting import RESTING, Setup, with_own_ledger
 from tests.integration.test_submit import SHORT, invoke, sweep_project
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -458,7 +458,7 @@ def test_an_id_slurm_gives_again_is_never_taken_for_the_earlier_job(setup: Setup
     cluster.ssh(["mv", run_dir, f"{run_dir}.earlier"], check=True)
     running = invoke(
         setup, "submit", "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=10",
-        "--", "--epochs", "1000", "--workers", "0", "--step-pause", "0.1",
+        "--", *RESTING,
     )  # fmt: skip
     assert running.returncode == 0 and running.stdout.split()[-1] == "1", running.stderr
     later = run_of(setup, "1")

@@ -24,6 +24,7 @@ from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch
 from hpcbox.tools import slurm, ssh
+from tests.fixtures.submitting import RESTING
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -35,9 +36,6 @@ FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 NASTY_NAME = 'digits "quoted" #1 \\ it\'s $HOME'
 TRAIN_ARGS = ("--epochs", "1", "--device", "cpu", "--workers", "0", "--steps-per-epoch", "5")
 CPU_ONLY = ("--device", "cpu", "--workers", "0")
-# A job that trains until a signal or its time limit stops it: each step rests a tenth of a second, so
-# that its minutes of waiting do not take a CPU from the suite's other lanes.
-RESTING = (*CPU_ONLY, "--step-pause", "0.1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,7 +215,7 @@ def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDi
     (Slurm's TERM on scancel also reaches Apptainer's FUSE daemon, so a trainer cannot count on writing
     one more checkpoint then; the time limit's USR1 goes to the batch shell alone and is forwarded.)
     """
-    script = render_local(ResourceRequest(job_name="cancelled"), ("--epochs", "1000", *RESTING))
+    script = render_local(ResourceRequest(job_name="cancelled"), (*RESTING, "--device", "cpu"))
     job_id = job_dir.submit(script, "cancel.sh")
     cluster = job_dir.cluster
     deadline = time.monotonic() + 180
@@ -338,7 +336,7 @@ def test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_
 def time_driven_jobs(job_dir: JobDir) -> dict[str, str]:
     """The jobs that wait for their time limit, submitted together so that their minutes overlap (the
     test cluster's third CPU per node makes room for all four): job name → job id."""
-    training = ("--epochs", "1000", *RESTING)
+    training = (*RESTING, "--device", "cpu")
     limited = render_local(ResourceRequest(job_name="limited", time="2"), training)
     ddp_limited = render_local(ResourceRequest(job_name="ddp-limited", time="2", **TWO_NODES), training)
     each_task = 'trap "" USR1; echo "task $SLURM_PROCID" >{output_dir}/task-$SLURM_PROCID; exec sleep 600'
@@ -461,7 +459,7 @@ def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_togethe
     """The time limit's USR1 while node1's torchrun waits in the rendezvous and node2's has not joined
     (it is stopped there, then let go): each holds the signal, starts its workers all the same and
     tells them at once, and the ranks stop together at their first step: 75, requeue, resume."""
-    training = ("--epochs", "1000", *RESTING)
+    training = (*RESTING, "--device", "cpu")
     job_id = job_dir.submit(
         render_local(ResourceRequest(job_name="rdzv", time="10", **TWO_NODES), training), "rdzv.sh"
     )
@@ -495,7 +493,7 @@ def test_two_nodes_signalled_while_one_is_not_yet_in_the_rendezvous_stop_togethe
 def signalled_with_node2_stopped(job_dir: JobDir, name: str, pattern: str) -> tuple[str, str, list[dict]]:
     """A two-node training job whose node2 process matching ``pattern`` is stopped in its third epoch,
     then given the time limit's USR1: its id, and its log and start events once it has resumed."""
-    training = ("--epochs", "1000", *RESTING)
+    training = (*RESTING, "--device", "cpu")
     job_id = job_dir.submit(
         render_local(ResourceRequest(job_name=name, time="10", **TWO_NODES), training), f"{name}.sh"
     )

@@ -32,7 +32,7 @@ from hpcbox.minicluster import node_image, versions
 from hpcbox.minicluster.shape import ENFORCEMENT
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup, with_own_ledger
+from tests.fixtures.submitting import RESTING, Setup, with_own_ledger
 from tests.integration.test_container_software import hpcbox, runs_on_each_software, switch
 from tests.integration.test_submit import SHORT, invoke
 
@@ -40,9 +40,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 TIMINGS: dict[str, float] = {}  # printed at the end of the module (pytest -s): what 26.05 adds to a run
 SAID: dict[str, str] = {}  # what `cluster.up` printed
-# Trains far past its two minutes: the limit's signal (60 s before it) stops it, at any machine's speed;
-# each step rests a tenth of a second, so that the wait takes no CPU from the suite's other lanes.
-LIMITED = ("--epochs", "1000", "--workers", "0", "--step-pause", "0.1")
+# Trains far past its two minutes: the limit's signal (60 s before it) stops it, at any machine's speed.
+LIMITED = RESTING
 
 
 @pytest.fixture(scope="module")

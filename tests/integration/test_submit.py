@@ -34,7 +34,7 @@ from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup
+from tests.fixtures.submitting import RESTING, Setup
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -376,7 +376,7 @@ def test_two_steps_run_in_order_and_the_second_reads_what_the_first_wrote(
 
 
 def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setup: Setup, minicluster):
-    record = submit(setup, minicluster, ("--epochs", "1000", "--workers", "0", "--step-pause", "0.1"))
+    record = submit(setup, minicluster, RESTING)
     assert record is not None
     probe = ["sh", "-c", f"ls /disk/scratch/*/hpcbox-{record.job_id}/out/checkpoints/ 2>/dev/null"]
     deadline = time.monotonic() + 240

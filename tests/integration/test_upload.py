@@ -27,7 +27,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.store import ship
 from hpcbox.tools import ssh
-from tests.fixtures.submitting import Setup
+from tests.fixtures.submitting import RESTING, Setup
 from tests.integration.test_submit import finished, invoke, log_of, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 # One Debian package more in the cpu environment: what a user's "add one dependency" looks like, pinned
 # at the version the mirror serves today (as `invoke lock` would pin it), so that the test knows no date.
 ADDED_PACKAGE = "python3-tqdm"
-# Runs while the test goes on, resting a tenth of a second each step (no CPU taken from the rest).
-LONG = ("--epochs", "200", "--steps-per-epoch", "500", "--workers", "0", "--step-pause", "0.1")
+# Runs while the test goes on, resting between steps.
+LONG = RESTING
 SHORT = ("--epochs", "1", "--steps-per-epoch", "10", "--workers", "0")
 
 
