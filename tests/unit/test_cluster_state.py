@@ -274,3 +274,10 @@ def test_the_up_command_of_a_cluster_names_exactly_the_flags_it_was_made_with():
         spec_like("edi", name="rehearsal").up_command
         == "hpcbox cluster.up --name=rehearsal --like=edi --nodes=2"
     )
+
+
+def test_a_cluster_command_names_the_cluster_unless_it_is_the_default_one():
+    from hpcbox.minicluster.spec import DEFAULT_NAME, cluster_command
+
+    assert cluster_command("status", DEFAULT_NAME) == "hpcbox cluster.status"
+    assert cluster_command("down", "mine-2", "--force") == "hpcbox cluster.down --name=mine-2 --force"

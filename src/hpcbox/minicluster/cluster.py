@@ -21,7 +21,14 @@ from hpcbox.files import write_atomically
 from hpcbox.minicluster import state
 from hpcbox.minicluster.secrets import ClusterSecrets
 from hpcbox.minicluster.shape import ClusterShape
-from hpcbox.minicluster.spec import DEFAULT_NAME, USER, ClusterSpec, legacy_state_dir, state_dir, state_root
+from hpcbox.minicluster.spec import (
+    USER,
+    ClusterSpec,
+    cluster_command,
+    legacy_state_dir,
+    state_dir,
+    state_root,
+)
 from hpcbox.tools import docker as engine
 from hpcbox.tools import proc, ssh
 
@@ -88,7 +95,7 @@ class Cluster:
         )
 
     def ssh_target(self) -> ssh.Target:
-        status = "hpcbox cluster.status" + ("" if self.name == DEFAULT_NAME else f" --name {self.name}")
+        status = cluster_command("status", self.name)
         then = self.start_again
         stopped = f"is mini cluster {self.name} running (`{status}`)? {then[:1].upper()}{then[1:]}"
         return ssh.Target(
@@ -107,7 +114,7 @@ class Cluster:
         if found is None:
             raise HpcboxError(
                 f"cluster {self.name} has no container for {host}",
-                f"bring it up with `hpcbox cluster.up --name {self.name}`",
+                f"bring it up with `{cluster_command('up', self.name)}`",
             )
         return found
 
@@ -155,7 +162,7 @@ class Cluster:
             raise HpcboxError(
                 f"could not add account {account} to cluster {self.name}'s accounting: "
                 f"{(done.stderr or done.stdout).strip()}",
-                f"is the cluster up? `hpcbox cluster.status --name {self.name}`",
+                f"is the cluster up? `{cluster_command('status', self.name)}`",
             )
         return done.stdout.strip() == "added"
 

@@ -36,7 +36,7 @@ from hpcbox.minicluster.node_image import ensure_image
 from hpcbox.minicluster.secrets import generate
 from hpcbox.minicluster.shape import ClusterShape, shape_like
 from hpcbox.minicluster.slurmconf import config_files, node_groups
-from hpcbox.minicluster.spec import DEFAULT_NAME, LABEL, ClusterSpec, state_dir
+from hpcbox.minicluster.spec import LABEL, ClusterSpec, cluster_command, state_dir
 from hpcbox.tools import docker as engine
 from hpcbox.tools import proc
 
@@ -231,15 +231,15 @@ def _start_again(
         _check_port_free(cluster.login_port)
     name = cluster.name
     say(f"cluster {name}: starting its stopped containers again ({', '.join(stopped)}), its jobs kept")
-    named = "" if name == DEFAULT_NAME else f" --name {name}"
+    down = cluster_command("down", name, "--force")
     for host in sorted(stopped, key=lambda host: (host != "accounting", host == "controller")):
         try:
             containers[host].start()
         except docker.errors.APIError as exc:
             raise HpcboxError(
                 f"cluster {name}: starting its {host} container again failed: {exc.explanation or exc}",
-                f"look at `docker logs {containers[host].name}`; `hpcbox cluster.down{named} --force`, then "
-                f"`{cluster.spec.up_command}`, makes it anew (its jobs' results go with it)",
+                f"look at `docker logs {containers[host].name}`; `{down}`, then `{cluster.spec.up_command}`, "
+                "makes it anew (its jobs' results go with it)",
             ) from exc
     wait_ready(cluster, timeout_s)
 
@@ -354,7 +354,7 @@ def refuse_unfinished(
     if not any(container.status in _ALIVE for container in _resources(name)[0]):
         return
     because = f" ({why})" if why else ""
-    status = "hpcbox cluster.status" + ("" if name == DEFAULT_NAME else f" --name {name}")
+    status = cluster_command("status", name)
     try:
         held = unfinished_jobs(name)
     except SlurmSilent as exc:

@@ -17,6 +17,14 @@ DEFAULT_NAME = "hpcbox-local"
 DEFAULT_PORT = 2222
 DEFAULT_NODES = 2
 MAX_NODES = 16
+
+
+def cluster_command(verb: str, name: str, *flags: str) -> str:
+    """`hpcbox cluster.<verb>` for the mini cluster named ``name`` (the default one needs no --name)."""
+    named = [] if name == DEFAULT_NAME else [f"--name={name}"]
+    return shlex.join(["hpcbox", f"cluster.{verb}", *named, *flags])
+
+
 USER = "researcher"
 LABEL = "io.hpcbox.minicluster"
 STATE_VARIABLE = "HPCBOX_MINICLUSTER_STATE"  # the state root, instead of the user's (tests name their own)
