@@ -255,7 +255,7 @@ def test_a_misspelt_cluster_name_is_told_the_name_it_may_have_meant(tmp_path: Pa
     )  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.splitlines()[1] == (
-        "  hint: did you mean hpcbox-local? start it: `hpcbox cluster.up --name hpcbox-lcoal`"
+        "  hint: did you mean hpcbox-local? start it: `hpcbox cluster.up --name=hpcbox-lcoal`"
     ), done.stderr
 
 

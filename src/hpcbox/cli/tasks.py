@@ -707,7 +707,7 @@ def _cluster_tasks() -> Collection:
 
     def _find(name: str):
         from hpcbox import minicluster
-        from hpcbox.minicluster.spec import state_dir
+        from hpcbox.minicluster.spec import cluster_command, state_dir
 
         root = _state(name)
         found = minicluster.find(name, root)
@@ -720,7 +720,7 @@ def _cluster_tasks() -> Collection:
             raise HpcboxError(
                 f"no cluster named {name} is up (its keys would be in {state_dir(root, name)})",
                 (f"did you mean {close[0]}? " if close else "")
-                + f"start it: `hpcbox cluster.up --name {name}`",
+                + f"start it: `{cluster_command('up', name)}`",
             )
         return found
 
