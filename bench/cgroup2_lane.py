@@ -1,11 +1,13 @@
 """The Python of the cgroup v2 lane (.ci/cgroup2), which proves the mini cluster's enforcement on a real
 cgroup v2 Docker engine: one in a QEMU guest, since this project's machines are cgroup v1.
 
-On the host, `images` prints the node image (built here if missing) and the base it stands on, which
-the lane carries into the guest; `record OUT` writes bench/results/cgroup2.json (and the docs' figure
-blocks) from what the guest left in OUT. In the guest, it is the pytest plugin (`-p cgroup2_lane`) that
-writes each phase of each test to the file HPCBOX_CG2_REPORTS names, one JSON object a line, so that
-the cluster's start (the first test's set-up) is timed apart from the checks.
+On the host, `versions` prints the Slurm versions the mini cluster runs, for each of which the guest
+runs the checks; `images` prints their node images (built here if missing) and the base they stand on,
+which the lane carries into the guest; `record OUT` writes bench/results/cgroup2.json (and the docs'
+figure blocks) from what the guest left in OUT. In the guest, it is the pytest plugin (`-p
+cgroup2_lane`) that writes each phase of each test, with the Slurm version it ran on, to the file
+HPCBOX_CG2_REPORTS names, one JSON object a line, so that each cluster's start (the first test's
+set-up) is timed apart from the checks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPORTS_VARIABLE = "HPCBOX_CG2_REPORTS"
+SLURM_VARIABLE = "HPCBOX_TEST_SLURM"  # tests/fixtures/cluster.py's: the session cluster's version
 # What each enforcement test checks, as the results table says it (the lane runs these, no others).
 CHECKS = {
     "test_a_job_over_its_memory_ends_out_of_memory": "a job over --mem: OUT_OF_MEMORY by its cgroup",
@@ -34,6 +37,7 @@ ENGINE_FACTS = ("ServerVersion", "CgroupVersion", "CgroupDriver", "KernelVersion
 def pytest_runtest_logreport(report) -> None:
     """Each phase of each test as it ends: its node id, phase, outcome and seconds."""
     line = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome}
+    line["slurm"] = os.environ[SLURM_VARIABLE]
     line["seconds"] = round(report.duration, 1)
     if report.failed:
         line["failure"] = str(report.longrepr)[-4000:]
@@ -41,13 +45,25 @@ def pytest_runtest_logreport(report) -> None:
         reports.write(json.dumps(line) + "\n")
 
 
+def versions() -> list[str]:
+    """Every Slurm version the mini cluster runs, the default first."""
+    from hpcbox.minicluster.versions import DEFAULT, SUITES
+
+    return [DEFAULT, *sorted(set(SUITES) - {DEFAULT})]
+
+
 def images() -> list[str]:
-    """The node image of this checkout (built on this engine where missing) and its base."""
+    """The node images of this checkout, one per Slurm version (built on this engine where missing),
+    and their base."""
     from hpcbox.build import baseimage
     from hpcbox.minicluster.node_image import ensure_image
 
-    node = ensure_image(on_line=lambda line: print(line, file=sys.stderr))
-    return [node.ref, baseimage.ensure_base(lock=baseimage.own_lock()).ref]
+    nodes = [ensure_image(slurm=slurm, on_line=_to_stderr).ref for slurm in versions()]
+    return [*nodes, baseimage.ensure_base(lock=baseimage.own_lock()).ref]
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def check_of(nodeid: str) -> str | None:
@@ -75,27 +91,33 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
         _row("guest boot to the lane's start (kernel, systemd, dockerd)", timings["boot_s"], "s"),
         _row("node images into the guest's engine (docker load)", timings["load_s"], "s"),
     ]
-    setups = [phase for phase in phases if phase["when"] == "setup"]
-    if setups:
-        rows.append(
-            _row(
-                "mini cluster up in the guest (2 compute nodes): the first test's set-up",
-                setups[0]["seconds"],
-                "s",
+    tests: dict[str, dict] = {}  # by "VERSION NODEID"
+    for slurm in dict.fromkeys(phase["slurm"] for phase in phases):
+        ran = [phase for phase in phases if phase["slurm"] == slurm]
+        setups = [phase for phase in ran if phase["when"] == "setup"]
+        if setups:
+            rows.append(
+                _row(
+                    f"Slurm {slurm}: mini cluster up in the guest (2 compute nodes): the first test's set-up",
+                    setups[0]["seconds"],
+                    "s",
+                )
             )
-        )
-    tests: dict[str, dict] = {}
-    for phase in phases:
-        test = tests.setdefault(phase["nodeid"], {"outcome": "passed", "seconds": 0.0})
-        if phase["when"] == "call":
-            test["seconds"] = phase["seconds"]
-        if phase["outcome"] == "failed" or (phase["outcome"] == "skipped" and test["outcome"] == "passed"):
-            test["outcome"] = phase["outcome"]
-        if "failure" in phase:
-            test["failure"] = phase["failure"]
-    for nodeid, test in tests.items():
-        what = check_of(nodeid) or nodeid.split("::")[-1]
-        rows.append(_row(what, test["seconds"], "s", note=f"{test['outcome']}: {nodeid.split('::')[-1]}"))
+        for phase in ran:
+            test = tests.setdefault(f"{slurm} {phase['nodeid']}", {"outcome": "passed", "seconds": 0.0})
+            if phase["when"] == "call":
+                test["seconds"] = phase["seconds"]
+            failed = phase["outcome"] == "failed"
+            if failed or (phase["outcome"] == "skipped" and test["outcome"] == "passed"):
+                test["outcome"] = phase["outcome"]
+            if "failure" in phase:
+                test["failure"] = phase["failure"]
+        for key, test in tests.items():
+            version, nodeid = key.split(" ", 1)
+            if version == slurm:
+                what = f"Slurm {slurm}: {check_of(nodeid) or nodeid.split('::')[-1]}"
+                note = f"{test['outcome']}: {nodeid.split('::')[-1]}"
+                rows.append(_row(what, test["seconds"], "s", note=note))
     rows.append(_row("the whole guest run (boot to the lane's end)", timings["guest_s"], "s"))
     details = {"engine": engine, "guest": timings.get("guest", {}), "tests": tests}
     return rows, details
@@ -117,16 +139,18 @@ def record(out: Path, commit: str, started: str) -> int:
 
 
 def passed(details: dict) -> bool:
-    """Whether every check ran in the guest and passed."""
-    checked = {check_of(nodeid) for nodeid in details["tests"]} - {None}
+    """Whether every check ran in the guest on every Slurm version and passed."""
+    checked = {(key.split(" ", 1)[0], check_of(key.split(" ", 1)[1])) for key in details["tests"]}
     every = all(test["outcome"] == "passed" for test in details["tests"].values())
-    return every and checked == set(CHECKS.values())
+    return every and checked >= {(slurm, check) for slurm in versions() for check in CHECKS.values()}
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["images"]:
+    if sys.argv[1:2] == ["versions"]:
+        print(" ".join(versions()))
+    elif sys.argv[1:2] == ["images"]:
         print(" ".join(images()))
     elif sys.argv[1:2] == ["record"]:
         sys.exit(record(Path(sys.argv[2]), sys.argv[3], sys.argv[4]))
     else:
-        sys.exit("usage: cgroup2_lane.py images | record OUT COMMIT STARTED")
+        sys.exit("usage: cgroup2_lane.py versions | images | record OUT COMMIT STARTED")

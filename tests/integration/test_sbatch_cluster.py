@@ -24,7 +24,7 @@ from hpcbox.render import profiles
 from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.render.sbatch import JobInputs, JobScript, render_sbatch
 from hpcbox.tools import slurm, ssh
-from tests.fixtures.submitting import RESTING
+from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -303,10 +303,10 @@ def test_a_job_stopped_by_its_time_limit_signal_is_requeued_and_completes_as_if_
     --signal=B:USR1@60, so that when it comes does not hang on this machine's speed; Slurm's own timer
     sends it in the tests below): the trainer checkpoints, the job requeues itself, the next run
     resumes and runs to COMPLETED, and its final figures are those of the same job never stopped."""
-    # About 3.5 s an epoch here, most of it at rest: the signal after the second leaves a minute of
-    # training to cut short (with 30 epochs of 1.2 s, the polling over SSH was once slower than the rest
-    # of the job under the suite's lanes).
-    training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025", *CPU_ONLY)
+    # About 3.5 s an epoch of ten steps, nearly all of it at rest (the CPU it takes is the other lanes'):
+    # the signal after the second leaves a minute of training to cut short (with 30 epochs of 1.2 s, the
+    # polling over SSH was once slower than the rest of the job under the suite's lanes).
+    training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", *CPU_ONLY)
     stopped = job_dir.submit(render_local(ResourceRequest(job_name="stopped", time="10"), training), "s.sh")
     whole = job_dir.submit(render_local(ResourceRequest(job_name="whole", time="10"), training), "w.sh")
     deadline = time.monotonic() + 240

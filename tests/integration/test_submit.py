@@ -34,7 +34,7 @@ from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import RESTING, Setup
+from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -411,9 +411,9 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     status says it is requeued while it waits to run again, and then that it was preempted, with the
     time of all its runs; its report, the time lost between checkpoint and resume. (Also the mini
     cluster's proof that its partitions preempt as set.)"""
-    # About 3.5 s an epoch: the job trains on through its grace time (30 s) and has epochs left after it.
-    training = ("--epochs", "20", "--batch-size", "16", "--seed", "3", "--step-pause", "0.025")
-    training += ("--workers", "0")
+    # About 3.5 s an epoch, nearly all of it at rest: the job trains on through its grace time (30 s) and
+    # has epochs left after it.
+    training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
     on_node1 = {"partition": "preemptible", "extra": ("--nodelist=node1",)}
     picked = submit(setup, minicluster, training, job_name="picked", **on_node1)
     whole = submit(

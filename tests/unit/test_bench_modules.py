@@ -59,26 +59,37 @@ def test_the_cgroup2_lanes_results_time_the_cluster_apart_and_pass_only_with_eve
         "test_each_job_runs_on_the_cpus_it_was_given_and_no_more",
         "test_a_gpu_job_sees_only_its_gpus_as_at_a_site_that_constrains_devices",
     ]
-    phases = [{"nodeid": f"{module}::{names[0]}", "when": "setup", "outcome": "passed", "seconds": 300.2}]
-    for name in names:
-        for when, seconds in (("call", 20.0), ("teardown", 0.1)):
-            phases.append(
-                {"nodeid": f"{module}::{name}", "when": when, "outcome": "passed", "seconds": seconds}
-            )
+    versions = lane.versions()
+    assert len(versions) == len(set(versions)) >= 3  # every Slurm version the mini cluster runs
+    phases = []
+    for slurm in versions:
+        first = {"nodeid": f"{module}::{names[0]}", "when": "setup", "outcome": "passed", "seconds": 300.2}
+        phases.append({**first, "slurm": slurm})
+        for name in names:
+            for when, seconds in (("call", 20.0), ("teardown", 0.1)):
+                phases.append(
+                    {"nodeid": f"{module}::{name}", "when": when, "outcome": "passed", "seconds": seconds}
+                    | {"slurm": slurm}
+                )
     (tmp_path / "reports.jsonl").write_text("".join(json.dumps(phase) + "\n" for phase in phases))
     rows, details = lane.rows_from(tmp_path)
     assert rows[0]["value"] == 2 and rows[0]["note"].startswith(
         "docker info: Cgroup Version 2, systemd driver"
     )
-    assert [row["value"] for row in rows[1:4]] == [61.0, 80.5, 300.2]  # boot, load, the cluster's start
-    assert [row["note"] for row in rows[4:8]] == [f"passed: {name}" for name in names]
+    assert [row["value"] for row in rows[1:3]] == [61.0, 80.5]  # boot, load
+    for index, slurm in enumerate(versions):  # each version: its cluster's start, then its four checks
+        own = rows[3 + 5 * index : 8 + 5 * index]
+        assert own[0]["metric"].startswith(f"Slurm {slurm}: mini cluster up") and own[0]["value"] == 300.2
+        assert [row["note"] for row in own[1:]] == [f"passed: {name}" for name in names]
+        assert all(row["metric"].startswith(f"Slurm {slurm}: ") for row in own)
     assert details["engine"]["CgroupVersion"] == "2" and details["engine"]["MemTotalMiB"] == 6144
     assert lane.passed(details)
     phases[-2] = {**phases[-2], "outcome": "failed", "failure": "AssertionError: EPERM"}
     (tmp_path / "reports.jsonl").write_text("".join(json.dumps(phase) + "\n" for phase in phases))
     _, details = lane.rows_from(tmp_path)
-    assert not lane.passed(details) and details["tests"][f"{module}::{names[-1]}"]["outcome"] == "failed"
-    del details["tests"][f"{module}::{names[-1]}"]
+    failed = f"{versions[-1]} {module}::{names[-1]}"
+    assert not lane.passed(details) and details["tests"][failed]["outcome"] == "failed"
+    del details["tests"][failed]
     assert not lane.passed(details)  # a check that did not run is no pass
 
 

@@ -98,6 +98,11 @@ def test_on_cgroup_v2_slurmd_makes_its_own_tree_without_systemd_and_constrains_t
     )
     assert "JobAcctGatherParams" not in values
     assert "HPCBOX_CGROUPS=2\n" in files["node.env"][0].decode()
+    # Slurm 22.05 enables controllers in the cgroups it makes itself only with CgroupAutomount; later
+    # ones always do (and 24.11 calls the option defunct).
+    for version in ("22.05", "24.11", "26.05"):
+        conf = slurmconf.config_files(ClusterSpec(slurm=version), shape)["cgroup.conf"][0].decode()
+        assert ("CgroupAutomount" in conf_values(conf)) == (version == "22.05"), version
     assert ClusterShape.from_dict(json.loads(json.dumps(asdict(shape)))) == shape
     assert any(
         line.startswith("  enforced: CPUs, memory and GPU devices by cgroups (cgroup v2)")

@@ -134,7 +134,7 @@ def enforcement(shape: ClusterShape) -> dict[str, str]:
     }
 
 
-def cgroup_conf(shape: ClusterShape) -> str:
+def cgroup_conf(spec: ClusterSpec, shape: ClusterShape) -> str:
     """cgroup.conf of a cluster whose nodes enforce with cgroups: the node's own tree of the engine's
     cgroup version (hpcbox-node makes it writable), RAM, cores and GPU devices constrained as at a
     cgroup site. On cgroup v2 no systemd runs in a node to delegate slurmd a subtree: IgnoreSystemd, as
@@ -143,6 +143,11 @@ def cgroup_conf(shape: ClusterShape) -> str:
     settings = {"CgroupPlugin": f"cgroup/v{shape.cgroup_version}"}
     if shape.cgroup_version == 2:
         settings["IgnoreSystemd"] = "yes"
+        if spec.slurm == "22.05":
+            # 22.05 enables the controllers in the cgroups it makes under IgnoreSystemd only when told
+            # (its cgroup.conf(5): "intended for development and testing with cgroup/v2"); from 23.02 it
+            # always does, and 24.11 calls the option defunct.
+            settings["CgroupAutomount"] = "yes"
     settings |= {"ConstrainCores": "yes", "ConstrainRAMSpace": "yes", "ConstrainDevices": "yes"}
     return "".join(f"{key}={value}\n" for key, value in settings.items())
 
@@ -244,7 +249,7 @@ def config_files(spec: ClusterSpec, shape: ClusterShape) -> dict[str, tuple[byte
         "node.env": (node_env(shape).encode(), 0o644),
     }
     if shape.cgroups:
-        files["cgroup.conf"] = (cgroup_conf(shape).encode(), 0o644)
+        files["cgroup.conf"] = (cgroup_conf(spec, shape).encode(), 0o644)
     if shape.filters_submissions:
         files["job_submit.lua"] = (job_submit_lua(shape).encode(), 0o644)
     return files
