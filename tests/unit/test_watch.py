@@ -211,3 +211,13 @@ def test_tasks_ending_one_after_another_bring_no_look_forward_before_the_last():
     minutes = [int(when // 60) for when, _ in cluster.looks]
     looks_a_minute = [minutes.count(minute) for minute in range(1, max(minutes))]
     assert looks_a_minute and max(looks_a_minute) == 1  # full minutes after the first: one look each
+
+
+def test_a_wait_of_an_hour_tells_each_new_state_once_and_asks_slurm_about_once_a_minute():
+    """`hpcbox.Job.wait` (the demo's) waits so: where it asked every 2 s, an hour cost 1,800 looks."""
+    clock, cluster, watch = watched({"5": 3600.0}, record("5"), peek=True)
+    said: list[JobState] = []
+    assert watch.wait("5", on_change=said.append).state == "COMPLETED"
+    assert [found.state for found in said] == ["RUNNING", "COMPLETED"]
+    assert 3600.0 <= clock.now <= 3600.0 + MAX_PEEK_INTERVAL_S  # its end seen within a peek
+    assert len(cluster.looks) <= 45 + 60  # the first minute's, then a look a minute

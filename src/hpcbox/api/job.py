@@ -5,6 +5,8 @@ SSH master the user's commands share (a second call within minutes skips the han
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,17 +105,23 @@ class Job:
             return [jobs.describe(jobs.state(connection, self.record))]
 
     def wait(
-        self,
-        timeout_s: float = 24 * 3600,
-        *,
-        poll_s: float = 2,
-        on_change: Callable[[JobState], None] | None = None,
+        self, timeout_s: float = math.inf, *, on_change: Callable[[JobState], None] | None = None
     ) -> JobState:
-        """Its state once it has ended, telling ``on_change`` each new state on the way."""
-        from hpcbox import jobs
-
-        with self._connection() as connection:
-            return jobs.wait(connection, self.record, timeout_s=timeout_s, poll_s=poll_s, on_change=on_change)
+        """Its state once it has ended, telling ``on_change`` each new state on the way (an array's: its
+        tasks' together, once they have all ended). Looked at through its site's `watch`, with the
+        site's other jobs waited on in this process: every few seconds at first, once a minute after
+        the first minute, and within seconds of its end (its run folder's exit status, seen on the
+        login node)."""
+        watch = self.watch
+        if not self.record.is_array:
+            return watch.wait(self.record.job_id, timeout_s, on_change=on_change)
+        deadline = time.monotonic() + timeout_s
+        for task in range(len(self.record.sweep)):
+            watch.wait(f"{self.record.job_id}_{task}", deadline - time.monotonic())
+        ended = self.state()
+        if on_change is not None:
+            on_change(ended)
+        return ended
 
     def done(self) -> bool:
         return self.state().finished

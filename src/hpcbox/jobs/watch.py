@@ -167,11 +167,23 @@ class Watch:
         ended = sum(key.startswith(prefix) for key in self._final)
         return bool(tasks) and ended == tasks
 
-    def wait(self, job_id: str, timeout_s: float = math.inf) -> slurm.JobState:
-        """Until job (or task) ``job_id`` has ended, looking as the schedule says; a login node that does
-        not answer and accounting that is silent are ridden out as `tools.slurm.poll` rides them."""
+    def wait(
+        self,
+        job_id: str,
+        timeout_s: float = math.inf,
+        *,
+        on_change: Callable[[slurm.JobState], None] | None = None,
+    ) -> slurm.JobState:
+        """Until job (or task) ``job_id`` has ended, looking as the schedule says and telling
+        ``on_change`` each new state; a login node that does not answer and accounting that is silent
+        are ridden out as `tools.slurm.poll` rides them."""
         return slurm.poll(
-            lambda: self.state(job_id), job_id, timeout_s=timeout_s, pause_s=self.due_in_s, sleep=self._sleep
+            lambda: self.state(job_id),
+            job_id,
+            timeout_s=timeout_s,
+            on_change=on_change,
+            pause_s=self.due_in_s,
+            sleep=self._sleep,
         )
 
     def forget(self, job_id: str) -> None:
