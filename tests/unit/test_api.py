@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import hpcbox
-from hpcbox.api.site import SHELL_RESOURCE_NAMES
+from hpcbox.api.site import SHELL_RESOURCE_NAMES, Prepared
 from hpcbox.render.options import RESOURCE_OPTIONS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +67,27 @@ def test_a_misspelt_resource_option_is_refused_with_the_valid_names_before_anyth
     assert refused.value.field == "tiem"
     names = [option.name for option in RESOURCE_OPTIONS]
     assert f"allowed: {', '.join(sorted(names))})" in refused.value.message
+    assert sorted(path.name for path in bare_project.iterdir()) == ["pyproject.toml"]
+
+
+def test_a_submit_refuses_what_was_prepared_for_another_compression_before_anything_is_sent(
+    bare_project: Path,
+):
+    from hpcbox.store.ship import CodeSnapshot, Dataset, Payload
+
+    made = Payload(
+        Path("e.sif"),
+        "ab" * 32,
+        1,
+        CodeSnapshot("cd" * 32, b"", 0),
+        Dataset(Path("d"), "ef"),
+        "cpu",
+        "zstd:3",
+    )
+    with pytest.raises(hpcbox.FieldError) as refused:
+        hpcbox.Site("edi", project=bare_project).submit(prepared=Prepared(made, "i:1"))
+    assert refused.value.field == "prepared"
+    assert refused.value.message == "prepared: made with zstd:3 SIFs; edi reads gzip:1"
     assert sorted(path.name for path in bare_project.iterdir()) == ["pyproject.toml"]
 
 

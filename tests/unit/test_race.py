@@ -77,6 +77,7 @@ class StandInSite:
         self.profile = Profile()
         self.say = print
         self.prepared = 0
+        self.sent_prepared: list[object] = []  # each submit's `prepared`
         self.sent_at: float | None = None
         self.looks = 0
         self.watch = Watch(self.read)
@@ -92,10 +93,12 @@ class StandInSite:
         if options.get("mem") == "lots":
             raise FieldError("mem", "'lots' is not a Slurm memory size")
 
-    def prepare(self, **_: object) -> None:
+    def prepare(self, **_: object) -> tuple[str, str]:
         self.prepared += 1
+        return ("made by", self.where)
 
     def submit(self, args, **options) -> StandInJob:
+        self.sent_prepared.append(options.pop("prepared"))
         if self.upload_s < 0:
             raise HpcboxError(f"{self.where}'s login node does not answer")
         time.sleep(self.upload_s)
@@ -114,7 +117,8 @@ def test_the_first_to_start_is_kept_and_the_other_cancelled_and_the_ledger_says_
     raced = race([slow, fast], ["--epochs", "1"], say=print)
     assert raced.kept.site is fast and [job.site for job in raced.others] == [slow]
     assert raced.others[0].cancelled and not raced.kept.cancelled
-    assert fast.prepared + slow.prepared == 1  # built and converted once: one compression
+    assert fast.prepared + slow.prepared == 1  # built and converted once: one compression, sent as made
+    assert fast.sent_prepared == slow.sent_prepared == [("made by", "mila")]
     said = capsys.readouterr().out
     assert f"cancelled job {raced.others[0].job_id} on mila\n" in said
     assert f"kept job {raced.kept.job_id} on edi, the first to start" in said
@@ -219,3 +223,12 @@ def test_failover_sends_one_at_a_time_each_given_its_time_to_start(project, caps
     said = capsys.readouterr().out
     assert f"job {raced.others[0].job_id} on edi did not start within 0.5 s; cancelled, trying mila" in said
     assert said.count("cancelled") == 1  # not cancelled again at the end
+
+
+def test_sites_of_two_compressions_are_each_sent_what_was_made_for_their_compression(project):
+    gzip, zstd, other_gzip = (StandInSite(name, project, 1) for name in ("edi", "mila", "carc"))
+    zstd.profile = Profile(Compression("zstd:3"))
+    race([gzip, zstd, other_gzip], say=print)
+    assert (gzip.prepared, zstd.prepared, other_gzip.prepared) == (1, 1, 0)
+    assert gzip.sent_prepared == other_gzip.sent_prepared == [("made by", "edi")]
+    assert zstd.sent_prepared == [("made by", "mila")]

@@ -25,7 +25,7 @@ from hpcbox.errors import FieldError, HpcboxError
 
 if TYPE_CHECKING:
     from hpcbox.api.job import Job
-    from hpcbox.api.site import Site
+    from hpcbox.api.site import Prepared, Site
     from hpcbox.tools.slurm import JobState
 
 Say = Callable[[str], None]
@@ -84,24 +84,22 @@ def race(
     say = say or field[0].site.say
     for entrant in field:  # every request checked before anything is built or sent
         entrant.site.resources({**options, **entrant.options}, warn=False)
-    made: set[str] = set()
-    for entrant in field:  # built once, converted once per compression: each submit finds them made
-        compression = entrant.site.profile.apptainer.compression
-        if compression not in made:
-            entrant.site.prepare(
+    prepared: dict[str, Prepared] = {}
+    for entrant in field:  # built once, converted once per compression, each sent as made
+        compression = str(entrant.site.profile.apptainer.compression)
+        if compression not in prepared:
+            prepared[compression] = entrant.site.prepare(
                 data=data, flavour=flavour, offline=offline, **{**options, **entrant.options}
             )
-            made.add(compression)
-    stages = dict(data=data, flavour=flavour, offline=offline)
     failed_over: list[Job] = []  # cancelled on the way, for not starting in their time
     if failover_after_s is None:
-        sent, unsent = _send(field, tuple(args), stages, options, say)
+        sent, unsent = _send(field, tuple(args), prepared, options, say)
         if not sent:
             raise _none_sent(unsent)
         started = _first_started(sent, timeout_s)
     else:
         sent, unsent, started = _fail_over(
-            field, tuple(args), stages, options, failover_after_s, timeout_s, say, failed_over
+            field, tuple(args), prepared, options, failover_after_s, timeout_s, say, failed_over
         )
     kept, _ = started[0]
     others = tuple(job for _, job in sent if job is not kept)
@@ -117,7 +115,7 @@ def race(
 def _fail_over(
     field: list[Entrant],
     args: tuple[str, ...],
-    stages: dict[str, Any],
+    prepared: dict[str, Prepared],
     options: dict[str, Any],
     after_s: float,
     timeout_s: float,
@@ -129,7 +127,7 @@ def _fail_over(
     sent: list[tuple[Entrant, Job]] = []
     unsent: list[tuple[Entrant, HpcboxError]] = []
     for index, entrant in enumerate(field):
-        now_sent, now_unsent = _send([entrant], args, stages, options, say)
+        now_sent, now_unsent = _send([entrant], args, prepared, options, say)
         sent += now_sent
         unsent += now_unsent
         if not now_sent:
@@ -175,7 +173,11 @@ def _checked(entrants: Sequence[Site | Entrant], options: dict[str, Any]) -> lis
 
 
 def _send(
-    field: list[Entrant], args: tuple[str, ...], stages: dict[str, Any], options: dict[str, Any], say: Say
+    field: list[Entrant],
+    args: tuple[str, ...],
+    prepared: dict[str, Prepared],
+    options: dict[str, Any],
+    say: Say,
 ) -> tuple[list[tuple[Entrant, Job]], list[tuple[Entrant, HpcboxError]]]:
     """Each login node's entrants sent from a thread of its own (one after another on one login: they
     share its SSH master); what was sent and what could not be, in the entrants' order."""
@@ -188,7 +190,10 @@ def _send(
         for index in indices:
             entrant = field[index]
             try:
-                job = entrant.site.submit(args, **stages, **{**options, **entrant.options})
+                compression = str(entrant.site.profile.apptainer.compression)
+                job = entrant.site.submit(
+                    args, prepared=prepared[compression], **{**options, **entrant.options}
+                )
             except HpcboxError as error:
                 outcome[index] = error
                 say(f"hpcbox: race: {entrant} could not be sent ({error.message}); racing on without it")

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from hpcbox.render.sbatch import JobScript
     from hpcbox.render.sweep import Sweep
     from hpcbox.store.prune import Plan, Removable
+    from hpcbox.store.ship import Payload
     from hpcbox.tools.slurm import Looked
     from hpcbox.tools.ssh import Target
 
@@ -60,6 +61,16 @@ class Checkup:
 
     table: str
     failing: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """`Site.prepare`'s answer: what a submit sends (the SIF, in the compression ``payload`` names; the
+    code; the dataset) and the environment image it was converted from, for submits to any site that
+    reads that compression to send as they are, none of them checking it again."""
+
+    payload: Payload
+    image: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +353,7 @@ class Site:
         dry_run: bool = False,
         command: ContainerCommand | None = None,
         resume_from: Job | str | None = None,
+        prepared: Prepared | None = None,
         **options: Any,
     ) -> Job | None:
         """Build the environment image, convert it to a SIF, ship what the cluster lacks (a changed SIF
@@ -354,7 +366,9 @@ class Site:
         run, send nothing, and return None; ``command``: what the job runs in the container instead of
         the project's program (`[tool.hpcbox.run]`); ``resume_from``: a stopped job of this site (a
         `Job`, its id or its run's name), whose results and checkpoints the job starts from, copied on
-        the cluster (its arguments too, where ``args`` gives none)."""
+        the cluster (its arguments too, where ``args`` gives none); ``prepared``: what `prepare` made for
+        a site of this compression, sent as it is (``data``, ``flavour`` and ``offline`` then say
+        nothing: they made it)."""
         from hpcbox.jobs.connect import require_slurm
 
         require_slurm(self.profile)
@@ -379,6 +393,7 @@ class Site:
             options,
             command=command,
             resume_from=earlier,
+            prepared=prepared,
         )
 
     def prepare(
@@ -389,12 +404,16 @@ class Site:
         offline: bool = False,
         command: ContainerCommand | None = None,
         **options: Any,
-    ) -> None:
+    ) -> Prepared:
         """What `submit` makes before it sends anything, made here and now: the environment image, its
         SIF in the compression this site reads, the code and the dataset (each a no-op when made
-        before), and the rehearsal (via local) ready; nothing is sent."""
+        before), and the rehearsal (via local) ready; nothing is sent. What it made, for `submit`'s
+        ``prepared`` here and at every site that reads the same compression."""
         checked = self.resources(options, command=command, warn=False)
-        self._payload(checked, data, flavour, offline, program=command or self.project.run)
+        payload, environment = self._payload(
+            checked, data, flavour, offline, program=command or self.project.run
+        )
+        return Prepared(payload, environment.ref)
 
     def _resumable(self, job: Job | str, points: Sweep | None) -> JobRecord:
         """The record of ``job``, a job of this site that a new one can start from."""
@@ -482,6 +501,7 @@ class Site:
         *,
         command: ContainerCommand | None = None,
         resume_from: JobRecord | None = None,
+        prepared: Prepared | None = None,
     ) -> Job | None:
         from hpcbox import jobs
         from hpcbox.api.job import Job
@@ -489,6 +509,13 @@ class Site:
 
         program = command or self.project.run
         checked = self.resources(options, sweep_tasks=array, command=command, warn=False)
+        compression = str(self.profile.apptainer.compression)
+        if prepared is not None and prepared.payload.compression != compression:
+            raise FieldError(
+                "prepared",
+                f"made with {prepared.payload.compression} SIFs; {self.name} reads {compression}",
+                f"prepare for {self.name} (or a site of its compression)",
+            )
         with contextlib.ExitStack() as held:
             opened: list[ssh.Connection] = []
 
@@ -499,12 +526,18 @@ class Site:
                 self._warn(checked)
                 opened.append(held.enter_context(ssh.Connection(self.target)))
 
-            payload, environment = self._payload(
-                checked, data, flavour, offline, program=program, before_work=connect
-            )
+            if prepared is None:
+                payload, image = self._payload(
+                    checked, data, flavour, offline, program=program, before_work=connect
+                )
+                image = image.ref
+            else:
+                self._ready(checked)
+                connect()
+                payload, image = prepared.payload, prepared.image
             record = jobs.submit(
                 self.project, self.profile, self.target, checked, args, payload,
-                image=environment.ref, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
+                image=image, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
                 sweep=points, resubmits=resubmits, command=command, connection=opened[0], mini=self.mini,
                 resume_from=resume_from, say=self.say,
             )  # fmt: skip
@@ -526,14 +559,19 @@ class Site:
             say=self.say,
         )
 
+    def _ready(self, checked: Resources) -> None:
+        """The site reachable as far as can be told here (a rehearsal that is not up is said before
+        anything is built) and, via local, its rehearsal made ready for the job."""
+        self.target  # noqa: B018
+        self._rehearse(checked)
+
     def _payload(self, checked: Resources, data, flavour, offline, *, program, **stage):
         """The rehearsal made ready (via local), then what goes there: the image (``stage``:
         prepare_payload's target, on_line and before_work), its SIF, the code and the dataset (which
         ``program``, the job's, may do without)."""
         from hpcbox import jobs
 
-        self.target  # noqa: B018  (a rehearsal that is not up is said before anything is built)
-        self._rehearse(checked)
+        self._ready(checked)
         return jobs.prepare_payload(
             self.project, jobs.data_path(self.project, data, program, say=self.say),
             self.profile.apptainer.compression, flavour=flavour, offline=offline, gpus=checked.gpus,
