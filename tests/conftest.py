@@ -55,7 +55,6 @@ LANES = {
         "test_upload_full",
         "test_image",
         "test_lock",
-        "test_verify",
         "test_sif",
         "test_reproducible",
     ),
@@ -65,6 +64,7 @@ LANES = {
         "test_container_software",
         "test_rehearsal",
         "test_trainer",
+        "test_verify",
     ),
 }
 _LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
