@@ -10,7 +10,7 @@ import functools
 import os
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from hpcbox.store.prune import Plan, Removable
     from hpcbox.store.ship import Payload
     from hpcbox.tools.slurm import Looked
-    from hpcbox.tools.ssh import Target
+    from hpcbox.tools.ssh import Connection, Target
 
 Say = Callable[[str], None]
 
@@ -503,9 +503,7 @@ class Site:
         resume_from: JobRecord | None = None,
         prepared: Prepared | None = None,
     ) -> Job | None:
-        from hpcbox import jobs
         from hpcbox.api.job import Job
-        from hpcbox.tools import ssh
 
         program = command or self.project.run
         checked = self.resources(options, sweep_tasks=array, command=command, warn=False)
@@ -516,32 +514,56 @@ class Site:
                 f"made with {prepared.payload.compression} SIFs; {self.name} reads {compression}",
                 f"prepare for {self.name} (or a site of its compression)",
             )
+        with self._submitted(
+            checked, args, data, flavour, offline, program=program, prepared=prepared, dry_run=dry_run,
+            sweep=points, resubmits=resubmits, command=command, resume_from=resume_from,
+        ) as (record, _):  # fmt: skip
+            return None if record is None else Job(self, record)
+
+    @contextlib.contextmanager
+    def _submitted(
+        self,
+        checked: Resources,
+        args: tuple[str, ...],
+        data: str | Path | None,
+        flavour: str | None,
+        offline: bool,
+        *,
+        program: ContainerCommand,
+        prepared: Prepared | None = None,
+        stage: Mapping[str, Any] | None = None,
+        **submitting: Any,
+    ) -> Iterator[tuple[JobRecord | None, Connection]]:
+        """The one submit sequence: the login node connected once the input is checked, before anything
+        is built (a login that does not answer is said in seconds, not after a build and a conversion),
+        what the job needs made (``stage``: prepare_payload's target and on_line) or taken as
+        ``prepared``, then sent and sbatched (``submitting``: `jobs.submit`'s options); the job's record
+        (None for a dry run) and the connection, open until the block ends."""
+        from hpcbox import jobs
+        from hpcbox.tools import ssh
+
         with contextlib.ExitStack() as held:
             opened: list[ssh.Connection] = []
 
             def connect() -> None:
-                # Once the input is checked (bad input is its one line, no warning before it) and before
-                # anything is built: a login that does not answer is said in seconds, not after a build
-                # and a conversion; submit uses the connection.
-                self._warn(checked)
+                self._warn(checked)  # after bad input's one line, before any work
                 opened.append(held.enter_context(ssh.Connection(self.target)))
 
             if prepared is None:
-                payload, image = self._payload(
-                    checked, data, flavour, offline, program=program, before_work=connect
+                payload, environment = self._payload(
+                    checked, data, flavour, offline, program=program, before_work=connect, **(stage or {})
                 )
-                image = image.ref
+                image = environment.ref
             else:
                 self._ready(checked)
                 connect()
                 payload, image = prepared.payload, prepared.image
             record = jobs.submit(
-                self.project, self.profile, self.target, checked, args, payload,
-                image=image, via=self.place.via, remote_root=self.remote_root, dry_run=dry_run,
-                sweep=points, resubmits=resubmits, command=command, connection=opened[0], mini=self.mini,
-                resume_from=resume_from, say=self.say,
+                self.project, self.profile, self.target, checked, args, payload, image=image,
+                via=self.place.via, remote_root=self.remote_root, connection=opened[0], mini=self.mini,
+                say=self.say, **submitting,
             )  # fmt: skip
-        return None if record is None else Job(self, record)
+            yield record, opened[0]
 
     def _rehearse(self, checked: Resources) -> None:
         """On the mini cluster, what the job names that the profile cannot know is made there first."""
@@ -632,22 +654,19 @@ class Site:
         from hpcbox.build.image import NOTEBOOK as NOTEBOOK_TARGET
         from hpcbox.jobs import notebook as notebooks
         from hpcbox.project.command import NOTEBOOK
-        from hpcbox.tools import ssh
 
         jobs.require_slurm(self.profile)
         checked = self.resources(
-            {**NOTEBOOK_DEFAULTS, **given(options)}, command=NOTEBOOK, allowed=NOTEBOOK_RESOURCE_NAMES
+            {**NOTEBOOK_DEFAULTS, **given(options)},
+            command=NOTEBOOK,
+            allowed=NOTEBOOK_RESOURCE_NAMES,
+            warn=False,  # said once the input is checked, as for a submit
         )
         notebooks.check_resources(checked)
-        payload, environment = self._payload(
-            checked, data, flavour, offline, program=NOTEBOOK, target=NOTEBOOK_TARGET, on_line=self.say
-        )
-        with ssh.Connection(self.target) as connection:
-            record = jobs.submit(
-                self.project, self.profile, self.target, checked, (), payload,
-                image=environment.ref, via=self.place.via, remote_root=self.remote_root, command=NOTEBOOK,
-                connection=connection, say=self.say,
-            )  # fmt: skip
+        stage = {"target": NOTEBOOK_TARGET, "on_line": self.say}
+        with self._submitted(
+            checked, (), data, flavour, offline, program=NOTEBOOK, stage=stage, command=NOTEBOOK
+        ) as (record, connection):
             assert record is not None  # not a dry run
             self.say(f"hpcbox: notebook job {record.job_id} submitted; log {record.log}")
             notebooks.serve(connection, self.profile, record, say=self.say, show=show)
