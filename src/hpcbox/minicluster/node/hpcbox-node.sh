@@ -159,6 +159,9 @@ node_cgroups_v2() {
             grep -qw "$controller" "$root/cgroup.subtree_control" && continue
             echo "+$controller" >"$root/cgroup.subtree_control" 2>/dev/null || continue 2
         done
+        # Slurm 22.05 makes its stepd scope in system.slice but not system.slice itself (later releases
+        # make both; 22.05's slurmd fails its cgroup plugin's start without it).
+        mkdir -p "$root/system.slice"
         return 0
     done
     log "processes kept arriving in the node's root cgroup: its controllers are not enabled after $attempt tries"
