@@ -4,6 +4,7 @@ measures the same waits' calls on the mini cluster's Slurm."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 
@@ -221,3 +222,16 @@ def test_a_wait_of_an_hour_tells_each_new_state_once_and_asks_slurm_about_once_a
     assert [found.state for found in said] == ["RUNNING", "COMPLETED"]
     assert 3600.0 <= clock.now <= 3600.0 + MAX_PEEK_INTERVAL_S  # its end seen within a peek
     assert len(cluster.looks) <= 45 + 60  # the first minute's, then a look a minute
+
+
+def test_a_rerun_of_some_points_is_waited_on_for_those_tasks_alone():
+    """`submit --resubmit-failed` sends an array of the failed points only (`--array=3,7-8`), its
+    record keeping the whole sweep: the watch waits for tasks 3, 7 and 8, not for tasks never sent."""
+    rerun = dataclasses.replace(record("9", tasks=10), resources={"array": "3,7-8%2"})
+    assert rerun.array_tasks == (3, 7, 8) and record("5").array_tasks == ()
+    _, cluster, watch = watched({"9_3": 5.0, "9_7": 9.0, "9_8": 12.0}, rerun)
+    assert [watch.wait(f"9_{task}").state for task in rerun.array_tasks] == ["COMPLETED"] * 3
+    assert watch.ended("9_8") and watch.state("9_8").state == "COMPLETED"
+    looks = len(cluster.looks)
+    watch.look()
+    assert len(cluster.looks) == looks  # every task sent has ended: nothing left to ask about

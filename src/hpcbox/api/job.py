@@ -116,7 +116,7 @@ class Job:
         if not self.record.is_array:
             return watch.wait(self.record.job_id, timeout_s, on_change=on_change)
         deadline = time.monotonic() + timeout_s
-        for task in range(len(self.record.sweep)):
+        for task in self.record.array_tasks:  # a rerun of failed points: those alone
             watch.wait(f"{self.record.job_id}_{task}", deadline - time.monotonic())
         ended = self.state()
         if on_change is not None:

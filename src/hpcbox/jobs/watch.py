@@ -160,12 +160,7 @@ class Watch:
         return job_id in self._final
 
     def _ended(self, record: JobRecord) -> bool:
-        if not record.is_array:
-            return record.job_id in self._final
-        tasks = len(record.sweep)
-        prefix = f"{record.job_id}_"
-        ended = sum(key.startswith(prefix) for key in self._final)
-        return bool(tasks) and ended == tasks
+        return all(key in self._final for key in _keys(record))
 
     def wait(
         self,
@@ -196,7 +191,7 @@ class Watch:
 def _keys(record: JobRecord) -> list[str]:
     """What a look answers for ``record``: each task's `ID_TASK` of an array, else its id."""
     if record.is_array:
-        return [f"{record.job_id}_{task}" for task in range(len(record.sweep))]
+        return [f"{record.job_id}_{task}" for task in record.array_tasks]
     return [record.job_id]
 
 

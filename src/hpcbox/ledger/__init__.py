@@ -67,6 +67,17 @@ class JobRecord:
         return bool(self.resources.get("array"))
 
     @property
+    def array_tasks(self) -> tuple[int, ...]:
+        """The task ids its --array spec names (`0-49%10`; a rerun of failed points: `3,7-9`), in order;
+        () for a single job."""
+        spec = str(self.resources.get("array") or "").partition("%")[0]
+        tasks: list[int] = []
+        for part in filter(None, spec.split(",")):
+            first, _, last = part.partition("-")
+            tasks += range(int(first), int(last or first) + 1)
+        return tuple(tasks)
+
+    @property
     def race_said(self) -> str:
         """What its race came to, in words (`hpcbox jobs`); "" for a job not raced."""
         if not self.race:
