@@ -108,15 +108,17 @@ class Job:
         self, timeout_s: float = math.inf, *, on_change: Callable[[JobState], None] | None = None
     ) -> JobState:
         """Its state once it has ended, telling ``on_change`` each new state on the way (an array's: its
-        tasks' together, once they have all ended). Looked at through its site's `watch`, with the
-        site's other jobs waited on in this process: every few seconds at first, once a minute after
-        the first minute, and within seconds of its end (its run folder's exit status, seen on the
-        login node)."""
+        tasks' together, once they have all ended; one task's of a sweep: that task's). Looked at
+        through its site's `watch`, with the site's other jobs waited on in this process: every few
+        seconds at first, once a minute after the first minute, and within seconds of its end (its run
+        folder's exit status, seen on the login node)."""
         watch = self.watch
         if not self.record.is_array:
             return watch.wait(self.record.job_id, timeout_s, on_change=on_change)
         deadline = time.monotonic() + timeout_s
-        for task in self.record.array_tasks:  # a rerun of failed points: those alone
+        # One task where the job is one task of a sweep (`-j 3_2`); a rerun of failed points: those alone.
+        tasks = (self.record.task,) if self.record.task is not None else self.record.array_tasks
+        for task in tasks:
             watch.wait(f"{self.record.job_id}_{task}", deadline - time.monotonic())
         ended = self.state()
         if on_change is not None:
