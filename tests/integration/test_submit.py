@@ -475,16 +475,18 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
 def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(
     first_job, setup: Setup, minicluster, enforced_by
 ):
-    """With batches of 512 the trainer needs more than --mem=300M: the node's cgroup kills it at the
-    limit, as at a cgroup site; the job ends OUT_OF_MEMORY, status and report
-    name it out of memory with the --mem to ask, and its node scratch goes. (With the default batch
-    of 64 it completed at 300M under the cgroup; Slurm's accounting, which sampled its RSS near 400
-    MiB, killed it there.) On an engine that gives the nodes no cgroups, Slurm's accounting kills the
-    whole job (FAILED), and status names it out of memory by its sampled peak."""
+    """With its whole training set as one batch the trainer needs more than --mem=300M (its own memory
+    peaked at 360 MiB in the environment image; at batches of 512, 255 MiB since it no longer imports
+    torchvision): the node's cgroup kills it at the limit, as at a cgroup site; the job ends
+    OUT_OF_MEMORY, status and report name it out of memory with the --mem to ask, and its node scratch
+    goes. (With the default batch of 64 it completed at 300M under the cgroup; Slurm's accounting, which
+    sampled its RSS near 400 MiB, libraries included, killed it there.) On an engine that gives the
+    nodes no cgroups, Slurm's accounting kills the whole job (FAILED), and status names it out of memory
+    by its sampled peak."""
     record = submit(
         setup,
         minicluster,
-        ("--epochs", "1", "--workers", "0", "--batch-size", "512"),
+        ("--epochs", "1", "--workers", "0", "--batch-size", "2048"),
         mem="300M",
     )
     assert record is not None
