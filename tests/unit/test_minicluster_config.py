@@ -466,28 +466,3 @@ def test_a_compute_node_is_up_in_every_state_that_takes_jobs_and_said_by_state_o
 
     state = NodeState.parse(line)
     assert (state.usable, state.held, str(state)) == (usable, held, said)
-
-
-def test_slurm_22_05_on_a_cgroup_v2_engine_enforces_by_accounting_and_says_so_in_one_line():
-    """The cgroup v2 lane found 22.05's cgroup/v2 plugin letting a job past --mem complete in a node
-    container; 24.11 and 26.05 held it there, and every version does on cgroup v1."""
-    from hpcbox.minicluster import lifecycle
-
-    v1, v2 = (lifecycle.EngineCgroups.from_info({"CgroupVersion": version}) for version in ("1", "2"))
-    assert [lifecycle.cgroups_for(None, v2, slurm) for slurm in ("22.05", "24.11", "26.05")] == [
-        False,
-        True,
-        True,
-    ]
-    assert lifecycle.cgroups_for(None, v1, "22.05") and v1.cannot_for("22.05") is None
-    assert v2.cannot_for("22.05") == (
-        "Slurm 22.05's cgroup/v2 plugin does not hold a node's jobs to their request on this Docker engine "
-        "(cgroup v2): Slurm's accounting enforces --mem (FAILED 0:9 within a second, where a cgroup site "
-        "says OUT_OF_MEMORY), CPUs are bound but not confined, and a job can open every GPU device file"
-    )
-    with pytest.raises(HpcboxError) as refused:
-        lifecycle.cgroups_for(True, v2, "22.05")
-    assert refused.value.message == (
-        "cgroups: Slurm 22.05's cgroup/v2 plugin does not hold a node's jobs to their request on this "
-        "Docker engine (cgroup v2)"
-    )

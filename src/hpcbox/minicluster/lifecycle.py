@@ -73,11 +73,11 @@ def up(
     found = engine_cgroups()
     shape = dataclasses.replace(
         shape.with_software(**spec.software),
-        cgroups=cgroups_for(spec.cgroups, found, spec.slurm),
+        cgroups=cgroups_for(spec.cgroups, found),
         cgroup_version=found.version,
     )
-    if spec.cgroups is None and (cannot := found.cannot_for(spec.slurm)):
-        say(f"cluster {spec.name}: {cannot}")
+    if spec.cgroups is None and not found.possible:
+        say(f"cluster {spec.name}: {found.cannot}")
     node_groups(spec, shape)  # too few nodes for its partitions' GPU layouts: refused before any build
     image = ensure_image(slurm=spec.slurm, on_line=on_line)
     with state.locked(state_root, spec.name, say):
@@ -121,13 +121,6 @@ def up(
         return cluster
 
 
-# What a node without cgroups of its own enforces, and what it does not.
-ACCOUNTING_ENFORCES = (
-    "Slurm's accounting enforces --mem (FAILED 0:9 within a second, where a cgroup site says OUT_OF_MEMORY), "
-    "CPUs are bound but not confined, and a job can open every GPU device file"
-)
-
-
 @dataclass(frozen=True)
 class EngineCgroups:
     """What the Docker engine can give the compute nodes of cgroups: its cgroup version (``docker
@@ -153,20 +146,11 @@ class EngineCgroups:
     @property
     def cannot(self) -> str:
         """What the nodes of a cluster on this engine do not enforce, in one line."""
-        no_cgroups = f"this Docker engine ({self}) gives the compute nodes no cgroups of their own"
-        return f"{no_cgroups}: {ACCOUNTING_ENFORCES}"
-
-    def cannot_for(self, slurm: str) -> str | None:
-        """Why the nodes of a cluster running Slurm ``slurm`` on this engine cannot enforce with cgroups,
-        in one line; None where they can."""
-        if not self.possible:
-            return self.cannot
-        if self.version == 2 and slurm in versions.NO_CGROUP_V2:
-            return (
-                f"Slurm {slurm}'s cgroup/v2 plugin does not hold a node's jobs to their request on this "
-                f"Docker engine ({self}): {ACCOUNTING_ENFORCES}"
-            )
-        return None
+        return (
+            f"this Docker engine ({self}) gives the compute nodes no cgroups of their own: Slurm's "
+            "accounting enforces --mem (FAILED 0:9 within a second, where a cgroup site says "
+            "OUT_OF_MEMORY), CPUs are bound but not confined, and a job can open every GPU device file"
+        )
 
     def __str__(self) -> str:
         return f"{'rootless, ' if self.rootless else ''}cgroup v{self.version or '?'}"
@@ -176,23 +160,16 @@ def engine_cgroups() -> EngineCgroups:
     return EngineCgroups.from_info(engine.client().info())
 
 
-def cgroups_for(asked: bool | None, found: EngineCgroups, slurm: str = versions.DEFAULT) -> bool:
+def cgroups_for(asked: bool | None, found: EngineCgroups) -> bool:
     """Whether the compute nodes enforce with cgroups: as ``asked``, else where the engine ``found``
-    can give them cgroups of their own (cgroup v1 or v2, not rootless) and Slurm ``slurm`` enforces with
-    them there."""
+    can give them cgroups of their own (cgroup v1 or v2, not rootless)."""
     if asked and not found.possible:
         raise HpcboxError(
             f"cgroups: this Docker engine ({found}) cannot give the mini cluster's nodes cgroups of their "
             "own (a cgroup v1 or v2 engine that is not rootless can)",
             "bring it up without cgroups: Slurm's accounting then enforces --mem (FAILED 0:9)",
         )
-    cannot = found.cannot_for(slurm)
-    if asked and cannot:
-        raise HpcboxError(
-            f"cgroups: {cannot.split(':')[0]}",
-            "bring it up without cgroups (Slurm's accounting then enforces --mem), or with another --slurm",
-        )
-    return cannot is None if asked is None else asked
+    return found.possible if asked is None else asked
 
 
 def add_gpu_type(

@@ -61,8 +61,7 @@ class ClusterSpec:
     squashfuse: bool | None = None
     zstd: bool | None = None
     # Whether the compute nodes enforce each job's CPUs, memory and GPU devices with cgroups (None: where
-    # the engine can give them cgroups of their own, cgroup v1 or v2 and not rootless, and its Slurm
-    # enforces with them there; lifecycle.cgroups_for).
+    # the engine can give them cgroups of their own, cgroup v1 and not rootless; lifecycle.cgroups_for).
     cgroups: bool | None = None
 
     def __post_init__(self) -> None:

@@ -33,10 +33,6 @@ SUITE_LIBRARIES: dict[str, tuple[str, ...]] = {"26.05": ("libhwloc15",)}
 # that one or newer.
 MOVING_SUITES = ("sid",)
 DEFAULT = "24.11"  # the node image's own suite's Slurm
-# Releases whose cgroup/v2 plugin does not hold a node container's jobs to their request: on a cgroup v2
-# engine their nodes enforce by accounting. 22.05's came up in the cgroup v2 lane (.ci/cgroup2) but let a
-# job past --mem complete, and jobs after it stayed pending.
-NO_CGROUP_V2 = ("22.05",)
 # A site's version as profiles and `sinfo --version` give it: 23.02, 23.02.7, 24.11.5.
 _VERSION = re.compile(r"^(\d{2})\.(\d{2})(?:\.\d+)?$")
 
