@@ -314,7 +314,7 @@ any_log() {{ for log in {logs}; do if test -f "$log"; then return 0; fi; done; r
 all_kept() {{
     local kept=0 status
     for status in {_exit_words(record)}; do if test -f "$status"; then kept=$((kept + 1)); fi; done
-    test "$kept" -ge {len(record.sweep) if record.is_array else 1}
+    test "$kept" -ge {len(record.array_tasks) or 1}
 }}
 ask_now() {{
     local now
