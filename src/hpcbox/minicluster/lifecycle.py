@@ -11,7 +11,9 @@ A cluster is the user's, shared by every project on the machine: its keys are un
 folder (state.py), `up` in a second project finds the one the first brought up, and replacing a
 cluster Slurm still runs or queues jobs on is refused unless forced (`refuse_unfinished`). One whose
 containers stopped (the machine or its Docker engine restarted) is started again, not replaced: Slurm's
-saved state and accounting are in its containers, the users' files in its volumes.
+saved state and accounting are in its containers, the users' files in its volumes. It is started again
+even where it must be replaced (other settings, or a newer node image since): only then can its jobs be
+asked for and its results fetched before it goes.
 """
 
 from __future__ import annotations
@@ -65,8 +67,9 @@ def up(
     brought it up), with its stopped containers started again, else a fresh one. One that must be
     replaced for it (other settings, shape or node image, or a container gone) is replaced only while
     Slurm holds no unfinished job on it, or with ``force``, and after ``before_replacing(cluster, why)``
-    has not refused (raised); nothing is touched before that is known, nor before ``spec.port`` is
-    known free."""
+    has not refused (raised); nothing is removed before that is known, nor before ``spec.port`` is
+    known free. One whose containers stopped is started again first, unless forced: stopped, Slurm
+    cannot say what it holds, nor can its results be fetched before it goes."""
     say = on_line or (lambda _line: None)
     # A profile that does not exist is refused here, before any build.
     shape = shape_like(spec.like, spec.gpus_per_node).with_gpu_types(spec.added_gpu_types)
@@ -86,7 +89,15 @@ def up(
         same = current is not None and (current.spec, current.image, current.shape) == wanted
         kept = current is not None and (same or _software_alone_differs(current, wanted))
         found = _containers_of(current) if current is not None else {}
-        if current is not None and kept and not _missing(current, found) and (stopped := _stopped(found)):
+        stopped = _stopped(found) if current is not None and not _missing(current, found) else []
+        if current is not None and stopped and (kept or not force):
+            if not kept:
+                # Stopped, it can be neither asked what Slurm still holds nor fetched from: the refusal
+                # below would send the user to a fetch that cannot reach it, and back here.
+                say(
+                    f"cluster {spec.name} differs ({_why_replaced(current, wanted, state_root)}): "
+                    "started again before it is replaced, so that what it holds can be asked for and fetched"
+                )
             _start_again(current, found, stopped, timeout_s, say)
             if same:
                 return current
