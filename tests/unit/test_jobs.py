@@ -217,6 +217,28 @@ def test_a_sweeps_outcomes_kept_in_its_run_folders_say_which_points_to_run_again
     assert lines[2] == "  job 69_1: FAILED, exit code 1:0 (--lr 1)"
 
 
+
+def test_a_reruns_outcomes_kept_are_those_of_the_points_it_ran_again(project):
+    """A rerun of 2 of 5 points (`--array=1,3`) keeps the whole sweep in its record: its outcomes are its
+    two points', not three NO_OUTCOME more that a rerun of the rerun would run again though they had
+    completed in the first job."""
+    rerun = dataclasses.replace(
+        record("70"), resources={"job_name": "s", "array": "1,3"}, sweep=(("--lr", "1"),) * 5
+    )
+    local = jobs.local_run_dir(project, rerun)
+    for task, status in (("1", "0"), ("3", "1")):
+        (local / task).mkdir(parents=True)
+        (local / task / ".hpcbox-exit").write_text(status + "\n")
+    found = jobs.fetched_outcomes(project, rerun)
+    assert {index: task.state for index, task in found.tasks.items()} == {1: "COMPLETED", 3: "FAILED"}
+    assert jobs.failed_tasks(rerun, found.tasks) == (3,)
+    assert jobs.describe_tasks(rerun, found.tasks, found.read_from)[0].startswith(
+        "job 70: 2 array tasks: 1 COMPLETED, 1 FAILED"
+    )
+    with pytest.raises(HpcboxError, match=r"job: sweep 70 ran tasks 1,3, not 2"):
+        rerun.of_task(2)
+    assert rerun.of_task(3).trainer_args[-2:] == ("--lr", "1")
+
 def test_a_sweeps_task_is_named_by_its_id_wherever_a_job_id_goes(project):
     """Issue 59: `report/status/logs -j 3_2` were refused ("job ids are numbers") though status prints
     `job 3_2: ...`. A task is its sweep's record seen as one job: its id, log, run folder and arguments."""
@@ -230,7 +252,7 @@ def test_a_sweeps_task_is_named_by_its_id_wherever_a_job_id_goes(project):
     assert (task.job_id, task.run, task.log, task.is_array) == ("3_2", "3_2", "/h/logs/s-3_2.out", False)
     assert task.run_dir == sweep.run_dir + "/2" and task.trainer_args[-2:] == ("--lr", "3")
     assert jobs.local_run_dir(project, task) == project.runs_dir / "local" / "3" / "2"
-    for wrong, said in (("3_7", "job: sweep 3 has tasks 0-2, not 7"), ("9_0", "job 9 was not submitted")):
+    for wrong, said in (("3_7", "job: sweep 3 ran tasks 0-2, not 7"), ("9_0", "job 9 was not submitted")):
         with pytest.raises(HpcboxError, match=re.escape(said)):
             ledger.find(wrong)
     ledger.add(record("5"), "")
@@ -250,7 +272,7 @@ def test_a_sweeps_report_is_a_line_per_point_and_one_of_them_all(tmp_path: Path)
         (tmp_path / str(task)).mkdir()
         epoch = {"event": "epoch", "epoch": 2, "val_accuracy": accuracy, "val_loss": 1 - accuracy}
         (tmp_path / str(task) / "metrics.jsonl").write_text(json.dumps(epoch) + "\n")
-    text = sweep_report("3", (("--lr", "1"), ("--lr", "2"), ("--lr", "3")), rows, tmp_path)
+    text = sweep_report("3", {0: ("--lr", "1"), 1: ("--lr", "2"), 2: ("--lr", "3")}, rows, tmp_path)
     assert text.splitlines() == [
         "sweep 3: 3 points: 1 COMPLETED, 1 FAILED, 1 unknown to sacct; best val accuracy 0.900, "
         "task 0 (--lr 1)",

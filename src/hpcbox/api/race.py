@@ -86,9 +86,8 @@ def race(
         entrant.site.resources({**options, **entrant.options}, warn=False)
     prepared: dict[str, Prepared] = {}
     for entrant in field:  # built once, converted once per compression, each sent as made
-        compression = str(entrant.site.profile.apptainer.compression)
-        if compression not in prepared:
-            prepared[compression] = entrant.site.prepare(
+        if entrant.site.compression not in prepared:
+            prepared[entrant.site.compression] = entrant.site.prepare(
                 data=data, flavour=flavour, offline=offline, **{**options, **entrant.options}
             )
     failed_over: list[Job] = []  # cancelled on the way, for not starting in their time
@@ -190,9 +189,8 @@ def _send(
         for index in indices:
             entrant = field[index]
             try:
-                compression = str(entrant.site.profile.apptainer.compression)
                 job = entrant.site.submit(
-                    args, prepared=prepared[compression], **{**options, **entrant.options}
+                    args, prepared=prepared[entrant.site.compression], **{**options, **entrant.options}
                 )
             except HpcboxError as error:
                 outcome[index] = error

@@ -163,6 +163,11 @@ class Site:
         """The site as the ledger names it: `edi`, or `edi-via-local` for its rehearsal."""
         return self.name if self.place.via is None else f"{self.name}-via-{self.place.via}"
 
+    @property
+    def compression(self) -> str:
+        """The SIF compression this site reads (its profile's), as a `Prepared` payload names it."""
+        return str(self.profile.apptainer.compression)
+
     @functools.cached_property
     def target(self) -> Target:
         """The login node to reach (the mini cluster, which must be up, for `local` or a rehearsal)."""
@@ -507,11 +512,10 @@ class Site:
 
         program = command or self.project.run
         checked = self.resources(options, sweep_tasks=array, command=command, warn=False)
-        compression = str(self.profile.apptainer.compression)
-        if prepared is not None and prepared.payload.compression != compression:
+        if prepared is not None and prepared.payload.compression != self.compression:
             raise FieldError(
                 "prepared",
-                f"made with {prepared.payload.compression} SIFs; {self.name} reads {compression}",
+                f"made with {prepared.payload.compression} SIFs; {self.name} reads {self.compression}",
                 f"prepare for {self.name} (or a site of its compression)",
             )
         with self._submitted(

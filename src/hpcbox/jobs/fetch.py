@@ -138,7 +138,8 @@ def _sweep_report(connection: ssh.Connection, project: ProjectConfig, record: Jo
 
     local, _ = fetch(connection, project, record)
     rows = slurm.sacct_rows(connection, record.job_id, efficiency.SACCT_FIELDS, record.script)
-    return efficiency.sweep_report(record.job_id, record.sweep, rows, local), local
+    points = {task: record.sweep[task] for task in record.array_tasks}
+    return efficiency.sweep_report(record.job_id, points, rows, local), local
 
 
 def resume_command(record: JobRecord) -> str | None:

@@ -34,7 +34,8 @@ def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
 
 
 def _looked_at(record: JobRecord) -> JobRecord:
-    """What a look asks Slurm about for ``record``: a task's array, else the job itself."""
+    """What a look asks Slurm about for ``record``: a task's array (its tasks not known: `*`), else the job
+    itself."""
     if record.task is None:
         return record
     array_id = record.job_id.partition("_")[0]
@@ -84,7 +85,8 @@ def look(connection: ssh.Connection, records: Sequence[JobRecord]) -> slurm.Look
     array task's by `ID_TASK` (`tools.slurm.look`: one squeue for them all, one sacct for those that
     ended)."""
     watched = [
-        slurm.Watched(record.job_id, record.script, record.is_array, len(record.sweep)) for record in records
+        slurm.Watched(record.job_id, record.script, record.is_array, len(record.array_tasks))
+        for record in records
     ]
     return slurm.look(connection, watched)
 
@@ -174,9 +176,10 @@ def fetched_outcomes(project: ProjectConfig, record: JobRecord) -> Outcomes:
 def outcomes_kept(record: JobRecord, kept: dict[str, str], read_from: str) -> Outcomes:
     """Each point's state from the exit statuses its run folders kept (task id -> status): COMPLETED
     for 0, FAILED for another; a point with none kept (killed before its script ended, or lost) is
-    NO_OUTCOME, which a rerun of the failed points runs again too."""
+    NO_OUTCOME, which a rerun of the failed points runs again too. The points its --array ran: a rerun's
+    record keeps the whole sweep."""
     tasks = {}
-    for index in range(len(record.sweep)):
+    for index in record.array_tasks:
         status = kept.get(str(index))
         task = f"{record.job_id}_{index}"
         if status is None:

@@ -69,8 +69,11 @@ class JobRecord:
     @property
     def array_tasks(self) -> tuple[int, ...]:
         """The task ids its --array spec names (`0-49%10`; a rerun of failed points: `3,7-9`), in order;
-        () for a single job."""
+        () for a single job, and for `*`: an array whose tasks are not known here (a task's look at its
+        array, `jobs.follow`)."""
         spec = str(self.resources.get("array") or "").partition("%")[0]
+        if spec == "*":
+            return ()
         tasks: list[int] = []
         for part in filter(None, spec.split(",")):
             first, _, last = part.partition("-")
@@ -110,9 +113,10 @@ class JobRecord:
             raise HpcboxError(
                 f"job: {self.run} is not a sweep: it has no task {index}", f"name it as {self.run}"
             )
-        if not 0 <= index < len(self.sweep):
+        if index not in self.array_tasks:
+            ran = str(self.resources["array"]).partition("%")[0]
             raise HpcboxError(
-                f"job: sweep {self.run} has tasks 0-{len(self.sweep) - 1}, not {index}",
+                f"job: sweep {self.run} ran tasks {ran}, not {index}",
                 f"`hpcbox status -j {self.run}` lists them",
             )
         task = str(index)

@@ -22,6 +22,8 @@ from hpcbox.render.resources import signal_margin
 from hpcbox.units import SIZE_UNITS, format_request, format_size, format_time, parse_cpu_time, parse_size
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from matplotlib.figure import Figure as PlotFigure
 
 SACCT_FIELDS: tuple[str, ...] = (
@@ -655,13 +657,14 @@ def format_report(report: Report) -> str:
 
 
 def sweep_report(
-    job_id: str, points: tuple[tuple[str, ...], ...], sacct_rows: list[dict[str, str]], results: Path
+    job_id: str, points: Mapping[int, tuple[str, ...]], sacct_rows: list[dict[str, str]], results: Path
 ) -> str:
-    """A sweep's report: a line per point (its state, time, memory peak and, where its fetched
-    metrics.jsonl has them, its last epoch's validation figures), then a line of them all; each
-    point's full report is `report -j JOB_TASK`."""
+    """A sweep's report: a line per point it ran (``points``, by task id: a rerun's are some of its
+    sweep's) with its state, time, memory peak and, where its fetched metrics.jsonl has them, its last
+    epoch's validation figures, then a line of them all; each point's full report is `report -j
+    JOB_TASK`."""
     lines, counts, best = [], {}, None
-    for index, point in enumerate(points):
+    for index, point in points.items():
         task = f"{job_id}_{index}"
         rows = [row for row in sacct_rows if row["JobID"] == task or row["JobID"].startswith(task + ".")]
         own = next((row for row in rows if row["JobID"] == task), None)
