@@ -159,9 +159,13 @@ node_cgroups_v2() {
             grep -qw "$controller" "$root/cgroup.subtree_control" && continue
             echo "+$controller" >"$root/cgroup.subtree_control" 2>/dev/null || continue 2
         done
-        # Slurm 22.05 makes its stepd scope in system.slice but not system.slice itself (later releases
-        # make both; 22.05's slurmd fails its cgroup plugin's start without it).
+        # Slurm 22.05 makes its stepd scope in system.slice but neither system.slice itself (its slurmd
+        # fails its cgroup plugin's start without it) nor the slice's controllers for the scope (without
+        # them its jobs' cgroups have no memory.max: nothing enforced); later releases make both.
         mkdir -p "$root/system.slice"
+        for controller in "${controllers[@]}"; do
+            echo "+$controller" >"$root/system.slice/cgroup.subtree_control"
+        done
         return 0
     done
     log "processes kept arriving in the node's root cgroup: its controllers are not enabled after $attempt tries"
