@@ -217,7 +217,6 @@ def test_a_sweeps_outcomes_kept_in_its_run_folders_say_which_points_to_run_again
     assert lines[2] == "  job 69_1: FAILED, exit code 1:0 (--lr 1)"
 
 
-
 def test_a_reruns_outcomes_kept_are_those_of_the_points_it_ran_again(project):
     """A rerun of 2 of 5 points (`--array=1,3`) keeps the whole sweep in its record: its outcomes are its
     two points', not three NO_OUTCOME more that a rerun of the rerun would run again though they had
@@ -238,6 +237,7 @@ def test_a_reruns_outcomes_kept_are_those_of_the_points_it_ran_again(project):
     with pytest.raises(HpcboxError, match=r"job: sweep 70 ran tasks 1,3, not 2"):
         rerun.of_task(2)
     assert rerun.of_task(3).trainer_args[-2:] == ("--lr", "1")
+
 
 def test_a_sweeps_task_is_named_by_its_id_wherever_a_job_id_goes(project):
     """Issue 59: `report/status/logs -j 3_2` were refused ("job ids are numbers") though status prints
