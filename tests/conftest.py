@@ -46,6 +46,7 @@ LANES = {
         "test_executor",
         "test_upload",
         "test_notebook",
+        "test_image",
     ),
     "own projects and images": (
         "test_own_project",
@@ -53,7 +54,6 @@ LANES = {
         "test_api",
         "test_upload_access",
         "test_upload_full",
-        "test_image",
         "test_lock",
         "test_sif",
         "test_reproducible",
