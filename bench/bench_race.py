@@ -5,8 +5,9 @@ that its send uploads the whole SIF while the winner's goes to sbatch. The slowe
 delay the faster site's sbatch (cluv#165: its first design made every cluster wait for the slowest).
 
 ROUNDS rounds, each a race (`hpcbox.race`, to the moment the winner's `Site.submit` returned its job,
-and to the end of the race: the winner started, the other cancelled) and a submit of the same job to
-the winner alone (to its job id), first in turn; each job is cancelled once measured. Medians.
+and to the end of the race: the winner started, the other cancelled), a submit of the same job to the
+winner alone (to its job id), and a race where the other site has the SIF too (what racing costs
+without an upload beside it), in turn; each job is cancelled once measured. Medians.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run() -> list[dict]:
             minicluster.ClusterSpec(name=f"{name}-{role}", port=free_port()) for role in ("idle", "busy")
         ]
         stages = {"data": data, "flavour": "cpu", "offline": True, **OPTIONS}
-        measured: dict[str, list[float]] = {"race_job_id": [], "race_end": [], "alone": []}
+        measured: dict[str, list[float]] = {"race_job_id": [], "race_end": [], "alone": [], "race_sent": []}
         first_sent = 0
         try:
             idle, busy = (minicluster.up(spec, state) for spec in specs)
@@ -75,7 +76,8 @@ def run() -> list[dict]:
             for node in busy.spec.compute_hosts:  # every node of the other site held
                 busy.ssh(["sbatch", f"--nodelist={node}", "--exclusive", "--wrap=sleep 3600"], check=True)
             for round_number in range(ROUNDS):
-                for kind in ("race", "alone") if round_number % 2 == 0 else ("alone", "race"):
+                kinds = ("race", "alone", "race_sent")
+                for kind in kinds if round_number % 2 == 0 else kinds[::-1]:
                     _idle(idle)
                     _idle(busy, blockers=len(busy.spec.compute_hosts))
                     if kind == "alone":
@@ -84,11 +86,15 @@ def run() -> list[dict]:
                         measured["alone"].append(winner.returned_at - started)
                         job.cancel(outright=True)
                         continue
-                    busy.ssh(["rm", "-rf", STORE_SIFS], check=True)  # its send uploads the SIF again
+                    if kind == "race":
+                        busy.ssh(["rm", "-rf", STORE_SIFS], check=True)  # its send uploads the SIF again
                     started = time.perf_counter()
                     raced = api.race([winner, other], ARGS, say=quiet, **stages)
-                    measured["race_end"].append(time.perf_counter() - started)
-                    measured["race_job_id"].append(winner.returned_at - started)
+                    if kind == "race_sent":  # the other has everything too: the race's own cost alone
+                        measured["race_sent"].append(winner.returned_at - started)
+                    else:
+                        measured["race_end"].append(time.perf_counter() - started)
+                        measured["race_job_id"].append(winner.returned_at - started)
                     if raced.kept.site.mini_cluster != specs[0].name:
                         raise RuntimeError(f"the busy site won the race: {raced.kept.record}")
                     raced.kept.cancel(outright=True)
@@ -104,6 +110,7 @@ def _rows(measured: dict[str, list[float]], first_sent: int) -> list[dict]:
         return ", ".join(f"{each:.2f}" for each in measured[kind])
 
     ratios = [race / alone for race, alone in zip(measured["race_job_id"], measured["alone"], strict=True)]
+    sent_ratios = [race / alone for race, alone in zip(measured["race_sent"], measured["alone"], strict=True)]
     size = f" (the first submit sent {first_sent / 1e6:.0f} MB: SIF, dataset, code)" if first_sent else ""
     return [
         _row("race: to the winner's job id", statistics.median(measured["race_job_id"]), "s", None,
@@ -113,6 +120,8 @@ def _rows(measured: dict[str, list[float]], first_sent: int) -> list[dict]:
              f"the same job, inputs already there; runs {runs('alone')}"),
         _row("race to the winner's job id / submit alone", statistics.median(ratios), "ratio", "<= 1.2",
              "each race over its round's submit, the median"),
+        _row("race with nothing to upload anywhere / submit alone", statistics.median(sent_ratios), "ratio",
+             None, f"the other site holding the SIF too: what racing itself costs; runs {runs('race_sent')}"),
         _row("race: to its end (the winner started, the other cancelled)",
              statistics.median(measured["race_end"]), "s", None, f"runs {runs('race_end')}"),
     ]  # fmt: skip
