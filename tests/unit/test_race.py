@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,16 +21,6 @@ from hpcbox.tools import slurm
 from hpcbox.tools.slurm import JobState
 
 JOB_IDS = itertools.count(100)
-
-
-@dataclass
-class Compression:
-    compression: str = "gzip"
-
-
-@dataclass
-class Profile:
-    apptainer: Compression = field(default_factory=Compression)
 
 
 class StandInJob:
@@ -56,7 +45,8 @@ class StandInJob:
 
 
 class StandInSite:
-    """A site whose jobs start at the look given (None: never); its submit takes ``upload_s``."""
+    """A site whose jobs start at the look given (None: never); its submit uploads for ``upload_s``
+    (after the race's hold), and fails where that is negative."""
 
     def __init__(
         self,
@@ -74,11 +64,13 @@ class StandInSite:
         )
         self.mini_cluster = mini_cluster
         self.target = (where, mini_cluster)  # one login each
-        self.profile = Profile()
+        self.compression = "gzip"  # the SIFs it reads
         self.say = print
         self.prepared = 0
         self.sent_prepared: list[object] = []  # each submit's `prepared`
         self.sent_at: float | None = None
+        self.send_s = 0.0  # what its submit takes besides an upload
+        self.upload_started_at: float | None = None
         self.looks = 0
         self.watch = Watch(self.read)
 
@@ -99,9 +91,14 @@ class StandInSite:
 
     def submit(self, args, **options) -> StandInJob:
         self.sent_prepared.append(options.pop("prepared"))
+        before_upload = options.pop("before_upload")
         if self.upload_s < 0:
             raise HpcboxError(f"{self.where}'s login node does not answer")
-        time.sleep(self.upload_s)
+        time.sleep(self.send_s)
+        if self.upload_s:
+            before_upload()
+            self.upload_started_at = time.monotonic()
+            time.sleep(self.upload_s)
         self.sent_at = time.monotonic()
         return StandInJob(self, str(next(JOB_IDS)), options.get("account"))
 
@@ -156,6 +153,21 @@ def test_a_slow_upload_delays_no_other_sites_sbatch(project):
     assert fast.sent_at is not None and slow.sent_at is not None
     assert fast.sent_at - started < 0.5 <= slow.sent_at - started  # sent while the other uploaded
     assert raced.kept.site is fast
+
+
+def test_an_upload_starts_once_the_sites_that_lack_nothing_have_sent(project):
+    """The upload shares no second with the sbatch of a site that needed none: it starts after that
+    send, however long the send takes; two sites that both upload start together."""
+    ready, uploading = StandInSite("edi", project, 1), StandInSite("mila", project, None, upload_s=0.2)
+    ready.send_s = 0.3
+    race([uploading, ready], say=lambda _: None)
+    assert ready.sent_at is not None and uploading.upload_started_at is not None
+    assert uploading.upload_started_at >= ready.sent_at
+    first, second = (StandInSite(where, project, 1, upload_s=0.3) for where in ("edi", "mila"))
+    race([first, second], say=lambda _: None)
+    assert first.upload_started_at is not None and second.upload_started_at is not None
+    assert first.sent_at is not None and second.sent_at is not None
+    assert first.upload_started_at < second.sent_at and second.upload_started_at < first.sent_at
 
 
 def test_an_entrant_that_cannot_be_sent_is_raced_without(project, capsys):
@@ -227,7 +239,7 @@ def test_failover_sends_one_at_a_time_each_given_its_time_to_start(project, caps
 
 def test_sites_of_two_compressions_are_each_sent_what_was_made_for_their_compression(project):
     gzip, zstd, other_gzip = (StandInSite(name, project, 1) for name in ("edi", "mila", "carc"))
-    zstd.profile = Profile(Compression("zstd:3"))
+    zstd.compression = "zstd:3"
     race([gzip, zstd, other_gzip], say=print)
     assert (gzip.prepared, zstd.prepared, other_gzip.prepared) == (1, 1, 0)
     assert gzip.sent_prepared == other_gzip.sent_prepared == [("made by", "edi")]

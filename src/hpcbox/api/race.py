@@ -6,15 +6,19 @@ first be on each cluster.
 The environment is built once and converted once per compression the sites read, before anything is
 sent; then each login node gets its entrants' jobs from a thread of its own (ship what it lacks, a
 changed SIF as a delta, sbatch), so that no site waits on another's upload (cluv#165: its first design
-made every cluster wait for the slowest sync). The jobs are then looked at together, each site's through
-its watch, until one has started; the others are cancelled, a loser that started in the same look
-too, and said so. Every sent job's ledger entry names the race's jobs and the one kept."""
+made every cluster wait for the slowest sync). Nor does a site's upload share the machine with the
+sends of sites that lack nothing: each login's first upload waits until every other login has sent
+what needed none, which takes a second, where an upload takes minutes. The jobs are then looked at
+together, each site's through its watch, until one has started; the others are cancelled, a loser that
+started in the same look too, and said so. Every sent job's ledger entry names the race's jobs and the
+one kept."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -179,26 +183,32 @@ def _send(
     say: Say,
 ) -> tuple[list[tuple[Entrant, Job]], list[tuple[Entrant, HpcboxError]]]:
     """Each login node's entrants sent from a thread of its own (one after another on one login: they
-    share its SSH master); what was sent and what could not be, in the entrants' order."""
+    share its SSH master), uploads held until the logins that lack nothing have sent; what was sent and
+    what could not be, in the entrants' order."""
     by_login: dict[object, list[int]] = {}
     for index, entrant in enumerate(field):
         by_login.setdefault(entrant.site.target, []).append(index)
     outcome: dict[int, Job | HpcboxError] = {}
+    uploads = _UploadsAfterSends(len(by_login))
 
     def send(indices: list[int]) -> None:
-        for index in indices:
-            entrant = field[index]
-            try:
-                job = entrant.site.submit(
-                    args, prepared=prepared[entrant.site.compression], **{**options, **entrant.options}
-                )
-            except HpcboxError as error:
-                outcome[index] = error
-                say(f"hpcbox: race: {entrant} could not be sent ({error.message}); racing on without it")
-                continue
-            assert job is not None  # not a dry run
-            outcome[index] = job
-            say(f"hpcbox: race: {entrant}: job {job.job_id}")
+        try:
+            for index in indices:
+                entrant = field[index]
+                try:
+                    job = entrant.site.submit(
+                        args, prepared=prepared[entrant.site.compression], before_upload=uploads.hold,
+                        **{**options, **entrant.options},
+                    )  # fmt: skip
+                except HpcboxError as error:
+                    outcome[index] = error
+                    say(f"hpcbox: race: {entrant} could not be sent ({error.message}); racing on without it")
+                    continue
+                assert job is not None  # not a dry run
+                outcome[index] = job
+                say(f"hpcbox: race: {entrant}: job {job.job_id}")
+        finally:
+            uploads.settled()
 
     with concurrent.futures.ThreadPoolExecutor(len(by_login)) as pool:
         for done in [pool.submit(send, indices) for indices in by_login.values()]:
@@ -206,6 +216,31 @@ def _send(
     sent = [(field[i], found) for i, found in sorted(outcome.items()) if not isinstance(found, HpcboxError)]
     unsent = [(field[i], found) for i, found in sorted(outcome.items()) if isinstance(found, HpcboxError)]
     return sent, unsent
+
+
+class _UploadsAfterSends:
+    """Holds each sending thread's uploads until every thread has settled: sent all it had, or come to
+    an upload of its own. A site that lacks nothing then sends while no upload (ssh's encryption, the
+    login's disk) competes with it for this machine; a thread settles once, so threads that both upload
+    wait for the others' sends, never for each other's uploads."""
+
+    def __init__(self, threads: int) -> None:
+        self._unsettled = threads
+        self._changed = threading.Condition()
+        self._mine = threading.local()
+
+    def settled(self) -> None:
+        if getattr(self._mine, "settled", False):
+            return
+        self._mine.settled = True
+        with self._changed:
+            self._unsettled -= 1
+            self._changed.notify_all()
+
+    def hold(self) -> None:
+        self.settled()
+        with self._changed:
+            self._changed.wait_for(lambda: self._unsettled == 0)
 
 
 def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float) -> list[tuple[Job, JobState]]:

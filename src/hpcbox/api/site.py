@@ -359,6 +359,7 @@ class Site:
         command: ContainerCommand | None = None,
         resume_from: Job | str | None = None,
         prepared: Prepared | None = None,
+        before_upload: Callable[[], None] | None = None,
         **options: Any,
     ) -> Job | None:
         """Build the environment image, convert it to a SIF, ship what the cluster lacks (a changed SIF
@@ -373,7 +374,9 @@ class Site:
         `Job`, its id or its run's name), whose results and checkpoints the job starts from, copied on
         the cluster (its arguments too, where ``args`` gives none); ``prepared``: what `prepare` made for
         a site of this compression, sent as it is (``data``, ``flavour`` and ``offline`` then say
-        nothing: they made it)."""
+        nothing: they made it); ``before_upload``: called once before a file too big to go with the
+        sbatch is uploaded (a race holds a site's upload there until the sites that lack nothing have
+        sent their jobs)."""
         from hpcbox.jobs.connect import require_slurm
 
         require_slurm(self.profile)
@@ -399,6 +402,7 @@ class Site:
             command=command,
             resume_from=earlier,
             prepared=prepared,
+            before_upload=before_upload,
         )
 
     def prepare(
@@ -507,6 +511,7 @@ class Site:
         command: ContainerCommand | None = None,
         resume_from: JobRecord | None = None,
         prepared: Prepared | None = None,
+        before_upload: Callable[[], None] | None = None,
     ) -> Job | None:
         from hpcbox.api.job import Job
 
@@ -521,6 +526,7 @@ class Site:
         with self._submitted(
             checked, args, data, flavour, offline, program=program, prepared=prepared, dry_run=dry_run,
             sweep=points, resubmits=resubmits, command=command, resume_from=resume_from,
+            before_upload=before_upload,
         ) as (record, _):  # fmt: skip
             return None if record is None else Job(self, record)
 

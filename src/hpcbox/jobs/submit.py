@@ -129,6 +129,7 @@ def submit(
     connection: ssh.Connection | None = None,
     mini: Cluster | None = None,
     resume_from: JobRecord | None = None,
+    before_upload: Callable[[], None] | None = None,
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
     """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
@@ -137,7 +138,8 @@ def submit(
     what the job runs instead of the project's program (NOTEBOOK); ``connection``: one to ``target``
     already open, to use (and leave open) rather than a connection of its own; ``mini``: the mini
     cluster ``target`` is, whose life the record names (identity.gone); ``resume_from``: an earlier job
-    there, whose results and checkpoints the job starts from (copied on the cluster, not sent again)."""
+    there, whose results and checkpoints the job starts from (copied on the cluster, not sent again);
+    ``before_upload``: `ship.ship`'s."""
     require_slurm(profile)
     started = time.monotonic()
     with ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection:
@@ -203,6 +205,7 @@ def submit(
             access=store.Access(profile.store.group),
             dry_run=dry_run,
             then=sbatch,
+            before_upload=before_upload,
             say=say,
         )
         if dry_run:

@@ -240,6 +240,7 @@ def ship(
     access: store.Access = store.PRIVATE,
     dry_run: bool = False,
     then: Callable[[Remote], Then] | None = None,
+    before_upload: Callable[[], None] | None = None,
     say: Callable[[str], None] = print,
 ) -> Remote:
     """Send what the cluster lacks of ``payload``; with ``dry_run``, only say what would be sent.
@@ -247,7 +248,8 @@ def ship(
     ``previous``: this project's last job on the cluster, whose SIF and dataset are the first choice of
     basis for a delta upload. ``access``: who may read what is there (the user alone by default).
     ``then``: given where everything is, what ends the last command (not with ``dry_run``); how that
-    command ended is the returned Remote's ``then_done``."""
+    command ended is the returned Remote's ``then_done``. ``before_upload``: called once before a file
+    too big to go with that command is uploaded (a race holds it there while other sites send)."""
     relative = _Layout(root, project, payload)
     probe = _probe(connection, relative, root)
     layout = _Layout(remote_root(probe.home, root), project, payload)
@@ -280,6 +282,8 @@ def ship(
         for name in missing:
             _check_room(uploads[name], probe.free_bytes[name])
         if rsynced:
+            if before_upload is not None:
+                before_upload()
             _make_folders(connection, layout, access)
     # What this project's last job here used: the first choice of basis.
     last_used = (
