@@ -77,3 +77,17 @@ def test_a_timed_stream_that_ends_in_time_is_as_an_untimed_one():
         "one",
         "two",
     ]
+
+
+def test_a_stream_passes_the_exit_statuses_its_caller_counts_as_done():
+    """rsync's 24 (files vanished while a job's folder was read) is a download for `Connection.download`;
+    any other status still fails with the program's last lines."""
+    from hpcbox.errors import HpcboxError
+    from hpcbox.tools import proc
+
+    script = ["sh", "-c", "echo brought what stayed; exit 24"]
+    assert proc.stream(script, what="download", on_line=lambda _: None, passing=(0, 24)) == [
+        "brought what stayed"
+    ]
+    with pytest.raises(HpcboxError, match="brought what stayed"):
+        proc.stream(script, what="download", on_line=lambda _: None)

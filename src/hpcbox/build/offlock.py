@@ -153,7 +153,10 @@ def served(ref: str, packages: Iterable[str], setup: str = "") -> dict[str, Serv
     names = sorted(set(packages))
     # --error-on=any: a source that cannot be fetched fails here, not as "no package" further on
     update = setup or "apt-get update --error-on=any -qq >/dev/null"
-    script = f"set -e\n{update}\napt-cache policy {shlex.join(names)}\n"
+    # apt-cache policy reads no package descriptions: without each suite's Translation-en, an update of
+    # trixie and sid takes some 3.5 s of CPU, not 5.5 (measured in the base). The container goes after.
+    no_descriptions = "echo 'Acquire::Languages \"none\";' > /etc/apt/apt.conf.d/99hpcbox-no-descriptions"
+    script = f"set -e\n{no_descriptions}\n{update}\napt-cache policy {shlex.join(names)}\n"
     output = docker.run_once(ref, ["sh", "-c", script], what="ask apt what it serves")
     return parse_policy(output)
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -132,14 +132,15 @@ def stream(
     tail_lines: int = TAIL_LINES,
     carriage_returns: bool = False,
     timeout_s: float | None = None,
+    passing: Collection[int] = (0,),
 ) -> list[str]:
     """Run ``argv`` with stdout and stderr merged, handing each line to ``on_line`` as it comes.
 
     ``input_bytes``, if given, is written to the program's stdin from a thread (so a large input
     cannot deadlock against unread output). ``carriage_returns`` also ends a line at "\r", where
-    progress meters (rsync's) redraw one line. Returns the last ``tail_lines`` lines; on failure
-    raises with them as details. ``timeout_s`` bounds it: past it the program and every process it
-    started are killed (TimedOut).
+    progress meters (rsync's) redraw one line. Returns the last ``tail_lines`` lines; on an exit
+    status not in ``passing``, raises with them as details. ``timeout_s`` bounds it: past it the
+    program and every process it started are killed (TimedOut).
     """
     echo = on_line if on_line is not None else _print_line
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
@@ -196,7 +197,7 @@ def stream(
     returncode = proc.wait()
     if fired.is_set() and returncode != 0:
         raise TimedOut(f"cannot {what}: no answer within {timeout_s:.0f} s", hint, output="\n".join(tail))
-    if returncode != 0:
+    if returncode not in passing:
         raise failure(what, returncode, "\n".join(tail), hint, argv)
     return list(tail)
 

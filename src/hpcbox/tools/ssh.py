@@ -26,7 +26,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -37,6 +37,7 @@ from hpcbox.tools import proc
 
 INSTALL_HINT = "install the OpenSSH client (`apt-get install openssh-client`)"
 RSYNC_HINT = "install rsync here (`apt-get install rsync`) and make sure the cluster has it too"
+RSYNC_VANISHED = 24  # rsync's exit status where source files vanished between its listing and reading
 # Within this many seconds a host that does not answer is reported, never waited on for longer.
 CONNECT_TIMEOUT_S = 10
 # How long a master connection stays with nothing going through it (ssh's ControlPersist): the next
@@ -453,6 +454,7 @@ class Connection:
         what: str,
         on_progress: Callable[[str], None] | None,
         extra: Sequence[str] = (),
+        passing: Collection[int] = (0,),
     ) -> Transfer:
         rsync = proc.require("rsync", RSYNC_HINT)
         shell = shlex.join([proc.require("ssh", INSTALL_HINT), *options(self.target)])
@@ -468,6 +470,7 @@ class Connection:
             tail_lines=40,
             carriage_returns=True,
             timeout_s=self._limit(),
+            passing=passing,
         )
         return parse_rsync_stats(lines)
 
@@ -530,13 +533,19 @@ class Connection:
             yield
 
     def download(self, remote_path: str, local: Path) -> Transfer:
-        """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable."""
+        """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable.
+
+        A folder a job still writes in loses files while rsync reads it (a checkpoint written aside and
+        renamed, the job script's temporary files): rsync then ends with RSYNC_VANISHED, having brought
+        everything that stayed, which is a download, not a failure (a full run's executor test fetched a
+        20-task array as its first task ended, the others still writing)."""
         local.mkdir(parents=True, exist_ok=True)
         return self._rsync(
             [f"{self.target.host}:{remote_path}"],
             str(local) + "/",
             what=f"download {remote_path} from {self.target.address}",
             on_progress=None,
+            passing=(0, RSYNC_VANISHED),
         )
 
     def download_files(self, remote_files: Sequence[str], local: Path) -> Transfer:
