@@ -223,15 +223,18 @@ def test_the_probes_get_what_a_slow_login_shell_left_of_the_time_and_say_how_lon
     start, less 2 for the kill and the report), not 5; with 2 s in all none is left, and the script says
     only how long the start took."""
     probes = {"quick": "echo here", "hangs": "exec sleep 600"}
+    # The start's second, as a slow login profile leaves bash's SECONDS: a `sleep 1` here read 2 in a
+    # full run (SECONDS counts whole-second boundaries crossed, and a busy machine adds to the sleep).
+    slow_start = "SECONDS=1\n"
     done = subprocess.run(
-        ["bash", "-c", "sleep 1\n" + probing(probes, within_s=4)], capture_output=True, text=True, timeout=60
+        ["bash", "-c", slow_start + probing(probes, within_s=4)], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     probed = parse_probes(done.stdout)
     assert probed["quick"].output == "here" and probed["hangs"].timed_out
     assert done.stdout.splitlines()[0] == "@@hpcbox-probe-login-took 1"
     late = subprocess.run(
-        ["bash", "-c", "sleep 1\n" + probing(probes, within_s=2)], capture_output=True, text=True, timeout=60
+        ["bash", "-c", slow_start + probing(probes, within_s=2)], capture_output=True, text=True, timeout=60
     )
     assert late.returncode == 124 and parse_probes(late.stdout) == {}
     assert (
