@@ -67,15 +67,19 @@ class JobRecord:
         return bool(self.resources.get("array"))
 
     @property
+    def array_ran(self) -> str:
+        """The tasks its --array spec names, as written, without its throttle (`0-49` of `0-49%10`; a
+        rerun of failed points: `3,7-9`); "" for a single job."""
+        return str(self.resources.get("array") or "").partition("%")[0]
+
+    @property
     def array_tasks(self) -> tuple[int, ...]:
-        """The task ids its --array spec names (`0-49%10`; a rerun of failed points: `3,7-9`), in order;
-        () for a single job, and for `*`: an array whose tasks are not known here (a task's look at its
-        array, `jobs.follow`)."""
-        spec = str(self.resources.get("array") or "").partition("%")[0]
-        if spec == "*":
+        """The task ids `array_ran` names, in order; () for a single job, and for `*`: an array whose
+        tasks are not known here (a task's look at its array, `jobs.follow`)."""
+        if self.array_ran == "*":
             return ()
         tasks: list[int] = []
-        for part in filter(None, spec.split(",")):
+        for part in filter(None, self.array_ran.split(",")):
             first, _, last = part.partition("-")
             tasks += range(int(first), int(last or first) + 1)
         return tuple(tasks)
@@ -114,9 +118,8 @@ class JobRecord:
                 f"job: {self.run} is not a sweep: it has no task {index}", f"name it as {self.run}"
             )
         if index not in self.array_tasks:
-            ran = str(self.resources["array"]).partition("%")[0]
             raise HpcboxError(
-                f"job: sweep {self.run} ran tasks {ran}, not {index}",
+                f"job: sweep {self.run} ran tasks {self.array_ran}, not {index}",
                 f"`hpcbox status -j {self.run}` lists them",
             )
         task = str(index)
