@@ -34,16 +34,19 @@ def toml_value(value: str | bool | int | list[str]) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def load_toml(path: Path, field_name: str = "") -> dict[str, Any]:
+def load_toml(path: Path, field_name: str = "", shape: str = "") -> dict[str, Any]:
     """``path``'s TOML. A syntax error, or bytes that are not UTF-8, is one line naming the file (and the
-    setting that named the file, where ``field_name`` says)."""
+    setting that named the file, where ``field_name`` says); its hint shows the file's ``shape`` where
+    given (a file that is not TOML at all, as a list of arguments for a sweep, needs it more than the
+    syntax error)."""
     try:
         return tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         problem = f"{path.name if field_name else path} is not valid TOML: {exc}"
+        hint = "fix the syntax error it names" + (f"; {shape}" if shape else "")
         if field_name:
-            raise FieldError(field_name, problem, "fix the syntax error it names") from exc
-        raise HpcboxError(problem, "fix the syntax error it names") from exc
+            raise FieldError(field_name, problem, hint) from exc
+        raise HpcboxError(problem, hint) from exc
 
 
 class Table:

@@ -231,6 +231,8 @@ def test_a_reruns_outcomes_kept_are_those_of_the_points_it_ran_again(project):
     found = jobs.fetched_outcomes(project, rerun)
     assert {index: task.state for index, task in found.tasks.items()} == {1: "COMPLETED", 3: "FAILED"}
     assert jobs.failed_tasks(rerun, found.tasks) == (3,)
+    only_failed = {3: found.tasks[3]}
+    assert jobs.describe_tasks(rerun, only_failed)[0] == "job 70: 1 array task: 1 FAILED"
     assert jobs.describe_tasks(rerun, found.tasks, found.read_from)[0].startswith(
         "job 70: 2 array tasks: 1 COMPLETED, 1 FAILED"
     )

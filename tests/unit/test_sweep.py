@@ -69,6 +69,16 @@ def test_a_bad_sweep_file_names_the_key(tmp_path: Path, text: str, field: str, s
     assert says in str(refused.value) and "\n" not in refused.value.message
 
 
+def test_a_sweep_file_written_as_a_list_of_arguments_is_shown_the_shape_of_one(tmp_path: Path):
+    with pytest.raises(FieldError) as refused:
+        load_sweep(sweep_file(tmp_path, "--lr 0.01\n--lr 0.1\n"))
+    assert "is not valid TOML" in refused.value.message
+    assert refused.value.hint == (
+        "fix the syntax error it names; a sweep file is TOML: a [grid] of option = [values] "
+        "(lr = [0.1, 0.01]) and/or [[points]]"
+    )
+
+
 def test_a_missing_sweep_file_is_one_line(tmp_path: Path):
     with pytest.raises(FieldError, match="does not exist"):
         load_sweep(tmp_path / "nope.toml")

@@ -197,7 +197,7 @@ def describe_tasks(record: JobRecord, tasks: dict[int, slurm.JobState], read_fro
     for task in tasks.values():
         counts[task.state] = counts.get(task.state, 0) + 1
     summary = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
-    lines = [f"job {record.job_id}: {len(tasks)} array tasks: {summary}"]
+    lines = [f"job {record.job_id}: {len(tasks)} array task{'s' if len(tasks) != 1 else ''}: {summary}"]
     if read_from:
         lines[0] += f" (Slurm no longer knows it: from {read_from})"
     for index, task in tasks.items():

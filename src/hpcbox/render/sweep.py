@@ -55,7 +55,8 @@ def load_sweep(path: Path, options: frozenset[str] | None = None) -> Sweep:
     the program's own (None: unknown, each key taken as written)."""
     if not path.is_file():
         raise FieldError("sweep", f"{path} does not exist", "give the path of a sweep file (TOML)")
-    sweep = Table(load_toml(path, "sweep"), "sweep")
+    shape = "a sweep file is TOML: a [grid] of option = [values] (lr = [0.1, 0.01]) and/or [[points]]"
+    sweep = Table(load_toml(path, "sweep", shape), "sweep")
     grid = sweep.table("grid", required=False, hint="a table of option = [values]")
     points = [*_grid_points(grid, options), *_listed_points(sweep.tables("points", required=False), options)]
     throttle = sweep.get("throttle", int, must="a whole number of tasks, 1 or more")
