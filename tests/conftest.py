@@ -8,8 +8,12 @@ import json
 import os
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.fixtures.buildcache import SuiteBuildCache
 
 pytest_plugins = [
     "tests.fixtures.engine",
@@ -43,7 +47,6 @@ LANES = {
     "cluster submits": (
         "test_submit",
         "test_job_identity",
-        "test_executor",
         "test_upload",
         "test_notebook",
         "test_image",
@@ -52,6 +55,7 @@ LANES = {
         "test_own_project",
         "test_minicluster",
         "test_api",
+        "test_executor",
         "test_upload_access",
         "test_upload_full",
         "test_lock",
@@ -128,7 +132,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--record-durations") and not hasattr(config, "workerinput"):  # xdist's controller
-        config.pluginmanager.register(SuiteDurations(), "hpcbox-suite-durations")
+        from tests.fixtures.buildcache import SuiteBuildCache
+
+        durations = SuiteDurations(SuiteBuildCache.begin())
+        config.pluginmanager.register(durations, "hpcbox-suite-durations")
 
 
 class SuiteDurations:
@@ -137,9 +144,12 @@ class SuiteDurations:
     tests, outcomes and seconds, each lane's wall time, and the whole run's; in its details, each
     integration test's outcome and seconds (set-up and tear-down included), slowest first; and the run
     added to the file's history of every full run (bench/suite_history.py), with how it was made as the
-    runner says it (HPCBOX_SUITE_NOTE="fresh clone, engine wiped") and whether its modules ran reversed."""
+    runner says it (HPCBOX_SUITE_NOTE="fresh clone, engine wiped") and whether its modules ran reversed.
+    At the end, the run's ``build_cache`` tidied (tests/fixtures/buildcache.py), what the suite's runs
+    keep a row."""
 
-    def __init__(self) -> None:
+    def __init__(self, build_cache: SuiteBuildCache | None = None) -> None:
+        self.build_cache = build_cache
         self.started = datetime.datetime.now(datetime.UTC)
         self.load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         self.errors: set[str] = set()  # failed outside their call (set-up, tear-down): pytest's errors
@@ -185,6 +195,16 @@ class SuiteDurations:
         rows.append(
             _row("tests/unit, every module", seconds, "s", f"beside the lanes: {_counted(unit_tests)}")
         )
+        if self.build_cache is not None:
+            whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)  # not interrupted
+            tidied = self.build_cache.tidy(remove=whole)
+            session.config.get_terminal_writer().line(f"hpcbox: {tidied}")
+            rows.append(
+                _row("Docker build cache the suite's runs keep, after this run", tidied.kept_bytes / 1e9,
+                     "GB",
+                     f"{tidied.kept} records; {tidied.removed} ({tidied.removed_bytes / 1e9:.1f} GB) earlier "
+                     "runs made and this one did not use, removed")
+            )  # fmt: skip
         runner, history = _bench("run"), _bench("suite_history")
         tests = {}
         for nodeid, seconds in sorted(self.test_seconds.items(), key=lambda item: -item[1]):
