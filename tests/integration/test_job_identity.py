@@ -311,6 +311,10 @@ def test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopp
     resumed = invoke(setup, *command[1:], f"--data={setup.data}", "--flavour=cpu", "--offline")
     assert resumed.returncode == 0, resumed.stderr
     assert f"hpcbox: resuming job {stopped_id} with its arguments: {shlex.join(training)}" in resumed.stderr
+    # Its resource options too, each given now taken instead.
+    assert (
+        f"hpcbox: with job {stopped_id}'s resource options --job-name=stopped, and {command[5]} given now\n"
+    ) in resumed.stderr
     assert "sent 0 bytes (nothing new)" in resumed.stderr  # its checkpoints were copied there, not sent
     resumed_id = run_of(setup, resumed.stdout.split()[-1])
     for job in (resumed_id, whole_id):
@@ -322,7 +326,7 @@ def test_a_cancelled_job_resumed_from_ends_with_the_figures_of_a_run_never_stopp
     assert final_epoch(project, resumed_id) == final_epoch(project, whole_id)
     assert final_epoch(project, resumed_id)["epoch"] == 8
     ledger = json.loads((project / ".hpcbox" / "jobs" / f"local-{resumed_id}.json").read_text())
-    assert ledger["resumes"] == stopped_id
+    assert ledger["resumes"] == stopped_id and ledger["resources"]["job_name"] == "stopped"
 
 
 def test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points(

@@ -271,9 +271,12 @@ def test_a_50_point_sweep_ends_with_50_results_and_reruns_only_its_failed_points
     assert failed_lines[0].endswith(f"(--index 7 --needs {gate})")
 
     minicluster.ssh(["touch", gate], check=True)
-    again = hpcbox("submit", "--cluster=local", data, "--time=5", f"--resubmit-failed={first}")
+    # Found as a user: the rerun took none of the sweep's resource options (no time limit: UNLIMITED).
+    again = hpcbox("submit", "--cluster=local", data, f"--resubmit-failed={first}")
     second = again.stdout.split()[-1]
     assert f"3 of 50 tasks of job {first} again: 7,21,42" in again.stderr
+    assert f"hpcbox: with job {first}'s resource options --time=5\n" in again.stderr
+    assert ledger.find(second).resources["time_s"] == 300 and ledger.find(second).options == {"time": "5"}
     assert finished(minicluster, ledger.find(second), timeout_s=300).state == "COMPLETED"
     assert ledger.find(second).resubmits == first
     assert (

@@ -185,3 +185,52 @@ def test_a_sites_jobs_are_reached_through_the_login_it_was_given(bare_project: P
     assert found.site.place != site.place  # where the record says it ran: a Site of its own
     assert found.site.target == login and found.site.login == login
     assert [job.site.target for job in site.jobs()] == [login]
+
+
+def _edi_record(site, job_id: str, trainer_args: tuple[str, ...], options: dict | None) -> None:
+    from hpcbox import jobs
+
+    recorded = jobs.JobRecord(
+        job_id=job_id, cluster="edi", host="s1234@login.edi.ac.uk:22",
+        submitted_at="2026-11-23T10:00:00+00:00",
+        submit_dir="/home/s1234/hpcbox/apitest", script=f"/home/s1234/hpcbox/apitest/scripts/{job_id}.sh",
+        log=f"/home/s1234/hpcbox/apitest/logs/x-{job_id}.out",
+        run_dir=f"/home/s1234/hpcbox/apitest/runs/{job_id}", sif="/home/s1234/hpcbox/images/sha256/ab.sif",
+        sif_sha256="ab" * 32, image="hpcbox/apitest:0123", code_revision="0123abc", code_snapshot="cd" * 32,
+        dataset_sha256=None, resources={}, trainer_args=trainer_args, options=options,
+    )  # fmt: skip
+    jobs.Ledger(site.project).add(recorded, "#!/bin/bash\n")
+
+
+def test_resuming_with_settings_its_checkpoints_were_not_written_with_is_refused_before_anything_is_made(
+    bare_project: Path,
+):
+    """Found as a user: `--resume-from=4 -- --epochs 2` of a job run with `--epochs 1000` was built,
+    sent and scheduled, and the trainer refused on the node. hpcbox knows both argument lists."""
+    site = hpcbox.Site("edi", project=bare_project)
+    _edi_record(site, "4", ("--epochs", "1000", "--lr", "5e-2", "--seed", "3"), {"time": "5"})
+    before = sorted(path.relative_to(bare_project) for path in bare_project.rglob("*"))
+    for args, differences in [
+        (["--epochs", "2", "--lr=0.05", "--seed", "3"], "--epochs 1000, now 2"),
+        (["--epochs=1000", "--lr", "0.05"], "--seed 3, now 0 (left out: the default)"),
+        (["--epochs=1000", "--seed=3", "--model", "resnet18"], "--model cnn (the default), now resnet18"),
+    ]:
+        with pytest.raises(hpcbox.FieldError) as refused:
+            site.submit(args, resume_from="4")
+        assert refused.value.field == "resume_from"
+        assert refused.value.message == (
+            f"resume_from: job 4's checkpoints were written with other settings: {differences}"
+        )
+    assert sorted(path.relative_to(bare_project) for path in bare_project.rglob("*")) == before
+
+
+def test_the_example_trainers_settings_kept_on_resume_and_their_defaults_are_the_trainers_own():
+    from hpcbox.project.command import EXAMPLE_TRAINER_RESUME_SETTINGS
+    from hpctrain import config
+
+    defaults = {option.flag: option.default for option in config.OPTIONS}
+    assert list(EXAMPLE_TRAINER_RESUME_SETTINGS) == [
+        f"--{name.replace('_', '-')}" for name in config.RESUME_INVARIANTS
+    ]
+    for flag, default in EXAMPLE_TRAINER_RESUME_SETTINGS.items():
+        assert (default if default is None else type(defaults[flag])(default)) == defaults[flag], flag

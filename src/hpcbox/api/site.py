@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hpcbox.minicluster.cluster import Cluster
     from hpcbox.minicluster.lifecycle import Removed
     from hpcbox.minicluster.spec import ClusterSpec
-    from hpcbox.project.command import ContainerCommand
+    from hpcbox.project.command import ContainerCommand, Steps
     from hpcbox.project.config import ProjectConfig
     from hpcbox.render.profiles import ClusterProfile
     from hpcbox.render.resources import Resources
@@ -88,6 +88,36 @@ def given(options: Mapping[str, Any]) -> dict[str, Any]:
     return {
         name: value for name, value in options.items() if value not in (None, [], ()) and value is not False
     }
+
+
+def _as_flags(options: Mapping[str, Any]) -> str:
+    """Resource options as the command line gives them: `--time=5 --cleanenv --extra=--exclusive`."""
+    words: list[str] = []
+    for name, value in options.items():
+        flag = f"--{name.replace('_', '-')}"
+        if value is True:
+            words.append(flag)
+        else:
+            words += [f"{flag}={item}" for item in (value if isinstance(value, list | tuple) else [value])]
+    return shlex.join(words)
+
+
+def _refuse_other_settings(
+    earlier: JobRecord, args: Sequence[str], program: ContainerCommand | Steps
+) -> None:
+    """A resumed job of the example trainer given arguments its checkpoint was not written with is
+    refused here, before anything is built or sent, not by the trainer on the node."""
+    from hpcbox.project.command import example_trainer_resume_conflicts, runs_example_trainer
+
+    if not runs_example_trainer(program):
+        return
+    conflicts = example_trainer_resume_conflicts(earlier.trainer_args, tuple(args))
+    if conflicts:
+        raise FieldError(
+            "resume_from",
+            f"job {earlier.run}'s checkpoints were written with other settings: {'; '.join(conflicts)}",
+            "leave out the words after -- to resume with its own, or change only other settings",
+        )
 
 
 def check_option_names(options: Mapping[str, Any], allowed: Sequence[str] = RESOURCE_NAMES) -> None:
@@ -389,6 +419,9 @@ class Site:
                 self.say(
                     f"hpcbox: resuming job {earlier.run} with its arguments: {shlex.join(args) or '(none)'}"
                 )
+            else:
+                _refuse_other_settings(earlier, args, command or self.project.run)
+            options = self._options_of(earlier, options)
         return self._submit(
             tuple(args),
             points,
@@ -492,9 +525,26 @@ class Site:
         self.say(
             f"hpcbox: {len(failed)} of {len(points.points)} tasks of job {original.job_id} again: {array}"
         )
+        options = self._options_of(original, options)
         return site._submit(
             original.trainer_args, points, array, data, flavour, offline, dry_run, original.run, options
         )
+
+    def _options_of(self, earlier: JobRecord, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The resource options a job run again from ``earlier`` (its failed points, or resumed) is sent
+        with: those ``earlier`` was sent with, each given in ``options`` taken instead; said."""
+        now = given(options)
+        if earlier.options is None:
+            self.say(
+                f"hpcbox: job {earlier.run}'s record predates hpcbox keeping a job's resource options: "
+                f"only those given now apply ({_as_flags(now) or 'none'})"
+            )
+            return now
+        kept = {name: value for name, value in earlier.options.items() if name not in now}
+        if kept:
+            said = f"with job {earlier.run}'s resource options {_as_flags(kept)}"
+            self.say(f"hpcbox: {said}" + (f", and {_as_flags(now)} given now" if now else ""))
+        return {**kept, **now}
 
     def _submit(
         self,
@@ -526,7 +576,7 @@ class Site:
         with self._submitted(
             checked, args, data, flavour, offline, program=program, prepared=prepared, dry_run=dry_run,
             sweep=points, resubmits=resubmits, command=command, resume_from=resume_from,
-            before_upload=before_upload,
+            before_upload=before_upload, options=given(options),
         ) as (record, _):  # fmt: skip
             return None if record is None else Job(self, record)
 

@@ -396,9 +396,10 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
         "dry_run": "say what would be uploaded and run, and send nothing",
         "sweep": SWEEP_HELP,
         "resubmit_failed": "JOB: run the points of sweep JOB that did not complete again, and only those, "
-        "with its arguments (and the resources given now)",
+        "with its arguments and resource options (each option given now taken instead)",
         "resume_from": "JOB: start from the results and last checkpoint of stopped job JOB (copied on the "
-        "cluster), with its arguments unless given after --",
+        "cluster), with its arguments unless given after --, and its resource options (each given now "
+        "taken instead)",
         "first": "how a race of several clusters or accounts keeps one: start (default: sent to all at "
         "once, the first to start kept) or a time (minutes, or H:M:S): one at a time in the order given, "
         "each given that long to start",

@@ -7,10 +7,11 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from hpcbox import store
 from hpcbox.build.image import CUDA_FLAVOURS, ENVIRONMENT, Image, build_image, last_image, resolve_flavour
@@ -130,6 +131,7 @@ def submit(
     mini: Cluster | None = None,
     resume_from: JobRecord | None = None,
     before_upload: Callable[[], None] | None = None,
+    options: Mapping[str, Any] | None = None,
     say: Callable[[str], None] = print,
 ) -> JobRecord | None:
     """Ship, render, sbatch and record the job; with ``dry_run`` say what would happen and do nothing.
@@ -139,7 +141,8 @@ def submit(
     already open, to use (and leave open) rather than a connection of its own; ``mini``: the mini
     cluster ``target`` is, whose life the record names (identity.gone); ``resume_from``: an earlier job
     there, whose results and checkpoints the job starts from (copied on the cluster, not sent again);
-    ``before_upload``: `ship.ship`'s."""
+    ``before_upload``: `ship.ship`'s; ``options``: the resource options given for it, kept in its record
+    (a rerun or a resumed job takes them)."""
     require_slurm(profile)
     started = time.monotonic()
     with ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection:
@@ -244,6 +247,7 @@ def submit(
         mini_cluster=mini and mini.name,
         incarnation=mini and mini.incarnation.id,
         resumes=resume_from and resume_from.run,
+        options=json.loads(json.dumps(dict(options or {}))),
     )
     if mini is not None:
         identity.note_project(mini, project)

@@ -47,6 +47,10 @@ class JobRecord:
     sweep: tuple[tuple[str, ...], ...] = ()  # a sweep's points: array task i ran with sweep[i]
     resubmits: str | None = None  # the sweep job whose failed tasks this one runs again
     resumes: str | None = None  # the job (its run) whose results and checkpoints this one started from
+    # The resource options it was submitted with, as given (by the option table's names; a sweep's
+    # array is not one): a rerun of its failed points or a job resumed from it takes them. None: a
+    # record from before they were kept.
+    options: dict[str, Any] | None = None
     notebook: bool = False  # JupyterLab (`hpcbox notebook`), not the project's program
     # Which mini cluster it ran on (None: a site's login node): its name, and its incarnation (made at
     # each `up` that starts one), which tells this job from the same id's job on a cluster made since.

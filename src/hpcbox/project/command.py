@@ -152,6 +152,53 @@ EXAMPLE_TRAINER_OPTIONS = frozenset(
 )  # fmt: skip
 
 
+# The example trainer's settings a checkpoint must be resumed with (hpctrain.config.RESUME_INVARIANTS),
+# each with the trainer's default where it has a fixed one (None: decided from other settings): a unit
+# test holds them equal to the trainer's.
+EXAMPLE_TRAINER_RESUME_SETTINGS: dict[str, str | None] = {
+    "--model": "cnn", "--epochs": "10", "--batch-size": "64", "--lr": "0.05", "--momentum": "0.9",
+    "--weight-decay": "0.0005", "--seed": "0", "--freeze-epochs": None, "--image-size": None,
+    "--steps-per-epoch": "0",
+}  # fmt: skip
+
+
+def example_trainer_resume_conflicts(earlier: Sequence[str], now: Sequence[str]) -> list[str]:
+    """The settings the example trainer would refuse to resume a checkpoint written under arguments
+    ``earlier`` with under arguments ``now``, a line each (`--epochs 1000, now 2`); a setting left out
+    counts as the trainer's default, and where that depends on others only settings given both times
+    are compared."""
+    before, after = _last_values(earlier), _last_values(now)
+    conflicts = []
+    for flag, default in EXAMPLE_TRAINER_RESUME_SETTINGS.items():
+        was, is_now = before.get(flag, default), after.get(flag, default)
+        if was is None or is_now is None or _same_setting(was, is_now):
+            continue
+        was_said = was if flag in before else f"{was} (the default)"
+        now_said = is_now if flag in after else f"{is_now} (left out: the default)"
+        conflicts.append(f"{flag} {was_said}, now {now_said}")
+    return conflicts
+
+
+def _last_values(args: Sequence[str]) -> dict[str, str]:
+    """Each `--flag value` or `--flag=value` in ``args``, its last value (as argparse keeps)."""
+    values: dict[str, str] = {}
+    for index, word in enumerate(args):
+        flag, equals, value = word.partition("=")
+        if flag.startswith("--") and equals:
+            values[flag] = value
+        elif word.startswith("--") and index + 1 < len(args):
+            values[word] = args[index + 1]
+    return values
+
+
+def _same_setting(one: str, other: str) -> bool:
+    """Whether two values of a setting are one: as numbers where both are (`5e-4` is `0.0005`)."""
+    try:
+        return float(one) == float(other)
+    except ValueError:
+        return one == other
+
+
 def runs_example_trainer(run: ContainerCommand | Steps) -> bool:
     """Whether the project's program is (or, of steps, includes) the example trainer."""
     commands = [step.command for step in run.steps] if isinstance(run, Steps) else [run]
