@@ -58,7 +58,6 @@ LANES = {
         "test_executor",
         "test_upload_access",
         "test_upload_full",
-        "test_lock",
         "test_sif",
         "test_reproducible",
     ),
@@ -67,6 +66,7 @@ LANES = {
         "test_slurm_2605",
         "test_container_software",
         "test_rehearsal",
+        "test_lock",
         "test_trainer",
         "test_verify",
     ),
@@ -198,7 +198,7 @@ class SuiteDurations:
         if self.build_cache is not None:
             whole = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)  # not interrupted
             tidied = self.build_cache.tidy(remove=whole)
-            session.config.get_terminal_writer().line(f"hpcbox: {tidied}")
+            session.config.pluginmanager.get_plugin("terminalreporter").write_line(f"hpcbox: {tidied}")
             rows.append(
                 _row("Docker build cache the suite's runs keep, after this run", tidied.kept_bytes / 1e9,
                      "GB",
