@@ -12,7 +12,9 @@ to end through the commands a user types: `invoke submit --cluster NAME --via lo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -459,15 +461,10 @@ def test_m3_takes_a_job_without_an_account_on_the_users_default_account(rehearsa
     takes_a_job_without_an_account_on_the_users_default_account(rehearsals, setup, "m3")
 
 
-def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_its_limit(
-    rehearsals, setup: Setup
-):
-    """cluv's race of a lab's two accounts on one cluster, on a Slurm that enforces accounts' limits as
-    M3's does: the first account at its limit of running jobs (GrpJobs=1, held by a job of its own),
-    the second free. `submit --account=FULL,FREE` sends the job under both; the free one's starts and
-    is kept, the other, pending at its limit, is cancelled; the ledger and `hpcbox jobs` say so."""
-    cluster = rehearsals.like("m3")
-    env = {"HPCBOX_MINICLUSTER": cluster.name}
+@contextlib.contextmanager
+def accounts_one_at_its_limit(cluster: minicluster.Cluster) -> Iterator[tuple[str, str]]:
+    """Two new accounts on a Slurm that enforces accounts' limits as M3's does: the first at its limit
+    of running jobs (GrpJobs=1, held by a job of its own, running), the second free; (full, free)."""
     suffix = uuid.uuid4().hex[:6]
     full, free = f"vf68-full-{suffix}", f"vf68-free-{suffix}"
     cluster.add_account(full)
@@ -482,6 +479,21 @@ def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_i
         while cluster.ssh(["squeue", "-h", "-j", blocker, "-o", "%T"]).stdout.strip() != "RUNNING":
             assert time.monotonic() < deadline, "the account's own job never started"
             time.sleep(1)
+        yield full, free
+    finally:
+        cluster.ssh(["scancel", blocker])
+        cluster.exec("accounting", [*limited, "GrpJobs=-1"])
+
+
+def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_its_limit(
+    rehearsals, setup: Setup
+):
+    """cluv's race of a lab's two accounts on one cluster: `submit --account=FULL,FREE` sends the job
+    under both; the free one's starts and is kept, the other, pending at its limit, is cancelled; the
+    ledger and `hpcbox jobs` say so."""
+    cluster = rehearsals.like("m3")
+    env = {"HPCBOX_MINICLUSTER": cluster.name}
+    with accounts_one_at_its_limit(cluster) as (full, free):
         raced = invoke(
             setup, "submit", "--cluster=m3", "--via=local", f"--account={full},{free}",
             f"--data={setup.data}", "--flavour=cpu", "--time=10", "--", *SHORT, "--device", "cpu", env=env,
@@ -507,9 +519,39 @@ def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_i
                    for line in listed), listed  # fmt: skip
         assert any(f"job {lost}: CANCELLED" in line and f"(raced: cancelled, m3-via-local job {kept} started "
                    "first)" in line for line in listed), listed  # fmt: skip
-    finally:
-        cluster.ssh(["scancel", blocker])
-        cluster.exec("accounting", [*limited, "GrpJobs=-1"])
+
+
+def test_an_executor_call_raced_on_two_accounts_returns_from_the_free_ones_job(
+    rehearsals, setup: Setup, tmp_path: Path
+):
+    """The same race from submitit's surface: `Executor(..., account="FULL,FREE")`; `submit` returns the
+    job that started, whose `result()` is the call's return; the other is cancelled."""
+    cluster = rehearsals.like("m3")
+    script = f"""
+import json
+from hpcbox.submitit import Executor
+
+executor = Executor({str(tmp_path / "calls")!r}, "m3", via="local")
+executor.update_parameters(timeout_min=10, account=sys.argv[1])
+job = executor.submit(divmod, 7, 2)
+print(json.dumps([job.job_id, job.result()]))
+"""
+    with accounts_one_at_its_limit(cluster) as (full, free):
+        ran = subprocess.run(
+            [sys.executable, "-c", "import sys\n" + script, f"{full},{free}"], cwd=setup.project_dir,
+            env={**os.environ, **setup.env, "HPCBOX_MINICLUSTER": cluster.name},
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr[-4000:]
+        kept, returned = json.loads(ran.stdout.splitlines()[-1])
+        assert returned == [3, 1]
+        ledger = {record.job_id: record for record in jobs.Ledger(setup.project()).on("m3-via-local")}
+        race = ledger[kept].race
+        assert ledger[kept].resources["account"] == free and race is not None
+        lost = next(job_id for job_id, record in ledger.items() if record.race == race and job_id != kept)
+        assert ledger[lost].resources["account"] == full
+        assert (race["kept"], race["cancelled"]) == (f"m3-via-local job {kept}", [f"m3-via-local job {lost}"])
+        assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
 
 
 def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):

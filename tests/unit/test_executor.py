@@ -259,3 +259,18 @@ def test_the_running_scripts_functions_travel_by_name_where_the_project_ships_it
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "experiments.run 98\n"
+
+
+def test_an_executor_of_several_clusters_races_them_and_a_login_given_for_one_is_refused(project: Path):
+    raced = Executor(project / "calls", "edi, mila", project=project)
+    assert [site.name for site in raced.sites] == ["edi", "mila"] and raced.site is raced.sites[0]
+    assert [site.name for site in Executor(project / "calls", ["edi", "m3"], project=project).sites] == [
+        "edi", "m3",
+    ]  # fmt: skip
+    for given in ({"host": "login.example.org"}, {"port": 2222}):
+        with pytest.raises(FieldError) as refused:
+            Executor(project / "calls", "edi,mila", project=project, **given)
+        assert refused.value.message == f"{next(iter(given))}: a login goes with one cluster, not a race"
+    with pytest.raises(FieldError, match="names an empty cluster"):
+        Executor(project / "calls", "edi,", project=project)
+    assert not (project / "calls").exists()

@@ -128,6 +128,11 @@ def test_hydra_finds_the_launcher_and_its_config(tmp_path: Path):
     assert shown.returncode == 0, shown.stderr
     assert "'_target_': 'hydra_plugins.hydra_hpcbox_launcher.hpcbox_launcher.HpcboxLauncher'" in shown.stdout
     assert "'cluster': 'edi'" in shown.stdout and "'array_parallelism': 256" in shown.stdout
+    raced = subprocess.run(
+        [sys.executable, "show.py", "hydra/launcher=hpcbox", "hydra.launcher.cluster='edi,mila'"],
+        capture_output=True, text=True, cwd=app,
+    )  # fmt: skip
+    assert "'cluster': 'edi,mila'" in raced.stdout, raced.stderr  # one value, the executor's race of two
     misspelt = subprocess.run(
         [sys.executable, "show.py", "hydra/launcher=hpcbox", "hydra.launcher.clustr=edi"],
         capture_output=True, text=True, cwd=app,

@@ -68,6 +68,8 @@ class StandInSite:
         self.say = print
         self.prepared = 0
         self.sent_prepared: list[object] = []  # each submit's `prepared`
+        self.sent_with: list[dict[str, object]] = []  # each submit's sweep and command
+        self.prepared_for: object = None  # the command `prepare` was given
         self.sent_at: float | None = None
         self.send_s = 0.0  # what its submit takes besides an upload
         self.upload_started_at: float | None = None
@@ -81,16 +83,18 @@ class StandInSite:
             record.job_id: JobState(record.job_id, "RUNNING" if started else "PENDING") for record in records
         }
 
-    def resources(self, options, *, warn: bool) -> None:
+    def resources(self, options, *, command=None, warn: bool) -> None:
         if options.get("mem") == "lots":
             raise FieldError("mem", "'lots' is not a Slurm memory size")
 
-    def prepare(self, **_: object) -> tuple[str, str]:
+    def prepare(self, **made: object) -> tuple[str, str]:
         self.prepared += 1
+        self.prepared_for = made.get("command")
         return ("made by", self.where)
 
     def submit(self, args, **options) -> StandInJob:
         self.sent_prepared.append(options.pop("prepared"))
+        self.sent_with.append({name: options.pop(name) for name in ("sweep", "command")})
         before_upload = options.pop("before_upload")
         if self.upload_s < 0:
             raise HpcboxError(f"{self.where}'s login node does not answer")
@@ -244,3 +248,17 @@ def test_sites_of_two_compressions_are_each_sent_what_was_made_for_their_compres
     assert (gzip.prepared, zstd.prepared, other_gzip.prepared) == (1, 1, 0)
     assert gzip.sent_prepared == other_gzip.sent_prepared == [("made by", "edi")]
     assert zstd.sent_prepared == [("made by", "mila")]
+
+
+def test_a_sweep_and_another_program_go_to_every_entrant(project):
+    """The executor races its calls: an array of them (`sweep`), run by its runner (`command`)."""
+    from hpcbox.project.command import ContainerCommand
+    from hpcbox.render.sweep import Sweep
+
+    runner = ContainerCommand("script", "run_call.py", ())
+    calls = Sweep("hpcbox.submitit", (("0",), ("1",)), 256)
+    fast, slow = StandInSite("edi", project, 1), StandInSite("mila", project, None)
+    raced = race([slow, fast], sweep=calls, command=runner, say=lambda _: None)
+    assert raced.kept.site is fast
+    assert fast.sent_with == slow.sent_with == [{"sweep": calls, "command": runner}]
+    assert slow.prepared_for == runner  # the one compression's SIF made once, for the runner

@@ -14,7 +14,7 @@ loads neither the Docker SDK nor invoke: a submit loads what it builds with when
 
 from hpcbox.api.job import Job, describe
 from hpcbox.api.project import Project
-from hpcbox.api.race import Entrant, Raced, race
+from hpcbox.api.race import Entrant, Raced, entrants, listed, race
 from hpcbox.api.site import (
     Checkup,
     Pruning,
@@ -28,7 +28,7 @@ from hpcbox.tools.ssh import Target  # a login node reached exactly so: `Site(na
 
 __all__ = [
     "CONVENTIONS", "Checkup", "Entrant", "Job", "Project", "Pruning", "Raced", "Site", "Target", "describe",
-    "draft_profile", "overview", "race", "remove_mini_cluster", "up_mini_cluster",
+    "draft_profile", "entrants", "listed", "overview", "race", "remove_mini_cluster", "up_mini_cluster",
 ]  # fmt: skip
 
 

@@ -30,6 +30,8 @@ from hpcbox.errors import FieldError, HpcboxError
 if TYPE_CHECKING:
     from hpcbox.api.job import Job
     from hpcbox.api.site import Prepared, Site
+    from hpcbox.project.command import ContainerCommand
+    from hpcbox.render.sweep import Sweep
     from hpcbox.tools.slurm import JobState
 
 Say = Callable[[str], None]
@@ -55,6 +57,25 @@ class Entrant:
         return {"account": self.account} if self.account else {}
 
 
+def listed(name: str, value: str | Sequence[str] | None) -> list[str]:
+    """The names a race's field gives (``name``: cluster or account), comma-separated or a sequence;
+    an empty one refused."""
+    if value is None:
+        return []
+    names = [word.strip() for word in (value.split(",") if isinstance(value, str) else value)]
+    if "" in names:
+        raise FieldError(
+            name, f"{value!r} names an empty {name}", f"separate names with commas: --{name}=a,b"
+        )
+    return names
+
+
+def entrants(sites: Sequence[Site], accounts: Sequence[str]) -> list[Entrant]:
+    """Each site under each account, where several accounts are given (one is the request's own)."""
+    each: Sequence[str | None] = accounts if len(accounts) > 1 else [None]
+    return [Entrant(site, account) for site in sites for account in each]
+
+
 @dataclass(frozen=True)
 class Raced:
     """A race's end: the job kept (the first to start), the other entrants' jobs (cancelled, or ended
@@ -74,6 +95,8 @@ def race(
     offline: bool = False,
     failover_after_s: float | None = None,
     timeout_s: float = math.inf,
+    sweep: Sweep | None = None,
+    command: ContainerCommand | None = None,
     say: Say | None = None,
     **options: Any,
 ) -> Raced:
@@ -83,26 +106,28 @@ def race(
     and raced without. ``failover_after_s``: instead of all at once, one entrant at a time in the order
     given, each given that long to start before it is cancelled and the next is sent (the last waits
     as long as it takes; SkyPilot's failover). ``timeout_s``: how long to wait for a start before
-    giving up (the jobs then left as they are, each in the ledger)."""
+    giving up (the jobs then left as they are, each in the ledger). ``sweep`` and ``command``: as
+    `Site.submit` takes them (an array per entrant; what the job runs, if not the project's program)."""
     field = _checked(entrants, options)
     say = say or field[0].site.say
     for entrant in field:  # every request checked before anything is built or sent
-        entrant.site.resources({**options, **entrant.options}, warn=False)
+        entrant.site.resources({**options, **entrant.options}, command=command, warn=False)
     prepared: dict[str, Prepared] = {}
     for entrant in field:  # built once, converted once per compression, each sent as made
         if entrant.site.compression not in prepared:
             prepared[entrant.site.compression] = entrant.site.prepare(
-                data=data, flavour=flavour, offline=offline, **{**options, **entrant.options}
+                data=data, flavour=flavour, offline=offline, command=command, **{**options, **entrant.options}
             )
+    sent_with = {"sweep": sweep, "command": command}  # each entrant's submit's, beside the resources
     failed_over: list[Job] = []  # cancelled on the way, for not starting in their time
     if failover_after_s is None:
-        sent, unsent = _send(field, tuple(args), prepared, options, say)
+        sent, unsent = _send(field, tuple(args), sent_with, prepared, options, say)
         if not sent:
             raise _none_sent(unsent)
         started = _first_started(sent, timeout_s)
     else:
         sent, unsent, started = _fail_over(
-            field, tuple(args), prepared, options, failover_after_s, timeout_s, say, failed_over
+            field, tuple(args), sent_with, prepared, options, failover_after_s, timeout_s, say, failed_over
         )
     kept, _ = started[0]
     others = tuple(job for _, job in sent if job is not kept)
@@ -118,6 +143,7 @@ def race(
 def _fail_over(
     field: list[Entrant],
     args: tuple[str, ...],
+    sent_with: dict[str, Any],
     prepared: dict[str, Prepared],
     options: dict[str, Any],
     after_s: float,
@@ -130,7 +156,7 @@ def _fail_over(
     sent: list[tuple[Entrant, Job]] = []
     unsent: list[tuple[Entrant, HpcboxError]] = []
     for index, entrant in enumerate(field):
-        now_sent, now_unsent = _send([entrant], args, prepared, options, say)
+        now_sent, now_unsent = _send([entrant], args, sent_with, prepared, options, say)
         sent += now_sent
         unsent += now_unsent
         if not now_sent:
@@ -178,6 +204,7 @@ def _checked(entrants: Sequence[Site | Entrant], options: dict[str, Any]) -> lis
 def _send(
     field: list[Entrant],
     args: tuple[str, ...],
+    sent_with: dict[str, Any],
     prepared: dict[str, Prepared],
     options: dict[str, Any],
     say: Say,
@@ -196,17 +223,17 @@ def _send(
             for index in indices:
                 entrant = field[index]
                 try:
-                    job = entrant.site.submit(
+                    made = entrant.site.submit(
                         args, prepared=prepared[entrant.site.compression], before_upload=uploads.hold,
-                        **{**options, **entrant.options},
+                        **sent_with, **{**options, **entrant.options},
                     )  # fmt: skip
                 except HpcboxError as error:
                     outcome[index] = error
                     say(f"hpcbox: race: {entrant} could not be sent ({error.message}); racing on without it")
                     continue
-                assert job is not None  # not a dry run
-                outcome[index] = job
-                say(f"hpcbox: race: {entrant}: job {job.job_id}")
+                assert made is not None  # not a dry run
+                outcome[index] = made
+                say(f"hpcbox: race: {entrant}: job {made.job_id}")
         finally:
             uploads.settled()
 

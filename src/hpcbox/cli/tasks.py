@@ -426,29 +426,24 @@ def submit(
     """Build, convert, ship what the cluster lacks, sbatch, and record the job: `-- trainer args`.
 
     Several clusters (`--cluster=a,b`) or accounts (`--account=x,y`) race: the first to start is kept."""
-    from hpcbox.api import Site
+    from hpcbox.api import Site, entrants, listed
 
     trainer_args = _trainer_args(c.remainder)
-    clusters, accounts = _listed("cluster", cluster), _listed("account", resources.get("account"))
+    clusters, accounts = listed("cluster", cluster), listed("account", resources.get("account"))
     if len(clusters) > 1 or len(accounts) > 1:
         given = {"--sweep": sweep, "--resubmit-failed": resubmit_failed, "--resume-from": resume_from}
         given |= {"--dry-run": dry_run, "--host": host, "--user": user, "--port": port}
         for flag, value in given.items():
             if value:
                 raise HpcboxError(f"{flag} does not go with a race", "a race sends one job to each entrant")
-        from hpcbox.api import Entrant, race
+        from hpcbox.api import race
         from hpcbox.units import parse_time
 
         failover_after_s = None if first in (None, "start") else parse_time(first, "first")
         sites = [Site(name, via=via, remote_root=remote_root, say=say) for name in clusters]
         options = {name: value for name, value in resources.items() if name != "account" or len(accounts) < 2}
-        entrants = [
-            Entrant(site, account)
-            for site in sites
-            for account in (accounts if len(accounts) > 1 else [None])
-        ]
         stages = {"data": data, "flavour": flavour, "offline": offline, "failover_after_s": failover_after_s}
-        raced = race(entrants, trainer_args, **stages, say=say, **options)
+        raced = race(entrants(sites, accounts), trainer_args, **stages, say=say, **options)
         print(raced.kept.job_id)
         return
     if first is not None:
@@ -474,18 +469,6 @@ def submit(
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _listed(name: str, value: str | None) -> list[str]:
-    """A flag's comma-separated names (a race's clusters or accounts), each refused where empty."""
-    if value is None:
-        return []
-    names = [word.strip() for word in str(value).split(",")]
-    if "" in names:
-        raise FieldError(
-            name, f"{value!r} names an empty {name}", f"separate names with commas: --{name}=a,b"
-        )
-    return names
 
 
 def _job(job: str | None, cluster: str | None):

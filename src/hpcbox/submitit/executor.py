@@ -163,19 +163,28 @@ class Executor:
     both sides: a mismatch is refused before anything is built or sent.
 
     On the node, files a call writes under `$HPCBOX_OUTPUT_DIR` come back with its result.
+
+    Several clusters (``cluster="a,b"`` or a list), or several accounts (the ``account`` parameter,
+    `"x,y"`), race as `hpcbox submit --cluster=a,b` does: each submission is sent to every one, the
+    first job to start kept and the others cancelled; `submit` returns once one has started.
     """
 
     def __init__(
         self,
         folder: str | Path,
-        cluster: str = "local",
+        cluster: str | Sequence[str] = "local",
         *,
         flavour: str | None = None,
         offline: bool = False,
         **site: Any,
     ) -> None:
         self.folder = Path(folder).expanduser().absolute()
-        self.site = api.Site(cluster, **{"on_line": _quiet, **site})
+        clusters = api.listed("cluster", cluster)
+        logins = sorted(set(site) & {"host", "user", "port", "login"})
+        if len(clusters) > 1 and logins:
+            raise FieldError(logins[0], "a login goes with one cluster, not a race", "leave it out to race")
+        self.sites = [api.Site(name, **{"on_line": _quiet, **site}) for name in clusters]
+        self.site = self.sites[0]
         self.flavour, self.offline = flavour, offline
         self.parameters: dict[str, Any] = {}
         self._batch: list[tuple[Job, tuple[Callable[..., Any], tuple, dict]]] | None = None
@@ -254,6 +263,9 @@ class Executor:
         nothing: no call folder, no job."""
         resources = dict(self.parameters)
         throttle = resources.pop(ARRAY_PARALLELISM, DEFAULT_ARRAY_PARALLELISM)
+        accounts = api.listed("account", resources.get("account"))
+        if len(accounts) > 1:  # raced: each entrant's own
+            del resources["account"]
         if resources.get("nodes", 1) != 1 or resources.get("ntasks_per_node", 1) != 1:
             raise FieldError(
                 "nodes" if resources.get("nodes", 1) != 1 else "tasks_per_node",
@@ -281,17 +293,24 @@ class Executor:
             points = tuple((str(i),) for i in range(len(calls)))
             sweep = Sweep("hpcbox.submitit", points, throttle) if array else None
             resources.setdefault("job_name", _job_name(calls[0][0]))
-            submitted = self.site.submit(
-                () if array else ("0",), data=call_dir, flavour=flavour, offline=self.offline,
+            submitted = self._send(
+                () if array else ("0",), accounts, data=call_dir, flavour=flavour, offline=self.offline,
                 sweep=sweep, command=CALL_COMMAND, **resources,
             )  # fmt: skip
         except BaseException:
             shutil.rmtree(call_dir, ignore_errors=True)
             raise
-        assert submitted is not None  # not a dry run
         shared = SubmittedCalls(submitted, call_dir)
         shared.save()
         return [Job._of(shared, index if array else None) for index in range(len(calls))]
+
+    def _send(self, args: tuple[str, ...], accounts: list[str], **submitting: Any) -> api.Job:
+        """The job sent to the site, or raced among the sites or ``accounts``: the one kept."""
+        if len(self.sites) == 1 and len(accounts) < 2:
+            job = self.site.submit(args, **submitting)
+            assert job is not None  # not a dry run
+            return job
+        return api.race(api.entrants(self.sites, accounts), args, **submitting).kept
 
 
 def hpcbox_resources(parameters: dict[str, Any]) -> dict[str, Any]:
