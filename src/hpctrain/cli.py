@@ -22,6 +22,7 @@ the environment, which wins over the default.
 Exit codes: {EXIT_OK} done; {EXIT_REQUEUE} checkpointed on SIGUSR1/SIGTERM, resubmit to continue;
 {EXIT_USAGE} bad input (nothing trained); 1 crash.
 Output: OUTPUT_DIR/metrics.jsonl (one JSON object per line, also on stdout),
+OUTPUT_DIR/tensorboard/events.out.tfevents.* (the curves, one step axis across resumes),
 OUTPUT_DIR/checkpoints/ckpt-eEEEE-sSSSSSS.pt, OUTPUT_DIR/gpu-<host>.csv (CUDA + nvidia-smi).
 Several processes (DDP): torchrun --nproc-per-node N -m hpctrain train ...; with a PyTorch built
 without libuv (Debian's), use python -m hpctrain.torchrun in place of torchrun (same arguments)."""

@@ -13,7 +13,17 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from hpctrain import EXIT_OK, EXIT_REQUEUE, HpctrainError, checkpoint, dataset, distributed, metrics, models
+from hpctrain import (
+    EXIT_OK,
+    EXIT_REQUEUE,
+    HpctrainError,
+    checkpoint,
+    curves,
+    dataset,
+    distributed,
+    metrics,
+    models,
+)
 from hpctrain.checkpoint import Position
 from hpctrain.config import RESUME_INVARIANTS, TrainConfig
 from hpctrain.distributed import Runtime
@@ -107,6 +117,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=cfg.epochs)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp and self.amp_dtype == torch.float16)
         self.log = metrics.MetricsLog(cfg.metrics_path, enabled=runtime.is_main)
+        self.curves = curves.Curves(cfg.output_dir / "tensorboard", enabled=runtime.is_main)
+        self.global_step = 0  # training steps done since the run began: the curves' axis
         self.net: torch.nn.Module = self.model
         self.frozen: bool | None = None
 
@@ -117,6 +129,7 @@ class Trainer:
         return {
             "epoch": position.epoch,
             "step": position.step,
+            "global_step": self.global_step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -162,6 +175,8 @@ class Trainer:
         if self.runtime.device.type == "cuda" and state["rng"]["cuda"] is not None:
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.runtime.device)
         position = Position(state["epoch"], state["step"])
+        # A checkpoint from before the curves counts its steps at this run's size.
+        self.global_step = state.get("global_step", position.epoch * self.steps_per_epoch + position.step)
         resumed = {"checkpoint": path.name, "epoch": position.epoch, "step": position.step}
         # Rank 0 carries the epoch's totals so far (summed over ranks when saved); the others restart at 0.
         totals = state["epoch_totals"] if self.runtime.is_main else None
@@ -218,6 +233,8 @@ class Trainer:
             torch=str(torch.__version__),
             config=cfg.as_record(),
         )
+        if resumed is not None:
+            self.curves.resume(self.global_step)
         for epoch in range(position.epoch, cfg.epochs):
             start_step = position.step if epoch == position.epoch else 0
             totals = metrics.EpochTotals(runtime.device, saved_totals if start_step > 0 else None)
@@ -234,6 +251,7 @@ class Trainer:
             weights_sha256=digests[0],
             rank_weights_sha256=digests,
         )
+        self.curves.close()
         return EXIT_OK
 
     def _train_epoch(self, epoch: int, start_step: int, totals: metrics.EpochTotals) -> int | None:
@@ -273,8 +291,11 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             totals.add(loss, logits, targets)
+            self.global_step += 1
             if self.cfg.log_interval and (step + 1) % self.cfg.log_interval == 0:
-                self.log.write("step", epoch=epoch + 1, step=step + 1, loss=round(loss.item(), 6))
+                step_loss = loss.item()
+                self.log.write("step", epoch=epoch + 1, step=step + 1, loss=round(step_loss, 6))
+                self.curves.scalars(self.global_step, {"train/step_loss": step_loss})
             if self.cfg.step_pause:
                 self.signals.rest(self.cfg.step_pause)
         return None
@@ -312,6 +333,12 @@ class Trainer:
             data_wait_fraction=round(self.data_wait / train_time, 4),
             checkpoint=name,
         )
+        self.curves.scalars(
+            self.global_step,
+            {"train/loss": train_loss, "train/accuracy": train_accuracy, "val/loss": val_loss,
+             "val/accuracy": val_accuracy, "train/lr": lr,
+             "train/samples_per_s": (samples - self.count_at_start) / train_time},
+        )  # fmt: skip
         return result
 
 

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_curves import read
+
 pytestmark = pytest.mark.integration
 
 SCRATCH = "/scratch"
@@ -27,6 +29,7 @@ EXIT_USAGE = 2
 # The baseline: 1438 training images / 16 = 90 steps per epoch, a step line every 10.
 TRAIN_ARGS = ("--epochs", "3", "--batch-size", "16", "--seed", "7", "--log-interval", "10")
 RUN_TIMEOUT_S = 300
+SPEED = "train/samples_per_s"
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,11 @@ def epoch_results(output_dir: Path) -> dict[int, tuple[float, float, float, floa
     }
 
 
+def curves(output_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """The run's curves as TensorBoard reads them, but the one that times the run (samples/s)."""
+    return {tag: points for tag, points in read(output_dir / "tensorboard").items() if tag != SPEED}
+
+
 def assert_ok(result: Finished, expected: int = 0) -> None:
     assert result.exit_code == expected, (
         f"exit {result.exit_code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -186,6 +194,18 @@ def test_training_reaches_held_out_accuracy_and_reports_per_epoch(baseline: Path
     assert len(done["weights_sha256"]) == 64
     start = events(baseline, "start")[0]
     assert start["device"] == "cpu" and start["resumed"] is None
+    # The curves, as TensorBoard reads them: on the step axis (90 steps an epoch), the figures of the
+    # metrics (as 32-bit floats), and a step's loss every 10 steps.
+    drawn = read(baseline / "tensorboard")
+    assert [step for step, _ in drawn["val/accuracy"]] == [90, 180, 270] == [step for step, _ in drawn[SPEED]]
+    for name in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr"):
+        tag = name.replace("_", "/", 1) if name != "lr" else "train/lr"
+        assert [value for _, value in drawn[tag]] == pytest.approx([e[name] for e in epochs], rel=1e-6)
+    assert [step for step, _ in drawn["train/step_loss"]] == list(range(10, 271, 10))
+    assert [value for _, value in drawn["train/step_loss"]] == pytest.approx(
+        [e["loss"] for e in events(baseline, "step")],
+        abs=1e-6,  # metrics.jsonl rounds to 6 places
+    )
     # One checkpoint per epoch, the newest two kept.
     assert sorted(p.name for p in (baseline / "checkpoints").iterdir()) == [
         "ckpt-e0002-s000000.pt",
@@ -228,6 +248,9 @@ def test_sigusr1_mid_epoch_checkpoints_exits_75_and_resume_matches_uninterrupted
     assert start["resumed"]["step"] == preempted["step"]
     assert events(output, "done")[-1]["weights_sha256"] == events(baseline, "done")[-1]["weights_sha256"]
     assert epoch_results(output) == epoch_results(baseline)
+    # Two event files, one set of curves: the same points as the run never stopped.
+    assert len(list((output / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert curves(output) == curves(baseline)
 
 
 def test_truncated_checkpoint_is_ignored_for_the_previous_valid_one(
@@ -245,6 +268,8 @@ def test_truncated_checkpoint_is_ignored_for_the_previous_valid_one(
     # Epoch 3 is trained again from epoch 2's checkpoint and lands on the very same weights.
     assert events(output, "epoch")[-1]["epoch"] == 3
     assert events(output, "done")[-1]["weights_sha256"] == events(baseline, "done")[-1]["weights_sha256"]
+    # Epoch 3's steps are drawn once, from the run that trained them again.
+    assert curves(output) == curves(baseline)
 
 
 def test_torchrun_two_gloo_processes_train_and_agree_on_weights(trainer: TrainerRunner) -> None:
