@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import RESTING, Setup, with_own_ledger
+from tests.fixtures.submitting import RESTING, Setup, ctrl_c_as_in_a_terminal, with_own_ledger
 from tests.integration.test_submit import SHORT, invoke, sweep_project
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -225,13 +225,6 @@ def stopped_and_started_again(setup: Setup, spec, minicluster_state, docker_engi
     after, _ = submitted(setup)
     assert int(after) == int(job) + 1, (job, after)
     completed(setup, run_of(setup, after))
-
-
-def ctrl_c_as_in_a_terminal() -> None:
-    """SIGINT back to its default for a program the test starts: a pytest-xdist worker (the whole
-    suite's) ignores it, and a program started with SIGINT ignored keeps ignoring it, so Ctrl-C did
-    nothing there and the follow went on to the job's end (two full runs failed so; alone, it passed)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_of(setup: Setup, job_id: str) -> str:

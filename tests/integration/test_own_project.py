@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox.tools import docker
+from tests.fixtures.submitting import ctrl_c_as_in_a_terminal
 
 pytestmark = pytest.mark.integration
 
@@ -333,7 +334,7 @@ class ProjectSession:
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s", "-q", f"--basetemp={basetemp}",
              test_file],
             cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            preexec_fn=_ctrl_c_as_in_a_terminal,
+            preexec_fn=ctrl_c_as_in_a_terminal,
         )  # fmt: skip
         self._seen = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -377,12 +378,6 @@ class ProjectSession:
     @property
     def cluster(self) -> str:
         return CLUSTER_UP.search(self.output).group(1)
-
-
-def _ctrl_c_as_in_a_terminal() -> None:
-    """SIGINT back to its default in the session (a pytest-xdist worker ignores it, and a program
-    started with SIGINT ignored keeps ignoring it: Python then raises no KeyboardInterrupt)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ledger_of(root: Path) -> list[str]:

@@ -15,11 +15,15 @@ import pty
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -34,8 +38,9 @@ from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup
+from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup, ctrl_c_as_in_a_terminal
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
+from tests.unit.test_curves import read
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -294,6 +299,78 @@ def test_a_50_point_sweep_ends_with_50_results_and_reruns_only_its_failed_points
     assert sorted(results) == list(range(50))  # one result per point, from one run folder each
     assert len(logs[first]) == 50 and len(logs[second]) == 3, logs  # every task's log, in one transfer
     assert results[21] == ["--index", "21", "--needs", gate] and results[3] == ["--index", "3"]
+
+
+def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
+    first_job, setup: Setup, minicluster, tmp_path: Path
+):
+    """`hpcbox watch --tensorboard`: an epoch's figures come while the job still runs (its job script
+    copies the small files that changed a quarter of the way to each whole copy: every 10 s with
+    --sync-every=0:40), TensorBoard served here draws the curves that came home, and the watch ends
+    with the job, its last epoch and its log fetched, TensorBoard on until Ctrl-C."""
+    sent = invoke(
+        setup, "submit", "--cluster=local", f"--data={setup.data}", "--time=10", "--sync-every=0:40", "--",
+        "--epochs", "3", "--steps-per-epoch", "10", "--step-pause", "1", "--workers", "0",
+        "--log-interval", "5",
+    )  # fmt: skip
+    assert sent.returncode == 0, sent.stderr
+    job_id = sent.stdout.split()[-1]
+    record = jobs.Ledger(setup.project()).find(job_id, "local")
+    said = tmp_path / "stderr"
+    with said.open("w") as stderr:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "hpcbox", "watch", "-j", record.run, "--every=2", "--tensorboard"],
+            cwd=setup.project_dir, env={**os.environ, **setup.env}, stdout=subprocess.PIPE, stderr=stderr,
+            text=True, preexec_fn=ctrl_c_as_in_a_terminal,
+        )  # fmt: skip
+    assert watcher.stdout is not None
+    try:
+        lines: list[str] = []
+        for line in iter(watcher.stdout.readline, ""):
+            lines.append(line.rstrip("\n"))
+            if line.startswith("epoch 1/3: "):
+                state = minicluster.ssh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip()
+                assert state == "RUNNING", lines  # it came while the job ran
+                url = re.search(r"hpcbox: TensorBoard at (\S+)", said.read_text())
+                assert url, said.read_text()
+                assert drawn(url[1], timeout_s=30), said.read_text()  # the curve has its first point
+            if line.startswith("done: "):
+                break
+        ended = "hpcbox: the job has ended; TensorBoard goes on at "
+        deadline = time.monotonic() + 60
+        while ended not in said.read_text():
+            assert time.monotonic() < deadline and watcher.poll() is None, said.read_text()
+            time.sleep(0.2)
+        assert [step for step, _ in drawn(url[1], timeout_s=30, points=3)] == [10, 20, 30]
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=30) == 0, said.read_text()
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert any(line.startswith("epoch 1 step 5: loss ") for line in lines), lines
+    assert [line.split(":")[0] for line in lines if line.startswith("epoch ") and "/3:" in line] == [
+        "epoch 1/3", "epoch 2/3", "epoch 3/3",
+    ]  # fmt: skip
+    local = setup.project_dir / "runs" / "local" / record.run
+    assert f"hpcbox: results in {local}\n" in said.read_text()
+    assert [step for step, _ in read(local / "tensorboard")["val/accuracy"]] == [10, 20, 30]
+    assert (local / Path(record.log).name).is_file()
+
+
+def drawn(url: str, *, timeout_s: float, points: int = 1) -> list[tuple[int, float]]:
+    """The points TensorBoard at ``url`` draws of the trainer's val/accuracy, once it has ``points``."""
+    query = urllib.parse.urlencode({"run": "tensorboard", "tag": "val/accuracy"})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}data/plugin/scalars/scalars?{query}", timeout=5) as answer:
+                found = [(int(step), value) for _, step, value in json.loads(answer.read())]
+        except urllib.error.HTTPError:  # no such run or tag yet
+            found = []
+        if len(found) >= points:
+            return found
+        assert time.monotonic() < deadline, found
+        time.sleep(0.5)
 
 
 def test_a_dataset_directory_reaches_node_scratch_and_the_trainer(setup: Setup, minicluster, tmp_path: Path):

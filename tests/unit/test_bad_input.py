@@ -80,6 +80,8 @@ CASES = [
     # the job's life after it, with no job
     (["status", "-j", "999999"], "job 999999 was not submitted from this project"),
     (["fetch"], "no job was submitted"),
+    (["watch"], "no job was submitted"),
+    (["watch", "--every=0"], "every: '0' is not a number of seconds over 0"),
     (["status", "--cluster=lcoal"], "cluster: no profile named 'lcoal' (did you mean local?)"),
     (["jobs", "--cluster=lcoal"], "cluster: no profile named 'lcoal' (did you mean local?)"),
     (["cancel", "-j", "42"], "job 42 was not submitted from this project"),

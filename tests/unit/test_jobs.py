@@ -1103,3 +1103,40 @@ def test_a_report_reads_the_latest_run_of_its_own_job_where_the_id_named_others(
     ]  # fmt: skip
     with pytest.raises(slurm.IdReused, match=r"its id now names another job \(/home/r/x/x.sh"):
         slurm.own_rows(rows[5:], allocations[2:], "7", SCRIPT)
+
+
+def test_watch_says_each_metrics_line_in_a_few_words():
+    from hpcbox.jobs.fetch import figures
+
+    epoch = {"event": "epoch", "time": 1.5, "epoch": 2, "epochs": 8, "phase": "all-layers", "lr": 0.05,
+             "train_loss": 0.41234, "train_accuracy": 0.875, "val_loss": 0.3, "val_accuracy": 0.93125,
+             "samples_per_s": 812.34, "resumed_at_step": None}  # fmt: skip
+    assert figures(json.dumps(epoch)) == (
+        "epoch 2/8: train_loss 0.4123, train_accuracy 0.875, val_loss 0.3, val_accuracy 0.9313, "
+        "samples_per_s 812.3"
+    )
+    step = '{"event": "step", "epoch": 1, "step": 5, "loss": 1.98765}'
+    assert figures(step) == "epoch 1 step 5: loss 1.988"
+    assert figures('{"event": "start", "host": "node1", "resumed": null}') == "started on node1"
+    assert (
+        figures('{"event": "start", "host": "node2", "resumed": {"checkpoint": "ckpt-e0002-s000000.pt"}}')
+        == "started on node2, resumed from ckpt-e0002-s000000.pt"
+    )
+    assert figures('{"event": "done", "val_accuracy": 0.9}') == "done: val_accuracy 0.9"
+    # Another program's metrics: its numbers; a line that is not JSON, as it is.
+    assert figures('{"event": "eval", "bleu": 27.125, "ok": true, "time": 3}') == "eval: bleu 27.12"
+    assert figures('{"loss": 0.5}') == "loss 0.5"
+    assert figures("not json") == "not json"
+
+
+def test_watch_says_a_line_once_and_one_still_being_copied_when_it_is_whole(tmp_path: Path):
+    from hpcbox.jobs.fetch import _say_new_figures
+
+    metrics, said = tmp_path / "metrics.jsonl", []
+    assert _say_new_figures(metrics, 0, said.append) == 0  # nothing copied yet
+    metrics.write_text('{"event": "step", "epoch": 1, "step": 5, "loss": 2}\n{"event": "st')
+    upto = _say_new_figures(metrics, 0, said.append)
+    assert said == ["epoch 1 step 5: loss 2"]
+    metrics.write_text(metrics.read_text() + 'ep", "epoch": 1, "step": 10, "loss": 1}\n')
+    assert _say_new_figures(metrics, upto, said.append) == metrics.stat().st_size
+    assert said == ["epoch 1 step 5: loss 2", "epoch 1 step 10: loss 1"]

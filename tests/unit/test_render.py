@@ -900,6 +900,58 @@ def test_checkpoints_reach_shared_storage_while_the_job_runs(sandbox: Sandbox):
     assert not Path(f"{sandbox.run_dir}.incoming").exists()
 
 
+# A program that writes a small file and a big one (sparse: no disk), then, told by a file, changes the
+# small one; it ends on TERM.
+STUB_WRITING_PROGRAM = r"""#!/usr/bin/env python3
+import os, pathlib, signal, sys, time
+
+out = pathlib.Path(os.environ["STUB_OUT"])
+(out / "curves").mkdir(parents=True, exist_ok=True)
+(out / "curves" / "small.txt").write_text("first")
+with open(out / "big.bin", "wb") as big:
+    big.truncate(17 * 2**20)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+pathlib.Path(os.environ["STUB_READY"]).write_text(str(os.getpid()))
+change = pathlib.Path(os.environ["STUB_READY"]).with_name("change")
+while not change.exists():
+    time.sleep(0.05)
+(out / "curves" / "small.txt").write_text("second")
+time.sleep(60)
+"""
+
+
+def test_small_files_that_change_reach_shared_storage_between_the_whole_copies(sandbox: Sandbox):
+    """For `hpcbox watch`: a quarter of the way to the next whole copy, the small files that changed
+    are in the run folder (and not the big ones), and again as they change."""
+    program = sandbox.root / "bin" / "fit"
+    for path, body in (
+        (sandbox.root / "bin" / "apptainer", STUB_APPTAINER_EXEC),
+        (program, STUB_WRITING_PROGRAM),
+    ):
+        path.write_text(body)
+        path.chmod(0o755)
+    command = ContainerCommand("program", str(program), launcher="srun")
+    script = sandbox.script(ResourceRequest(job_name="live", sync_every="0:40"), (), command)
+    assert shellcheck(script.text).stdout == ""
+    process = sandbox.start(script, mode="wait")
+    try:
+        _wait_for(sandbox.root / "ready")
+        small = sandbox.run_dir / "curves" / "small.txt"
+        _wait_for(small, timeout_s=25)  # the first live copy: 10 s in, where the whole one is 40 s in
+        assert small.read_text() == "first" and not (sandbox.run_dir / "big.bin").exists()
+        (sandbox.root / "change").write_text("")
+        deadline = time.monotonic() + 25
+        while small.read_text() != "second":
+            assert time.monotonic() < deadline, "the changed file never came"
+            time.sleep(0.1)
+        assert not (sandbox.run_dir / "big.bin").exists() and process.poll() is None
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    assert (sandbox.run_dir / "big.bin").stat().st_size == 17 * 2**20, output  # the end's whole copy
+    assert not Path(f"{sandbox.run_dir}.recent").exists()
+
+
 @pytest.mark.parametrize(
     ("given", "seconds"), [(None, 600), ("30:00", 1800), ("0", 0), ("0:00", 0), ("0:05", 5), ("2", 120)]
 )

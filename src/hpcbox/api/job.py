@@ -4,10 +4,11 @@ SSH master the user's commands share (a second call within minutes skips the han
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -148,15 +149,45 @@ class Job:
         that task's alone (`-j 12_3` on the command line)."""
         return Job(self.site, self.record.of_task(index))
 
-    def fetch(self) -> Path:
+    def fetch(self, *, follow: bool = False, every_s: float | None = None, on_line: Say = print) -> Path:
         """Its results, checkpoints, metrics and log copied to `runs/<cluster>/<job>/` (resumable: a
-        second fetch brings only what is new); what came is said in bytes. The folder."""
+        second fetch brings only what is new); what came is said in bytes. The folder.
+
+        With ``follow``, fetched again every ``every_s`` (10 s) while it runs (what the job has copied:
+        its small files that changed, every half minute; everything, every `sync_every`), each new
+        line of its metrics said as figures to ``on_line``, until it ends and its last results came:
+        TensorBoard, pointed at the folder, draws its curves as it trains."""
         from hpcbox import jobs
 
         with self._connection() as connection:
-            local, transfer = jobs.fetch(connection, self.site.project, self.record)
+            if not follow:
+                local, transfer = jobs.fetch(connection, self.site.project, self.record)
+            else:
+                local, transfer = jobs.fetch_following(
+                    connection, self.site.project, self.record, self._ended,
+                    every_s=every_s or jobs.FOLLOW_EVERY_S, on_line=on_line,
+                )  # fmt: skip
         self.site.say(f"hpcbox: received {transfer.received:,} bytes")
         return local
+
+    @contextlib.contextmanager
+    def tensorboard(self) -> Iterator[str]:
+        """TensorBoard on this machine over its results as fetched (`runs/<cluster>/<job>/`: every event
+        file in it, each folder a run), for the block: its URL. Beside `fetch(follow=True)`, it draws
+        the curves as the job trains (it reads the folder again every 2 s)."""
+        from hpcbox import jobs
+        from hpcbox.tools import tensorboard
+
+        with tensorboard.serving(jobs.local_run_dir(self.site.project, self.record)) as url:
+            yield url
+
+    def _ended(self) -> bool:
+        """Whether it has ended, as its site's watch last saw (an array: each task it runs)."""
+        watch, job_id = self.watch, self.record.job_id
+        if not self.record.is_array:
+            return watch.state(job_id).finished
+        tasks = (self.record.task,) if self.record.task is not None else self.record.array_tasks
+        return all(watch.state(f"{job_id}_{task}").finished for task in tasks)
 
     def report(self) -> tuple[str, Path]:
         """Was it efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; and a PNG

@@ -11,12 +11,15 @@ Thin by design: parse flags, call the hpcbox package, print. Logic lives in the 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
+import math
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -467,6 +470,17 @@ def submit(
         print(job.job_id)
 
 
+def _seconds(field: str, value: str) -> float:
+    """A flag's seconds: a number over 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise FieldError(field, f"{value!r} is not a number of seconds over 0", f"e.g. --{field}=10")
+    return seconds
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -520,6 +534,35 @@ def logs(c, job=None, cluster=None, follow=False):
 def fetch(c, job=None, cluster=None):
     """Copy the job's results, checkpoints, metrics and log to runs/<cluster>/<job>/ (resumable)."""
     print(_job(job, cluster).fetch())
+
+
+@task(
+    help={
+        **JOB_HELP,
+        "every": "seconds between fetches (default 10)",
+        "tensorboard": "serve TensorBoard here over what comes home, live, until Ctrl-C",
+    }
+)
+@friendly
+def watch(c, job=None, cluster=None, every=None, tensorboard=False):
+    """Bring the job's results home as it runs, its newest figures as lines, until it ends."""
+    every_s = None if every is None else _seconds("every", every)
+    found = _job(job, cluster)
+    with found.tensorboard() if tensorboard else contextlib.nullcontext() as url:
+        if url:
+            say(f"hpcbox: TensorBoard at {url}")
+        try:
+            local = found.fetch(follow=True, every_s=every_s, on_line=lambda line: print(line, flush=True))
+        except KeyboardInterrupt:
+            again = f"hpcbox watch -j {found.record.run}"
+            say(f"hpcbox: stopped watching job {found.record.run}; it goes on (`{again}` watches it again)")
+            sys.exit(130)
+        say(f"hpcbox: results in {local}")
+        if url:
+            say(f"hpcbox: the job has ended; TensorBoard goes on at {url} until Ctrl-C")
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
 
 
 @task(help=JOB_HELP)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from hpcbox.errors import HpcboxError
@@ -63,6 +66,96 @@ def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord)
     if logs:  # one transfer for them all: an array's logs are one a task
         transfers.append(connection.download_files(logs, local))
     return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
+
+
+# How often `fetch --follow` brings home what the job copied: the job copies its small files every half
+# minute at most (render.sbatch.LIVE_COPY_S), so a few looks a copy.
+FOLLOW_EVERY_S = 10.0
+
+
+def fetch_following(
+    connection: ssh.Connection,
+    project: ProjectConfig,
+    record: JobRecord,
+    ended: Callable[[], bool],
+    *,
+    every_s: float = FOLLOW_EVERY_S,
+    on_line: Callable[[str], None] = print,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[Path, ssh.Transfer]:
+    """The job's results home as it runs: its run folder fetched every ``every_s`` (what the job has
+    copied there: its small files that changed, every half minute at most, and everything at each
+    `sync_every`), each new line of its metrics.jsonl said to ``on_line`` as figures, until ``ended``
+    says it has; then fetched once more, with its logs. A fetch that finds nothing new sends a file
+    list and nothing else."""
+    local = local_run_dir(project, record)
+    said = 0  # bytes of metrics.jsonl said
+    sent = received = 0
+    copied = False  # the job has copied something to its run folder: fetch it, no need to look first
+    while True:
+        finished = ended()
+        if finished:
+            local, last = fetch(connection, project, record)
+        elif copied or (copied := has_results(connection, record)):
+            last = connection.download(f"{record.run_dir}/", local)
+        else:
+            last = ssh.Transfer(0, 0)
+        sent, received = sent + last.sent, received + last.received
+        said = _say_new_figures(local / "metrics.jsonl", said, on_line)
+        if finished:
+            return local, ssh.Transfer(sent, received)
+        sleep(every_s)
+
+
+def _say_new_figures(metrics: Path, said: int, on_line: Callable[[str], None]) -> int:
+    """Each whole line of ``metrics`` past byte ``said`` as figures; the bytes said now."""
+    if not metrics.is_file():
+        return said
+    with metrics.open("rb") as file:
+        file.seek(said)
+        new = file.read()
+    whole = new[: new.rfind(b"\n") + 1]  # a line still being copied waits for the next look
+    for line in whole.decode(errors="replace").splitlines():
+        if line.strip():
+            on_line(figures(line))
+    return said + len(whole)
+
+
+def figures(line: str) -> str:
+    """A metrics line in a few words: an epoch's and a step's figures, a start, a stop, the end; any
+    other JSON object as its numbers."""
+    try:
+        event = json.loads(line)
+    except json.JSONDecodeError:
+        return line
+    if not isinstance(event, dict):
+        return line
+    kind = event.get("event")
+    numbers = {
+        name: value
+        for name, value in event.items()
+        if isinstance(value, int | float) and not isinstance(value, bool) and name != "time"
+    }
+    if kind == "epoch" and "epochs" in numbers:
+        shown = ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s")
+        said = ", ".join(f"{name} {_number(numbers[name])}" for name in shown if name in numbers)
+        return f"epoch {numbers.get('epoch')}/{numbers['epochs']}: {said}"
+    if kind == "step":
+        return f"epoch {numbers.get('epoch')} step {numbers.get('step')}: loss {_number(numbers.get('loss'))}"
+    if kind == "start":
+        resumed = event.get("resumed")
+        where = f" on {event['host']}" if event.get("host") else ""
+        return f"started{where}" + (f", resumed from {resumed.get('checkpoint')}" if resumed else "")
+    if kind == "preempted":
+        return f"stopped by {event.get('signal')} at epoch {numbers.get('epoch')} step {numbers.get('step')}"
+    if kind == "done":
+        return f"done: val_accuracy {_number(numbers.get('val_accuracy'))}"
+    said = ", ".join(f"{name} {_number(value)}" for name, value in numbers.items())
+    return f"{kind}: {said}" if kind else said
+
+
+def _number(value: float | None) -> str:
+    return "?" if value is None else f"{value:.4g}"
 
 
 def report(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[str, Path]:

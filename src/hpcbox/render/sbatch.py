@@ -49,6 +49,11 @@ SCRIPT_STARTED = r"^hpcbox: job [0-9]+ on .*: node scratch "
 # In a job's run folder: the name of the submission it is the folder of (JobInputs.submission).
 SUBMISSION_FILE = ".hpcbox-submission"
 GPU_SAMPLE_INTERVAL_S = 30
+# While the job runs, the small files that changed (each under LIVE_FILE_KIB: logs, metrics, curves)
+# reach the run folder between the whole copies (sync_every), for `hpcbox watch`: four times as often,
+# and every LIVE_COPY_S at least.
+LIVE_COPY_S = 30
+LIVE_FILE_KIB = 16384
 # What a process started by srun learns of its place in the job (MPI and most launchers read these).
 SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")
 
@@ -616,7 +621,8 @@ def _gpu_check(
 def _syncer(every_s: int) -> str:
     if not every_s:
         return ""
-    return _bash("syncer", every_s=str(every_s))
+    live_s = min(LIVE_COPY_S, max(every_s // 4, 1))
+    return _bash("syncer", every_s=str(every_s), live_s=str(live_s), live_kib=str(LIVE_FILE_KIB))
 
 
 def _check_sweep(sweep: Sweep, resources: Resources, command: ContainerCommand | Steps) -> None:

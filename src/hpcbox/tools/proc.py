@@ -241,6 +241,44 @@ def held(
         proc.wait()
 
 
+@contextlib.contextmanager
+def background(
+    argv: Sequence[str], *, what: str, hint: str = "", ready: Callable[[], bool], timeout_s: float = 60
+) -> Iterator[None]:
+    """Run ``argv`` (a server) for the block, which starts once ``ready()`` says it answers; ended
+    (TERM, then KILL) when the block does. One that ends first, or is not ready within ``timeout_s``,
+    is the failure raised, with the last of what it said."""
+    output: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    try:
+        process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except FileNotFoundError as exc:
+        raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc
+    assert process.stdout is not None
+    reader = threading.Thread(
+        target=lambda: output.extend(line.decode(errors="replace").rstrip("\n") for line in process.stdout),
+        daemon=True,
+    )
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if process.poll() is not None:
+                reader.join(timeout=5)
+                raise failure(what, process.returncode, "\n".join(output), hint, argv)
+            if time.monotonic() > deadline:
+                raise HpcboxError(f"cannot {what}: it did not answer within {timeout_s:.0f} s", hint)
+            time.sleep(0.2)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        reader.join(timeout=5)
+
+
 def _lines(pipe: IO[bytes], carriage_returns: bool) -> Iterator[bytes]:
     if not carriage_returns:
         yield from pipe

@@ -287,19 +287,42 @@ fi
 
 # Checkpoints and results reach shared storage every 600 s while the job runs, not only
 # when it ends: a node that dies takes its scratch and this shell's exit trap with it, and the requeued
-# job resumes from the last copy. A copy under way when the job ends is finished first (clean_up).
+# job resumes from the last copy. Between those copies, every 30 s, the small files that changed
+# (under 16384 KiB each: logs, metrics, curves) go too, so that `hpcbox watch` shows the run as it
+# goes at the cost of those files alone. A copy under way when the job ends is finished first
+# (clean_up).
+copy_recent() {
+    local incoming="$run_dir.recent" stamp="$job_scratch/.copied"
+    make_run_dir
+    rm -rf -- "$incoming"
+    mkdir -p "$incoming"
+    touch "$stamp.next"
+    local newer=()
+    [[ -e $stamp ]] && newer=(-newer "$stamp")
+    (cd "$job_scratch/out" &&
+        find . -type f -size -16384k "${newer[@]}" -exec cp -p --parents -t "$incoming" -- '{}' +) &&
+        (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
+            find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
+        rm -rf -- "$incoming" && mv -f -- "$stamp.next" "$stamp"
+}
 (
     stop=""
     sleeper=""
+    since_s=0
     trap 'stop=1; [[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null' TERM
     trap '' USR1
     while [[ -z $stop ]]; do
-        sleep 600 &
+        sleep 30 &
         sleeper=$!
         wait "$sleeper" || true
         sleeper=""
-        if [[ -z $stop ]]; then
+        [[ -z $stop ]] || break
+        since_s=$((since_s + 30))
+        if (( since_s >= 600 )); then
+            since_s=0
             copy_back || echo "hpcbox: copying results to $run_dir failed; again in 600 s" >&2
+        else
+            copy_recent || echo "hpcbox: copying the newest small files to $run_dir failed" >&2
         fi
     done
 ) &
