@@ -202,8 +202,8 @@ class SuiteDurations:
             rows.append(
                 _row("Docker build cache the suite's runs keep, after this run", tidied.kept_bytes / 1e9,
                      "GB",
-                     f"{tidied.kept} records; {tidied.removed} ({tidied.removed_bytes / 1e9:.1f} GB) earlier "
-                     "runs made and this one did not use, removed")
+                     f"{tidied.kept} records; {tidied.removed} ({tidied.removed_bytes / 1e9:.1f} GB) "
+                     "removed: made by earlier runs and unused by this one, or the oldest over the bound")
             )  # fmt: skip
         runner, history = _bench("run"), _bench("suite_history")
         tests = {}

@@ -781,7 +781,7 @@ def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project
         def run(self, command, *, what, hint=""):
             return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
 
-        def download(self, remote_path: str, local: Path) -> ssh.Transfer:
+        def download(self, remote_path: str, local: Path, *, in_place: bool = False) -> ssh.Transfer:
             downloaded.append(remote_path)
             return ssh.Transfer(1, 10)
 

@@ -447,6 +447,30 @@ def test_success_copies_results_back_and_removes_scratch(sandbox: Sandbox):
     assert sandbox.slurm_calls() == []
 
 
+def test_trackers_keep_their_runs_in_the_output_folder_and_go_offline_where_nodes_reach_no_internet(
+    sandbox: Sandbox,
+):
+    """W&B's and MLflow's local runs land in the output folder, which comes home (their defaults are the
+    working directory's, on node scratch); on a site whose profile says compute_internet = false (edi),
+    W&B runs offline and Hugging Face's hub is not tried. A value the job's environment has wins."""
+    offline = ('--env "WANDB_MODE=${WANDB_MODE:-offline}"', '--env "HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}"')
+    edi, local = (render(name, ResourceRequest(job_name="x")).text for name in ("edi", "local"))
+    assert profiles.load_profile("edi").compute_internet is False and all(unit in edi for unit in offline)
+    assert profiles.load_profile("local").compute_internet is True and not any(
+        unit in local for unit in offline
+    )
+    sandbox.env["WANDB_DIR"] = "/home/researcher/wandb-runs"
+    status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="ok"), ("--epochs", "1")))
+    assert status == 0, output
+    handed = {
+        value
+        for option, value in zip(sandbox.recorded_argv, sandbox.recorded_argv[1:], strict=False)
+        if option == "--env"
+    }
+    assert {"WANDB_DIR=/home/researcher/wandb-runs", "MLFLOW_TRACKING_URI=file:///scratch/out/mlruns",
+            "MLFLOW_ALLOW_FILE_STORE=true"} <= handed  # fmt: skip
+
+
 def test_the_dataset_archive_is_extracted_on_node_scratch(sandbox: Sandbox):
     """The stand-in sees the scratch directory while the job runs; the shard was there."""
     script = sandbox.script(ResourceRequest(job_name="data"))

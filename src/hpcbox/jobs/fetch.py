@@ -47,15 +47,18 @@ class NoResults(HpcboxError):
     """The job has copied nothing back (yet)."""
 
 
-def fetch(connection: ssh.Connection, project: ProjectConfig, record: JobRecord) -> tuple[Path, ssh.Transfer]:
-    """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental)."""
+def fetch(
+    connection: ssh.Connection, project: ProjectConfig, record: JobRecord, *, in_place: bool = False
+) -> tuple[Path, ssh.Transfer]:
+    """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental;
+    ``in_place``: `Connection.download`'s)."""
     local = local_run_dir(project, record)
     if not has_results(connection, record):
         raise NoResults(
             f"job {record.job_id} has no results in {record.run_dir} yet",
             "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",
         )
-    transfers = [connection.download(f"{record.run_dir}/", local)]
+    transfers = [connection.download(f"{record.run_dir}/", local, in_place=in_place)]
     listed = connection.run(
         # Each by its absolute path, as download_files takes them (a relative one is under the home).
         f'for log in {log_words(record)}; do if test -f "$log"; then '
@@ -94,10 +97,11 @@ def fetch_following(
     copied = False  # the job has copied something to its run folder: fetch it, no need to look first
     while True:
         finished = ended()
+        # In place: TensorBoard, holding the event files open, sees what each fetch appends.
         if finished:
-            local, last = fetch(connection, project, record)
+            local, last = fetch(connection, project, record, in_place=True)
         elif copied or (copied := has_results(connection, record)):
-            last = connection.download(f"{record.run_dir}/", local)
+            last = connection.download(f"{record.run_dir}/", local, in_place=True)
         else:
             last = ssh.Transfer(0, 0)
         sent, received = sent + last.sent, received + last.received

@@ -28,6 +28,7 @@ from hpcbox.project.command import (
     NOTEBOOK,
     NOTEBOOK_CONFIG_DIR,
     NOTEBOOK_RUNTIME_DIR,
+    OUTPUT_DIR,
     SCRATCH_MOUNT,
     ContainerCommand,
     Steps,
@@ -618,6 +619,21 @@ def _gpu_check(
     return _bash("gpu_check", program=shlex.quote(_GPU_CHECK), check="    " + " ".join(words))
 
 
+def _tracking_environment(profile: ClusterProfile) -> list[str]:
+    """Where experiment trackers keep their runs, unless the job's environment says otherwise: in the
+    output folder, which comes home (their defaults, wandb/ and mlruns/ in the working directory, are
+    on node scratch and go with it). Where the profile says the compute nodes reach no internet, W&B
+    runs offline (`wandb sync` from home later) and Hugging Face's hub is not tried."""
+    environment = {
+        "WANDB_DIR": OUTPUT_DIR,
+        "MLFLOW_TRACKING_URI": f"file://{OUTPUT_DIR}/mlruns",
+        "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 keeps its file store for this behind a switch
+    }
+    if profile.compute_internet is False:
+        environment |= {"WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    return [f'--env "{name}=${{{name}:-{value}}}"' for name, value in environment.items()]
+
+
 def _syncer(every_s: int) -> str:
     if not every_s:
         return ""
@@ -771,6 +787,7 @@ def _launch(
         units.append(f'--env "HPCBOX_JOB=${{{dialect.job_id}}}"')  # how signal_job tells the job's processes
     if torchrun:
         units.append(f"--env HPCTRAIN_STOP_WITHIN_S={stop_within_s(resources)}")
+    units += _tracking_environment(profile)
     units += [f"--pwd {SCRATCH_MOUNT}", '"$sif"']
     if torchrun:
         units += [*_torchrun(resources), *_command_units(command.torchrun_words(), command.resolved_args())]

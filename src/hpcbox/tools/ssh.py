@@ -532,8 +532,10 @@ class Connection:
         ):
             yield
 
-    def download(self, remote_path: str, local: Path) -> Transfer:
+    def download(self, remote_path: str, local: Path, *, in_place: bool = False) -> Transfer:
         """rsync ``remote_path`` (a folder's contents with a trailing /) into ``local``; resumable.
+        ``in_place``: each changed file updated where it is, not replaced by a new one, so that a reader
+        holding it open (TensorBoard over a job's event files) sees what was appended.
 
         A folder a job still writes in loses files while rsync reads it (a checkpoint written aside and
         renamed, the job script's temporary files): rsync then ends with RSYNC_VANISHED, having brought
@@ -545,6 +547,7 @@ class Connection:
             str(local) + "/",
             what=f"download {remote_path} from {self.target.address}",
             on_progress=None,
+            extra=("--inplace",) if in_place else (),
             passing=(0, RSYNC_VANISHED),
         )
 

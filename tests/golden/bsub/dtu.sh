@@ -270,10 +270,13 @@ rendezvous_port=$((20000 + (LSB_JOBID + LSB_JOBINDEX) % 20000))
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}" --env SLURM_CPUS_PER_TASK=4 \
-    --env HPCTRAIN_STOP_WITHIN_S=150 --pwd /scratch "$sif" python -m hpctrain.torchrun --nnodes=1 \
-    --nproc-per-node=2 --rdzv-backend=static --master-addr="$rendezvous_host" \
-    --master-port="$rendezvous_port" -m hpctrain train --data-dir /scratch/data \
-    --output-dir /scratch/out --epochs 3 --model cnn --note 'it'"'"'s $HOME and `date`' &
+    --env HPCTRAIN_STOP_WITHIN_S=150 --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
+    --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
+    --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" --pwd /scratch "$sif" \
+    python -m hpctrain.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=static \
+    --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
+    --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
+    'it'"'"'s $HOME and `date`' &
     trainer_pid=$!
     # A USR1 as it started found no process to pass it to.
     if [[ -n $time_up ]]; then

@@ -340,7 +340,10 @@ if [[ -n $time_up ]]; then
 else
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
-    --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" --pwd /scratch "$sif" \
+    --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" \
+    --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
+    --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
+    --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" --pwd /scratch "$sif" \
     python -m hpctrain train --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn \
     --note 'it'"'"'s $HOME and `date`' &
     trainer_pid=$!

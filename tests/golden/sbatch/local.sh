@@ -358,7 +358,10 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=2 --mem=0 --kill-o
     --wait=60 bash -c 'exec "$1" exec --env "PET_NODE_RANK=$SLURM_NODEID" "${@:2}"' per-node apptainer \
     --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
     --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" --env SLURM_CPUS_PER_TASK=1 \
-    --env "HPCBOX_JOB=${SLURM_JOB_ID}" --env HPCTRAIN_STOP_WITHIN_S=30 --pwd /scratch "$sif" \
+    --env "HPCBOX_JOB=${SLURM_JOB_ID}" --env HPCTRAIN_STOP_WITHIN_S=30 \
+    --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
+    --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
+    --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" --pwd /scratch "$sif" \
     python -m hpctrain.torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=static \
     --master-addr="$rendezvous_host" --master-port="$rendezvous_port" -m hpctrain train \
     --data-dir /scratch/data --output-dir /scratch/out --epochs 3 --model cnn --note \
