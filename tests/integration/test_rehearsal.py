@@ -219,7 +219,8 @@ def draft_tells_what_the_profile_knows(drafted: profiles.ClusterProfile, shipped
 def as_told(path: Path, shipped: profiles.ClusterProfile) -> profiles.ClusterProfile:
     """The profile drafted at ``path`` with what its site could not tell taken from ``shipped``: the
     conventions no Slurm reports (draft.CONVENTIONS, PARTITION_CONVENTIONS), what the draft names as
-    assumed, and the words for people (description, assumed, notes). A fact the shipped profile does
+    assumed, whether compute nodes reach the internet, and the words for people (description, assumed,
+    notes). A fact the shipped profile does
     not know (not given, or in an `unknown`) is left out of the draft too. What is left is what the
     site told, to render the same script as the shipped profile."""
     mine = tomllib.loads(path.read_text())
@@ -233,7 +234,9 @@ def as_told(path: Path, shipped: profiles.ClusterProfile) -> profiles.ClusterPro
             where[setting] = there[setting]
 
     assumed = (*mine.get("assumed", []), *theirs.get("assumed", []))
-    for key in (*draft.CONVENTIONS, *assumed, "description", "assumed", "unknown"):
+    # Whether compute nodes reach the internet, the rehearsal tells of this machine's network, not the
+    # site's (the job scripts differ by it: trackers offline where they do not).
+    for key in (*draft.CONVENTIONS, *assumed, "description", "assumed", "unknown", "compute_internet"):
         take(key, mine, theirs)
     for name in theirs.get("unknown", []):
         mine.pop(name, None)
