@@ -317,6 +317,7 @@ class Trainer:
             "val_accuracy": val_accuracy,
         }
         name = self.save(Position(epoch + 1, 0), None, result)
+        samples_per_s = (samples - self.count_at_start) / train_time
         self.log.write(
             "epoch",
             epoch=epoch + 1,
@@ -328,7 +329,7 @@ class Trainer:
             resumed_at_step=start_step or None,
             epoch_time_s=round(time.perf_counter() - self.epoch_started, 4),
             train_time_s=round(train_time, 4),
-            samples_per_s=round((samples - self.count_at_start) / train_time, 2),
+            samples_per_s=round(samples_per_s, 2),
             data_wait_s=round(self.data_wait, 4),
             data_wait_fraction=round(self.data_wait / train_time, 4),
             checkpoint=name,
@@ -337,7 +338,7 @@ class Trainer:
             self.global_step,
             {"train/loss": train_loss, "train/accuracy": train_accuracy, "val/loss": val_loss,
              "val/accuracy": val_accuracy, "train/lr": lr,
-             "train/samples_per_s": (samples - self.count_at_start) / train_time},
+             "train/samples_per_s": samples_per_s},
         )  # fmt: skip
         return result
 

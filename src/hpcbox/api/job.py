@@ -117,9 +117,7 @@ class Job:
         if not self.record.is_array:
             return watch.wait(self.record.job_id, timeout_s, on_change=on_change)
         deadline = time.monotonic() + timeout_s
-        # One task where the job is one task of a sweep (`-j 3_2`); a rerun of failed points: those alone.
-        tasks = (self.record.task,) if self.record.task is not None else self.record.array_tasks
-        for task in tasks:
+        for task in self._tasks:
             watch.wait(f"{self.record.job_id}_{task}", deadline - time.monotonic())
         ended = self.state()
         if on_change is not None:
@@ -181,13 +179,18 @@ class Job:
         with tensorboard.serving(jobs.local_run_dir(self.site.project, self.record)) as url:
             yield url
 
+    @property
+    def _tasks(self) -> tuple[int, ...]:
+        """The array tasks it stands for: one where it is one task of a sweep (`-j 3_2`), else those its
+        --array ran (a rerun of failed points: those alone)."""
+        return (self.record.task,) if self.record.task is not None else self.record.array_tasks
+
     def _ended(self) -> bool:
         """Whether it has ended, as its site's watch last saw (an array: each task it runs)."""
         watch, job_id = self.watch, self.record.job_id
         if not self.record.is_array:
             return watch.state(job_id).finished
-        tasks = (self.record.task,) if self.record.task is not None else self.record.array_tasks
-        return all(watch.state(f"{job_id}_{task}").finished for task in tasks)
+        return all(watch.state(f"{job_id}_{task}").finished for task in self._tasks)
 
     def report(self) -> tuple[str, Path]:
         """Was it efficient: CPU, memory, time, GPUs, throughput, data wait, each with advice; and a PNG

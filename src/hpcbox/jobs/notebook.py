@@ -16,7 +16,6 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -37,7 +36,7 @@ from hpcbox.project.config import ProjectConfig
 from hpcbox.render.profiles import ClusterProfile
 from hpcbox.render.resources import Resources
 from hpcbox.render.sbatch import job_scratch
-from hpcbox.tools import slurm, ssh
+from hpcbox.tools import proc, slurm, ssh
 
 START_TIMEOUT_S = 300  # from RUNNING until Jupyter answers: a first start unpacks nothing, yet is slow
 POLL_S = 2
@@ -151,15 +150,9 @@ def read_server(
     return Server(node, int(info["port"]), str(info["token"]))
 
 
-def free_local_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def forward(connection: ssh.Connection, server: Server, *, timeout_s: float = 30) -> str:
     """A free local port forwarded to ``server`` through ``connection``: the lab's URL, once it answers."""
-    port = free_local_port()
+    port = proc.free_local_port()
     connection.forward(port, server.node, server.port)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

@@ -17,7 +17,6 @@ import fcntl
 import os
 import secrets
 import signal
-import socket
 import tempfile
 import threading
 import time
@@ -158,9 +157,9 @@ def stop(name: str, folder: Path) -> Removed:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now, for the login node's SSH."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    from hpcbox.tools.proc import free_local_port  # here, not at import: the plugin loads no more of hpcbox
+
+    return free_local_port()
 
 
 @contextlib.contextmanager

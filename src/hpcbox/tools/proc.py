@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -239,6 +240,13 @@ def held(
         proc.stdin.close()
         proc.stdout.close()
         proc.wait()
+
+
+def free_local_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a program to take."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager

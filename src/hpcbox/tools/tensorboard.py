@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -25,9 +24,7 @@ def serving(logdir: Path) -> Iterator[str]:
             "--tensorboard needs TensorBoard here", "pip install 'hpcbox[watch]' (or tensorboard itself)"
         )
     logdir.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = proc.free_local_port()
     url = f"http://127.0.0.1:{port}/"
     argv = [
         sys.executable, "-m", "tensorboard.main", f"--logdir={logdir}", "--host=127.0.0.1", f"--port={port}",

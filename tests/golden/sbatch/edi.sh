@@ -56,6 +56,12 @@ signal_job='for pid in $(pgrep --uid "$(id -u)" --full "$3"); do
     fi
 done'
 
+# Renames each file of folder $1 (beside the run folder) into the same place in the run folder, then
+# removes $1.
+move_into_run_dir() {
+    (cd "$1" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
+        find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') && rm -rf -- "$1"
+}
 # Copies the results to shared storage through a folder beside them, renaming each file into place
 # whole: a script killed mid-copy (Slurm's KillWait after scancel) leaves the earlier copy of a file or
 # the new one, never half of it. A file the program renames or removes while it is copied (a
@@ -70,9 +76,7 @@ copy_back() {
         if cp -a "$job_scratch/out/." "$incoming/"; then
             # The status said explicitly: a bare `return` in the EXIT trap's call returns the status
             # the script was exiting with, and a program that failed made every copy "failed".
-            (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
-                find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
-                rm -rf -- "$incoming" && return 0
+            move_into_run_dir "$incoming" && return 0
             return 1
         fi
         if (( attempt < 3 )); then
@@ -313,9 +317,7 @@ copy_recent() {
     [[ -e $stamp ]] && newer=(-newer "$stamp")
     (cd "$job_scratch/out" &&
         find . -type f -size -16384k "${newer[@]}" -exec cp -p --parents -t "$incoming" -- '{}' +) &&
-        (cd "$incoming" && find . -mindepth 1 -type d -exec mkdir -p "$run_dir/{}" ';' &&
-            find . ! -type d -exec mv -f '{}' "$run_dir/{}" ';') &&
-        rm -rf -- "$incoming" && mv -f -- "$stamp.next" "$stamp"
+        move_into_run_dir "$incoming" && mv -f -- "$stamp.next" "$stamp"
 }
 (
     stop=""
