@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -1140,3 +1141,46 @@ def test_watch_says_a_line_once_and_one_still_being_copied_when_it_is_whole(tmp_
     metrics.write_text(metrics.read_text() + 'ep", "epoch": 1, "step": 10, "loss": 1}\n')
     assert _say_new_figures(metrics, upto, said.append) == metrics.stat().st_size
     assert said == ["epoch 1 step 5: loss 2", "epoch 1 step 10: loss 1"]
+
+
+def test_watch_of_a_job_that_ended_before_it_copied_anything_says_so(project, tmp_path: Path):
+    """Found as a user: a job cancelled while it waited, watched, ended with "no results yet" and a hint
+    to look at its status, as if it might still come."""
+
+    class Here:
+        def run(self, command, *, what, hint=""):
+            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+
+    job = dataclasses.replace(record("7"), run_dir=str(tmp_path / "never-made"))
+    with pytest.raises(HpcboxError) as refused:
+        jobs.fetch_following(Here(), project, job, lambda: True, sleep=lambda _: None)
+    assert refused.value.message == (
+        "job 7 ended before it copied anything back (cancelled or failed while it waited or staged)"
+    )
+    assert refused.value.hint == "`hpcbox status -j 7` says how it ended"
+
+
+def test_watch_of_a_sweep_says_each_tasks_figures_named(project, tmp_path: Path):
+    """Found as a user: a watched sweep said nothing until it ended, its metrics being one a task."""
+    remote = tmp_path / "remote" / "runs" / "4"
+    for task, loss in ((0, 0.5), (1, 0.25)):
+        (remote / str(task)).mkdir(parents=True)
+        (remote / str(task) / "metrics.jsonl").write_text(
+            f'{{"event": "step", "epoch": 1, "step": 5, "loss": {loss}}}\n'
+        )
+
+    class Here:
+        def run(self, command, *, what, hint=""):
+            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+
+        def download(self, remote_path: str, local: Path, *, in_place: bool = False) -> ssh.Transfer:
+            shutil.copytree(remote_path, local, dirs_exist_ok=True)
+            return ssh.Transfer(1, 10)
+
+    job = dataclasses.replace(
+        record("4"), run_dir=str(remote), log=str(tmp_path / "none-*.out"), resources={"array": "0-1"},
+        sweep=(("--lr", "1"), ("--lr", "2")),
+    )  # fmt: skip
+    said: list[str] = []
+    jobs.fetch_following(Here(), project, job, lambda: True, on_line=said.append, sleep=lambda _: None)
+    assert said == ["task 0: epoch 1 step 5: loss 0.5", "task 1: epoch 1 step 5: loss 0.25"]

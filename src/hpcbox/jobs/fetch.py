@@ -88,31 +88,43 @@ def fetch_following(
 ) -> tuple[Path, ssh.Transfer]:
     """The job's results home as it runs: its run folder fetched every ``every_s`` (what the job has
     copied there: its small files that changed, every half minute at most, and everything at each
-    `sync_every`), each new line of its metrics.jsonl said to ``on_line`` as figures, until ``ended``
+    `sync_every`), each new line of its metrics.jsonl (a sweep's: each task's, named) said to ``on_line``
+    as figures, until ``ended``
     says it has; then fetched once more, with its logs. A fetch that finds nothing new sends a file
     list and nothing else."""
     local = local_run_dir(project, record)
-    said = 0  # bytes of metrics.jsonl said
+    said: dict[Path, int] = {}  # bytes of each metrics.jsonl said (a sweep's: one a task)
     sent = received = 0
     copied = False  # the job has copied something to its run folder: fetch it, no need to look first
     while True:
         finished = ended()
         # In place: TensorBoard, holding the event files open, sees what each fetch appends.
         if finished:
-            local, last = fetch(connection, project, record, in_place=True)
+            try:
+                local, last = fetch(connection, project, record, in_place=True)
+            except NoResults:
+                raise NoResults(
+                    f"job {record.run} ended before it copied anything back (cancelled or failed while it "
+                    "waited or staged)",
+                    f"`hpcbox status -j {record.run}` says how it ended",
+                ) from None
         elif copied or (copied := has_results(connection, record)):
             last = connection.download(f"{record.run_dir}/", local, in_place=True)
         else:
             last = ssh.Transfer(0, 0)
         sent, received = sent + last.sent, received + last.received
-        said = _say_new_figures(local / "metrics.jsonl", said, on_line)
+        for metrics in (
+            sorted(local.glob("*/metrics.jsonl")) if record.is_array else [local / "metrics.jsonl"]
+        ):
+            task = f"task {metrics.parent.name}: " if record.is_array else ""
+            said[metrics] = _say_new_figures(metrics, said.get(metrics, 0), on_line, prefix=task)
         if finished:
             return local, ssh.Transfer(sent, received)
         sleep(every_s)
 
 
-def _say_new_figures(metrics: Path, said: int, on_line: Callable[[str], None]) -> int:
-    """Each whole line of ``metrics`` past byte ``said`` as figures; the bytes said now."""
+def _say_new_figures(metrics: Path, said: int, on_line: Callable[[str], None], *, prefix: str = "") -> int:
+    """Each whole line of ``metrics`` past byte ``said`` as figures, after ``prefix``; the bytes said now."""
     if not metrics.is_file():
         return said
     with metrics.open("rb") as file:
@@ -121,7 +133,7 @@ def _say_new_figures(metrics: Path, said: int, on_line: Callable[[str], None]) -
     whole = new[: new.rfind(b"\n") + 1]  # a line still being copied waits for the next look
     for line in whole.decode(errors="replace").splitlines():
         if line.strip():
-            on_line(figures(line))
+            on_line(prefix + figures(line))
     return said + len(whole)
 
 
