@@ -506,7 +506,7 @@ def _resources(name: str) -> tuple[list[Any], list[Any], list[Any]]:
     client = engine.client()
     selector = {"label": f"{LABEL}={name}"}
     return (
-        client.containers.list(all=True, filters=selector),
+        client.containers.list(all=True, filters=selector, ignore_removed=True),
         client.networks.list(filters=selector),
         client.volumes.list(filters=selector),
     )
@@ -550,7 +550,7 @@ def login_host_key(name: str) -> str | None:
     there whether it runs or not), or None with no such container (or no engine to ask)."""
     try:
         selector = {"label": [f"{LABEL}={name}", f"{nodes.HOST_LABEL}=login"]}
-        logins = engine.client().containers.list(all=True, filters=selector)
+        logins = engine.client().containers.list(all=True, filters=selector, ignore_removed=True)
         if not logins:
             return None
         stream, _ = logins[0].get_archive(f"{nodes.INIT_DIR}/{state.HOST_KEY_PUBLIC}")
@@ -564,7 +564,7 @@ def login_host_key(name: str) -> str | None:
 def _containers_of(cluster: Cluster) -> dict[str, Any]:
     """``cluster``'s hosts' containers, running or not, by host: one listing of the engine's."""
     selector = {"label": f"{LABEL}={cluster.name}"}
-    every = engine.client().containers.list(all=True, filters=selector)
+    every = engine.client().containers.list(all=True, filters=selector, ignore_removed=True)
     by_host = {c.labels.get(nodes.HOST_LABEL): c for c in every}
     return {host: by_host[host] for host in cluster.spec.hosts if host in by_host}
 
