@@ -67,10 +67,9 @@ class Job:
         """To the login node it ran behind; a job of a mini cluster removed (or made again) since is
         refused first, in one line saying where it ran and where its results are."""
         from hpcbox.jobs import check_reachable
-        from hpcbox.tools import ssh
 
         check_reachable(self.record, self.site.project)
-        return ssh.Connection(self.site.target)
+        return self.site.connect()
 
     def state(self) -> JobState:
         """The job's state (an array's is its tasks' together: running while any runs, COMPLETED when
@@ -112,14 +111,17 @@ class Job:
         tasks' together, once they have all ended; one task's of a sweep: that task's). Looked at
         through its site's `watch`, with the site's other jobs waited on in this process: every few
         seconds at first, once a minute after the first minute, and within seconds of its end (its run
-        folder's exit status, seen on the login node)."""
+        folder's exit status, seen on the login node); an array's state once ended is its tasks' as the
+        watch saw them end, not asked of Slurm again."""
+        from hpcbox import jobs
+
         watch = self.watch
         if not self.record.is_array:
             return watch.wait(self.record.job_id, timeout_s, on_change=on_change)
-        deadline = time.monotonic() + timeout_s
-        for task in self._tasks:
-            watch.wait(f"{self.record.job_id}_{task}", deadline - time.monotonic())
-        ended = self.state()
+        deadline, job_id = time.monotonic() + timeout_s, self.record.job_id
+        tasks = {task: watch.wait(f"{job_id}_{task}", deadline - time.monotonic()) for task in self._tasks}
+        ended = jobs.array_state(tasks)
+        assert ended is not None  # an array runs at least one task
         if on_change is not None:
             on_change(ended)
         return ended

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from hpcbox.store.prune import Plan, Removable
     from hpcbox.store.ship import Payload
     from hpcbox.tools.slurm import Looked
-    from hpcbox.tools.ssh import Connection, Target
+    from hpcbox.tools.ssh import Connection, Target, Transport
 
 Say = Callable[[str], None]
 
@@ -144,7 +144,8 @@ class Site:
     (`data/`) are kept here (default: $HPCBOX_CACHE, else the project's .hpcbox).
     ``project``: the project folder (default: the one around the current directory). ``say`` hears the
     progress lines (default: stderr), ``on_line`` the image build's and the SIF conversion's own output
-    (default: shown).
+    (default: shown). ``transport``: what opens its connections (default: the SSH master the user's
+    commands share; `hpcbox.testing.MockTransport`, a login node in memory for unit tests).
 
     Resource options are keyword arguments named as in the option table (``time``, ``mem``, ``gpus``,
     ``gpu_type``, ``partition``, ...), over the project's `[tool.hpcbox.resources]`; a misspelt one is
@@ -166,10 +167,12 @@ class Site:
         project: ProjectConfig | str | Path | None = None,
         say: Say = to_stderr,
         on_line: Say | None = None,
+        transport: Transport | None = None,
     ) -> None:
         from hpcbox.jobs.connect import Place
         from hpcbox.render.profiles import ClusterProfile, load_profile
         from hpcbox.store.ship import DEFAULT_REMOTE_ROOT
+        from hpcbox.tools import ssh
 
         self.profile = name if isinstance(name, ClusterProfile) else load_profile(name)
         self.place: Place = Place(via=via, host=host, user=user, port=_port(port))
@@ -180,6 +183,7 @@ class Site:
         self.project: ProjectConfig = project_of(project)
         self.say = say
         self.on_line = on_line
+        self.transport: Transport = transport or ssh.Connection
 
     def __repr__(self) -> str:
         return f"Site({self.where!r})"
@@ -209,6 +213,11 @@ class Site:
             self.profile, self.project, **dataclasses.asdict(self.place), mini_cluster=self.mini_cluster
         )
 
+    def connect(self) -> Connection:
+        """A connection to its login node for a `with` block: the SSH master the user's commands share
+        (`tools.ssh.Connection`), or the ``transport``'s (`hpcbox.testing.MockTransport`)."""
+        return self.transport(self.target)
+
     @functools.cached_property
     def mini(self) -> Cluster | None:
         """The mini cluster its jobs run on (`local`, or a rehearsal), which must be up; None for a
@@ -232,7 +241,6 @@ class Site:
         """One look at ``records`` (jobs of this site); one whose mini cluster has gone since is said so,
         not asked about (its id may name another job there now)."""
         from hpcbox import jobs
-        from hpcbox.tools import ssh
 
         said: Looked = {}
         here = []
@@ -244,7 +252,7 @@ class Site:
             else:
                 here.append(record)
         if here:
-            with ssh.Connection(self.target) as connection:
+            with self.connect() as connection:
                 said.update(jobs.look(connection, here))
         return said
 
@@ -252,9 +260,8 @@ class Site:
         """Which of ``records`` (jobs of this site) and their tasks keep an exit status in their run
         folders (`jobs.exits_kept`): between looks, no call to Slurm."""
         from hpcbox import jobs
-        from hpcbox.tools import ssh
 
-        with ssh.Connection(self.target) as connection:
+        with self.connect() as connection:
             return jobs.exits_kept(connection, records)
 
     def at(self, place: Place) -> Site:
@@ -265,7 +272,7 @@ class Site:
         return Site(
             self.profile, **dataclasses.asdict(place), login=self.login, mini_cluster=self.mini_cluster,
             remote_root=self.remote_root, cache=self.cache, project=self.project, say=self.say,
-            on_line=self.on_line,
+            on_line=self.on_line, transport=self.transport,
         )  # fmt: skip
 
     # --- the job's request and script ------------------------------------------------------------
@@ -497,14 +504,13 @@ class Site:
         run folder kept on the cluster, else (its mini cluster is gone) in the results fetched here."""
         from hpcbox import jobs
         from hpcbox.api.job import Job
-        from hpcbox.tools import ssh
 
         jobs.require_slurm(self.profile)
         original = job.record if isinstance(job, Job) else jobs.Ledger(self.project).find(job, self.name)
         # The rerun goes where the job ran (a rehearsal stays one): a site reached otherwise is refused.
         site = self.at(jobs.place_of(original, **dataclasses.asdict(self.place)))
         if (gone := jobs.gone(original, self.project)) is None:
-            with ssh.Connection(site.target) as connection:
+            with site.connect() as connection:
                 outcomes = jobs.sweep_outcomes(connection, original)
             if outcomes.read_from:
                 self.say(f"hpcbox: Slurm no longer knows job {original.run}: {outcomes}")
@@ -600,14 +606,13 @@ class Site:
         ``prepared``, then sent and sbatched (``submitting``: `jobs.submit`'s options); the job's record
         (None for a dry run) and the connection, open until the block ends."""
         from hpcbox import jobs
-        from hpcbox.tools import ssh
 
         with contextlib.ExitStack() as held:
-            opened: list[ssh.Connection] = []
+            opened: list[Connection] = []
 
             def connect() -> None:
                 self._warn(checked)  # after bad input's one line, before any work
-                opened.append(held.enter_context(ssh.Connection(self.target)))
+                opened.append(held.enter_context(self.connect()))
 
             if prepared is None:
                 payload, environment = self._payload(
@@ -687,14 +692,13 @@ class Site:
         rehearsal, where that job ran): `apptainer shell` on the user's terminal, or ``command`` with
         its output to ``on_line``."""
         from hpcbox import jobs
-        from hpcbox.tools import ssh
 
         jobs.require_slurm(self.profile)
         record = jobs.Ledger(self.project).find(None, self.where)
         site = self.at(jobs.place_of(record, **dataclasses.asdict(self.place)))
         checked = site.resources({**SHELL_DEFAULTS, **given(options)}, allowed=SHELL_RESOURCE_NAMES)
         site._rehearse(checked)
-        with ssh.Connection(site.target) as connection:
+        with site.connect() as connection:
             jobs.shell(connection, site.profile, checked, record, command, on_line=on_line)
 
     def notebook(
@@ -758,7 +762,6 @@ class Site:
         running or ended in the last 30 days); deleted only with ``delete``."""
         from hpcbox import jobs
         from hpcbox.store import prune as pruning
-        from hpcbox.tools import ssh
 
         if keep is not None and not str(keep).isdigit():
             raise FieldError(
@@ -767,7 +770,7 @@ class Site:
         keep = int(keep) if keep is not None else None
         jobs.require_slurm(self.profile)
         records = [record for record in jobs.Ledger(self.project).all() if record.host == self.target.address]
-        with ssh.Connection(self.target) as connection:
+        with self.connect() as connection:
             plan = pruning.plan(connection, self.project.name, records, root=self.remote_root, keep=keep)
             removed = pruning.apply(connection, plan, say=self.say) if delete else ()
         return Pruning(plan, tuple(pruning.describe(plan, keep=keep)), removed)

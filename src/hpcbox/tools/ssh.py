@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from hpcbox import files
 from hpcbox.errors import FieldError, HpcboxError
@@ -566,6 +566,13 @@ class Connection:
                 on_progress=None,
                 extra=[f"--files-from={listing.name}", "--no-relative"],
             )
+
+
+class Transport(Protocol):
+    """What opens a connection to a login node for a `with` block: `Connection` (the SSH master), or a
+    stand-in with its surface (`hpcbox.testing.MockTransport`, a login node in memory)."""
+
+    def __call__(self, target: Target, *, deadline: proc.Deadline | None = None) -> Connection: ...
 
 
 def progress_printer(
