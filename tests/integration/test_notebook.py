@@ -17,35 +17,16 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.images import build_dockerfile
+from tests.fixtures.images import Browser
 from tests.fixtures.submitting import Setup
 from tests.integration.test_submit import REPO, invoke
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-BROWSER_DOCKERFILE = """\
-ARG BASE
-FROM ${BASE}
-RUN apt-get update && apt-get install -y --no-install-recommends chromium-headless-shell \\
-    && rm -rf /var/lib/apt/lists/*
-"""
 STARTS_WITHIN_S = 1200  # the first notebook builds its image and SIF, and uploads it
-
-
-@pytest.fixture(scope="module")
-def browser(docker_engine, run_id: str, tmp_path_factory) -> Iterator[str]:
-    """An image with Debian's headless Chromium."""
-    from hpcbox.build import baseimage
-    from hpcbox.tools import docker
-
-    ref = f"{run_id}/browser:chromium"
-    build_dockerfile(BROWSER_DOCKERFILE, ref, tmp_path_factory.mktemp("browser"), baseimage.ensure_base().ref)
-    yield ref
-    docker.remove_image(ref)
 
 
 class Notebook:
@@ -174,10 +155,8 @@ done < <(tail -n +2 /proc/net/tcp)
 
 
 def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_and_ctrl_c_ends_it(
-    setup: Setup, minicluster, browser: str
+    setup: Setup, minicluster, browser: Browser
 ):
-    from hpcbox.tools import docker
-
     # A store of its own on the cluster: test_submit's first submit finds the session's empty.
     first = Notebook(
         setup, "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=30",
@@ -189,12 +168,7 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         job_id = re.search(r"notebook job (\d+) submitted", first.said)[1]
 
         # A real browser loads the lab page through the forward; JupyterLab's own script builds the shell.
-        page = docker.client().containers.run(
-            browser,
-            ["chromium-headless-shell", "--no-sandbox", "--disable-gpu", "--dump-dom",
-             "--virtual-time-budget=30000", url],
-            network_mode="host", remove=True,
-        ).decode()  # fmt: skip
+        page = browser.dom(url)
         assert "jp-LabShell" in page, page[-2000:]
 
         # A cell, as JupyterLab sends it, runs inside the SIF: the environment's PyTorch, the code at

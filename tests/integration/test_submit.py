@@ -38,6 +38,7 @@ from hpcbox.render.resources import ResourceRequest, resolve
 from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
+from tests.fixtures.images import Browser
 from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup, ctrl_c_as_in_a_terminal
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
 from tests.unit.test_curves import read
@@ -302,12 +303,13 @@ def test_a_50_point_sweep_ends_with_50_results_and_reruns_only_its_failed_points
 
 
 def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
-    first_job, setup: Setup, minicluster, tmp_path: Path
+    first_job, setup: Setup, minicluster, browser: Browser, tmp_path: Path, request: pytest.FixtureRequest
 ):
     """`hpcbox watch --tensorboard`: an epoch's figures come while the job still runs (its job script
     copies the small files that changed a quarter of the way to each whole copy: every 10 s with
-    --sync-every=0:40), TensorBoard served here draws the curves that came home, and the watch ends
-    with the job, its last epoch and its log fetched, TensorBoard on until Ctrl-C."""
+    --sync-every=0:40), TensorBoard served here draws the loss curve in a real browser with the points
+    that came home, and once the watch ends with the job (its last epoch and its log fetched), every
+    point; TensorBoard stays on until Ctrl-C. A full run keeps the browser's picture for the docs."""
     sent = invoke(
         setup, "submit", "--cluster=local", f"--data={setup.data}", "--time=10", "--sync-every=0:40", "--",
         "--epochs", "3", "--steps-per-epoch", "10", "--step-pause", "1", "--workers", "0",
@@ -334,6 +336,7 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
                 url = re.search(r"hpcbox: TensorBoard at (\S+)", said.read_text())
                 assert url, said.read_text()
                 assert drawn(url[1], timeout_s=30), said.read_text()  # the curve has its first point
+                while_running = step_loss_drawn(browser, url[1], points=2, page_to=tmp_path / "running.html")
             if line.startswith("done: "):
                 break
         ended = "hpcbox: the job has ended; TensorBoard goes on at "
@@ -342,6 +345,15 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
             assert time.monotonic() < deadline and watcher.poll() is None, said.read_text()
             time.sleep(0.2)
         assert [step for step, _ in drawn(url[1], timeout_s=30, points=3)] == [10, 20, 30]
+        # Every step logged (each fifth of 30), where the job's first epoch had drawn 2 to 5.
+        ended_page = tmp_path / "ended.html"
+        assert while_running < 6 == step_loss_drawn(browser, url[1], points=6, page_to=ended_page)
+        picture = tmp_path / "watch-tensorboard.png"
+        browser.screenshot(f"{url[1]}?forceSVG=true#timeseries", picture)
+        assert picture.read_bytes().startswith(b"\x89PNG")
+        if request.config.getoption("--record-durations"):  # the docs' picture, from the full run
+            (REPO / "docs" / "images").mkdir(exist_ok=True)
+            shutil.copyfile(picture, REPO / "docs" / "images" / picture.name)
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(timeout=30) == 0, said.read_text()
     finally:
@@ -355,6 +367,28 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
     assert f"hpcbox: results in {local}\n" in said.read_text()
     assert [step for step, _ in read(local / "tensorboard")["val/accuracy"]] == [10, 20, 30]
     assert (local / Path(record.log).name).is_file()
+
+
+# TensorBoard's charts drawn as SVG (`?forceSVG=true`): the raw series (under its smoothed one) is a line
+# through its points, or one dot.
+RAW_LINE = re.compile(r'<path d="(M[^"]*)" style="fill: none; stroke: [^"]*opacity: 0\.25')
+RAW_DOT = re.compile(r"<circle [^>]*opacity: 0\.25")
+
+
+def step_loss_drawn(browser: Browser, url: str, *, points: int, page_to: Path, timeout_s: float = 60) -> int:
+    """How many points the chart of the trainer's step losses has, as a browser draws TensorBoard's page
+    at ``url`` (the last page kept in ``page_to``), once it has ``points`` or more: the page drawn
+    again until then (the page draws the cards its first requests found)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page = browser.dom(f"{url}?forceSVG=true&tagFilter=train%2Fstep_loss#timeseries")  # its card alone
+        page_to.write_text(page)
+        card = page.partition('title="train/step_loss"')[2].split("<tb-truncated-path", 1)[0]
+        line = RAW_LINE.search(card)
+        drawn = line[1].count("L") + 1 if line else len(RAW_DOT.findall(card))
+        if drawn >= points:
+            return drawn
+        assert time.monotonic() < deadline, f"{drawn} points drawn: {page_to}"
 
 
 def drawn(url: str, *, timeout_s: float, points: int = 1) -> list[tuple[int, float]]:
