@@ -93,8 +93,9 @@ SCENARIOS = {
     "preempted (no user signal: TERM at the grace time's end): resumed, figures of a run never stopped": [
         f"{SUBMIT}::test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped",
     ],
-    "a Hydra point preempted mid-run (no user signal): requeued, went on from its kept progress, returned": [
-        "tests/integration/test_own_project.py::test_a_hydra_point_preempted_mid_run_is_requeued_resumes_and_returns",
+    "a Hydra point preempted mid-run, then at its time limit: requeued each time, went on, returned": [
+        "tests/integration/test_own_project.py::"
+        "test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_resumes_and_returns",
     ],
     "a race of two accounts, one at its limit: the free one's job kept, the other cancelled": [
         "tests/integration/test_rehearsal.py::test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_its_limit",

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from collections.abc import Generator
+
     from tests.fixtures.buildcache import SuiteBuildCache
 
 pytest_plugins = [
@@ -37,7 +39,6 @@ LANES = {
     "cluster jobs": (
         "test_sbatch_cluster",
         "test_node_loss",
-        "test_doctor",
         "test_submit_faults",
         "test_ssh_master",
         "test_cluster_sharing",
@@ -49,7 +50,9 @@ LANES = {
         "test_job_identity",
         "test_upload",
         "test_notebook",
+        "test_doctor",
         "test_image",
+        "test_verify",
     ),
     "own projects and images": (
         "test_own_project",
@@ -68,7 +71,6 @@ LANES = {
         "test_rehearsal",
         "test_lock",
         "test_trainer",
-        "test_verify",
     ),
 }
 _LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
@@ -128,6 +130,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             return lane_of(Path(nodeid.split("::", 1)[0]))
 
     return Lanes(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, pytest.TestReport]:
+    """A test failed by an `HpcboxError` shows its details too (a build step's last lines, a command's
+    output), which its one-line message leaves out: the cause of a failure seen once in a full run."""
+    from hpcbox.errors import HpcboxError
+
+    report = yield
+    failed = call.excinfo.value if call.excinfo is not None else None
+    while failed is not None and not (isinstance(failed, HpcboxError) and failed.details):
+        failed = failed.__cause__ or failed.__context__
+    if report.failed and failed is not None:
+        report.sections.append(("hpcbox error details", failed.details))
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:

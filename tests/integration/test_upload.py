@@ -446,7 +446,8 @@ def test_prune_lists_what_no_kept_job_uses_and_removes_exactly_that_with_yes(
     assert kept <= set(after) and {others, nobodys} <= set(after)
     assert jobs.Ledger(setup.project()).find(delta_jobs.running.job_id)  # still in the ledger
     state = minicluster.ssh(["squeue", "-h", "-j", delta_jobs.running.job_id, "-o", "%T"], check=True)
-    assert state.stdout.strip() == "RUNNING"
+    log = minicluster.ssh(["tail", "-n", "30", delta_jobs.running.log]).stdout
+    assert state.stdout.strip() == "RUNNING", (_accounted(minicluster, delta_jobs.running.job_id), log)
     again = invoke(setup, "prune", "--cluster", "local", "--keep", "1")
     assert "nothing to prune" in again.stdout
 

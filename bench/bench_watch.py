@@ -1,0 +1,133 @@
+"""What `hpcbox watch` costs a look, and how long after a step it shows it, on an idle mini cluster of
+its own.
+
+- A look that finds nothing new: the watch's fetch of a run folder (`Connection.download(...,
+  in_place=True)`, what each look does) once the folder is home, for folders of 10, 100 and 1,000 files
+  of 1 MB; its seconds beside the floor (one command over the same SSH master: `true`) and its bytes
+  over the wire. ROUNDS looks each, medians.
+- A look after an event file grew by APPENDED bytes (a 20 MB file in place, as TensorBoard's): the
+  bytes over the wire against those appended.
+- The lag: a real trainer job watched as `hpcbox watch` does (`Job.fetch(follow=True)`, a look every
+  EVERY_S), each line of its metrics from the moment the trainer wrote it on the node (its "time") to
+  the moment it was said here; the job copies its small files that changed every LIVE_COPY_S (its
+  default `--sync-every` of 10 minutes), which the lag includes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from benchkit import copy_project, free_port
+from hpcbox import api, minicluster
+from hpcbox.build.image import build_image, record_image
+from hpcbox.cli.demo import make_dataset
+from hpcbox.project.config import load_project
+from hpcbox.render.sbatch import LIVE_COPY_S
+from hpcbox.tools import ssh
+
+ROUNDS = 5
+FOLDERS = (10, 100, 1000)  # files of 1 MB in a run folder
+APPENDED = 4096
+EVERY_S = 10.0  # `hpcbox watch`'s default
+ARGS = ("--epochs", "4", "--steps-per-epoch", "20", "--step-pause", "1", "--workers", "0",
+        "--log-interval", "5")  # fmt: skip
+
+
+def run() -> list[dict]:
+    quiet = lambda _line: None  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="hpcbox-bench-watch-") as work:
+        root = copy_project(Path(work) / "project")
+        project = load_project(root)
+        state = root / ".hpcbox" / "cluster"
+        os.environ.update({"HPCBOX_CACHE": str(Path(work) / "cache"), "HPCBOX_MINICLUSTER_STATE": str(state)})
+        image = build_image(project, flavour="cpu", offline=True, say=quiet, on_line=quiet)
+        record_image(project, image)
+        data = make_dataset(project, image.ref, say=quiet)
+        spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=free_port())
+        try:
+            cluster = minicluster.up(spec, state)
+            with ssh.Connection(cluster.ssh_target()) as connection:
+                looks = _looks(connection, Path(work) / "fetched")
+            site = api.Site("local", mini_cluster=spec.name, project=project, say=quiet, on_line=quiet)
+            lags = _lags(site, data)
+        finally:
+            minicluster.down(spec.name, state)
+    return _rows(looks, lags)
+
+
+def _looks(connection: ssh.Connection, home: Path) -> dict[str, list[float]]:
+    """Seconds and bytes of looks finding nothing new at each folder size, of the floor, and the bytes
+    of looks after an append."""
+    measured: dict[str, list[float]] = {"floor": []}
+    for files in FOLDERS:
+        remote, local = f"bench-watch-{files}", home / str(files)
+        fill = f"for i in $(seq {files}); do head -c 1048576 /dev/urandom > {remote}/$i; done"
+        connection.run(f"mkdir -p {remote} && {fill}", what="make a run folder")
+        connection.download(f"{remote}/", local, in_place=True)  # home once, as the watch's first look
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            connection.run("true", what="the floor")
+            measured["floor"].append(time.perf_counter() - started)
+            started = time.perf_counter()
+            moved = connection.download(f"{remote}/", local, in_place=True)
+            measured.setdefault(f"look {files}", []).append(time.perf_counter() - started)
+            measured.setdefault(f"bytes {files}", []).append(moved.sent + moved.received)
+    events = "bench-watch-events/events.out.tfevents"
+    connection.run(f"mkdir -p bench-watch-events && head -c 20971520 /dev/urandom > {events}", what="events")
+    connection.download("bench-watch-events/", home / "events", in_place=True)
+    for _ in range(ROUNDS):
+        connection.run(f"head -c {APPENDED} /dev/urandom >> {events}", what="append to the event file")
+        moved = connection.download("bench-watch-events/", home / "events", in_place=True)
+        measured.setdefault("appended", []).append(moved.sent + moved.received)
+    connection.run("rm -rf bench-watch-*", what="tidy")
+    return measured
+
+
+def _lags(site: api.Site, data: Path) -> list[float]:
+    """Seconds from each metrics line written on the node to its figures said here, for a job watched."""
+    said_at: list[float] = []
+    job = site.submit(ARGS, data=data, flavour="cpu", offline=True, time="10", job_name="watched")
+    local = job.fetch(follow=True, every_s=EVERY_S, on_line=lambda _line: said_at.append(time.time()))
+    written = [json.loads(line)["time"] for line in (local / "metrics.jsonl").read_text().splitlines()]
+    if len(written) != len(said_at) or job.state().state != "COMPLETED":
+        raise RuntimeError(f"{len(said_at)} lines said of {len(written)}; the job {job.state()}")
+    return [said - wrote for said, wrote in zip(said_at, written, strict=True)]
+
+
+def _rows(looks: dict[str, list[float]], lags: list[float]) -> list[dict]:
+    floor = statistics.median(looks["floor"])
+    rows = [_row("floor: a command over the SSH master", floor, "s", None, "`true`, median of 15")]
+    for files in FOLDERS:
+        seconds = statistics.median(looks[f"look {files}"])
+        rows.append(
+            _row(f"a look finding nothing new: {files} files, {files} MB", seconds, "s", None,
+                 f"{statistics.median(looks[f'bytes {files}']):,.0f} bytes over the wire; median of {ROUNDS}")
+        )  # fmt: skip
+        rows.append(_row(f"a look, {files} files / floor", seconds / floor, "ratio", "", ""))
+    appended = statistics.median(looks["appended"])
+    rows.append(
+        _row(f"a look after {APPENDED:,} bytes appended to a 20 MB event file: bytes over the wire", appended,
+             "bytes", None, f"median of {ROUNDS}; rsync's block checksums of the file, then the new bytes")
+    )  # fmt: skip
+    rows.append(_row("bytes over the wire / bytes appended", appended / APPENDED, "ratio", None, None))
+    worst = max(lags)
+    note = (
+        f"{len(lags)} lines; a look every {EVERY_S:.0f} s; the job copying small files every {LIVE_COPY_S} s"
+    )
+    rows += [
+        _row("lag: a metrics line on the node to its figures here", statistics.median(lags), "s", None, note),
+        _row("lag: the worst line", worst, "s", None, None),
+        _row("lag median / look interval", statistics.median(lags) / EVERY_S, "ratio", "<= 2", None),
+        _row("lag worst / look interval", worst / EVERY_S, "ratio", None, None),
+    ]
+    return rows
+
+
+def _row(metric: str, value: float, unit: str, target: str | None, note: str | None) -> dict:
+    return {"metric": metric, "value": round(value, 3), "unit": unit, "target": target, "note": note}
