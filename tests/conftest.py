@@ -51,12 +51,12 @@ LANES = {
         "test_upload",
         "test_notebook",
         "test_doctor",
+        "test_minicluster",
         "test_image",
         "test_verify",
     ),
     "own projects and images": (
         "test_own_project",
-        "test_minicluster",
         "test_api",
         "test_executor",
         "test_upload_access",
