@@ -145,7 +145,7 @@ def _rows(measured: dict[str, list[float]], array_seconds: float, array_floor: f
              f"pickled, shipped in ship's one command, sbatch; runs {runs('to_job_id')}"),
         _row("floor: ssh sbatch, wait, cat", floor, "s", None,
              f"a trivial script, same --mem and --time; median of {ROUNDS}; runs {runs('floor')}"),
-        _row("one call / floor", ratio, "ratio", "<= 1.5", "each call over its round's floor, the median"),
+        _row("one call / floor", ratio, "ratio", "<= 1.0", "each call over its round's floor, the median"),
         _row(f"map_array of {POINTS}: to the last result", array_seconds, "s", None,
              "one array job; every result fetched and unpickled"),
         _row(f"floor: sbatch --array of {POINTS}, wait, cat", array_floor, "s", None,

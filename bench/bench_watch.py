@@ -2,11 +2,11 @@
 its own.
 
 - A look that finds nothing new: the watch's fetch of a run folder (`Connection.download(...,
-  in_place=True)`, what each look does) once the folder is home, for folders of 10, 100 and 1,000 files
-  of 1 MB; its seconds beside the floor (one command over the same SSH master: `true`) and its bytes
-  over the wire. ROUNDS looks each, medians.
-- A look after an event file grew by APPENDED bytes (a 20 MB file in place, as TensorBoard's): the
-  bytes over the wire against those appended.
+  in_place=True, growing=GROWING)`, what each look does) once the folder is home, for folders of 10,
+  100 and 1,000 files of 1 MB; its seconds beside the floor (one command over the same SSH master:
+  `true`) and its bytes over the wire. ROUNDS looks each, medians.
+- A look after an event file grew by APPENDED bytes (a 20 MB file, as TensorBoard's): the bytes over
+  the wire against those appended; and rsync's delta of the same file (the look before `growing`).
 - The lag: a real trainer job watched as `hpcbox watch` does (`Job.fetch(follow=True)`, a look every
   EVERY_S), each line of its metrics from the moment the trainer wrote it on the node (its "time") to
   the moment it was said here; the job copies its small files that changed every LIVE_COPY_S (its
@@ -27,6 +27,7 @@ from benchkit import copy_project, free_port
 from hpcbox import api, minicluster
 from hpcbox.build.image import build_image, record_image
 from hpcbox.cli.demo import make_dataset
+from hpcbox.jobs.fetch import GROWING
 from hpcbox.project.config import load_project
 from hpcbox.render.sbatch import LIVE_COPY_S
 from hpcbox.tools import ssh
@@ -75,16 +76,19 @@ def _looks(connection: ssh.Connection, home: Path) -> dict[str, list[float]]:
             connection.run("true", what="the floor")
             measured["floor"].append(time.perf_counter() - started)
             started = time.perf_counter()
-            moved = connection.download(f"{remote}/", local, in_place=True)
+            moved = connection.download(f"{remote}/", local, in_place=True, growing=GROWING)
             measured.setdefault(f"look {files}", []).append(time.perf_counter() - started)
             measured.setdefault(f"bytes {files}", []).append(moved.sent + moved.received)
-    events = "bench-watch-events/events.out.tfevents"
+    events = "bench-watch-events/events.out.tfevents.1796554314.node1.344.0"  # as the trainer names one
     connection.run(f"mkdir -p bench-watch-events && head -c 20971520 /dev/urandom > {events}", what="events")
     connection.download("bench-watch-events/", home / "events", in_place=True)
     for _ in range(ROUNDS):
-        connection.run(f"head -c {APPENDED} /dev/urandom >> {events}", what="append to the event file")
-        moved = connection.download("bench-watch-events/", home / "events", in_place=True)
-        measured.setdefault("appended", []).append(moved.sent + moved.received)
+        for kind, growing in (("appended", GROWING), ("delta", ())):
+            connection.run(f"head -c {APPENDED} /dev/urandom >> {events}", what="append to the event file")
+            moved = connection.download(
+                "bench-watch-events/", home / "events", in_place=True, growing=growing
+            )
+            measured.setdefault(kind, []).append(moved.sent + moved.received)
     connection.run("rm -rf bench-watch-*", what="tidy")
     return measured
 
@@ -110,12 +114,14 @@ def _rows(looks: dict[str, list[float]], lags: list[float]) -> list[dict]:
                  f"{statistics.median(looks[f'bytes {files}']):,.0f} bytes over the wire; median of {ROUNDS}")
         )  # fmt: skip
         rows.append(_row(f"a look, {files} files / floor", seconds / floor, "ratio", "", ""))
-    appended = statistics.median(looks["appended"])
-    rows.append(
+    appended, delta = statistics.median(looks["appended"]), statistics.median(looks["delta"])
+    rows += [
         _row(f"a look after {APPENDED:,} bytes appended to a 20 MB event file: bytes over the wire", appended,
-             "bytes", None, f"median of {ROUNDS}; rsync's block checksums of the file, then the new bytes")
-    )  # fmt: skip
-    rows.append(_row("bytes over the wire / bytes appended", appended / APPENDED, "ratio", None, None))
+             "bytes", None, f"the new bytes and the file's checksum (--append-verify); median of {ROUNDS}"),
+        _row("bytes over the wire / bytes appended", appended / APPENDED, "ratio", None, None),
+        _row("the same look by rsync's delta: bytes over the wire", delta, "bytes", None,
+             "the look before `growing`: a checksum of every block of the file here, then the new bytes"),
+    ]  # fmt: skip
     worst = max(lags)
     note = (
         f"{len(lags)} lines; a look every {EVERY_S:.0f} s; the job copying small files every {LIVE_COPY_S} s"

@@ -782,7 +782,9 @@ def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project
         def run(self, command, *, what, hint=""):
             return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
 
-        def download(self, remote_path: str, local: Path, *, in_place: bool = False) -> ssh.Transfer:
+        def download(
+            self, remote_path: str, local: Path, *, in_place: bool = False, growing=()
+        ) -> ssh.Transfer:
             downloaded.append(remote_path)
             return ssh.Transfer(1, 10)
 
@@ -1173,7 +1175,9 @@ def test_watch_of_a_sweep_says_each_tasks_figures_named(project, tmp_path: Path)
         def run(self, command, *, what, hint=""):
             return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
 
-        def download(self, remote_path: str, local: Path, *, in_place: bool = False) -> ssh.Transfer:
+        def download(
+            self, remote_path: str, local: Path, *, in_place: bool = False, growing=()
+        ) -> ssh.Transfer:
             shutil.copytree(remote_path, local, dirs_exist_ok=True)
             return ssh.Transfer(1, 10)
 

@@ -154,7 +154,7 @@ class Job:
         second fetch brings only what is new); what came is said in bytes. The folder.
 
         With ``follow``, fetched again every ``every_s`` (10 s) while it runs (what the job has copied:
-        its small files that changed, every half minute; everything, every `sync_every`), each new
+        its small files that changed, every 10 s; everything, every `sync_every`), each new
         line of its metrics said as figures to ``on_line``, until it ends and its last results came:
         TensorBoard, pointed at the folder, draws its curves as it trains."""
         from hpcbox import jobs

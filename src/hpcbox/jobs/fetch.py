@@ -71,9 +71,12 @@ def fetch(
     return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
 
 
-# How often `fetch --follow` brings home what the job copied: the job copies its small files every half
-# minute at most (render.sbatch.LIVE_COPY_S), so a few looks a copy.
+# How often `fetch --follow` brings home what the job copied: the job copies its small files as often at
+# most (render.sbatch.LIVE_COPY_S).
 FOLLOW_EVERY_S = 10.0
+# The files a job's tools only ever append to (TensorBoard's event files, the trainer's metrics, W&B's
+# run files): a look while the job runs brings only their new bytes. The fetch at its end checks all.
+GROWING = ("events.out.tfevents.*", "*.jsonl", "*.wandb")
 
 
 def fetch_following(
@@ -87,7 +90,7 @@ def fetch_following(
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[Path, ssh.Transfer]:
     """The job's results home as it runs: its run folder fetched every ``every_s`` (what the job has
-    copied there: its small files that changed, every half minute at most, and everything at each
+    copied there: its small files that changed, every 10 s at most, and everything at each
     `sync_every`), each new line of its metrics.jsonl (a sweep's: each task's, named) said to ``on_line``
     as figures, until ``ended``
     says it has; then fetched once more, with its logs. A fetch that finds nothing new sends a file
@@ -109,7 +112,7 @@ def fetch_following(
                     f"`hpcbox status -j {record.run}` says how it ended",
                 ) from None
         elif copied or (copied := has_results(connection, record)):
-            last = connection.download(f"{record.run_dir}/", local, in_place=True)
+            last = connection.download(f"{record.run_dir}/", local, in_place=True, growing=GROWING)
         else:
             last = ssh.Transfer(0, 0)
         sent, received = sent + last.sent, received + last.received

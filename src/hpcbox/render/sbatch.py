@@ -52,8 +52,10 @@ SUBMISSION_FILE = ".hpcbox-submission"
 GPU_SAMPLE_INTERVAL_S = 30
 # While the job runs, the small files that changed (each under LIVE_FILE_KIB: logs, metrics, curves)
 # reach the run folder between the whole copies (sync_every), for `hpcbox watch`: four times as often,
-# and every LIVE_COPY_S at least.
-LIVE_COPY_S = 30
+# and every LIVE_COPY_S at least, the watch's own interval (FOLLOW_EVERY_S): a step then shows here
+# within two looks (at 30 s, the median line took 1.5 to 2.2 looks: bench/results/watch.json's history
+# in the CHANGELOG).
+LIVE_COPY_S = 10
 LIVE_FILE_KIB = 16384
 # What a process started by srun learns of its place in the job (MPI and most launchers read these).
 SLURM_TASK_IDENTITY = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS")

@@ -97,7 +97,9 @@ class MockConnection:
             sent += path.stat().st_size
         return Transfer(sent=sent, received=0, literal=sent)
 
-    def download(self, remote_path: str, local: Path, *, in_place: bool = False) -> Transfer:
+    def download(
+        self, remote_path: str, local: Path, *, in_place: bool = False, **_options: object
+    ) -> Transfer:
         folder = remote_path.rstrip("/") + "/"
         found = {path: data for path, data in self.transport.files.items() if path.startswith(folder)}
         for path, data in found.items():

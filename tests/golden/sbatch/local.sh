@@ -301,7 +301,7 @@ fi
 
 # Checkpoints and results reach shared storage every 600 s while the job runs, not only
 # when it ends: a node that dies takes its scratch and this shell's exit trap with it, and the requeued
-# job resumes from the last copy. Between those copies, every 30 s, the small files that changed
+# job resumes from the last copy. Between those copies, every 10 s, the small files that changed
 # (under 16384 KiB each: logs, metrics, curves) go too, so that `hpcbox watch` shows the run as it
 # goes at the cost of those files alone. A copy under way when the job ends is finished first
 # (clean_up).
@@ -324,12 +324,12 @@ copy_recent() {
     trap 'stop=1; [[ -z $sleeper ]] || kill "$sleeper" 2>/dev/null' TERM
     trap '' USR1
     while [[ -z $stop ]]; do
-        sleep 30 &
+        sleep 10 &
         sleeper=$!
         wait "$sleeper" || true
         sleeper=""
         [[ -z $stop ]] || break
-        since_s=$((since_s + 30))
+        since_s=$((since_s + 10))
         if (( since_s >= 600 )); then
             since_s=0
             copy_back || echo "hpcbox: copying results to $run_dir failed; again in 600 s" >&2
