@@ -1188,3 +1188,50 @@ def test_watch_of_a_sweep_says_each_tasks_figures_named(project, tmp_path: Path)
     said: list[str] = []
     jobs.fetch_following(Here(), project, job, lambda: True, on_line=said.append, sleep=lambda _: None)
     assert said == ["task 0: epoch 1 step 5: loss 0.5", "task 1: epoch 1 step 5: loss 0.25"]
+
+
+def test_watch_rides_out_a_login_node_that_stops_answering_and_ends_with_the_job(project, tmp_path: Path):
+    """A look whose rsync or Slurm finds the login node silent is taken again at the next look (the job
+    runs on meanwhile), as a wait rides it out; what came meanwhile is said once it answers."""
+    remote = tmp_path / "remote" / "runs" / "7"
+    remote.mkdir(parents=True)
+    (remote / "metrics.jsonl").write_text('{"event": "step", "epoch": 1, "step": 5, "loss": 2}\n')
+    silent = ssh.Unreachable("cannot download: ssh: connect to host login port 22: Connection timed out")
+    downloads: list[str] = []
+
+    class Here:
+        def run(self, command, *, what, hint=""):
+            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+
+        def download(self, remote_path: str, local: Path, *, in_place: bool = False, growing=()):
+            downloads.append(remote_path)
+            if len(downloads) in (2, 3):
+                raise silent
+            shutil.copytree(remote_path, local, dirs_exist_ok=True)
+            return ssh.Transfer(1, 10)
+
+        def download_files(self, remote_files, local: Path) -> ssh.Transfer:
+            return ssh.Transfer(0, 0)
+
+    looks = iter([False, False, False, False, True])
+    job = dataclasses.replace(record("7"), run_dir=str(remote), log=str(tmp_path / "none-*.out"))
+    said: list[str] = []
+    slept: list[float] = []
+    jobs.fetch_following(Here(), project, job, lambda: next(looks), on_line=said.append, sleep=slept.append)
+    assert len(downloads) == 5 and slept == [10.0] * 4  # two looks lost, then on to the end
+    assert said == ["epoch 1 step 5: loss 2"]
+
+
+def test_watch_gives_up_on_a_login_node_silent_past_the_bound_saying_the_job_runs_on(
+    project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr("hpcbox.tools.slurm.UNREACHABLE_S", 0)
+
+    class Silent:
+        def run(self, command, *, what, hint=""):
+            raise ssh.Unreachable("cannot look: ssh: connect to host login port 22: Connection timed out")
+
+    with pytest.raises(ssh.Unreachable) as lost:
+        jobs.fetch_following(Silent(), project, record("7"), lambda: False, sleep=lambda _: time.sleep(0.01))
+    assert lost.value.message.startswith("job 7: no answer for 0 min while watching it (cannot look: ")
+    assert lost.value.message.endswith("); the job runs on there")

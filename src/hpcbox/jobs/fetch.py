@@ -94,27 +94,42 @@ def fetch_following(
     `sync_every`), each new line of its metrics.jsonl (a sweep's: each task's, named) said to ``on_line``
     as figures, until ``ended``
     says it has; then fetched once more, with its logs. A fetch that finds nothing new sends a file
-    list and nothing else."""
+    list and nothing else. A login node that stops answering is looked at again each ``every_s``, as a
+    wait rides it out (`tools.slurm.poll`, up to UNREACHABLE_S); the job runs on meanwhile."""
     local = local_run_dir(project, record)
     said: dict[Path, int] = {}  # bytes of each metrics.jsonl said (a sweep's: one a task)
     sent = received = 0
     copied = False  # the job has copied something to its run folder: fetch it, no need to look first
+    lost_since: float | None = None
     while True:
-        finished = ended()
-        # In place: TensorBoard, holding the event files open, sees what each fetch appends.
-        if finished:
-            try:
-                local, last = fetch(connection, project, record, in_place=True)
-            except NoResults:
-                raise NoResults(
-                    f"job {record.run} ended before it copied anything back (cancelled or failed while it "
-                    "waited or staged)",
-                    f"`hpcbox status -j {record.run}` says how it ended",
-                ) from None
-        elif copied or (copied := has_results(connection, record)):
-            last = connection.download(f"{record.run_dir}/", local, in_place=True, growing=GROWING)
-        else:
-            last = ssh.Transfer(0, 0)
+        try:
+            finished = ended()
+            # In place: TensorBoard, holding the event files open, sees what each fetch appends.
+            if finished:
+                try:
+                    local, last = fetch(connection, project, record, in_place=True)
+                except NoResults:
+                    raise NoResults(
+                        f"job {record.run} ended before it copied anything back (cancelled or failed while "
+                        "it waited or staged)",
+                        f"`hpcbox status -j {record.run}` says how it ended",
+                    ) from None
+            elif copied or (copied := has_results(connection, record)):
+                last = connection.download(f"{record.run_dir}/", local, in_place=True, growing=GROWING)
+            else:
+                last = ssh.Transfer(0, 0)
+        except ssh.Unreachable as lost:
+            lost_since = time.monotonic() if lost_since is None else lost_since
+            if time.monotonic() - lost_since > slurm.UNREACHABLE_S:
+                raise ssh.Unreachable(
+                    f"job {record.run}: no answer for {slurm.UNREACHABLE_S // 60} min while watching it "
+                    f"({lost.message}); the job runs on there",
+                    lost.hint or "watch it again once the login node answers",
+                    lost.details,
+                ) from lost
+            sleep(every_s)
+            continue
+        lost_since = None
         sent, received = sent + last.sent, received + last.received
         for metrics in (
             sorted(local.glob("*/metrics.jsonl")) if record.is_array else [local / "metrics.jsonl"]

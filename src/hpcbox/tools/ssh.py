@@ -462,16 +462,23 @@ class Connection:
         argv = [rsync, "--archive", "--partial", "--stats", "--rsh", shell, *extra]
         if on_progress is not None:
             argv.append("--info=progress2")
-        lines = proc.stream(
-            [*argv, *sources, destination],
-            what=what,
-            hint=RSYNC_HINT,
-            on_line=lambda line: on_progress(line.strip()) if on_progress and "%" in line else None,
-            tail_lines=40,
-            carriage_returns=True,
-            timeout_s=self._limit(),
-            passing=passing,
-        )
+        try:
+            lines = proc.stream(
+                [*argv, *sources, destination],
+                what=what,
+                hint=RSYNC_HINT,
+                on_line=lambda line: on_progress(line.strip()) if on_progress and "%" in line else None,
+                tail_lines=40,
+                carriage_returns=True,
+                timeout_s=self._limit(),
+                passing=passing,
+            )
+        except proc.TimedOut:
+            raise
+        except HpcboxError as failed:  # rsync's ssh lost the login node: as `run` says it
+            if not_answering(f"{failed.message}\n{failed.details}"):
+                raise Unreachable(failed.message, self._hint(), failed.details) from failed
+            raise
         return parse_rsync_stats(lines)
 
     def upload(
