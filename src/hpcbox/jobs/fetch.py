@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import time
@@ -68,7 +69,7 @@ def fetch(
     logs = [log for log in listed.stdout.splitlines() if log]
     if logs:  # one transfer for them all: an array's logs are one a task
         transfers.append(connection.download_files(logs, local))
-    return local, ssh.Transfer(sum(t.sent for t in transfers), sum(t.received for t in transfers))
+    return local, sum(transfers, ssh.Transfer(0, 0))
 
 
 # How often `fetch --follow` brings home what the job copied: the job copies its small files as often at
@@ -92,53 +93,52 @@ def fetch_following(
     """The job's results home as it runs: its run folder fetched every ``every_s`` (what the job has
     copied there: its small files that changed, every 10 s at most, and everything at each
     `sync_every`), each new line of its metrics.jsonl (a sweep's: each task's, named) said to ``on_line``
-    as figures, until ``ended``
-    says it has; then fetched once more, with its logs. A fetch that finds nothing new sends a file
-    list and nothing else. A login node that stops answering is looked at again each ``every_s``, as a
-    wait rides it out (`tools.slurm.poll`, up to UNREACHABLE_S); the job runs on meanwhile."""
+    as figures, until ``ended`` says it has; then fetched once more, with its logs. A fetch that finds
+    nothing new sends a file list and nothing else. A login node that stops answering is looked at
+    again each ``every_s``, borne as a wait bears it (`tools.slurm.Silence`); the job runs on meanwhile."""
     local = local_run_dir(project, record)
     said: dict[Path, int] = {}  # bytes of each metrics.jsonl said (a sweep's: one a task)
-    sent = received = 0
+    moved = ssh.Transfer(0, 0)
     copied = False  # the job has copied something to its run folder: fetch it, no need to look first
-    lost_since: float | None = None
+    silence = slurm.Silence()
     while True:
         try:
             finished = ended()
             # In place: TensorBoard, holding the event files open, sees what each fetch appends.
             if finished:
-                try:
-                    local, last = fetch(connection, project, record, in_place=True)
-                except NoResults:
-                    raise NoResults(
-                        f"job {record.run} ended before it copied anything back (cancelled or failed while "
-                        "it waited or staged)",
-                        f"`hpcbox status -j {record.run}` says how it ended",
-                    ) from None
+                local, last = _fetch_ended(connection, project, record)
             elif copied or (copied := has_results(connection, record)):
                 last = connection.download(f"{record.run_dir}/", local, in_place=True, growing=GROWING)
             else:
                 last = ssh.Transfer(0, 0)
         except ssh.Unreachable as lost:
-            lost_since = time.monotonic() if lost_since is None else lost_since
-            if time.monotonic() - lost_since > slurm.UNREACHABLE_S:
-                raise ssh.Unreachable(
-                    f"job {record.run}: no answer for {slurm.UNREACHABLE_S // 60} min while watching it "
-                    f"({lost.message}); the job runs on there",
-                    lost.hint or "watch it again once the login node answers",
-                    lost.details,
-                ) from lost
+            silence.bear(lost, record.run, "watching it", "watch it again", math.inf)
             sleep(every_s)
             continue
-        lost_since = None
-        sent, received = sent + last.sent, received + last.received
+        silence.heard()
+        moved += last
         for metrics in (
             sorted(local.glob("*/metrics.jsonl")) if record.is_array else [local / "metrics.jsonl"]
         ):
             task = f"task {metrics.parent.name}: " if record.is_array else ""
             said[metrics] = _say_new_figures(metrics, said.get(metrics, 0), on_line, prefix=task)
         if finished:
-            return local, ssh.Transfer(sent, received)
+            return local, moved
         sleep(every_s)
+
+
+def _fetch_ended(
+    connection: ssh.Connection, project: ProjectConfig, record: JobRecord
+) -> tuple[Path, ssh.Transfer]:
+    """The last fetch of a job watched, once it has ended; one that ended with nothing copied, said so."""
+    try:
+        return fetch(connection, project, record, in_place=True)
+    except NoResults:
+        raise NoResults(
+            f"job {record.run} ended before it copied anything back (cancelled or failed while it waited "
+            "or staged)",
+            f"`hpcbox status -j {record.run}` says how it ended",
+        ) from None
 
 
 def _say_new_figures(metrics: Path, said: int, on_line: Callable[[str], None], *, prefix: str = "") -> int:

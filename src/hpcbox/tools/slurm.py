@@ -543,6 +543,31 @@ LOOK_SHARE = 0.1
 UNREACHABLE_S = 15 * 60
 
 
+class Silence:
+    """The login node's silence while a job is followed (`poll`'s waits, the watch's fetches): each
+    `Unreachable` borne until UNREACHABLE_S (or the caller's deadline) have passed since the first of a
+    row, then said in one line; an answer between ends the row."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    def heard(self) -> None:
+        self._since = None
+
+    def bear(self, lost: ssh.Unreachable, job_id: str, doing: str, again: str, deadline: float) -> None:
+        """Return (ask again) while the silence is within its bound; else raise, saying for how long,
+        while ``doing`` what, and to do ``again`` once the login node answers."""
+        now = time.monotonic()
+        self._since = now if self._since is None else self._since
+        if now - self._since > UNREACHABLE_S or now > deadline:
+            raise ssh.Unreachable(
+                f"job {job_id}: no answer for {(now - self._since) / 60:.0f} min while {doing} "
+                f"({lost.message}); the job runs on there",
+                lost.hint or f"{again} once the login node answers",
+                lost.details,
+            ) from lost
+
+
 def poll(
     read: Callable[[], JobState],
     job_id: str,
@@ -565,7 +590,7 @@ def poll(
     started = time.monotonic()
     deadline = started + timeout_s
     last = None
-    lost_since: float | None = None
+    silence = Silence()
     while True:
         try:
             found = read()
@@ -577,18 +602,10 @@ def poll(
             continue
         except ssh.Unreachable as lost:
             # The job runs on without us: asked again, up to UNREACHABLE_S, before the wait gives up.
-            now = time.monotonic()
-            lost_since = now if lost_since is None else lost_since
-            if now - lost_since > UNREACHABLE_S or now > deadline:
-                raise ssh.Unreachable(
-                    f"job {job_id}: no answer for {(now - lost_since) / 60:.0f} min while waiting on it "
-                    f"({lost.message}); the job runs on there",
-                    lost.hint or "wait on it again once the login node answers",
-                    lost.details,
-                ) from lost
+            silence.bear(lost, job_id, "waiting on it", "wait on it again", deadline)
             pause()
             continue
-        lost_since = None
+        silence.heard()
         if on_change is not None and (found.state, found.reason) != last:
             on_change(found)
         last = (found.state, found.reason)

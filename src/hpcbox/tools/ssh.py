@@ -183,6 +183,15 @@ class Transfer:
     literal: int = 0
     matched: int = 0
 
+    def __add__(self, other: Transfer) -> Transfer:
+        """Two transfers' bytes together (several rsyncs of one fetch or watch)."""
+        return Transfer(
+            self.sent + other.sent,
+            self.received + other.received,
+            self.literal + other.literal,
+            self.matched + other.matched,
+        )
+
 
 _STAT = re.compile(
     r"^(Total bytes sent|Total bytes received|Literal data|Matched data): ([\d,]+)", re.MULTILINE
@@ -579,12 +588,7 @@ class Connection:
             extra=[*(f"--exclude={name}" for name in growing), *(["--inplace"] if in_place else [])],
             passing=(0, RSYNC_VANISHED),
         )
-        return Transfer(
-            appended.sent + rest.sent,
-            appended.received + rest.received,
-            appended.literal + rest.literal,
-            appended.matched + rest.matched,
-        )
+        return appended + rest
 
     def download_files(self, remote_files: Sequence[str], local: Path) -> Transfer:
         """rsync the files ``remote_files`` (absolute paths) into ``local``, side by side, in one transfer
