@@ -12,18 +12,14 @@ without an upload beside it), in turn; each job is cancelled once measured. Medi
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchkit import copy_project, free_port
+from benchkit import free_port, submitting_project
 from hpcbox import api, minicluster
-from hpcbox.build.image import build_image, record_image
-from hpcbox.cli.demo import make_dataset
-from hpcbox.project.config import load_project
 
 ROUNDS = 11  # a race and a submit alone differ by tens of milliseconds: the median of many
 ARGS = ("--epochs", "1000")
@@ -51,13 +47,7 @@ def _idle(cluster: minicluster.Cluster, blockers: int = 0) -> None:
 def run() -> list[dict]:
     quiet = lambda _line: None  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="hpcbox-bench-race-") as work:
-        root = copy_project(Path(work) / "project")
-        project = load_project(root)
-        state = root / ".hpcbox" / "cluster"
-        os.environ.update({"HPCBOX_CACHE": str(Path(work) / "cache"), "HPCBOX_MINICLUSTER_STATE": str(state)})
-        image = build_image(project, flavour="cpu", offline=True, say=quiet, on_line=quiet)
-        record_image(project, image)
-        data = make_dataset(project, image.ref, say=quiet)
+        project, state, data = submitting_project(Path(work))
         name = f"hpcboxbench-{uuid.uuid4().hex[:8]}"
         specs = [
             minicluster.ClusterSpec(name=f"{name}-{role}", port=free_port()) for role in ("idle", "busy")

@@ -16,19 +16,15 @@ its own.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from benchkit import copy_project, free_port
+from benchkit import free_port, submitting_project
 from hpcbox import api, minicluster
-from hpcbox.build.image import build_image, record_image
-from hpcbox.cli.demo import make_dataset
 from hpcbox.jobs.fetch import GROWING
-from hpcbox.project.config import load_project
 from hpcbox.render.sbatch import LIVE_COPY_S
 from hpcbox.tools import ssh
 
@@ -43,13 +39,7 @@ ARGS = ("--epochs", "4", "--steps-per-epoch", "20", "--step-pause", "1", "--work
 def run() -> list[dict]:
     quiet = lambda _line: None  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="hpcbox-bench-watch-") as work:
-        root = copy_project(Path(work) / "project")
-        project = load_project(root)
-        state = root / ".hpcbox" / "cluster"
-        os.environ.update({"HPCBOX_CACHE": str(Path(work) / "cache"), "HPCBOX_MINICLUSTER_STATE": str(state)})
-        image = build_image(project, flavour="cpu", offline=True, say=quiet, on_line=quiet)
-        record_image(project, image)
-        data = make_dataset(project, image.ref, say=quiet)
+        project, state, data = submitting_project(Path(work))
         spec = minicluster.ClusterSpec(name=f"hpcboxbench-{uuid.uuid4().hex[:8]}", port=free_port())
         try:
             cluster = minicluster.up(spec, state)

@@ -1,27 +1,25 @@
 """What several benchmarks share: a free port for a mini cluster's login, a copy of this repository's
-project to build and change, the floor of a SIF conversion (`docker export` read to the end), and the
-build cache of the cuda environments a benchmark builds, removed again."""
+project to build and change (or to submit from, its environment built and its dataset made), the floor
+of a SIF conversion (`docker export` read to the end), and the build cache of the cuda environments a
+benchmark builds, removed again."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
+from hpcbox.build.image import build_image, record_image
+from hpcbox.cli.demo import make_dataset
+from hpcbox.project.config import ProjectConfig, load_project
 from hpcbox.sif.rootfs import exported
 from hpcbox.tools import docker
+from hpcbox.tools.proc import free_local_port as free_port  # noqa: F401 (the benchmarks take it from here)
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT_FILES = ("pyproject.toml", "docker", "src/hpctrain")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def copy_project(into: Path) -> Path:
@@ -35,6 +33,19 @@ def copy_project(into: Path) -> Path:
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, into / name)
     return into
+
+
+def submitting_project(work: Path) -> tuple[ProjectConfig, Path, Path]:
+    """A copy of this repository's project in ``work`` as a benchmark submits from it: its cpu
+    environment built offline and recorded, its dataset made, and this process's SIF cache and mini
+    clusters' state inside ``work``. The project, its mini clusters' state folder, the dataset."""
+    quiet = lambda _line: None  # noqa: E731
+    project = load_project(copy_project(work / "project"))
+    state = project.root / ".hpcbox" / "cluster"
+    os.environ.update({"HPCBOX_CACHE": str(work / "cache"), "HPCBOX_MINICLUSTER_STATE": str(state)})
+    image = build_image(project, flavour="cpu", offline=True, say=quiet, on_line=quiet)
+    record_image(project, image)
+    return project, state, make_dataset(project, image.ref, say=quiet)
 
 
 def export_seconds(image: str) -> float:

@@ -493,13 +493,9 @@ def test_a_wait_rides_out_a_login_node_that_stops_answering_then_says_so_in_one_
 
 def test_a_login_node_that_does_not_answer_is_unreachable_and_one_that_refuses_is_not(tmp_path: Path):
     """Real ssh, to a port here nothing listens on: Unreachable, which a wait rides out."""
-    import socket
+    from hpcbox.tools import proc, ssh
 
-    from hpcbox.tools import ssh
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again once the block ends: nothing listens there
+    port = proc.free_local_port()  # nothing listens there
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("")
     target = ssh.Target("127.0.0.1", port, "nobody", key_path=tmp_path / "key", known_hosts=known_hosts)

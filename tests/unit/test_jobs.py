@@ -1145,17 +1145,30 @@ def test_watch_says_a_line_once_and_one_still_being_copied_when_it_is_whole(tmp_
     assert said == ["epoch 1 step 5: loss 2", "epoch 1 step 10: loss 1"]
 
 
+class ThisMachine:
+    """A login node that is this machine: its shell runs the commands, and its folders and files are
+    copied where a download puts them."""
+
+    def run(self, command, *, what, hint=""):
+        return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+
+    def download(self, remote_path: str, local: Path, *, in_place: bool = False, growing=()) -> ssh.Transfer:
+        shutil.copytree(remote_path, local, dirs_exist_ok=True)
+        return ssh.Transfer(1, 10)
+
+    def download_files(self, remote_files, local: Path) -> ssh.Transfer:
+        for path in remote_files:
+            shutil.copy2(path, local / Path(path).name)
+        return ssh.Transfer(0, 0)
+
+
 def test_watch_of_a_job_that_ended_before_it_copied_anything_says_so(project, tmp_path: Path):
     """Found as a user: a job cancelled while it waited, watched, ended with "no results yet" and a hint
     to look at its status, as if it might still come."""
 
-    class Here:
-        def run(self, command, *, what, hint=""):
-            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-
     job = dataclasses.replace(record("7"), run_dir=str(tmp_path / "never-made"))
     with pytest.raises(HpcboxError) as refused:
-        jobs.fetch_following(Here(), project, job, lambda: True, sleep=lambda _: None)
+        jobs.fetch_following(ThisMachine(), project, job, lambda: True, sleep=lambda _: None)
     assert refused.value.message == (
         "job 7 ended before it copied anything back (cancelled or failed while it waited or staged)"
     )
@@ -1171,22 +1184,12 @@ def test_watch_of_a_sweep_says_each_tasks_figures_named(project, tmp_path: Path)
             f'{{"event": "step", "epoch": 1, "step": 5, "loss": {loss}}}\n'
         )
 
-    class Here:
-        def run(self, command, *, what, hint=""):
-            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-
-        def download(
-            self, remote_path: str, local: Path, *, in_place: bool = False, growing=()
-        ) -> ssh.Transfer:
-            shutil.copytree(remote_path, local, dirs_exist_ok=True)
-            return ssh.Transfer(1, 10)
-
     job = dataclasses.replace(
         record("4"), run_dir=str(remote), log=str(tmp_path / "none-*.out"), resources={"array": "0-1"},
         sweep=(("--lr", "1"), ("--lr", "2")),
     )  # fmt: skip
     said: list[str] = []
-    jobs.fetch_following(Here(), project, job, lambda: True, on_line=said.append, sleep=lambda _: None)
+    jobs.fetch_following(ThisMachine(), project, job, lambda: True, on_line=said.append, sleep=lambda _: None)
     assert said == ["task 0: epoch 1 step 5: loss 0.5", "task 1: epoch 1 step 5: loss 0.25"]
 
 
@@ -1199,19 +1202,12 @@ def test_watch_rides_out_a_login_node_that_stops_answering_and_ends_with_the_job
     silent = ssh.Unreachable("cannot download: ssh: connect to host login port 22: Connection timed out")
     downloads: list[str] = []
 
-    class Here:
-        def run(self, command, *, what, hint=""):
-            return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-
-        def download(self, remote_path: str, local: Path, *, in_place: bool = False, growing=()):
+    class Here(ThisMachine):
+        def download(self, remote_path: str, local: Path, **options) -> ssh.Transfer:
             downloads.append(remote_path)
             if len(downloads) in (2, 3):
                 raise silent
-            shutil.copytree(remote_path, local, dirs_exist_ok=True)
-            return ssh.Transfer(1, 10)
-
-        def download_files(self, remote_files, local: Path) -> ssh.Transfer:
-            return ssh.Transfer(0, 0)
+            return super().download(remote_path, local, **options)
 
     looks = iter([False, False, False, False, True])
     job = dataclasses.replace(record("7"), run_dir=str(remote), log=str(tmp_path / "none-*.out"))
