@@ -1,10 +1,11 @@
 """What `hpcbox watch` costs a look, and how long after a step it shows it, on an idle mini cluster of
 its own.
 
-- A look that finds nothing new: the watch's fetch of a run folder (`Connection.download(...,
-  in_place=True, growing=GROWING)`, what each look does) once the folder is home, for folders of 10,
-  100 and 1,000 files of 1 MB; its seconds beside the floor (one command over the same SSH master:
-  `true`) and its bytes over the wire. ROUNDS looks each, medians.
+- A look that finds nothing new: the watch's look at a run folder (`jobs.fetch_changed`, what each look
+  does: a digest of the folder's listing, and rsync where it changed) once the folder is home, for
+  folders of 10, 100 and 1,000 files of 1 MB; its seconds beside the floor (one command over the same
+  SSH master: `true`) and its bytes over the wire (the command lines and their answers, rsync's own
+  count of its sessions). ROUNDS looks each, medians.
 - A look after an event file grew by APPENDED bytes (a 20 MB file, as TensorBoard's): the bytes over
   the wire against those appended; and rsync's delta of the same file (the look before `growing`).
 - The lag: a real trainer job watched as `hpcbox watch` does (`Job.fetch(follow=True)`, a look every
@@ -23,7 +24,7 @@ import uuid
 from pathlib import Path
 
 from benchkit import free_port, submitting_project
-from hpcbox import api, minicluster
+from hpcbox import api, jobs, minicluster
 from hpcbox.jobs.fetch import GROWING
 from hpcbox.render.sbatch import LIVE_COPY_S
 from hpcbox.tools import ssh
@@ -60,15 +61,17 @@ def _looks(connection: ssh.Connection, home: Path) -> dict[str, list[float]]:
         remote, local = f"bench-watch-{files}", home / str(files)
         fill = f"for i in $(seq {files}); do head -c 1048576 /dev/urandom > {remote}/$i; done"
         connection.run(f"mkdir -p {remote} && {fill}", what="make a run folder")
-        connection.download(f"{remote}/", local, in_place=True)  # home once, as the watch's first look
+        seen, _ = jobs.fetch_changed(connection, remote, local, None)  # home once, as the watch's first look
         for _ in range(ROUNDS):
             started = time.perf_counter()
             connection.run("true", what="the floor")
             measured["floor"].append(time.perf_counter() - started)
+            counted = Counted(connection)
             started = time.perf_counter()
-            moved = connection.download(f"{remote}/", local, in_place=True, growing=GROWING)
+            jobs.fetch_changed(counted, remote, local, seen)
             measured.setdefault(f"look {files}", []).append(time.perf_counter() - started)
-            measured.setdefault(f"bytes {files}", []).append(moved.sent + moved.received)
+            measured.setdefault(f"bytes {files}", []).append(counted.bytes)
+            measured.setdefault("calls", []).append(counted.calls)
     events = "bench-watch-events/events.out.tfevents.1796554314.node1.344.0"  # as the trainer names one
     connection.run(f"mkdir -p bench-watch-events && head -c 20971520 /dev/urandom > {events}", what="events")
     connection.download("bench-watch-events/", home / "events", in_place=True)
@@ -81,6 +84,26 @@ def _looks(connection: ssh.Connection, home: Path) -> dict[str, list[float]]:
             measured.setdefault(kind, []).append(moved.sent + moved.received)
     connection.run("rm -rf bench-watch-*", what="tidy")
     return measured
+
+
+class Counted:
+    """A connection's commands and downloads, their bytes counted: each command's line and answer, and
+    rsync's own count of what it sent and received."""
+
+    def __init__(self, connection: ssh.Connection) -> None:
+        self.connection, self.bytes, self.calls = connection, 0, 0
+
+    def run(self, command: str, **options):
+        done = self.connection.run(command, **options)
+        self.bytes += len(command) + len(done.stdout) + len(done.stderr)
+        self.calls += 1
+        return done
+
+    def download(self, remote_path: str, local: Path, **options) -> ssh.Transfer:
+        moved = self.connection.download(remote_path, local, **options)
+        self.bytes += moved.sent + moved.received
+        self.calls += 1  # a download is one or two rsyncs of several round trips each: counted once
+        return moved
 
 
 def _lags(site: api.Site, data: Path) -> list[float]:
@@ -104,6 +127,10 @@ def _rows(looks: dict[str, list[float]], lags: list[float]) -> list[dict]:
                  f"{statistics.median(looks[f'bytes {files}']):,.0f} bytes over the wire; median of {ROUNDS}")
         )  # fmt: skip
         rows.append(_row(f"a look, {files} files / floor", seconds / floor, "ratio", "", ""))
+    rows.append(
+        _row("a look finding nothing new: calls over the master, the most of any", max(looks["calls"]),
+             "calls", "<= 1", "each command and each download one (a download: rsyncs, several round trips)")
+    )  # fmt: skip
     appended, delta = statistics.median(looks["appended"]), statistics.median(looks["delta"])
     rows += [
         _row(f"a look after {APPENDED:,} bytes appended to a 20 MB event file: bytes over the wire", appended,

@@ -43,6 +43,7 @@ def main():
     parser.add_argument("--data", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--factor", type=float, default=1.0)
+    parser.add_argument("--track", action="store_true", help="log its steps to W&B and MLflow")
     args = parser.parse_args()
     # Its data where a dataset was staged; without one (an empty folder), numbers of its own.
     given = args.data / "numbers.txt"
@@ -51,6 +52,23 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "result.json").write_text(json.dumps(result))
     print(tabulate([[key, value] for key, value in result.items()]))
+    if args.track:
+        track(result["mean"], args.factor)
+
+
+def track(mean, factor):
+    # Five steps logged to W&B (offline: no account) and to MLflow, each by its own library, where
+    # the job's environment says (WANDB_DIR, MLFLOW_TRACKING_URI).
+    import mlflow
+    import wandb
+
+    run = wandb.init(project="mean-project", mode="offline", config={"factor": factor})
+    with mlflow.start_run(run_name="mean"):
+        mlflow.log_param("factor", factor)
+        for step in range(5):
+            run.log({"loss": mean / (step + 1)}, step=step)
+            mlflow.log_metric("loss", mean / (step + 1), step=step)
+    run.finish()
 
 
 if __name__ == "__main__":
@@ -107,6 +125,33 @@ if __name__ == "__main__":
 """
 
 
+# W&B's and MLflow's own readers (`wandb leet inspect`, MlflowClient) over the runs a job wrote, as they
+# came home: run in the project's own environment image with no network, as on a laptop offline. Each
+# run's losses by step, and MLflow's parameter.
+READ_TRACKED = """\
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+
+home = Path(sys.argv[1])
+(run_file,) = home.glob("wandb/offline-run-*/run-*.wandb")
+records = subprocess.run(
+    ["wandb", "leet", "inspect", "--json", str(run_file)], capture_output=True, text=True, check=True
+).stdout.splitlines()
+histories = [json.loads(line)["history"]["item"] for line in records if '"type":"history"' in line]
+client = mlflow.MlflowClient(tracking_uri=(home / "mlruns").as_uri())
+(run,) = client.search_runs(["0"])
+print(json.dumps({
+    "wandb": {item["_step"]: item["loss"] for item in histories},
+    "mlflow": {metric.step: metric.value for metric in client.get_metric_history(run.info.run_id, "loss")},
+    "factor": run.data.params["factor"],
+}))
+"""
+
+
 @dataclass(frozen=True)
 class OwnProject:
     root: Path
@@ -127,7 +172,10 @@ def own_project(run_id: str, minicluster, minicluster_state: Path, tmp_path_fact
     (root / "conf" / "config.yaml").write_text("lr: 0.1\nfactor: 10\n")
     (root / "scaling.py").write_text("def scale(value, factor):\n    return value * factor\n")
     # hydra-core's antlr4-python3-runtime is on PyPI as source alone: built in the image's builder stage.
-    (root / "requirements.txt").write_text("numpy\ntabulate==0.9.0\nhydra-core==1.3.2\n")
+    # W&B and MLflow: their runs written in a job and read back here (test_wandb_and_mlflow_...).
+    (root / "requirements.txt").write_text(
+        "numpy\ntabulate==0.9.0\nhydra-core==1.3.2\nwandb==0.31.0\nmlflow-skinny==3.18.0\n"
+    )
     (root / "data" / "numbers.txt").write_text("1\n2\n3\n4\n")
     env = {
         "HPCBOX_IMAGE_REPOSITORY": f"{run_id}/own-project",
@@ -197,6 +245,34 @@ def test_own_project_init_lock_build_submit_fetch(own_project: OwnProject):
     assert status.stdout.startswith(f"job {bare.stdout.split()[-1]}: COMPLETED"), status.stdout
     fetched = Path(hpcbox(project, "fetch", env=env).stdout.strip())
     assert json.loads((fetched / "result.json").read_text())["mean"] == 5.5  # its own numbers, 1 to 10
+
+
+@pytest.mark.cluster
+def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_back_offline(
+    own_project: OwnProject,
+):
+    """Each tracker's run, written by its own library in the job, where hpcbox's job script points it
+    (the output folder: node scratch goes with the job), comes home with `watch` and reads back here
+    with the tracker's own reader and no network: every step's loss, and MLflow's parameter."""
+    project, env = own_project.root, own_project.env
+    submitted = hpcbox(
+        project, "submit", "--cluster=local", "--offline", "--data=data", "--time=10",
+        "--", "--factor", "10", "--track", env=env,
+    )  # fmt: skip
+    job_id = submitted.stdout.strip().splitlines()[-1]
+    watched = hpcbox(project, "watch", "-j", job_id, env=env)
+    home = Path(re.search(r"^hpcbox: results in (.+)$", watched.stderr, re.M)[1])
+    from hpcbox import jobs
+    from hpcbox.project.config import load_project
+
+    record = jobs.Ledger(load_project(project)).find(job_id, "local")
+    read = docker.client().containers.run(
+        record.image, ["python3", "-c", READ_TRACKED, "/home-runs"], network_mode="none", remove=True,
+        volumes={str(home): {"bind": "/home-runs", "mode": "ro"}}, user=f"{os.getuid()}:{os.getgid()}",
+        environment={"HOME": "/tmp", "MLFLOW_ALLOW_FILE_STORE": "true"},
+    )  # fmt: skip
+    losses = {str(step): 25.0 / (step + 1) for step in range(5)}  # the mean of its data, 2.5, times 10
+    assert json.loads(read) == {"wandb": losses, "mlflow": losses, "factor": "10.0"}
 
 
 def multirun(own_project: OwnProject, sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -1210,12 +1210,67 @@ def test_watch_rides_out_a_login_node_that_stops_answering_and_ends_with_the_job
             return super().download(remote_path, local, **options)
 
     looks = iter([False, False, False, False, True])
+
+    def ended() -> bool:  # the job trains on: a line more at each look
+        with (remote / "metrics.jsonl").open("a") as metrics:
+            metrics.write('{"event": "step", "epoch": 1, "step": 10, "loss": 1}\n')
+        return next(looks)
+
     job = dataclasses.replace(record("7"), run_dir=str(remote), log=str(tmp_path / "none-*.out"))
     said: list[str] = []
     slept: list[float] = []
-    jobs.fetch_following(Here(), project, job, lambda: next(looks), on_line=said.append, sleep=slept.append)
+    jobs.fetch_following(Here(), project, job, ended, on_line=said.append, sleep=slept.append)
     assert len(downloads) == 5 and slept == [10.0] * 4  # two looks lost, then on to the end
-    assert said == ["epoch 1 step 5: loss 2"]
+    assert said == ["epoch 1 step 5: loss 2"] + ["epoch 1 step 10: loss 1"] * 5
+
+
+class Counted(ThisMachine):
+    """This machine as the login node, counting the commands run and the downloads made."""
+
+    def __init__(self) -> None:
+        self.commands = self.downloads = 0
+
+    def run(self, command, *, what, hint=""):
+        self.commands += 1
+        return super().run(command, what=what, hint=hint)
+
+    def download(self, remote_path: str, local: Path, **options) -> ssh.Transfer:
+        self.downloads += 1
+        return super().download(remote_path, local, **options)
+
+
+def test_a_watch_look_that_finds_nothing_new_is_one_command_and_no_download(tmp_path: Path):
+    remote, local = tmp_path / "remote", tmp_path / "local"
+    login = Counted()
+    assert jobs.fetch_changed(login, str(remote), local, None) == (None, ssh.Transfer(0, 0))  # not there yet
+    (remote / "logs").mkdir(parents=True)
+    (remote / "metrics.jsonl").write_text("1\n")
+    seen, _ = jobs.fetch_changed(login, str(remote), local, None)
+    assert (local / "metrics.jsonl").read_text() == "1\n" and login.downloads == 1
+    commands = login.commands
+    assert jobs.fetch_changed(login, str(remote), local, seen) == (seen, ssh.Transfer(0, 0))
+    assert (login.commands, login.downloads) == (commands + 1, 1)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda remote: (remote / "metrics.jsonl").write_text("1\n2\n"),  # grown
+        lambda remote: (remote / "logs" / "new.txt").write_text("x"),  # a file added in a folder
+        lambda remote: (remote / "metrics.jsonl").rename(remote / "renamed.jsonl"),
+        lambda remote: os.utime(remote / "metrics.jsonl", ns=(0, 10**9)),  # rewritten to the same size
+    ],
+    ids=["grown", "added", "renamed", "rewritten"],
+)
+def test_a_watch_look_fetches_whatever_changed_in_the_run_folder(tmp_path: Path, change):
+    remote, local = tmp_path / "remote", tmp_path / "local"
+    (remote / "logs").mkdir(parents=True)
+    (remote / "metrics.jsonl").write_text("1\n")
+    login = Counted()
+    seen, _ = jobs.fetch_changed(login, str(remote), local, None)
+    change(remote)
+    now, _ = jobs.fetch_changed(login, str(remote), local, seen)
+    assert now != seen and login.downloads == 2
 
 
 def test_watch_gives_up_on_a_login_node_silent_past_the_bound_saying_the_job_runs_on(

@@ -28,6 +28,7 @@ _DEFINED_IN = {
     "failed_tasks": "follow",
     "FOLLOW_EVERY_S": "fetch",
     "fetch": "fetch",
+    "fetch_changed": "fetch",
     "fetch_following": "fetch",
     "fetched": "fetch",
     "fetched_outcomes": "follow",

@@ -80,6 +80,31 @@ FOLLOW_EVERY_S = 10.0
 GROWING = ("events.out.tfevents.*", "*.jsonl", "*.wandb")
 
 
+def listing_digest(connection: ssh.Connection, remote_dir: str) -> str | None:
+    """A digest of ``remote_dir``'s listing (each entry's path, size and modification time, in one
+    order), made on the login node by one command; None where the folder is not there (yet)."""
+    found = connection.run(
+        f"if cd {shlex.quote(remote_dir)} 2>/dev/null; then "
+        "find . -printf '%P %s %T@\\n' | LC_ALL=C sort | md5sum; fi",
+        what="look at the job's run folder",
+    )
+    return found.stdout.split()[0] if found.stdout.strip() else None
+
+
+def fetch_changed(
+    connection: ssh.Connection, remote_dir: str, local: Path, seen: str | None
+) -> tuple[str | None, ssh.Transfer]:
+    """``remote_dir`` into ``local`` where its listing changed since the look that found ``seen`` (its
+    `listing_digest`): a look that finds nothing new is one command, where rsync's would be two sessions
+    and their file lists; files that grow come as their new bytes (`GROWING`). The digest found now, taken
+    before the download, so that what changes during it is fetched at the next look."""
+    digest = listing_digest(connection, remote_dir)
+    if digest is None or digest == seen:
+        return digest, ssh.Transfer(0, 0)
+    # In place: TensorBoard, holding the event files open, sees what each fetch appends.
+    return digest, connection.download(f"{remote_dir}/", local, in_place=True, growing=GROWING)
+
+
 def fetch_following(
     connection: ssh.Connection,
     project: ProjectConfig,
@@ -93,24 +118,21 @@ def fetch_following(
     """The job's results home as it runs: its run folder fetched every ``every_s`` (what the job has
     copied there: its small files that changed, every 10 s at most, and everything at each
     `sync_every`), each new line of its metrics.jsonl (a sweep's: each task's, named) said to ``on_line``
-    as figures, until ``ended`` says it has; then fetched once more, with its logs. A fetch that finds
-    nothing new sends a file list and nothing else. A login node that stops answering is looked at
+    as figures, until ``ended`` says it has; then fetched once more, with its logs. A look that finds
+    nothing new is one command (`fetch_changed`). A login node that stops answering is looked at
     again each ``every_s``, borne as a wait bears it (`tools.slurm.Silence`); the job runs on meanwhile."""
     local = local_run_dir(project, record)
     said: dict[Path, int] = {}  # bytes of each metrics.jsonl said (a sweep's: one a task)
     moved = ssh.Transfer(0, 0)
-    copied = False  # the job has copied something to its run folder: fetch it, no need to look first
+    seen: str | None = None  # the run folder's listing, as the last look that fetched found it
     silence = slurm.Silence()
     while True:
         try:
             finished = ended()
-            # In place: TensorBoard, holding the event files open, sees what each fetch appends.
             if finished:
                 local, last = _fetch_ended(connection, project, record)
-            elif copied or (copied := has_results(connection, record)):
-                last = connection.download(f"{record.run_dir}/", local, in_place=True, growing=GROWING)
             else:
-                last = ssh.Transfer(0, 0)
+                seen, last = fetch_changed(connection, record.run_dir, local, seen)
         except ssh.Unreachable as lost:
             silence.bear(lost, record.run, "watching it", "watch it again", math.inf)
             sleep(every_s)
