@@ -21,6 +21,7 @@ from hpcbox.survey.doctor import (
     _how_far,
     failed,
     findings,
+    first_look,
     parse_probes,
     probe_commands,
     probing,
@@ -29,6 +30,7 @@ from hpcbox.survey.doctor import (
     stored_sifs,
     try_sifs,
 )
+from hpcbox.testing.transport import MockTransport
 from hpcbox.tools import ssh
 
 PROBES = {
@@ -258,3 +260,19 @@ def test_no_login_shell_by_the_deadline_is_one_line_and_the_site_not_checked():
     assert len(table) == 3 and table[1].split()[:2] == ["fails", "login"]
     assert table[-1] == "the site was not checked: no login shell answered by the doctor's deadline"
     assert failed(found)
+
+
+def test_submit_asks_each_login_of_a_profile_once_whichever_was_asked_last(tmp_path: Path):
+    """Found by bench_race: a race's two mini clusters, both of profile `local`, were asked by turns, each
+    answer remembered in the place of the other's, so every submit to one of them asked again."""
+    local = profiles.load_profile("local")
+    transport = MockTransport(lambda _command: "")
+
+    def first_look_at(host: str) -> list[Finding] | None:
+        with transport(ssh.Target(host)) as connection:
+            return first_look(connection, local, tmp_path, say=lambda _line: None)
+
+    assert first_look_at("login-a") is not None and first_look_at("login-b") is not None
+    asked = len(transport.commands)
+    assert first_look_at("login-a") is None and first_look_at("login-b") is None
+    assert len(transport.commands) == asked == 2

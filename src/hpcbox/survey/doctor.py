@@ -702,12 +702,14 @@ def first_look(
     """What `submit` asks of a site the first time it submits there with this profile: the doctor's
     probe script alone (one round trip; no SIF is run, the job tries its own). Lines that are not ok are
     said, not enforced: the login node answers for the compute nodes, which may differ. The answer is
-    remembered under ``state_dir`` for this profile (its content) and login; None where it was already.
+    remembered under ``state_dir`` for this profile (its content) and login, each pair in a file of its
+    own: two logins of one profile (a race's two mini clusters) do not ask again by turns. None where it
+    was already.
     """
     key = hashlib.sha256(
         f"{connection.target.address}\n{dataclasses.replace(profile, source=None)!r}".encode()
     ).hexdigest()
-    remembered = state_dir / "doctor" / f"{slug(profile.name)}.json"
+    remembered = state_dir / "doctor" / f"{slug(profile.name)}-{key[:16]}.json"
     try:
         if json.loads(remembered.read_text()).get("key") == key:
             return None
