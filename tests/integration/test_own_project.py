@@ -142,9 +142,11 @@ records = subprocess.run(
     ["wandb", "leet", "inspect", "--json", str(run_file)], capture_output=True, text=True, check=True
 ).stdout.splitlines()
 histories = [json.loads(line)["history"]["item"] for line in records if '"type":"history"' in line]
+(run_id,) = [json.loads(line)["run"]["run_id"] for line in records if '"type":"run"' in line]
 client = mlflow.MlflowClient(tracking_uri=(home / "mlruns").as_uri())
 (run,) = client.search_runs(["0"])
 print(json.dumps({
+    "wandb_run": run_id,
     "wandb": {item["_step"]: item["loss"] for item in histories},
     "mlflow": {metric.step: metric.value for metric in client.get_metric_history(run.info.run_id, "loss")},
     "factor": run.data.params["factor"],
@@ -253,7 +255,8 @@ def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_ba
 ):
     """Each tracker's run, written by its own library in the job, where hpcbox's job script points it
     (the output folder: node scratch goes with the job), comes home with `watch` and reads back here
-    with the tracker's own reader and no network: every step's loss, and MLflow's parameter."""
+    with the tracker's own reader and no network: every step's loss, MLflow's parameter, and the id
+    hpcbox gave the W&B run."""
     project, env = own_project.root, own_project.env
     submitted = hpcbox(
         project, "submit", "--cluster=local", "--offline", "--data=data", "--time=10",
@@ -272,7 +275,9 @@ def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_ba
         environment={"HOME": "/tmp", "MLFLOW_ALLOW_FILE_STORE": "true"},
     )  # fmt: skip
     losses = {str(step): 25.0 / (step + 1) for step in range(5)}  # the mean of its data, 2.5, times 10
-    assert json.loads(read) == {"wandb": losses, "mlflow": losses, "factor": "10.0"}
+    # W&B's run id is the job's (its submission's and job id), which a requeued run keeps
+    wandb_run = f"{Path(record.script).stem}-{job_id}"
+    assert json.loads(read) == {"wandb_run": wandb_run, "wandb": losses, "mlflow": losses, "factor": "10.0"}
 
 
 def multirun(own_project: OwnProject, sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -469,6 +470,40 @@ def test_trackers_keep_their_runs_in_the_output_folder_and_go_offline_where_node
     }
     assert {"WANDB_DIR=/home/researcher/wandb-runs", "MLFLOW_TRACKING_URI=file:///scratch/out/mlruns",
             "MLFLOW_ALLOW_FILE_STORE=true"} <= handed  # fmt: skip
+
+
+def test_a_w_and_b_run_keeps_one_id_through_the_jobs_requeues_one_a_task_and_a_submission(sandbox: Sandbox):
+    """W&B's run id is the submission's and the task's, the same in a requeued run (SLURM_RESTART_COUNT),
+    resumed where it exists (its curves go on in one run; its offline runs sync as one); the job's own
+    WANDB_RUN_ID wins."""
+    submission = "train-20261206T143500-1a2b3c4d.sh"
+
+    def handed_wandb(**env: str) -> dict[str, str]:
+        sandbox.env.update(env)
+        # Each run the first to finish: one that finds an earlier run's exit status does not run again.
+        shutil.rmtree(sandbox.run_dir, ignore_errors=True)
+        (sandbox.root / "argv.json").unlink(missing_ok=True)
+        status, output = sandbox.run(sandbox.script(ResourceRequest(job_name="ok"), submission=submission))
+        assert status == 0, output
+        argv = sandbox.recorded_argv
+        pairs = [value.split("=", 1) for option, value in itertools.pairwise(argv) if option == "--env"]
+        return {name: value for name, value in pairs if name in ("WANDB_RUN_ID", "WANDB_RESUME")}
+
+    first = handed_wandb()
+    assert first == {"WANDB_RUN_ID": "train-20261206T143500-1a2b3c4d-4242", "WANDB_RESUME": "allow"}
+    assert handed_wandb(SLURM_RESTART_COUNT="1") == first
+    assert handed_wandb(WANDB_RUN_ID="mine")["WANDB_RUN_ID"] == "mine"
+    swept = sandbox.script(
+        ResourceRequest(job_name="ok", array="0-1"),
+        sweep=Sweep("sweep.toml", (("--lr", "1"), ("--lr", "2"))),
+        submission=submission,
+    )
+    lines = [line for line in swept.text.splitlines() if line.startswith(("job_key=", "tracking_id="))]
+    task = {"SLURM_ARRAY_JOB_ID": "4242", "SLURM_ARRAY_TASK_ID": "1", "PATH": os.environ["PATH"]}
+    said = subprocess.run(
+        ["bash", "-c", "\n".join([*lines, 'echo "$tracking_id"'])], env=task, capture_output=True, text=True
+    )
+    assert said.stdout == "train-20261206T143500-1a2b3c4d-4242-1\n", said.stderr
 
 
 def test_the_dataset_archive_is_extracted_on_node_scratch(sandbox: Sandbox):

@@ -442,6 +442,8 @@ def _variables(profile: ClusterProfile, resources: Resources, inputs: JobInputs,
             f"dataset={_path(inputs.dataset)}",
             f'job_key="{job_key}"',
             f'run_dir={_path(inputs.runs_dir)}/"$job_key"',
+            # W&B's run id (WANDB_RUN_ID): one a submission and task, the same in each run of a requeue.
+            f'tracking_id={shlex.quote(_submission_stem(inputs) + "-")}"${{job_key//\\//-}}"',
             *([f"resume_from={shlex.quote(inputs.resume_from)}"] if inputs.resume_from else []),
             *([f"submission={shlex.quote(inputs.submission)}"] if inputs.submission else []),
             f"job_scratch={job_scratch(profile, dialect)}",
@@ -621,12 +623,20 @@ def _gpu_check(
     return _bash("gpu_check", program=shlex.quote(_GPU_CHECK), check="    " + " ".join(words))
 
 
+def _submission_stem(inputs: JobInputs) -> str:
+    return inputs.submission.removesuffix(".sh") if inputs.submission else "hpcbox"
+
+
 def _tracking_environment(profile: ClusterProfile) -> list[str]:
     """Where experiment trackers keep their runs, unless the job's environment says otherwise: in the
     output folder, which comes home (their defaults, wandb/ and mlruns/ in the working directory, are
-    on node scratch and go with it). Where the profile says the compute nodes reach no internet, W&B
-    runs offline (`wandb sync` from home later) and Hugging Face's hub is not tried."""
+    on node scratch and go with it). A W&B run keeps one id across the job's requeues (the job script's
+    `tracking_id`), resumed where it exists: its curves go on in one run, and offline runs of one job
+    sync as one. Where the profile says the compute nodes reach no internet, W&B runs offline (`wandb
+    sync` from home later) and Hugging Face's hub is not tried."""
     environment = {
+        "WANDB_RUN_ID": "$tracking_id",
+        "WANDB_RESUME": "allow",
         "WANDB_DIR": OUTPUT_DIR,
         "MLFLOW_TRACKING_URI": f"file://{OUTPUT_DIR}/mlruns",
         "MLFLOW_ALLOW_FILE_STORE": "true",  # MLflow 3 keeps its file store for this behind a switch

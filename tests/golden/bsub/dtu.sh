@@ -30,6 +30,7 @@ code_dir="$submit_dir"/code
 dataset="$submit_dir"/data/trainer.tar
 job_key="${LSB_JOBID}"
 run_dir="$submit_dir"/runs/"$job_key"
+tracking_id=hpcbox-"${job_key//\//-}"
 job_scratch=/tmp/"${USER:-$(id -un)}"/hpcbox-"$job_key"
 trainer_pid=""
 sampler_pid=""
@@ -272,7 +273,8 @@ rendezvous_port=$((20000 + (LSB_JOBID + LSB_JOBINDEX) % 20000))
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}" --env SLURM_CPUS_PER_TASK=4 \
-    --env HPCTRAIN_STOP_WITHIN_S=150 --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
+    --env HPCTRAIN_STOP_WITHIN_S=150 --env "WANDB_RUN_ID=${WANDB_RUN_ID:-$tracking_id}" \
+    --env "WANDB_RESUME=${WANDB_RESUME:-allow}" --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
     --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
     --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" --pwd /scratch "$sif" \
     python -m hpctrain.torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=static \

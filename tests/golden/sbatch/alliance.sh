@@ -32,6 +32,7 @@ code_dir="$submit_dir"/code
 dataset="$submit_dir"/data/trainer.tar
 job_key="${SLURM_JOB_ID}"
 run_dir="$submit_dir"/runs/"$job_key"
+tracking_id=hpcbox-"${job_key//\//-}"
 job_scratch="${SLURM_TMPDIR:?the site sets SLURM_TMPDIR for every job}"/hpcbox-"${SLURM_JOB_ID}"
 trainer_pid=""
 sampler_pid=""
@@ -341,6 +342,7 @@ else
 apptainer exec --nv --containall --workdir "$job_scratch/tmp" --bind /project \
     --bind /scratch:/cluster/scratch --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}" \
+    --env "WANDB_RUN_ID=${WANDB_RUN_ID:-$tracking_id}" --env "WANDB_RESUME=${WANDB_RESUME:-allow}" \
     --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
     --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
     --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" --pwd /scratch "$sif" \

@@ -28,6 +28,7 @@ code_dir="$submit_dir"/code
 dataset="$submit_dir"/data/trainer.tar
 job_key="${SLURM_JOB_ID}"
 run_dir="$submit_dir"/runs/"$job_key"
+tracking_id=hpcbox-"${job_key//\//-}"
 job_scratch=/disk/scratch/"${USER:-$(id -un)}"/hpcbox-"${SLURM_JOB_ID}"
 trainer_pid=""
 sampler_pid=""
@@ -363,6 +364,7 @@ srun --nodes=1 --ntasks=1 --ntasks-per-node=1 --cpus-per-task=8 --mem=0 --kill-o
     --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" --env PYTHONPATH=/code \
     --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}" --env SLURM_CPUS_PER_TASK=4 \
     --env "HPCBOX_JOB=${SLURM_JOB_ID}" --env HPCTRAIN_STOP_WITHIN_S=150 \
+    --env "WANDB_RUN_ID=${WANDB_RUN_ID:-$tracking_id}" --env "WANDB_RESUME=${WANDB_RESUME:-allow}" \
     --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
     --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
     --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" \

@@ -28,6 +28,7 @@ code_dir="$submit_dir"/code
 dataset="$submit_dir"/data/trainer.tar
 job_key="${SLURM_JOB_ID}"
 run_dir="$submit_dir"/runs/"$job_key"
+tracking_id=hpcbox-"${job_key//\//-}"
 job_scratch=/tmp/"${USER:-$(id -un)}"/hpcbox-"${SLURM_JOB_ID}"
 trainer_pid=""
 sampler_pid=""
@@ -336,6 +337,7 @@ else
 # shellcheck disable=SC2016  # the trainer's arguments are meant literally
 apptainer exec --nv --bind "$job_scratch:/scratch" --bind "$code_dir:/code:ro" \
     --env PYTHONPATH=/code --env "OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}" \
+    --env "WANDB_RUN_ID=${WANDB_RUN_ID:-$tracking_id}" --env "WANDB_RESUME=${WANDB_RESUME:-allow}" \
     --env "WANDB_DIR=${WANDB_DIR:-/scratch/out}" \
     --env "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-file:///scratch/out/mlruns}" \
     --env "MLFLOW_ALLOW_FILE_STORE=${MLFLOW_ALLOW_FILE_STORE:-true}" --pwd /scratch "$sif" \
