@@ -167,3 +167,41 @@ def test_the_next_command_uses_the_last_ones_master_and_commands_at_once_hold_on
         for path in paths:
             subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "mini"], check=False)
         shutil.rmtree(private, ignore_errors=True)
+
+
+# A command that opens a connection, leaves its master idle past its bound, then forwards a port
+# through it and reaches the login's sshd there.
+FORWARD_COMMAND = """
+import socket, sys, time
+from pathlib import Path
+from hpcbox.tools import proc, ssh
+
+ssh.CONTROL_PERSIST_S = 1
+target = ssh.Target("127.0.0.1", int(sys.argv[1]), "researcher", Path(sys.argv[2]), Path(sys.argv[3]))
+with ssh.Connection(target) as connection:
+    deadline = time.monotonic() + 60
+    while ssh._ask_master(connection.control_path, target, ["-O", "check"], what="check").returncode == 0:
+        assert time.monotonic() < deadline, "the master outlived its bound"
+        time.sleep(0.5)
+    port = proc.free_local_port()
+    connection.forward(port, "127.0.0.1", 22)
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as forwarded:
+        print(forwarded.recv(64).decode().splitlines()[0], flush=True)
+"""
+
+
+def test_a_forward_through_a_master_that_ended_while_idle_opens_it_again(minicluster):
+    """Found under load (a notebook's image built for five minutes after its connection opened): the
+    master had ended at its idle bound, and `-O forward` found no socket."""
+    target = minicluster.ssh_target()
+    private = _own_tmpdir()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", FORWARD_COMMAND, str(target.port), str(target.key_path),
+             str(target.known_hosts)],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": private}, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith("SSH-2.0-"), done.stdout  # the login's sshd, through the forward
+    finally:
+        shutil.rmtree(private, ignore_errors=True)

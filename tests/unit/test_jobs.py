@@ -777,9 +777,11 @@ def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project
         error_log=f"{remote}/logs/sweep-9.err",
     )  # fmt: skip
     downloaded = []
+    commands = []
 
     class Here:
         def run(self, command, *, what, hint=""):
+            commands.append(command)
             return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
 
         def download(
@@ -799,6 +801,10 @@ def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project
         [f"{remote}/logs/sweep-9_0.out", f"{remote}/logs/sweep-9_1.out", f"{remote}/logs/sweep-9.err"],
     ]  # every log in one transfer, however many tasks the array has
     assert transfer == ssh.Transfer(2, 20)
+    assert len(commands) == 1  # whether there are results, and which logs: one look
+    downloaded.clear()
+    jobs.fetch(Here(), project, job, logs=False)  # an executor's result needs no log
+    assert downloaded == [f"{remote}/runs/9/"] and len(commands) == 2
 
 
 STUB_SBATCH = """#!/bin/sh

@@ -49,27 +49,40 @@ class NoResults(HpcboxError):
 
 
 def fetch(
-    connection: ssh.Connection, project: ProjectConfig, record: JobRecord, *, in_place: bool = False
+    connection: ssh.Connection,
+    project: ProjectConfig,
+    record: JobRecord,
+    *,
+    in_place: bool = False,
+    logs: bool = True,
 ) -> tuple[Path, ssh.Transfer]:
-    """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental;
-    ``in_place``: `Connection.download`'s)."""
+    """The job's results and (``logs``) its log into runs/<cluster>/<job>/ here (rsync: resumable,
+    incremental; ``in_place``: `Connection.download`'s); whether there are results and which logs,
+    asked in one command."""
     local = local_run_dir(project, record)
-    if not has_results(connection, record):
+    # Each log by its absolute path, as download_files takes them (a relative one is under the home).
+    listing = (
+        f'; for log in {log_words(record)}; do if test -f "$log"; then '
+        f'case $log in /*) ;; *) log=$HOME/$log ;; esac; printf "%s\\n" "$log"; fi; done'
+    )
+    listed = connection.run(
+        f"if test -d {shlex.quote(record.run_dir)}; then echo {_RESULTS}; fi" + (listing if logs else ""),
+        what="look for the job's results" + (" and logs" if logs else ""),
+    ).stdout.splitlines()
+    if _RESULTS not in listed[:1]:
         raise NoResults(
             f"job {record.job_id} has no results in {record.run_dir} yet",
             "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",
         )
     transfers = [connection.download(f"{record.run_dir}/", local, in_place=in_place)]
-    listed = connection.run(
-        # Each by its absolute path, as download_files takes them (a relative one is under the home).
-        f'for log in {log_words(record)}; do if test -f "$log"; then '
-        f'case $log in /*) ;; *) log=$HOME/$log ;; esac; printf "%s\\n" "$log"; fi; done',
-        what="look for the job's logs",
-    )
-    logs = [log for log in listed.stdout.splitlines() if log]
-    if logs:  # one transfer for them all: an array's logs are one a task
-        transfers.append(connection.download_files(logs, local))
+    found_logs = [log for log in listed[1:] if log]
+    if found_logs:  # one transfer for them all: an array's logs are one a task
+        transfers.append(connection.download_files(found_logs, local))
     return local, sum(transfers, ssh.Transfer(0, 0))
+
+
+# What fetch's look says first where the run folder is there (a log's absolute path never is this).
+_RESULTS = "results-there"
 
 
 # How often `fetch --follow` brings home what the job copied: the job copies its small files as often at

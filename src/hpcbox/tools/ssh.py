@@ -336,13 +336,18 @@ class Connection:
     def __enter__(self) -> Connection:
         self._slot, self._path = _master_slot(self.target)
         try:
-            if not self._master_answers():
-                self._path.unlink(missing_ok=True)  # the socket of a master that has ended
-                self._open_master()
+            self._master_up()
         except BaseException:
             self._release()
             raise
         return self
+
+    def _master_up(self) -> None:
+        """The master answering at the connection's socket, opened again where it has ended."""
+        assert self._path is not None  # within the `with` block
+        if not self._master_answers():
+            self._path.unlink(missing_ok=True)  # the socket of a master that has ended
+            self._open_master()
 
     def _master_answers(self) -> bool:
         found = _ask_master(
@@ -442,6 +447,9 @@ class Connection:
         """Forward 127.0.0.1:``local_port`` here to ``host``:``port`` as the remote side reaches it, for
         as long as the connection is open."""
         spec = f"127.0.0.1:{local_port}:{host}:{port}"
+        # A forward needs the master, which ends once idle for CONTROL_PERSIST_S: a notebook's image
+        # built and converted after the connection opened takes longer than that on a busy machine.
+        self._master_up()
         _ask_master(
             self.control_path, self.target, ["-O", "forward", "-L", spec], what=f"forward {spec}", check=True
         )
