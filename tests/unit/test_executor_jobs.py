@@ -110,15 +110,15 @@ class StandInJob:
         log = Path(self.record.log)
         return log.read_text() if log.is_file() else None
 
-    def fetch(self, *, logs: bool = True) -> Path:
-        """As rsync brings the run folder and (``logs``) each task's log into runs/<cluster>/<job>/."""
+    def fetch(self) -> Path:
+        """As rsync brings the run folder and each task's log into runs/<cluster>/<job>/."""
         self.cluster.fetches += 1
         local = local_run_dir(self.site.project, self.record)
         run_dir = Path(self.record.run_dir)
         if not run_dir.is_dir():
             raise NoResults(f"job {self.job_id} has no results in {run_dir} yet")
         shutil.copytree(run_dir, local, dirs_exist_ok=True)
-        for log in Path(self.record.log).parent.glob(Path(self.record.log).name) if logs else ():
+        for log in Path(self.record.log).parent.glob(Path(self.record.log).name):
             shutil.copyfile(log, local / log.name)
         return local
 
@@ -186,17 +186,6 @@ def test_a_tasks_log_is_read_live_while_it_runs_and_from_the_fetched_copy_once_i
     assert jobs[2].stdout() == "epoch 1\ntask 2 completed\n"
     assert jobs[2].paths.stdout.read_text() == jobs[2].stdout()  # the fetched copy
     assert jobs[0].stdout() is None and jobs[0].stderr() is None
-
-
-def test_a_result_fetches_no_log_and_the_log_comes_once_asked_for(three):
-    """A result needs its run folder alone (one rsync fewer in every call's round trip); `stdout()`
-    fetches the logs, once."""
-    cluster, jobs = three
-    cluster.run(1, "epoch 1\n")
-    cluster.finish(1, 11)
-    assert jobs[1].result() == 11 and not jobs[1].paths.stdout.exists()
-    assert jobs[1].stdout() == "epoch 1\ntask 1 completed\n" and jobs[1].stderr() == jobs[1].stdout()
-    assert cluster.fetches == 2
 
 
 def test_tasks_waited_on_in_turn_read_the_arrays_states_once_and_fetch_those_that_ended_together(three):

@@ -149,11 +149,9 @@ class Job:
         that task's alone (`-j 12_3` on the command line)."""
         return Job(self.site, self.record.of_task(index))
 
-    def fetch(
-        self, *, follow: bool = False, every_s: float | None = None, on_line: Say = print, logs: bool = True
-    ) -> Path:
-        """Its results, checkpoints, metrics and (``logs``) log copied to `runs/<cluster>/<job>/`
-        (resumable: a second fetch brings only what is new); what came is said in bytes. The folder.
+    def fetch(self, *, follow: bool = False, every_s: float | None = None, on_line: Say = print) -> Path:
+        """Its results, checkpoints, metrics and log copied to `runs/<cluster>/<job>/` (resumable: a
+        second fetch brings only what is new); what came is said in bytes. The folder.
 
         With ``follow``, fetched again every ``every_s`` (10 s) while it runs (what the job has copied:
         its small files that changed, every 10 s; everything, every `sync_every`), each new
@@ -163,7 +161,7 @@ class Job:
 
         with self._connection() as connection:
             if not follow:
-                local, transfer = jobs.fetch(connection, self.site.project, self.record, logs=logs)
+                local, transfer = jobs.fetch(connection, self.site.project, self.record)
             else:
                 local, transfer = jobs.fetch_following(
                     connection, self.site.project, self.record, self._ended,

@@ -49,16 +49,11 @@ class NoResults(HpcboxError):
 
 
 def fetch(
-    connection: ssh.Connection,
-    project: ProjectConfig,
-    record: JobRecord,
-    *,
-    in_place: bool = False,
-    logs: bool = True,
+    connection: ssh.Connection, project: ProjectConfig, record: JobRecord, *, in_place: bool = False
 ) -> tuple[Path, ssh.Transfer]:
-    """The job's results and (``logs``) its log into runs/<cluster>/<job>/ here (rsync: resumable,
-    incremental; ``in_place``: `Connection.download`'s); whether there are results and which logs,
-    asked in one command."""
+    """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental;
+    ``in_place``: `Connection.download`'s); whether there are results and which logs, asked in one
+    command."""
     local = local_run_dir(project, record)
     # Each log by its absolute path, as download_files takes them (a relative one is under the home).
     listing = (
@@ -66,8 +61,8 @@ def fetch(
         f'case $log in /*) ;; *) log=$HOME/$log ;; esac; printf "%s\\n" "$log"; fi; done'
     )
     listed = connection.run(
-        f"if test -d {shlex.quote(record.run_dir)}; then echo {_RESULTS}; fi" + (listing if logs else ""),
-        what="look for the job's results" + (" and logs" if logs else ""),
+        f"if test -d {shlex.quote(record.run_dir)}; then echo {_RESULTS}; fi{listing}",
+        what="look for the job's results and logs",
     ).stdout.splitlines()
     if _RESULTS not in listed[:1]:
         raise NoResults(

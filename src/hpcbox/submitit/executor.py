@@ -756,7 +756,6 @@ class SubmittedCalls:
         self.job, self.call_dir = job, call_dir
         self.array = job.record.is_array
         self._fetched: set[int | None] = set()  # whose results, complete, are here
-        self._logs_fetched: set[int | None] = set()  # whose logs too
         self._fetched_folder: Path | None = None
 
     @functools.cached_property
@@ -829,25 +828,21 @@ class SubmittedCalls:
         (every FIRST_POLL_S at first, up to a minute, as submitit's watcher backs off)."""
         return self.watch.wait(self.key(task))
 
-    def results_folder(self, task: int | None, *, logs: bool = False) -> Path | None:
-        """Once the task (None: the job) has ended, the job's fetched results (``logs``: and logs, which
-        a result does not need), or None where it copied nothing back. One fetch brings every task that
-        had ended before it."""
+    def results_folder(self, task: int | None) -> Path | None:
+        """Once the task (None: the job) has ended, the job's fetched results, or None where it copied
+        nothing back. One fetch brings every task that had ended before it."""
         from hpcbox.jobs.fetch import NoResults
 
         self.wait(task)
-        fetched = self._logs_fetched if logs else self._fetched
-        if task not in fetched:
+        if task not in self._fetched:
             # complete on the cluster before the fetch begins
             tasks = range(len(self.job.record.sweep)) if self.array else (None,)
             ended = {each for each in tasks if self.watch.ended(self.key(each))}
             try:
-                self._fetched_folder = self.job.fetch(logs=logs)
+                self._fetched_folder = self.job.fetch()
             except NoResults:
                 return None
             self._fetched |= ended
-            if logs:
-                self._logs_fetched |= ended
         return self._fetched_folder
 
     def cancel(self, task: int | None) -> None:
@@ -1000,7 +995,7 @@ class Job:
         call = self._call
         if not call.state(self.task_id).finished:
             return call.task_job(self.task_id).log_text()
-        call.results_folder(self.task_id, logs=True)
+        call.results_folder(self.task_id)
         log = self.paths.stdout
         return log.read_text(errors="replace") if log.is_file() else None
 
