@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox import jobs
+from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 from tests.fixtures.submitting import ctrl_c_as_in_a_terminal
 
@@ -265,9 +267,6 @@ def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_ba
     job_id = submitted.stdout.strip().splitlines()[-1]
     watched = hpcbox(project, "watch", "-j", job_id, env=env)
     home = Path(re.search(r"^hpcbox: results in (.+)$", watched.stderr, re.M)[1])
-    from hpcbox import jobs
-    from hpcbox.project.config import load_project
-
     record = jobs.Ledger(load_project(project)).find(job_id, "local")
     read = docker.client().containers.run(
         record.image, ["python3", "-c", READ_TRACKED, "/home-runs"], network_mode="none", remove=True,
