@@ -162,7 +162,7 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         setup, "--cluster=local", f"--data={setup.data}", "--flavour=cpu", "--offline", "--time=30",
         "--remote-root=hpcbox-notebook",
     )  # fmt: skip
-    second, job_id = None, None
+    second = None
     try:
         url = first.url(STARTS_WITHIN_S)
         job_id = re.search(r"notebook job (\d+) submitted", first.said)[1]
@@ -215,8 +215,10 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         assert fetched.returncode == 0, fetched.stderr
         assert (setup.project_dir / "runs" / "local" / job_id / "kept.ipynb").is_file()
     finally:
-        first.close()
         if second is not None:
             second.close()
-        if job_id is not None:  # whatever failed, the notebook holds no node for the tests after it
-            minicluster.ssh(["scancel", job_id])
+        # Whatever failed (before its URL came, too), the notebook holds no node for the tests after it.
+        submitted = re.search(r"notebook job (\d+) submitted", first.said)
+        first.close()
+        if submitted:
+            minicluster.ssh(["scancel", submitted[1]])

@@ -5,6 +5,7 @@ prove the same on the mini cluster."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from hpcbox import api, jobs
 from hpcbox.errors import HpcboxError
+from hpcbox.jobs import notebook as notebooks
 from hpcbox.ledger import JobRecord
 from hpcbox.project.config import load_project
 from hpcbox.testing.transport import MockTransport, Reply
@@ -141,3 +143,62 @@ def test_a_state_read_while_the_login_does_not_answer_says_so_in_one_error(site)
     slurm.silent = 1
     with pytest.raises(HpcboxError, match=r"^connect to me@login\.edi:22 failed"):
         sent(site(slurm), 2).state()
+
+
+class NotebookLogin(SlurmInMemory):
+    """Job 7, a notebook RUNNING on node1 (``state``), whose Jupyter has written its runtime file there."""
+
+    def __init__(self, state: str = "RUNNING") -> None:
+        super().__init__(0)
+        self.states = {"7": state}
+
+    def __call__(self, line: str) -> Reply | str:
+        if line.startswith("srun --jobid=7 --overlap"):
+            return json.dumps({"port": 8888, "token": "ab" * 24})
+        return super().__call__(line)
+
+
+def notebook_job(site: api.Site) -> api.Job:
+    """Notebook job 7, as `hpcbox notebook` records it."""
+    record = JobRecord(
+        job_id="7", cluster="edi", host="me@login.edi:22", submitted_at="2026-12-06T10:00:00+00:00",
+        submit_dir=SUBMIT_DIR, script=SCRIPT, log=f"{SUBMIT_DIR}/logs/calls-7.out",
+        run_dir=f"{SUBMIT_DIR}/runs/7", sif="s.sif", sif_sha256="ab" * 32,
+        image="hpcbox/calls-notebook:0123456789ab", code_revision="0123abc", code_snapshot="cd" * 32,
+        dataset_sha256="ef" * 32, resources={}, trainer_args=(), notebook=True,
+    )  # fmt: skip
+    jobs.Ledger(site.project).add(record, "#!/bin/bash\n")
+    return site.job("7")
+
+
+# A MockTransport forwards no port: the forward to Jupyter fails, as one to a node the login node cannot
+# reach does.
+def test_a_notebook_its_own_command_sent_but_cannot_reach_is_ended_before_the_failure_is_raised(site):
+    slurm = NotebookLogin()
+    here = site(slurm)
+    said, shown = [], []
+    with here.connect() as connection, pytest.raises(HpcboxError, match="forwards no ports"):
+        record = notebook_job(here).record
+        notebooks.serve(connection, here.profile, record, sent_here=True, say=said.append, show=shown.append)
+    assert slurm.states == {"7": "CANCELLED"}  # by its batch shell, which saves what the notebook wrote
+    assert "hpcbox: ending notebook job 7: it cannot be reached from here" in said
+    assert shown == []
+
+
+def test_a_notebook_attached_to_that_cannot_be_reached_is_left_running(site):
+    slurm = NotebookLogin()
+    job = notebook_job(site(slurm))
+    with pytest.raises(HpcboxError, match="forwards no ports"):
+        job.attach_notebook(show=lambda url: pytest.fail(f"shown {url}"))
+    assert slurm.states == {"7": "RUNNING"}
+    assert not [line for line in job.site.transport.commands if line.startswith("scancel")]
+
+
+def test_a_notebook_that_ended_before_its_own_command_reached_it_is_not_cancelled(site):
+    slurm = NotebookLogin("FAILED")
+    here = site(slurm)
+    said = []
+    with here.connect() as connection, pytest.raises(HpcboxError, match=r"notebook job 7 ended \(FAILED\)"):
+        notebooks.serve(connection, here.profile, notebook_job(here).record, sent_here=True, say=said.append)
+    assert not [line for line in here.transport.commands if line.startswith("scancel")]
+    assert not [line for line in said if "ending notebook job" in line]

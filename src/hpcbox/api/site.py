@@ -733,7 +733,7 @@ class Site:
         ) as (record, connection):
             assert record is not None  # not a dry run
             self.say(f"hpcbox: notebook job {record.job_id} submitted; log {record.log}")
-            notebooks.serve(connection, self.profile, record, say=self.say, show=show)
+            notebooks.serve(connection, self.profile, record, sent_here=True, say=self.say, show=show)
         return Job(self, record)
 
     def last_notebook(self) -> Job:

@@ -213,16 +213,24 @@ def serve(
     profile: ClusterProfile,
     record: JobRecord,
     *,
+    sent_here: bool = False,
     say: Callable[[str], None] = print,
     show: Callable[[str], None] = print,
 ) -> None:
     """Reach the notebook of ``record``, print its URL (``show``), and stay until the job ends, Ctrl-C
-    ends it, or the terminal goes (the job stays)."""
+    ends it, or the terminal goes (the job stays). A job ``sent_here`` (by this command) that cannot be
+    reached is ended before the failure is raised: nobody has its URL, and it would hold its node to
+    its time limit."""
     again = f"hpcbox notebook --attach -j {record.job_id}"
     with detaching(), tempfile.TemporaryDirectory(prefix="hpcbox-notebook-") as private:
         try:
-            server = find_server(connection, profile, record, say=say)
-            url = forward(connection, server)
+            try:
+                server = find_server(connection, profile, record, say=say)
+                url = forward(connection, server)
+            except HpcboxError:
+                if sent_here:
+                    end_unreached(connection, record, say=say)
+                raise
             show(url)
             opened = open_in_browser(url, Path(private))
             say(
@@ -245,3 +253,16 @@ def serve(
             )
         except Detached as why:
             say(f"hpcbox: {why} here; notebook job {record.job_id} goes on: `{again}`")
+
+
+def end_unreached(connection: ssh.Connection, record: JobRecord, *, say: Callable[[str], None]) -> None:
+    """End notebook job ``record``, which failed to come up here, as Ctrl-C would; where the login node
+    cannot be asked either, say how to end it later (the failure that brought us here is raised)."""
+    try:
+        if follow.state(connection, record).finished:
+            return
+        say(f"hpcbox: ending notebook job {record.job_id}: it cannot be reached from here")
+        follow.cancel(connection, record, say=say)
+    except HpcboxError as failed:
+        job_id = record.job_id
+        say(f"hpcbox: could not end job {job_id} ({failed.message}): `hpcbox cancel -j {job_id}` ends it")
