@@ -79,6 +79,24 @@ def test_a_sweep_file_written_as_a_list_of_arguments_is_shown_the_shape_of_one(t
     )
 
 
+@pytest.mark.parametrize("program_options", [None, frozenset({"--lr", "--epochs"})])
+def test_a_point_written_as_its_command_line_is_shown_how_a_point_gives_an_option(
+    tmp_path: Path, program_options: frozenset[str] | None
+):
+    """Found as a user: `args = [...]` was refused as the option --args (`did you mean lr?`) where the
+    program's options are known, and ran every task with `--args --lr 0.1` where they are not."""
+    with pytest.raises(FieldError) as refused:
+        load_sweep(sweep_file(tmp_path, '[[points]]\nargs = ["--lr", "0.1"]\n'), program_options)
+    assert str(refused.value) == (
+        "sweep.points[0].args: holds an option (--lr), not a value: a point's keys are the options "
+        "(write lr = VALUE for --lr VALUE)"
+    )
+    # A value that only starts with a dash is a value.
+    assert load_sweep(sweep_file(tmp_path, '[[points]]\nlr = "-1"\n'), program_options).points == (
+        ("--lr", "-1"),
+    )
+
+
 def test_a_missing_sweep_file_is_one_line(tmp_path: Path):
     with pytest.raises(FieldError, match="does not exist"):
         load_sweep(tmp_path / "nope.toml")

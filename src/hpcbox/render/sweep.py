@@ -34,6 +34,7 @@ from hpcbox.tables import Table, load_toml
 # Slurm's default MaxArraySize is 1001: task ids 0-1000.
 MAX_POINTS = 1001
 _OPTION = re.compile(r"^-{0,2}[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_GIVEN_OPTION = re.compile(r"^--[A-Za-z][A-Za-z0-9_.-]*(=|$)")  # a value like this is an option's name
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ def point_args(
         if not _OPTION.match(key):
             raise FieldError(f"{where}.{key}", "is not an option name (letters, digits, - _ .)")
         option = key if key.startswith("-") else f"--{key}"
+        _refuse_options_as_values(value, f"{where}.{key}")
         if options is not None and option not in options:
             close = difflib.get_close_matches(option, sorted(options), n=1)
             meant = (
@@ -117,6 +119,19 @@ def _grid_points(grid: Table, options: frozenset[str] | None) -> list[tuple[str,
 
 def _listed_points(points: list[Table], options: frozenset[str] | None) -> list[tuple[str, ...]]:
     return [point_args(point.data, point.where, options) for point in points]
+
+
+def _refuse_options_as_values(value: object, where: str) -> None:
+    """`args = ["--lr", "0.1"]` would run `--args --lr 0.1`: a point written as its command line."""
+    values = value if isinstance(value, list) else [value]
+    given = next((item for item in values if isinstance(item, str) and _GIVEN_OPTION.match(item)), None)
+    if given is not None:
+        name = given.removeprefix("--").partition("=")[0]
+        raise FieldError(
+            where,
+            f"holds an option ({given}), not a value: a point's keys are the options",
+            f"write {name} = VALUE for {given.partition('=')[0]} VALUE",
+        )
 
 
 def _word(value: object, where: str) -> str:
