@@ -784,23 +784,21 @@ def test_fetch_copies_the_results_and_every_log_there_is(tmp_path: Path, project
             commands.append(command)
             return subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
 
-        def download(
-            self, remote_path: str, local: Path, *, in_place: bool = False, growing=()
-        ) -> ssh.Transfer:
-            downloaded.append(remote_path)
-            return ssh.Transfer(1, 10)
-
-        def download_files(self, remote_files: list[str], local: Path) -> ssh.Transfer:
-            downloaded.append(list(remote_files))
+        def download_together(self, remote_paths: list[str], local: Path, *, in_place=False) -> ssh.Transfer:
+            downloaded.append(list(remote_paths))
             return ssh.Transfer(1, 10)
 
     local, transfer = jobs.fetch(Here(), project, job)
     assert local == jobs.local_run_dir(project, job)
     assert downloaded == [
-        f"{remote}/runs/9/",
-        [f"{remote}/logs/sweep-9_0.out", f"{remote}/logs/sweep-9_1.out", f"{remote}/logs/sweep-9.err"],
-    ]  # every log in one transfer, however many tasks the array has
-    assert transfer == ssh.Transfer(2, 20)
+        [
+            f"{remote.resolve()}/runs/9/",
+            f"{remote}/logs/sweep-9_0.out",
+            f"{remote}/logs/sweep-9_1.out",
+            f"{remote}/logs/sweep-9.err",
+        ]
+    ]  # the results and every log in one transfer, however many tasks the array has
+    assert transfer == ssh.Transfer(1, 10)
     assert len(commands) == 1  # whether there are results, and which logs: one look
 
 
@@ -1159,10 +1157,14 @@ class ThisMachine:
         shutil.copytree(remote_path, local, dirs_exist_ok=True)
         return ssh.Transfer(1, 10)
 
-    def download_files(self, remote_files, local: Path) -> ssh.Transfer:
-        for path in remote_files:
-            shutil.copy2(path, local / Path(path).name)
-        return ssh.Transfer(0, 0)
+    def download_together(self, remote_paths, local: Path, *, in_place: bool = False) -> ssh.Transfer:
+        moved = ssh.Transfer(0, 0)
+        for path in remote_paths:
+            if path.endswith("/"):
+                moved += self.download(path, local, in_place=in_place)
+            else:
+                shutil.copy2(path, local / Path(path).name)
+        return moved
 
 
 def test_watch_of_a_job_that_ended_before_it_copied_anything_says_so(project, tmp_path: Path):

@@ -52,28 +52,26 @@ def fetch(
     connection: ssh.Connection, project: ProjectConfig, record: JobRecord, *, in_place: bool = False
 ) -> tuple[Path, ssh.Transfer]:
     """The job's results and its log into runs/<cluster>/<job>/ here (rsync: resumable, incremental;
-    ``in_place``: `Connection.download`'s); whether there are results and which logs, asked in one
-    command."""
+    ``in_place``: `Connection.download`'s): whether there are results and which logs, asked in one
+    command, and all of them in one transfer."""
     local = local_run_dir(project, record)
-    # Each log by its absolute path, as download_files takes them (a relative one is under the home).
+    # Each by its absolute path, as download_together takes them (a relative one is under the home).
     listing = (
         f'; for log in {log_words(record)}; do if test -f "$log"; then '
         f'case $log in /*) ;; *) log=$HOME/$log ;; esac; printf "%s\\n" "$log"; fi; done'
     )
     listed = connection.run(
-        f"if test -d {shlex.quote(record.run_dir)}; then echo {_RESULTS}; fi{listing}",
+        f'(cd {shlex.quote(record.run_dir)} 2>/dev/null && printf "%s\\n" "{_RESULTS} $PWD"){listing}',
         what="look for the job's results and logs",
     ).stdout.splitlines()
-    if _RESULTS not in listed[:1]:
+    if not listed or not listed[0].startswith(f"{_RESULTS} /"):
         raise NoResults(
             f"job {record.job_id} has no results in {record.run_dir} yet",
             "the job script copies them there when the trainer stops; `hpcbox status` tells where it is",
         )
-    transfers = [connection.download(f"{record.run_dir}/", local, in_place=in_place)]
-    found_logs = [log for log in listed[1:] if log]
-    if found_logs:  # one transfer for them all: an array's logs are one a task
-        transfers.append(connection.download_files(found_logs, local))
-    return local, sum(transfers, ssh.Transfer(0, 0))
+    run_dir = listed[0].removeprefix(f"{_RESULTS} ")
+    logs = [log for log in listed[1:] if log]  # an array's are one a task
+    return local, connection.download_together([f"{run_dir}/", *logs], local, in_place=in_place)
 
 
 # What fetch's look says first where the run folder is there (a log's absolute path never is this).

@@ -106,13 +106,18 @@ class MockConnection:
             _write(local / path.removeprefix(folder), data)
         return Transfer(sent=0, received=sum(map(len, found.values())))
 
-    def download_files(self, remote_files: Sequence[str], local: Path) -> Transfer:
-        received = 0
-        for path in remote_files:
-            if path in self.transport.files:
-                _write(local / Path(path).name, self.transport.files[path])
-                received += len(self.transport.files[path])
+    def download_together(self, remote_paths: Sequence[str], local: Path, **options: object) -> Transfer:
+        received = sum(
+            self.download(path, local, **options).received if path.endswith("/") else self._fetch(path, local)
+            for path in remote_paths
+        )
         return Transfer(sent=0, received=received)
+
+    def _fetch(self, path: str, local: Path) -> int:
+        if path not in self.transport.files:
+            return 0
+        _write(local / Path(path).name, self.transport.files[path])
+        return len(self.transport.files[path])
 
     @contextlib.contextmanager
     def lock(self, path: str, **_options: object) -> Iterator[None]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import posixpath
 import random
 import re
 import shlex
@@ -598,20 +599,31 @@ class Connection:
         )
         return appended + rest
 
-    def download_files(self, remote_files: Sequence[str], local: Path) -> Transfer:
-        """rsync the files ``remote_files`` (absolute paths) into ``local``, side by side, in one transfer
-        however many they are: their list goes to rsync as --files-from, since the remote side of rsync
-        takes only so many paths as arguments (a thousand array tasks' logs are too many)."""
+    def download_together(
+        self, remote_paths: Sequence[str], local: Path, *, in_place: bool = False
+    ) -> Transfer:
+        """rsync each of ``remote_paths`` (absolute: a file, or a folder's contents with a trailing /) into
+        ``local``, side by side, in one transfer however many they are (``in_place`` as `download`'s):
+        their list goes to rsync as --files-from, since the remote side of rsync takes only so many paths
+        as arguments (a thousand array tasks' logs are too many); in it a `/./` marks where each path
+        here begins. A folder still written in that loses files meanwhile is fetched as `download` says."""
         local.mkdir(parents=True, exist_ok=True)
+        entries = [
+            f"{path.rstrip('/')}/./"
+            if path.endswith("/")
+            else f"{posixpath.dirname(path)}/./{posixpath.basename(path)}"
+            for path in remote_paths
+        ]
         with tempfile.NamedTemporaryFile("w", prefix="hpcbox-files-", suffix=".txt") as listing:
-            listing.write("".join(f"{path}\n" for path in remote_files))
+            listing.write("".join(f"{entry}\n" for entry in entries))
             listing.flush()
             return self._rsync(
                 [f"{self.target.host}:/"],
                 str(local) + "/",
-                what=f"download {len(remote_files)} files from {self.target.address}",
+                what=f"download {len(remote_paths)} paths from {self.target.address}",
                 on_progress=None,
-                extra=[f"--files-from={listing.name}", "--no-relative"],
+                extra=[f"--files-from={listing.name}", "--recursive", *(["--inplace"] if in_place else [])],
+                passing=(0, RSYNC_VANISHED),
             )
 
 
