@@ -183,7 +183,7 @@ def test_a_job_held_back_by_a_full_queue_says_why_and_slurms_start_guess_as_a_gu
         cluster.exec("controller", ["scancel", *ids])
         # gone from the queue before the next test counts the cluster's jobs
         deadline = time.monotonic() + 60
-        while cluster.exec("controller", ["squeue", "--noheader", f"--jobs={','.join(ids)}"]).stdout.strip():
+        while cluster.ask("controller", ["squeue", "--noheader", f"--jobs={','.join(ids)}"]).stdout.strip():
             assert time.monotonic() < deadline, f"jobs {ids} still in the queue a minute after scancel"
             time.sleep(0.5)
 

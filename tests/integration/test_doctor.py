@@ -69,7 +69,7 @@ def test_the_local_cluster_is_what_its_profile_says_line_by_line(setup: Setup, m
     assert "preemptible: no limit, gres gpu:2" in text
     assert "yours: research" in text
     # the Apptainer the node image installed, as the login node's dpkg says: its upstream version
-    installed = minicluster.exec("login", ["dpkg-query", "-W", "-f=${Version}", "apptainer"]).stdout
+    installed = minicluster.ask("login", ["dpkg-query", "-W", "-f=${Version}", "apptainer"]).stdout
     upstream = re.sub(r"^\d+:|-[^-]+$", "", installed.strip())
     assert f"apptainer version {upstream} " in text and "(/usr/bin/apptainer)" in text, (installed, text)
     assert "user namespaces, FUSE and /usr/bin/squashfuse" in text
@@ -180,7 +180,7 @@ def test_a_login_shell_whose_start_hangs_is_one_line_within_the_bound(setup: Set
     minicluster.put_files("login", "/etc/profile.d", {name: (hang, 0o644)})
 
     def holding() -> list[str]:
-        listed = minicluster.exec("login", ["sh", "-c", f"cat {started} 2>/dev/null || true"]).stdout.split()
+        listed = minicluster.ask("login", ["sh", "-c", f"cat {started} 2>/dev/null || true"]).stdout.split()
         return [pid for pid in listed if minicluster.exec("login", ["kill", "-0", pid]).returncode == 0]
 
     try:

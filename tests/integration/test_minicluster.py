@@ -119,7 +119,7 @@ def test_every_node_has_exactly_the_versions_the_node_image_locks_pin(minicluste
     moved = {pin.package: pin.served for pin in offlock.from_labels(image.labels)}
     wanted = {package: moved.get(package, version) for package, version in pins.items()}
     for host in ("controller", "login"):
-        listed = minicluster.exec(host, ["dpkg-query", "-W", "-f=${Package}=${Version}\n", *sorted(pins)])
+        listed = minicluster.ask(host, ["dpkg-query", "-W", "-f=${Package}=${Version}\n", *sorted(pins)])
         assert listed.returncode == 0, listed.stderr
         assert dict(line.split("=", 1) for line in listed.stdout.split()) == wanted, host
 
@@ -160,9 +160,21 @@ def test_batch_job_runs_as_the_user_with_scratch_home_and_accounting(minicluster
     # /disk/scratch is node-local: the file is on the job's node and on no other.
     other = "node2" if node == "node1" else "node1"
     path = f"/disk/scratch/job-{job_id}"
-    assert minicluster.exec(node, ["cat", path]).stdout == "scratch-data\n"
+    assert minicluster.ask(node, ["cat", path]).stdout == "scratch-data\n"
     assert minicluster.exec(other, ["test", "-e", path]).returncode == 1
-    assert minicluster.exec(node, ["stat", "-c", "%u", path]).stdout.strip() == "1500"
+    assert minicluster.ask(node, ["stat", "-c", "%u", path]).stdout.strip() == "1500"
+
+
+def test_a_command_in_a_node_gives_its_output_as_written_and_an_answer_cut_short_is_known(minicluster):
+    said = minicluster.exec("node1", ["sh", "-c", "printf 'no newline'; printf 'err' >&2; exit 3"])
+    assert (said.returncode, said.stdout, said.stderr) == (3, "no newline", "err")
+    assert minicluster.ask("controller", ["sinfo", "--version"]).stdout.startswith("slurm")
+    # A shell that dies before it has said all (as an output stream Docker ends early looks): asked
+    # again, then said in one line; `exec` gives what came.
+    cut = ["sh", "-c", "echo partial; kill -KILL $PPID"]
+    assert minicluster.exec("node1", cut).stdout == "partial\n"
+    with pytest.raises(HpcboxError, match=r"Docker lost the output of `sh -c .*` in its node1 container"):
+        minicluster.ask("node1", cut)
 
 
 def test_failed_job_exit_code_is_recorded(minicluster):
@@ -210,7 +222,7 @@ def test_job_runs_apptainer_exec_of_a_sif_as_the_user(minicluster, run_id):
     row = accounting(minicluster, job_id)
     assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0")
     assert minicluster.ssh(f"cat sif-{job_id}.out", check=True).stdout.split() == ["1500", "written-in-sif"]
-    on_node = minicluster.exec(row["NodeList"], ["cat", f"/disk/scratch/researcher/{job_id}/inside"])
+    on_node = minicluster.ask(row["NodeList"], ["cat", f"/disk/scratch/researcher/{job_id}/inside"])
     assert on_node.stdout.split() == ["1500", "written-in-sif"]
 
 

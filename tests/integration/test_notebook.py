@@ -185,8 +185,8 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         assert "hpctrain" in code and "manifest.json" in data, printed
         # Jupyter listens on node1's own address (where the login node's forward reaches it), not on
         # every interface of the node.
-        listening = minicluster.exec("node1", ["bash", "-c", JUPYTER_LISTENS_ON]).stdout.split()
-        node1 = minicluster.exec("node1", ["hostname", "-i"]).stdout.split()[0]
+        listening = minicluster.ask("node1", ["bash", "-c", JUPYTER_LISTENS_ON]).stdout.split()
+        node1 = minicluster.ask("node1", ["hostname", "-i"]).stdout.split()[0]
         assert listening and set(listening) == {node1}, (listening, node1)
         api(url, "/api/contents/out/kept.ipynb", "PUT", {"type": "notebook", "content": {
             "cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}})  # fmt: skip

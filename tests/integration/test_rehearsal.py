@@ -273,7 +273,7 @@ def test_alliance_has_its_gpu_types_and_sets_slurm_tmpdir_per_job(rehearsals):
     assert wait_finished(cluster, job, timeout_s=120) == ("COMPLETED", "0:0")
     assert cluster.ssh(["cat", f"tmpdir-{job}.out"]).stdout.strip() == f"/localscratch/researcher.{job}.0"
     for host in cluster.spec.compute_hosts:
-        assert cluster.exec(host, ["ls", "-A", "/localscratch"]).stdout.strip() == ""
+        assert cluster.ask(host, ["ls", "-A", "/localscratch"]).stdout.strip() == ""
 
 
 def test_sbatch_check_takes_the_users_own_account_the_profile_cannot_know(

@@ -91,7 +91,7 @@ def scratch_left(cluster, job_id: str) -> list[str]:
     """Job scratch directories still present on any compute node."""
     left = []
     for host in cluster.spec.compute_hosts:
-        done = cluster.exec(host, ["sh", "-c", f"ls -d /disk/scratch/*/hpcbox-{job_id} 2>/dev/null || true"])
+        done = cluster.ask(host, ["sh", "-c", f"ls -d /disk/scratch/*/hpcbox-{job_id} 2>/dev/null || true"])
         left += [f"{host}:{line}" for line in done.stdout.split()]
     return left
 
@@ -220,7 +220,7 @@ def test_scancel_copies_back_what_the_trainer_wrote_and_cleans_up(job_dir: JobDi
     cluster = job_dir.cluster
     deadline = time.monotonic() + 180
     probe = ["sh", "-c", f"ls /disk/scratch/*/hpcbox-{job_id}/out/checkpoints/ 2>/dev/null"]
-    while not any(cluster.exec(host, probe).stdout.strip() for host in cluster.spec.compute_hosts):
+    while not any(cluster.ask(host, probe).stdout.strip() for host in cluster.spec.compute_hosts):
         assert time.monotonic() < deadline, job_dir.sh(f"cat logs/cancelled-{job_id}.out", check=False).stdout
         time.sleep(1)
     cluster.ssh(["scancel", job_id], check=True)

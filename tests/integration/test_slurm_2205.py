@@ -72,7 +72,7 @@ def test_it_comes_up_idle_running_slurm_22_05_with_the_same_configuration(minicl
     assert re.fullmatch(r"slurm(-wlm)? 22\.05\.\d+", version), version
     for host in ("controller", "node1", "accounting"):
         daemon = {"controller": "slurmctld", "node1": "slurmd", "accounting": "slurmdbd"}[host]
-        said = minicluster.exec(host, [daemon, "-V"]).stdout.strip()
+        said = minicluster.ask(host, [daemon, "-V"]).stdout.strip()
         assert said.startswith("slurm-wlm 22.05."), (host, said)
     out = minicluster.ssh(["sinfo", "--noheader", "--Node", "--format=%N %P %T %G"], check=True).stdout
     assert sorted(tuple(line.split()) for line in out.splitlines()) == [

@@ -104,7 +104,7 @@ def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicl
     release = running(minicluster)
     assert at_least(release, "26.05"), version  # sid's: 26.05 when this was written, or a later one since
     for host, daemon in (("controller", "slurmctld"), ("node1", "slurmd"), ("accounting", "slurmdbd")):
-        said = minicluster.exec(host, [daemon, "-V"]).stdout.strip()
+        said = minicluster.ask(host, [daemon, "-V"]).stdout.strip()
         assert said == f"slurm-wlm {release}", (host, said)
     # `up` says which release runs where sid has moved past 26.05, and says nothing of it where not.
     moved = versions.moved_note("26.05", release)

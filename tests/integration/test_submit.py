@@ -494,7 +494,7 @@ def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setu
     assert record is not None
     probe = ["sh", "-c", f"ls /disk/scratch/*/hpcbox-{record.job_id}/out/checkpoints/ 2>/dev/null"]
     deadline = time.monotonic() + 240
-    while not any(minicluster.exec(host, probe).stdout.strip() for host in minicluster.spec.compute_hosts):
+    while not any(minicluster.ask(host, probe).stdout.strip() for host in minicluster.spec.compute_hosts):
         assert time.monotonic() < deadline, log_of(minicluster, record)
         time.sleep(1)
     with ssh.Connection(minicluster.ssh_target()) as connection:

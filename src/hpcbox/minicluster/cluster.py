@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import shlex
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,13 @@ from hpcbox.tools import proc, ssh
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
+
+
+# Docker can end an exec's output stream before the last of it was copied (moby/moby#27289; seen here
+# once: `sinfo --version` in a node answered exit status 0 and nothing): a mark the command's shell prints
+# last tells a whole output from a cut one.
+_ANSWERED = "@@hpcbox-answered"
+_ASKED_AT_MOST = 3
 
 
 @dataclass(frozen=True)
@@ -119,14 +127,34 @@ class Cluster:
         return found
 
     def exec(self, host: str, argv: Sequence[str], *, user: str = "root") -> proc.Completed:
-        """Run ``argv`` inside ``host``'s container (as ``user``), bypassing SSH."""
+        """Run ``argv`` inside ``host``'s container (as ``user``), bypassing SSH: its output as far as
+        Docker brought it (`ask` is for a command that only reads, whose answer matters)."""
+        return self._exec(host, argv, user)[0]
+
+    def ask(self, host: str, argv: Sequence[str], *, user: str = "root") -> proc.Completed:
+        """What ``argv``, a command that only reads (or does what is done once), answers inside
+        ``host``'s container: asked again where Docker lost the end of its output."""
+        for _ in range(_ASKED_AT_MOST):
+            done, whole = self._exec(host, argv, user)
+            if whole:
+                return done
+        raise HpcboxError(
+            f"cluster {self.name}: Docker lost the output of `{shlex.join(argv)}` in its {host} container "
+            f"{_ASKED_AT_MOST} times",
+            "the engine's log says why (dockerd's, or `journalctl -u docker`)",
+        )
+
+    def _exec(self, host: str, argv: Sequence[str], user: str) -> tuple[proc.Completed, bool]:
+        """The command's outcome, and whether its output came whole (its mark came last)."""
         container = self.node_container(host)
         if container.status != "running":
             raise HpcboxError(f"cluster {self.name}: its {host} container is not running", self.start_again)
-        code, (out, err) = container.exec_run(list(argv), user=user, demux=True)
+        marked = ["sh", "-c", f'"$@"; status=$?; printf %s {_ANSWERED}; exit "$status"', "sh", *argv]
+        code, (out, err) = container.exec_run(marked, user=user, demux=True)
+        stdout = (out or b"").decode(errors="replace")
         return proc.Completed(
-            tuple(argv), code, (out or b"").decode(errors="replace"), (err or b"").decode(errors="replace")
-        )
+            tuple(argv), code, stdout.removesuffix(_ANSWERED), (err or b"").decode(errors="replace")
+        ), stdout.endswith(_ANSWERED)
 
     def put_files(self, host: str, directory: str, files: Mapping[str, tuple[bytes, int]]) -> None:
         """Write ``files`` (name -> content, mode; owned by root) into ``directory`` of ``host``'s
@@ -157,7 +185,7 @@ class Cluster:
             f'sacctmgr --immediate add user {USER} Account="$1" Cluster="$cluster" QOS="${{qos:-normal}}" '
             "DefaultQOS=normal >/dev/null && echo added"
         )
-        done = self.exec("accounting", ["sh", "-c", script, "sh", account])
+        done = self.ask("accounting", ["sh", "-c", script, "sh", account])
         if done.returncode != 0 or done.stdout.strip() not in ("known", "added"):
             raise HpcboxError(
                 f"could not add account {account} to cluster {self.name}'s accounting: "

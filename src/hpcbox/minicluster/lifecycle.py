@@ -422,23 +422,24 @@ def status(cluster: Cluster) -> str:
             f"cluster {cluster.name} is not up: its {', '.join(stopped)} container{several} not running",
             cluster.start_again,
         )
-    sinfo = cluster.exec("controller", ["sinfo"])
-    squeue = cluster.exec("controller", ["squeue"])
+    sinfo = cluster.ask("controller", ["sinfo"])
+    squeue = cluster.ask("controller", ["squeue"])
     shape = "\n".join([running_slurm(cluster), *cluster.shape.describe()])
     return (shape + "\n" + sinfo.stdout + sinfo.stderr + "\n" + squeue.stdout + squeue.stderr).rstrip() + "\n"
 
 
 def running_slurm(cluster: Cluster) -> str:
     """Which Slurm the cluster runs, as its own `sinfo --version` says (Debian's: `slurm-wlm 22.05.8`)."""
-    said = cluster.exec("controller", ["sinfo", "--version"])
+    said = cluster.ask("controller", ["sinfo", "--version"])
     if (release := _release_in(said)) is None:
-        return f"Slurm: `sinfo --version` failed ({said.stderr.strip() or f'exit status {said.returncode}'})"
+        why = said.stderr.strip() or (f"exit status {said.returncode}" if said.returncode else "no output")
+        return f"Slurm: `sinfo --version` named no release ({why})"
     return f"Slurm {release} on every node (`sinfo --version`)"
 
 
 def slurm_release(cluster: Cluster) -> str | None:
     """The Slurm the cluster runs (`26.05.5`), None where `sinfo --version` does not say."""
-    return _release_in(cluster.exec("controller", ["sinfo", "--version"]))
+    return _release_in(cluster.ask("controller", ["sinfo", "--version"]))
 
 
 def _release_in(said: proc.Completed) -> str | None:
@@ -449,7 +450,7 @@ def _release_in(said: proc.Completed) -> str | None:
 
 def node_states(cluster: Cluster) -> dict[str, str]:
     """Each compute node's state as slurmctld reports it (`sinfo -N`, long form, lower case)."""
-    done = cluster.exec("controller", ["sinfo", "--noheader", "--Node", "--format=%N %T"])
+    done = cluster.ask("controller", ["sinfo", "--noheader", "--Node", "--format=%N %T"])
     if done.returncode != 0:
         return {}
     return dict(line.split(maxsplit=1) for line in done.stdout.splitlines() if line.strip())

@@ -100,7 +100,9 @@ class Probed:
         if self.timed_out:
             said = f" (it said: {self.output.splitlines()[-1]})" if self.output else ""
             return f"no answer by the probes' deadline{said}"
-        return self.output.splitlines()[-1] if self.output else f"exit status {self.status}"
+        if self.output:
+            return self.output.splitlines()[-1]
+        return "no output" if self.answered else f"exit status {self.status}"
 
 
 NOT_RUN = Probed("", 127)  # a probe the script did not run or report
@@ -412,7 +414,10 @@ def _slurm(profile: ClusterProfile, probed: Probed) -> Finding:
     version = probed.output.split()[-1] if probed.answered and probed.output else ""
     if not version:
         return Finding(
-            FAILS, "slurm", f"`sinfo --version` failed ({probed.last_line})", "is Slurm's client there?"
+            FAILS,
+            "slurm",
+            f"`sinfo --version` named no release ({probed.last_line})",
+            "is Slurm's client there?",
         )
     if profile.slurm_version and not version.startswith(profile.slurm_version):
         return Finding(DIFFERS, "slurm", f"Slurm {version}", f'[slurm] version = "{version}"')
