@@ -72,6 +72,8 @@ def test_a_script_submits_through_the_api_waits_fetches_and_finds_its_job_again(
     fetched = Path(found["fetched"])
     assert fetched == project_dir / "runs" / "local" / found["job"]
     assert '"event": "done"' in (fetched / "metrics.jsonl").read_text()
+    # its log beside its results, in the same transfer
+    assert "the trainer exited with status 0" in (fetched / Path(record.log).name).read_text()
     # The command line finds the same job, in the same state.
     status = subprocess.run(
         [sys.executable, "-m", "hpcbox", "status", "-j", found["job"]], cwd=project_dir,
