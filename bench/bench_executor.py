@@ -31,7 +31,7 @@ from hpcbox.build.image import build_image, record_image
 from hpcbox.project.config import load_project
 from hpcbox.tools import slurm, ssh
 
-ROUNDS = 7  # the floor moves by seconds with where a job falls among Slurm's scheduling passes
+ROUNDS = 15  # a floor moves by seconds (0.99-3.53 s in 7 rounds) with where its job falls in Slurm's passes
 POINTS = 100
 MEM = "640M"  # the project's own request for the local cluster ([tool.hpcbox.resources.local])
 FLOOR_SCRIPT = "bench-call-floor.sh"

@@ -557,6 +557,74 @@ print(json.dumps([job.job_id, job.result()]))
         assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
 
 
+@contextlib.contextmanager
+def full_cluster(run_id: str, state: Path) -> Iterator[minicluster.Cluster]:
+    """A mini cluster of its own (profile `local`), each of its nodes held by a job of its own, running."""
+    spec = minicluster.ClusterSpec(name=f"{run_id}-full-{uuid.uuid4().hex[:6]}", port=free_port())
+    try:
+        cluster = minicluster.up(spec, state)
+        holders = [
+            cluster.ssh(
+                ["sbatch", "--parsable", f"--nodelist={node}", "--exclusive", "--output=/dev/null",
+                 "--wrap=sleep 600"],
+                check=True,
+            ).stdout.strip()
+            for node in spec.compute_hosts
+        ]  # fmt: skip
+        deadline = time.monotonic() + 120
+        while cluster.ssh(["squeue", "-h", "-t", "RUNNING", "-o", "%i"]).stdout.split() != sorted(holders):
+            assert time.monotonic() < deadline, "the jobs holding the cluster's nodes never all started"
+            time.sleep(1)
+        yield cluster
+    finally:
+        minicluster.down(spec.name, state)
+
+
+def test_a_race_of_two_clusters_keeps_the_idle_ones_job_and_cancels_the_full_ones(
+    rehearsals, setup: Setup, run_id: str, minicluster_state: Path
+):
+    """Two clusters raced from a user's script (`hpcbox.race`), each its own mini cluster, up at once:
+    a rehearsal of M3, idle, and a cluster whose every node is held by another job. The idle one's job
+    starts and is kept, the other is cancelled there; the ledger and `hpcbox jobs` (which asks each
+    mini cluster about its own jobs) say so."""
+    idle = rehearsals.like("m3")
+    script = f"""
+import json, sys
+import hpcbox
+
+full = hpcbox.Site("local", mini_cluster=sys.argv[1])
+idle = hpcbox.Site("m3", via="local", mini_cluster=sys.argv[2])
+args = {[*SHORT, "--device", "cpu"]!r}
+raced = hpcbox.race([full, idle], args, data={str(setup.data)!r}, flavour="cpu", offline=True, time="10")
+others = [[job.site.where, job.job_id] for job in raced.others]
+print(json.dumps([raced.kept.site.where, raced.kept.job_id, others]))
+"""
+    with full_cluster(run_id, minicluster_state) as full:
+        ran = subprocess.run(
+            [sys.executable, "-c", script, full.name, idle.name], cwd=setup.project_dir,
+            env={**os.environ, **setup.env}, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert ran.returncode == 0, ran.stderr[-4000:]
+        where, kept, others = json.loads(ran.stdout.splitlines()[-1])
+        assert where == "m3-via-local" and [where for where, _ in others] == ["local"], ran.stdout
+        lost = others[0][1]
+        assert wait_finished(full, lost, timeout_s=60)[0] == "CANCELLED"
+        assert wait_finished(idle, kept)[0] == "COMPLETED"
+        ledger = jobs.Ledger(setup.project())
+        kept_record, lost_record = ledger.find(kept, "m3-via-local"), ledger.find(lost, "local")
+        assert (kept_record.mini_cluster, lost_record.mini_cluster) == (idle.name, full.name)
+        assert kept_record.race == lost_record.race
+        assert kept_record.race["kept"] == f"m3-via-local job {kept}"
+        assert kept_record.race["cancelled"] == [f"local job {lost}"]
+        listed = invoke(setup, "jobs").stdout.splitlines()
+        kept_said = f"job {kept}: COMPLETED", "(raced against 1 other: kept, the first to start)"
+        lost_said = f"job {lost}: CANCELLED", f"(raced: cancelled, m3-via-local job {kept} started first)"
+        assert any(line.split()[1:2] == ["m3-via-local"] and all(part in line for part in kept_said)
+                   for line in listed), listed  # fmt: skip
+        assert any(line.split()[1:2] == ["local"] and all(part in line for part in lost_said)
+                   for line in listed), listed  # fmt: skip
+
+
 def test_m3s_desktop_partition_takes_only_its_qos(rehearsals):
     cluster = rehearsals.like("m3")
     text = golden_script("m3")

@@ -56,7 +56,7 @@ def delta_jobs(setup: Setup, minicluster):
     # machine): at 10 minutes it could be requeued at its limit, no longer RUNNING, mid-module.
     running = submit(setup, minicluster, LONG, time="60")
     assert running is not None
-    held_still(minicluster, running.job_id)
+    held_still(minicluster, running)
     lock = setup.project_dir / "docker" / "lock" / "apt-cpu.txt"
     main = setup.project_dir / "src" / "hpctrain" / "__main__.py"
     lock_text, main_text = lock.read_text(), main.read_text()
@@ -74,11 +74,18 @@ def delta_jobs(setup: Setup, minicluster):
     minicluster.ssh(["scancel", running.job_id])
 
 
-def held_still(minicluster, job_id: str) -> None:
-    """Once job ``job_id`` runs, every process of it stopped (SIGSTOP, sent by Slurm's scancel): Slurm
+def held_still(minicluster, job: jobs.JobRecord) -> None:
+    """Once ``job``'s trainer runs, every process of it stopped (SIGSTOP, sent by Slurm's scancel): Slurm
     still holds the job (STOPPED), without it taking a CPU from the tests beside this module for the
-    module's minutes; `let_go` has it run on."""
+    module's minutes; `let_go` has it run on. Not before its trainer's first line: Apptainer stopped while
+    it starts finds, once it runs on, that the deadline of its FUSE mount passed meanwhile ("FATAL:
+    context deadline exceeded", the job FAILED: seen in a full run)."""
+    job_id = job.job_id
     _wait_for_state(minicluster, job_id, "RUNNING", ("PENDING", "CONFIGURING"))
+    deadline = time.monotonic() + 300
+    while minicluster.ssh(["grep", "-q", '"event"', job.log]).returncode != 0:
+        assert time.monotonic() < deadline, minicluster.ssh(["tail", "-n", "20", job.log]).stdout
+        time.sleep(1)
     minicluster.ssh(["scancel", "--signal=STOP", "--full", job_id], check=True)
     # SIGNALING: Slurm's state while the signal is on its way to the job's processes (seen in a full run).
     _wait_for_state(minicluster, job_id, "STOPPED", ("RUNNING", "SIGNALING"))

@@ -166,28 +166,32 @@ def test_a_sites_jobs_are_reached_through_the_login_it_was_given(bare_project: P
     """A job's record names the login node it was sent to; `site.job()`, `jobs()` (and `shell()`,
     `resubmit_failed()`, through `Site.at`) reach it with the key the Site was given, not with what
     ~/.ssh/config would pick for that host."""
-    from hpcbox import jobs
     from hpcbox.api import Target
 
     key, hosts = tmp_path / "ci_key", tmp_path / "hosts"
     login = Target("login.edi.ac.uk", 22, "s1234", key_path=key, known_hosts=hosts)
     site = hpcbox.Site("edi", login=login, project=bare_project)
-    recorded = jobs.JobRecord(
-        job_id="41", cluster="edi", host="s1234@login.edi.ac.uk:22", submitted_at="2026-11-23T10:00:00+00:00",
-        submit_dir="/home/s1234/hpcbox/apitest", script="/home/s1234/hpcbox/apitest/scripts/x.sh",
-        log="/home/s1234/hpcbox/apitest/logs/x-41.out", run_dir="/home/s1234/hpcbox/apitest/runs/41",
-        sif="/home/s1234/hpcbox/images/sha256/ab.sif", sif_sha256="ab" * 32, image="hpcbox/apitest:0123",
-        code_revision="0123abc", code_snapshot="cd" * 32, dataset_sha256=None, resources={}, trainer_args=(),
-        sent=(), bytes_sent=0,
-    )  # fmt: skip
-    jobs.Ledger(site.project).add(recorded, "#!/bin/bash\n")
+    _recorded(site, "41", sent=(), bytes_sent=0)
     found = site.job("41")
     assert found.site.place != site.place  # where the record says it ran: a Site of its own
     assert found.site.target == login and found.site.login == login
     assert [job.site.target for job in site.jobs()] == [login]
 
 
-def _edi_record(site, job_id: str, trainer_args: tuple[str, ...], options: dict | None) -> None:
+def test_a_rehearsed_job_is_reached_on_the_mini_cluster_it_ran_on_of_several(bare_project: Path):
+    """Two rehearsals up at once, each on a mini cluster of its own: a job is reached on the one its
+    record names, whichever the Site was made for (HPCBOX_MINICLUSTER, or none)."""
+
+    site = hpcbox.Site("m3", via="local", mini_cluster="rehearsal-a", project=bare_project)
+    ran_on = {"host": "researcher@127.0.0.1:40022", "via": "local", "mini_cluster": "rehearsal-b"}
+    _recorded(site, "5", cluster="m3", **ran_on)
+    assert site.job("5").site.mini_cluster == "rehearsal-b"
+    assert [job.site.mini_cluster for job in site.jobs()] == ["rehearsal-b"]
+    assert hpcbox.Site("m3", via="local", project=bare_project).job("5").site.mini_cluster == "rehearsal-b"
+
+
+def _recorded(site, job_id: str, **fields) -> None:
+    """Job ``job_id`` in the ledger of ``site``'s project, as a submit to edi records it, but ``fields``."""
     from hpcbox import jobs
 
     recorded = jobs.JobRecord(
@@ -197,9 +201,9 @@ def _edi_record(site, job_id: str, trainer_args: tuple[str, ...], options: dict 
         log=f"/home/s1234/hpcbox/apitest/logs/x-{job_id}.out",
         run_dir=f"/home/s1234/hpcbox/apitest/runs/{job_id}", sif="/home/s1234/hpcbox/images/sha256/ab.sif",
         sif_sha256="ab" * 32, image="hpcbox/apitest:0123", code_revision="0123abc", code_snapshot="cd" * 32,
-        dataset_sha256=None, resources={}, trainer_args=trainer_args, options=options,
+        dataset_sha256=None, resources={}, trainer_args=(),
     )  # fmt: skip
-    jobs.Ledger(site.project).add(recorded, "#!/bin/bash\n")
+    jobs.Ledger(site.project).add(dataclasses.replace(recorded, **fields), "#!/bin/bash\n")
 
 
 def test_resuming_with_settings_its_checkpoints_were_not_written_with_is_refused_before_anything_is_made(
@@ -208,7 +212,8 @@ def test_resuming_with_settings_its_checkpoints_were_not_written_with_is_refused
     """Found as a user: `--resume-from=4 -- --epochs 2` of a job run with `--epochs 1000` was built,
     sent and scheduled, and the trainer refused on the node. hpcbox knows both argument lists."""
     site = hpcbox.Site("edi", project=bare_project)
-    _edi_record(site, "4", ("--epochs", "1000", "--lr", "5e-2", "--seed", "3"), {"time": "5"})
+    earlier = ("--epochs", "1000", "--lr", "5e-2", "--seed", "3")
+    _recorded(site, "4", trainer_args=earlier, options={"time": "5"})
     before = sorted(path.relative_to(bare_project) for path in bare_project.rglob("*"))
     for args, differences in [
         (["--epochs", "2", "--lr=0.05", "--seed", "3"], "--epochs 1000, now 2"),

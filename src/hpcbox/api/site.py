@@ -264,16 +264,27 @@ class Site:
         with self.connect() as connection:
             return jobs.exits_kept(connection, records)
 
-    def at(self, place: Place) -> Site:
+    def at(self, place: Place, *, mini_cluster: str | None = None) -> Site:
         """This site reached another way (where a job ran): the same profile, project and login given
-        (``login=``: its key and host keys, which ~/.ssh/config does not know)."""
-        if place == self.place:
+        (``login=``: its key and host keys, which ~/.ssh/config does not know); ``mini_cluster``: the
+        mini cluster it ran on, where that is not this site's."""
+        mini_cluster = mini_cluster or self.mini_cluster
+        if place == self.place and mini_cluster == self.mini_cluster:
             return self
         return Site(
-            self.profile, **dataclasses.asdict(place), login=self.login, mini_cluster=self.mini_cluster,
+            self.profile, **dataclasses.asdict(place), login=self.login, mini_cluster=mini_cluster,
             remote_root=self.remote_root, cache=self.cache, project=self.project, say=self.say,
             on_line=self.on_line, transport=self.transport,
         )  # fmt: skip
+
+    def _where_ran(self, record: JobRecord, *, agreeing: bool = True) -> Site:
+        """This site reached where ``record``'s job ran: the login node it was sent to, or the mini
+        cluster it ran on (of several up, the one the record names, whichever this site names); with
+        ``agreeing``, a login or rehearsal of this site's that says otherwise is refused in one line."""
+        from hpcbox import jobs
+
+        place = jobs.place_of(record, **dataclasses.asdict(self.place)) if agreeing else jobs.place_of(record)
+        return self.at(place, mini_cluster=record.mini_cluster)
 
     # --- the job's request and script ------------------------------------------------------------
 
@@ -508,7 +519,7 @@ class Site:
         jobs.require_slurm(self.profile)
         original = job.record if isinstance(job, Job) else jobs.Ledger(self.project).find(job, self.name)
         # The rerun goes where the job ran (a rehearsal stays one): a site reached otherwise is refused.
-        site = self.at(jobs.place_of(original, **dataclasses.asdict(self.place)))
+        site = self._where_ran(original)
         if (gone := jobs.gone(original, self.project)) is None:
             with site.connect() as connection:
                 outcomes = jobs.sweep_outcomes(connection, original)
@@ -674,7 +685,7 @@ class Site:
         from hpcbox.api.job import Job
 
         record = jobs.Ledger(self.project).find(job_id, self.where)
-        return Job(self.at(jobs.place_of(record, **dataclasses.asdict(self.place))), record)
+        return Job(self._where_ran(record), record)
 
     def jobs(self) -> list[Job]:
         """The jobs submitted from this project to this site, oldest first."""
@@ -682,7 +693,7 @@ class Site:
         from hpcbox.api.job import Job
 
         return [
-            Job(self.at(jobs.place_of(record)), record)
+            Job(self._where_ran(record, agreeing=False), record)
             for record in jobs.Ledger(self.project).all()
             if record.where == self.where
         ]
@@ -695,7 +706,7 @@ class Site:
 
         jobs.require_slurm(self.profile)
         record = jobs.Ledger(self.project).find(None, self.where)
-        site = self.at(jobs.place_of(record, **dataclasses.asdict(self.place)))
+        site = self._where_ran(record)
         checked = site.resources({**SHELL_DEFAULTS, **given(options)}, allowed=SHELL_RESOURCE_NAMES)
         site._rehearse(checked)
         with site.connect() as connection:

@@ -443,12 +443,21 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
     for record in records:
         if (line := gone(record, project)) is not None:
             described[record.where, record.run] = line
-    for name in sorted({record.where for record in records}):
-        mine = [record for record in records if record.where == name and (name, record.run) not in described]
+    # One connection per cluster: a site's login node, or the mini cluster a rehearsal ran on (of
+    # several up, each its own).
+    for name, mini_cluster in sorted({(record.where, record.mini_cluster or "") for record in records}):
+        mine = [
+            record
+            for record in records
+            if (record.where, record.mini_cluster or "") == (name, mini_cluster)
+            and (name, record.run) not in described
+        ]
         if not mine:
             continue
         try:
-            target = connection_target(load_profile(mine[0].cluster), project, via=mine[0].via)
+            target = connection_target(
+                load_profile(mine[0].cluster), project, via=mine[0].via, mini_cluster=mine[0].mini_cluster
+            )
             with ssh.Connection(target) as connection:
                 said = look(connection, mine)  # one squeue for them all
                 for record in mine:
