@@ -68,15 +68,15 @@ def test(c, k=None, unit=False, lint_first=True, reverse=False, note=None):
         mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict"]
         mkdocs += ["--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", site]
         c.run(shlex.join(mkdocs), pty=False, env={"NO_MKDOCS_2_WARNING": "1"})
-    # A worker for each lane of integration modules (tests/conftest.py's LANES); the unit tests fill in
-    # where a lane ends first.
+    # A worker for each lane of integration modules (`auto`: tests/conftest.py's LANES say how many);
+    # the unit tests fill in where a lane ends first.
     # Debian moves past the locks' pins between `invoke lock --record`s: the recorded-digests test then
     # names the moved pins and passes here, so that this command passes on any day; CI's weekly run
     # (.github/workflows/drift.yml) leaves it unset and fails.
     os.environ.setdefault("HPCBOX_ALLOW_DRIFT", "1")
     if note:
         os.environ["HPCBOX_SUITE_NOTE"] = note
-    args = [sys.executable, "-m", "pytest", "--numprocesses=2" if unit else "--numprocesses=4"]
+    args = [sys.executable, "-m", "pytest", "--numprocesses=2" if unit else "--numprocesses=auto"]
     args.append("tests/unit" if unit else "tests")
     if k:
         args += ["-k", k]

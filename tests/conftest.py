@@ -43,8 +43,6 @@ LANES = {
         "test_ssh_master",
         "test_cluster_sharing",
         "test_minicluster",
-        "test_registry_base",
-        "test_base",
     ),
     "cluster submits": (
         "test_submit",
@@ -52,25 +50,29 @@ LANES = {
         "test_upload",
         "test_notebook",
     ),
-    "own projects and images": (
+    "own projects": (
         "test_own_project",
         "test_api",
         "test_executor",
         "test_upload_access",
         "test_upload_full",
-        "test_image",
-        "test_sif",
-        "test_reproducible",
+        "test_doctor",
     ),
     "other clusters": (
         "test_slurm_2205",
         "test_slurm_2605",
         "test_container_software",
         "test_rehearsal",
-        "test_doctor",
-        "test_verify",
-        "test_lock",
+    ),
+    "images and builds": (
         "test_trainer",
+        "test_lock",
+        "test_verify",
+        "test_image",
+        "test_sif",
+        "test_registry_base",
+        "test_reproducible",
+        "test_base",
     ),
 }
 _LANE_OF = {module: lane for lane, modules in LANES.items() for module in modules}
@@ -113,6 +115,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             lane_of(item.path)
             item.add_marker(pytest.mark.integration)
     items[:] = [item for _, item in sorted(enumerate(items), key=place)]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`--numprocesses=auto` (`invoke test`): a worker for each lane."""
+    return len(LANES)
 
 
 @pytest.hookimpl(optionalhook=True)
