@@ -326,6 +326,10 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
             text=True, preexec_fn=ctrl_c_as_in_a_terminal,
         )  # fmt: skip
     assert watcher.stdout is not None
+    # The trainer held still from the end of its first epoch until the browser has drawn what came home:
+    # on a busy machine the watch's line, TensorBoard and the browser came after its last epoch (seen in
+    # a run beside a CPU-bound process), and the page drawn "while it ran" had every point.
+    trainer = held_after_its_first_epoch(minicluster, record)
     try:
         lines: list[str] = []
         for line in iter(watcher.stdout.readline, ""):
@@ -337,6 +341,7 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
                 assert url, said.read_text()
                 assert drawn(url[1], timeout_s=30), said.read_text()  # the curve has its first point
                 while_running = step_loss_drawn(browser, url[1], points=2, page_to=tmp_path / "running.html")
+                trainer.go_on()
             if line.startswith("done: "):
                 break
         ended = "hpcbox: the job has ended; TensorBoard goes on at "
@@ -357,6 +362,7 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(timeout=30) == 0, said.read_text()
     finally:
+        trainer.go_on()  # whatever failed, it holds no node for the tests after it
         if watcher.poll() is None:
             watcher.kill()
     assert any(line.startswith("epoch 1 step 5: loss ") for line in lines), lines
@@ -367,6 +373,35 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
     assert f"hpcbox: results in {local}\n" in said.read_text()
     assert [step for step, _ in read(local / "tensorboard")["val/accuracy"]] == [10, 20, 30]
     assert (local / Path(record.log).name).is_file()
+
+
+TRAINER_PROCESS = r"python[0-9.]* -m hpctrain train"  # its command line, as pkill --full reads it
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldTrainer:
+    """A job's trainer process on ``node``, stopped (SIGSTOP) while its job runs on."""
+
+    cluster: object
+    node: str
+
+    def go_on(self) -> None:
+        self.cluster.exec(self.node, ["pkill", "--signal", "CONT", "--full", TRAINER_PROCESS])
+
+
+def held_after_its_first_epoch(minicluster, record: jobs.JobRecord) -> HeldTrainer:
+    """Job ``record``'s trainer stopped once its log (the job's, as the trainer prints) has its first
+    epoch's line: past Apptainer's start, whose mount has a deadline of its own. The job script's copies
+    of what the trainer wrote go on meanwhile."""
+    deadline = time.monotonic() + 300
+    while minicluster.ssh(["grep", "-q", '"event": "epoch"', record.log]).returncode != 0:
+        assert time.monotonic() < deadline, minicluster.ssh(["tail", "-n", "20", record.log]).stdout
+        time.sleep(0.2)
+    node = minicluster.ssh(["squeue", "-h", "-j", record.job_id, "-o", "%N"], check=True).stdout.strip()
+    held = HeldTrainer(minicluster, node)
+    stopped = minicluster.exec(node, ["pkill", "--signal", "STOP", "--full", TRAINER_PROCESS])
+    assert stopped.returncode == 0, (node, stopped.stdout, stopped.stderr)
+    return held
 
 
 # TensorBoard's charts drawn as SVG (`?forceSVG=true`): the raw series (under its smoothed one) is a line
