@@ -39,7 +39,7 @@ from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.fixtures.images import Browser
-from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup, ctrl_c_as_in_a_terminal
+from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup, ctrl_c_as_in_a_terminal, until_logged
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
 from tests.unit.test_curves import read
 
@@ -393,10 +393,7 @@ def held_after_its_first_epoch(minicluster, record: jobs.JobRecord) -> HeldTrain
     """Job ``record``'s trainer stopped once its log (the job's, as the trainer prints) has its first
     epoch's line: past Apptainer's start, whose mount has a deadline of its own. The job script's copies
     of what the trainer wrote go on meanwhile."""
-    deadline = time.monotonic() + 300
-    while minicluster.ssh(["grep", "-q", '"event": "epoch"', record.log]).returncode != 0:
-        assert time.monotonic() < deadline, minicluster.ssh(["tail", "-n", "20", record.log]).stdout
-        time.sleep(0.2)
+    until_logged(minicluster, record.log, '"event": "epoch"')
     node = minicluster.ssh(["squeue", "-h", "-j", record.job_id, "-o", "%N"], check=True).stdout.strip()
     held = HeldTrainer(minicluster, node)
     stopped = minicluster.exec(node, ["pkill", "--signal", "STOP", "--full", TRAINER_PROCESS])

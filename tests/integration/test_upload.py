@@ -27,7 +27,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.store import ship
 from hpcbox.tools import ssh
-from tests.fixtures.submitting import RESTING, Setup
+from tests.fixtures.submitting import RESTING, Setup, until_logged
 from tests.integration.test_submit import finished, invoke, log_of, submit
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -82,10 +82,7 @@ def held_still(minicluster, job: jobs.JobRecord) -> None:
     context deadline exceeded", the job FAILED: seen in a full run)."""
     job_id = job.job_id
     _wait_for_state(minicluster, job_id, "RUNNING", ("PENDING", "CONFIGURING"))
-    deadline = time.monotonic() + 300
-    while minicluster.ssh(["grep", "-q", '"event"', job.log]).returncode != 0:
-        assert time.monotonic() < deadline, minicluster.ssh(["tail", "-n", "20", job.log]).stdout
-        time.sleep(1)
+    until_logged(minicluster, job.log, '"event"')
     minicluster.ssh(["scancel", "--signal=STOP", "--full", job_id], check=True)
     # SIGNALING: Slurm's state while the signal is on its way to the job's processes (seen in a full run).
     _wait_for_state(minicluster, job_id, "STOPPED", ("RUNNING", "SIGNALING"))

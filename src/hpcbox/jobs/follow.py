@@ -445,15 +445,11 @@ def overview(project: ProjectConfig, cluster: str | None = None) -> list[str]:
             described[record.where, record.run] = line
     # One connection per cluster: a site's login node, or the mini cluster a rehearsal ran on (of
     # several up, each its own).
-    for name, mini_cluster in sorted({(record.where, record.mini_cluster or "") for record in records}):
-        mine = [
-            record
-            for record in records
-            if (record.where, record.mini_cluster or "") == (name, mini_cluster)
-            and (name, record.run) not in described
-        ]
-        if not mine:
-            continue
+    clusters: dict[tuple[str, str], list[JobRecord]] = {}
+    for record in records:
+        if (record.where, record.run) not in described:
+            clusters.setdefault((record.where, record.mini_cluster or ""), []).append(record)
+    for (name, _), mine in sorted(clusters.items()):
         try:
             target = connection_target(
                 load_profile(mine[0].cluster), project, via=mine[0].via, mini_cluster=mine[0].mini_cluster
