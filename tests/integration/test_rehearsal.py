@@ -524,11 +524,13 @@ def test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_i
                    "first)" in line for line in listed), listed  # fmt: skip
 
 
-def test_an_executor_call_raced_on_two_accounts_returns_from_the_free_ones_job(
+def test_an_executor_call_and_an_array_raced_on_two_accounts_return_from_the_free_ones_jobs(
     rehearsals, setup: Setup, tmp_path: Path
 ):
     """The same race from submitit's surface: `Executor(..., account="FULL,FREE")`; `submit` returns the
-    job that started, whose `result()` is the call's return; the other is cancelled."""
+    job that started, whose `result()` is the call's return; the other is cancelled. Then `map_array`
+    (the path a Hydra multirun takes: an array job per entrant): the free account's array is kept, each
+    task returns its call's value, the other array is cancelled."""
     cluster = rehearsals.like("m3")
     script = f"""
 import json
@@ -537,7 +539,9 @@ from hpcbox.submitit import Executor
 executor = Executor({str(tmp_path / "calls")!r}, "m3", via="local")
 executor.update_parameters(timeout_min=10, account=sys.argv[1])
 job = executor.submit(divmod, 7, 2)
+tasks = executor.map_array(divmod, [9, 10], [4, 3])
 print(json.dumps([job.job_id, job.result()]))
+print(json.dumps([[task.job_id for task in tasks], [task.result() for task in tasks]]))
 """
     with accounts_one_at_its_limit(cluster) as (full, free):
         ran = subprocess.run(
@@ -546,15 +550,24 @@ print(json.dumps([job.job_id, job.result()]))
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
         assert ran.returncode == 0, ran.stderr[-4000:]
-        kept, returned = json.loads(ran.stdout.splitlines()[-1])
+        called, mapped = (json.loads(line) for line in ran.stdout.splitlines()[-2:])
+        kept, returned = called
         assert returned == [3, 1]
+        task_ids, task_returns = mapped
+        assert task_returns == [[2, 1], [3, 1]]
+        array = task_ids[0].split("_")[0]
+        assert task_ids == [f"{array}_0", f"{array}_1"]
         ledger = {record.job_id: record for record in jobs.Ledger(setup.project()).on("m3-via-local")}
-        race = ledger[kept].race
-        assert ledger[kept].resources["account"] == free and race is not None
-        lost = next(job_id for job_id, record in ledger.items() if record.race == race and job_id != kept)
-        assert ledger[lost].resources["account"] == full
-        assert (race["kept"], race["cancelled"]) == (f"m3-via-local job {kept}", [f"m3-via-local job {lost}"])
-        assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
+        for kept_id in (kept, array):
+            race = ledger[kept_id].race
+            assert ledger[kept_id].resources["account"] == free and race is not None
+            lost = next(job_id for job_id, each in ledger.items() if each.race == race and job_id != kept_id)
+            assert ledger[lost].resources["account"] == full
+            assert (race["kept"], race["cancelled"]) == (
+                f"m3-via-local job {kept_id}",
+                [f"m3-via-local job {lost}"],
+            )
+            assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
 
 
 @contextlib.contextmanager

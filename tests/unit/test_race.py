@@ -17,6 +17,7 @@ from hpcbox.errors import FieldError, HpcboxError
 from hpcbox.jobs.watch import Watch
 from hpcbox.ledger import JobRecord, Ledger
 from hpcbox.project.config import load_project
+from hpcbox.render.sweep import Sweep
 from hpcbox.tools import slurm
 from hpcbox.tools.slurm import JobState
 
@@ -24,13 +25,17 @@ JOB_IDS = itertools.count(100)
 
 
 class StandInJob:
-    def __init__(self, site: StandInSite, job_id: str, account: str | None) -> None:
+    """A job as `Site.submit` returns it: an array job (its tasks' ids `--array` names) for a sweep."""
+
+    def __init__(self, site: StandInSite, job_id: str, account: str | None, sweep: Sweep | None) -> None:
         self.site, self.job_id = site, job_id
+        array = f"0-{len(sweep.points) - 1}" if sweep else None
         self.record = JobRecord(
             job_id=job_id, cluster=site.where, host="h", submitted_at="2026-12-05T19:00:00+00:00",
             submit_dir="/s", script=f"/s/scripts/{job_id}.sh", log="/s/l.out", run_dir=f"/s/runs/{job_id}",
             sif="s.sif", sif_sha256="ab" * 32, image="i:1", code_revision="0", code_snapshot="cd" * 32,
-            dataset_sha256="ef" * 32, resources={"account": account}, trainer_args=(),
+            dataset_sha256="ef" * 32, resources={"account": account, "array": array},
+            trainer_args=(), sweep=sweep.points if sweep else (),
         )  # fmt: skip
         self.cancelled = False
 
@@ -77,11 +82,12 @@ class StandInSite:
         self.watch = Watch(self.read)
 
     def read(self, records) -> slurm.Looked:
+        """As `jobs.look` answers: a job by its id, an array by each task's (`ID_TASK`), never its own."""
         self.looks += 1
         started = self.starts_at_look is not None and self.looks >= self.starts_at_look
-        return {
-            record.job_id: JobState(record.job_id, "RUNNING" if started else "PENDING") for record in records
-        }
+        keys = [f"{record.job_id}_{task}" for record in records for task in record.array_tasks]
+        keys += [record.job_id for record in records if not record.is_array]
+        return {key: JobState(key, "RUNNING" if started else "PENDING") for key in keys}
 
     def resources(self, options, *, command=None, warn: bool) -> None:
         if options.get("mem") == "lots":
@@ -104,7 +110,7 @@ class StandInSite:
             self.upload_started_at = time.monotonic()
             time.sleep(self.upload_s)
         self.sent_at = time.monotonic()
-        return StandInJob(self, str(next(JOB_IDS)), options.get("account"))
+        return StandInJob(self, str(next(JOB_IDS)), options.get("account"), self.sent_with[-1]["sweep"])
 
 
 @pytest.fixture
@@ -251,14 +257,14 @@ def test_sites_of_two_compressions_are_each_sent_what_was_made_for_their_compres
 
 
 def test_a_sweep_and_another_program_go_to_every_entrant(project):
-    """The executor races its calls: an array of them (`sweep`), run by its runner (`command`)."""
+    """The executor races its calls: an array of them (`sweep`), run by its runner (`command`); an
+    array has started once a task runs (Slurm is asked of its tasks, not of the array's own id)."""
     from hpcbox.project.command import ContainerCommand
-    from hpcbox.render.sweep import Sweep
 
     runner = ContainerCommand("script", "run_call.py", ())
     calls = Sweep("hpcbox.submitit", (("0",), ("1",)), 256)
     fast, slow = StandInSite("edi", project, 1), StandInSite("mila", project, None)
-    raced = race([slow, fast], sweep=calls, command=runner, say=lambda _: None)
-    assert raced.kept.site is fast
+    raced = race([slow, fast], sweep=calls, command=runner, say=lambda _: None, timeout_s=30)
+    assert raced.kept.site is fast and raced.kept.record.is_array  # started: its tasks run
     assert fast.sent_with == slow.sent_with == [{"sweep": calls, "command": runner}]
     assert slow.prepared_for == runner  # the one compression's SIF made once, for the runner

@@ -95,6 +95,18 @@ def test_separate_jobs_and_an_arrays_tasks_share_each_look():
     assert len(cluster.looks) == 3
 
 
+def test_an_arrays_own_id_reads_as_its_tasks_together_from_the_same_look():
+    """A race asks whether an array job has started by its own id, which no look answers (a look says
+    each task's): running while any task runs, its tasks' end once all have ended."""
+    clock, cluster, watch = watched({"7_0": 5, "7_1": 20}, record("7", 2))
+    assert watch.state("7") == JobState("7", "RUNNING", source="array") and len(cluster.looks) == 1
+    clock.now = 6
+    assert watch.state("7").state == "RUNNING" and len(cluster.looks) == 2  # one look for both tasks
+    clock.now = 25
+    assert watch.state("7", fresh=True).state == "COMPLETED" and len(cluster.looks) == 3
+    assert watch.state("7").state == "COMPLETED" and len(cluster.looks) == 3  # ended: not asked again
+
+
 def test_a_job_seen_ended_is_never_asked_about_again():
     clock, cluster, watch = watched({"5": 1, "6": 100}, record("5"), record("6"))
     clock.now = 2

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from hpcbox.errors import HpcboxError
+from hpcbox.jobs.follow import array_state
 from hpcbox.ledger import JobRecord
 from hpcbox.tools import slurm
 
@@ -100,7 +101,15 @@ class Watch:
     def state(self, job_id: str, *, fresh: bool = False) -> slurm.JobState:
         """Job (or task, `ID_TASK`) ``job_id``'s state: as last seen where it had ended or no look is due
         yet, else from a look at every unfinished job of the watch (made now where a peek due now finds
-        a job's exit status new); ``fresh``: a look now."""
+        a job's exit status new); ``fresh``: a look now. An array's own id: its tasks' states together
+        (running while any runs), from the same look."""
+        record = self._records.get(job_id)
+        if record is not None and record.is_array:
+            tasks = {task: self.state(f"{job_id}_{task}", fresh=fresh and not index)
+                     for index, task in enumerate(record.array_tasks)}  # fmt: skip
+            found = array_state(tasks)
+            assert found is not None  # an array runs at least one task
+            return found
         if job_id in self._final:
             return self._final[job_id]
         if fresh or job_id not in self._said or self._look_due():
