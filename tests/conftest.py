@@ -48,7 +48,6 @@ LANES = {
         "test_submit",
         "test_job_identity",
         "test_upload",
-        "test_notebook",
     ),
     "own projects": (
         "test_own_project",
@@ -63,6 +62,7 @@ LANES = {
         "test_slurm_2605",
         "test_container_software",
         "test_rehearsal",
+        "test_notebook",
     ),
     "images and builds": (
         "test_trainer",
