@@ -54,9 +54,11 @@ def lint(c):
         "reverse": "run each lane's integration modules in reverse order (any order must pass)",
         "note": "how this run is made (e.g. fresh clone, engine wiped), as suite.json's history records it "
         "(default: $HPCBOX_SUITE_NOTE)",
+        "cpu": "the whole suite's CPU by where it ran and by program, from the kernel's process accounting "
+        "(root only), into the same results",
     }
 )
-def test(c, k=None, unit=False, lint_first=True, reverse=False, note=None):
+def test(c, k=None, unit=False, lint_first=True, reverse=False, note=None, cpu=False):
     """Run lint, the docs site's strict build and the whole test suite (real Docker, Apptainer, Slurm)."""
     if lint_first:
         lint(c)
@@ -84,6 +86,8 @@ def test(c, k=None, unit=False, lint_first=True, reverse=False, note=None):
         args.append("--record-durations")
     if reverse:
         args.append("--reverse-modules")
+    if cpu:
+        args.append("--record-cpu")
     c.run(shlex.join(args), pty=False)
 
 

@@ -6,6 +6,8 @@ import datetime
 import importlib.util
 import json
 import os
+import shutil
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -91,6 +93,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="write each module's seconds and outcomes to bench/results/suite.json and docs/testing.md",
     )
+    group.addoption(
+        "--record-cpu",
+        action="store_true",
+        help="with --record-durations: the kernel's process accounting on for the run (root only), its CPU "
+        "by where it ran and by program into the same results (bench/suite_cpu.py)",
+    )
 
 
 def lane_of(path: Path) -> str:
@@ -159,7 +167,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--record-durations") and not hasattr(config, "workerinput"):  # xdist's controller
         from tests.fixtures.buildcache import SuiteBuildCache
 
-        durations = SuiteDurations(SuiteBuildCache.begin())
+        accounting = None
+        if config.getoption("--record-cpu"):
+            accounting = _bench("suite_cpu").Accounting(
+                Path(tempfile.mkdtemp(prefix="hpcbox-pacct-")) / "pacct"
+            )
+        durations = SuiteDurations(SuiteBuildCache.begin(), accounting)
         config.pluginmanager.register(durations, "hpcbox-suite-durations")
 
 
@@ -171,10 +184,13 @@ class SuiteDurations:
     added to the file's history of every full run (bench/suite_history.py), with how it was made as the
     runner says it (HPCBOX_SUITE_NOTE="fresh clone, engine wiped") and whether its modules ran reversed.
     At the end, the run's ``build_cache`` tidied (tests/fixtures/buildcache.py), what the suite's runs
-    keep a row."""
+    keep a row; with ``accounting`` (bench/suite_cpu.py's, `--record-cpu`), the run's CPU by where it ran
+    and by program, rows too."""
 
-    def __init__(self, build_cache: SuiteBuildCache | None = None) -> None:
+    def __init__(self, build_cache: SuiteBuildCache | None = None, accounting=None) -> None:
         self.build_cache = build_cache
+        self.accounting = accounting
+        self.accounting_refused = accounting.start() if accounting is not None else None
         self.started = datetime.datetime.now(datetime.UTC)
         self.load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         self.errors: set[str] = set()  # failed outside their call (set-up, tear-down): pytest's errors
@@ -230,6 +246,7 @@ class SuiteDurations:
                      f"{tidied.kept} records; {tidied.removed} ({tidied.removed_bytes / 1e9:.1f} GB) "
                      "removed: made by earlier runs and unused by this one, or the oldest over the bound")
             )  # fmt: skip
+        rows += self._cpu_rows(session, wall)
         runner, history = _bench("run"), _bench("suite_history")
         tests = {}
         for nodeid, seconds in sorted(self.test_seconds.items(), key=lambda item: -item[1]):
@@ -264,6 +281,25 @@ class SuiteDurations:
             commit=commit,
             history=history.added(history.history(earlier) if earlier else [], run),
         )
+
+    def _cpu_rows(self, session: pytest.Session, wall_s: float) -> list[dict]:
+        """The run's CPU from its process accounting (none where it was not asked for or not allowed)."""
+        if self.accounting is None:
+            return []
+        say = session.config.pluginmanager.get_plugin("terminalreporter").write_line
+        if self.accounting_refused:
+            say(f"hpcbox: {self.accounting_refused}")
+            return []
+        self.accounting.stop()
+        cpu = _bench("suite_cpu")
+        daemons = {
+            name: seconds - self.accounting.daemons_at_start.get(name, 0.0)
+            for name, seconds in cpu.daemons_cpu_s().items()
+        }
+        try:
+            return cpu.rows(cpu.read(self.accounting.path), daemons, wall_s, os.cpu_count() or 1)
+        finally:
+            shutil.rmtree(self.accounting.path.parent, ignore_errors=True)
 
 
 def _bench(name: str):
