@@ -205,13 +205,14 @@ def test_a_notebook_runs_in_the_sif_reached_by_a_browser_and_a_second_terminal_a
         assert first.stop(signal.SIGINT) == 0, first.said
         assert f"ending notebook job {job_id}" in first.said, first.said
         assert not port_answers(url)
-        status = invoke(setup, "status", "-j", job_id)
+        # --cluster: the lane's other modules' rehearsals have jobs of the same ids in the project's ledger.
+        status = invoke(setup, "status", "-j", job_id, "--cluster=local")
         assert re.match(rf"job {job_id}: (COMPLETED|CANCELLED)", status.stdout), status.stdout + status.stderr
         left = (
             minicluster.node_container("node1").exec_run(["ls", "/disk/scratch/researcher"]).output.decode()
         )
         assert f"hpcbox-{job_id}" not in left, left
-        fetched = invoke(setup, "fetch", "-j", job_id)
+        fetched = invoke(setup, "fetch", "-j", job_id, "--cluster=local")
         assert fetched.returncode == 0, fetched.stderr
         assert (setup.project_dir / "runs" / "local" / job_id / "kept.ipynb").is_file()
     finally:
