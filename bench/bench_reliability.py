@@ -93,6 +93,10 @@ SCENARIOS = {
     "preempted (no user signal: TERM at the grace time's end): resumed, figures of a run never stopped": [
         f"{SUBMIT}::test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped",
     ],
+    "a submitit call preempted where the site sends the user's signal: checkpointed as picked, resumed": [
+        "tests/integration/test_rehearsal.py::"
+        "test_a_call_preempted_where_the_site_sends_the_users_signal_checkpoints_as_it_is_picked_and_resumes",
+    ],
     "a Hydra point preempted mid-run, then at its time limit: requeued each time, went on, returned": [
         "tests/integration/test_own_project.py::"
         "test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_resumes_and_returns",

@@ -280,7 +280,22 @@ def test_a_notebook_submits_a_function_and_a_later_cell_gets_its_result(
 
 # A script as submitit's docs write one: its functions and a Checkpointable defined in it, no main guard,
 # submitit's own AutoExecutor; only the cluster is hpcbox's.
-DOCS_SCRIPT = """\
+# Its Checkpointable: a step a second, each said as it starts; the steps and the runs it took.
+TRAINER_CLASS = """\
+class Trainer(submitit.helpers.Checkpointable):
+    def __init__(self):
+        self.step = 0
+        self.starts = 0
+
+    def __call__(self, steps):
+        self.starts += 1
+        for self.step in range(self.step, steps):
+            print(f"step {self.step}", flush=True)
+            time.sleep(1)  # a step of training
+        return {"steps": self.step + 1, "starts": self.starts}
+"""
+DOCS_SCRIPT = (
+    """\
 import json
 import sys
 import time
@@ -296,16 +311,9 @@ def fail(message):
     raise ValueError(message)
 
 
-class Trainer(submitit.helpers.Checkpointable):
-    def __init__(self):
-        self.step = 0
-        self.starts = 0
-
-    def __call__(self, steps):
-        self.starts += 1
-        for self.step in range(self.step, steps):
-            time.sleep(1)  # a step of training
-        return {"steps": self.step + 1, "starts": self.starts}
+"""
+    + TRAINER_CLASS
+    + """
 
 
 executor = submitit.AutoExecutor(folder=sys.argv[1], cluster="hpcbox", hpcbox_cluster="local")
@@ -338,6 +346,7 @@ print(json.dumps({
     "found_again": [job.paths.folder.parent.as_posix(), job.job_id],
 }))
 """
+)
 
 # A new process, a day later as far as it knows: the job found again from its folder and id.
 FOUND_AGAIN = """\

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import re
@@ -37,8 +38,9 @@ from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.survey import draft
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup
+from tests.fixtures.submitting import Setup, until_logged, with_own_ledger
 from tests.integration.test_doctor import verdicts
+from tests.integration.test_executor import TRAINER_CLASS
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
 from tests.integration.test_submit import SHORT, dropping_port, finished, invoke, sweep_project
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
@@ -568,6 +570,84 @@ print(json.dumps([[task.job_id for task in tasks], [task.result() for task in ta
                 [f"m3-via-local job {lost}"],
             )
             assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
+
+
+# The docs script's Checkpointable, sent to a rehearsal's preemptible partition on node1.
+USER_SIGNAL_SCRIPT = (
+    """\
+import json
+import sys
+import time
+
+import submitit
+
+from hpcbox.submitit import Executor
+
+
+"""
+    + TRAINER_CLASS
+    + """
+
+executor = Executor(sys.argv[1], "usersig", via="local")
+executor.update_parameters(timeout_min=10, partition="preemptible", extra=["--nodelist=node1"])
+job = executor.submit(Trainer(), 30)
+print(json.dumps({"job": job.job_id}), flush=True)
+print(json.dumps(job.result()), flush=True)
+"""
+)
+
+
+def test_a_call_preempted_where_the_site_sends_the_users_signal_checkpoints_as_it_is_picked_and_resumes(
+    rehearsals, setup: Setup, tmp_path: Path, tmp_path_factory, monkeypatch
+):
+    """A site that sets PreemptParameters=send_user_signal, rehearsed from a profile of the user's own
+    that says so (`[preemption] send_user_signal = true`; no seed's profile knows it of its site): a
+    submitit Checkpointable call in `preemptible` on node1, picked by a `cpu` job that needs node1. The
+    job's own signal comes as it is picked, not TERM at the grace time's end: the call checkpoints then,
+    Slurm requeues the job, and the next run resumes and returns what a run never stopped returns. (A
+    ledger of its own: the lane's later commands know no profile `usersig`.)"""
+    setup = with_own_ledger(setup, tmp_path_factory, "usersig-project")
+    own = tmp_path / "clusters"
+    own.mkdir()
+    local = (profiles.SHIPPED_DIR / "local.toml").read_text()
+    assert "send_user_signal = false" in local
+    (own / "usersig.toml").write_text(local.replace("send_user_signal = false", "send_user_signal = true"))
+    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
+    cluster = rehearsals.like("usersig")
+    assert cluster.shape.send_user_signal
+    script = tmp_path / "preempted_call.py"
+    script.write_text(USER_SIGNAL_SCRIPT)
+    running = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "calls")], cwd=setup.project_dir,
+        env={**os.environ, **setup.env, "HPCBOX_MINICLUSTER": cluster.name},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert running.stdout is not None
+        job_id = json.loads(running.stdout.readline() or "{}").get("job")
+        assert job_id, running.stderr.read() if running.poll() is not None else "no job id"
+        log = jobs.Ledger(setup.project()).find(job_id, "usersig-via-local").log
+        until_logged(cluster, log, "step 3")
+        higher = cluster.ssh(
+            ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
+             "--output=/dev/null", "--job-name=higher", "--wrap=true"],
+            check=True,
+        ).stdout.strip()  # fmt: skip
+        said, complained = running.communicate(timeout=600)
+    finally:
+        if running.poll() is None:
+            running.kill()
+    assert running.returncode == 0, complained[-4000:]
+    returned = json.loads(said.splitlines()[-1])
+    assert returned == {"steps": 30, "starts": 2}, (returned, cluster.ssh(["cat", log]).stdout)
+    runs = cluster.ssh(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+    assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
+    text = cluster.ssh(["cat", log]).stdout
+    assert f"job {job_id} was preempted; the trainer checkpointed" in text, text
+    # The picked job ended once it had checkpointed: the higher job did not wait out the grace time.
+    times = cluster.ssh(["sacct", "-j", higher, "-X", "-n", "-P", "-o", "Submit,Start"]).stdout.split("|")
+    submitted, started = (datetime.datetime.fromisoformat(value.strip()) for value in times)
+    assert (started - submitted).total_seconds() < cluster.shape.grace_time_s, times
 
 
 @contextlib.contextmanager

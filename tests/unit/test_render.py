@@ -301,7 +301,8 @@ if mode == "wait":
 '''
 
 # Stand-in for scontrol: what it shows is read, what it does is logged. The job's Restarts is
-# $STUB_RESTARTS: one more than the run's SLURM_RESTART_COUNT once Slurm has decided to requeue it.
+# $STUB_RESTARTS: one more than the run's SLURM_RESTART_COUNT once Slurm has decided to requeue it; its
+# PreemptTime is $STUB_PREEMPT_TIME: the pick's time from a preemption's pick on, else None.
 STUB_SCONTROL = """#!/bin/sh
 if [ "$1 $2" = "show hostnames" ]; then
     printf 'node1\\nnode2\\n'
@@ -310,6 +311,7 @@ fi
 if [ "$1 $2" = "show job" ]; then
     printf 'JobId=%s JobName=job\\n   JobState=COMPLETING Reason=None\\n' "$3"
     printf '   Requeue=1 Restarts=%s BatchFlag=1\\n' "${STUB_RESTARTS:-0}"
+    printf '   PreemptEligibleTime=2026-12-06T21:00:00 PreemptTime=%s\\n' "${STUB_PREEMPT_TIME:-None}"
     exit 0
 fi
 echo "$@" >>"$STUB_SCONTROL_LOG"
@@ -662,6 +664,24 @@ def test_usr1_before_the_time_limit_is_forwarded_and_the_job_requeued(sandbox: S
     assert process.returncode == 0, output
     assert (sandbox.run_dir / "checkpoints" / "last.pt").read_text() == "SIGUSR1"
     assert sandbox.slurm_calls() == ["requeue 4242"]
+    assert not sandbox.scratch_was.exists()
+
+
+def test_usr1_as_the_job_is_picked_where_the_site_sends_it_is_a_preemption_slurm_requeues(sandbox: Sandbox):
+    """Where the site sets send_user_signal, the job's own USR1 comes as it is picked for preemption, and
+    the job's PreemptTime is set from then on: the trainer checkpoints as at the time limit, but the
+    script leaves the requeue to Slurm (a requeue of its own would count its run REQUEUED, not
+    PREEMPTED) and says the job was preempted; the next run resumes."""
+    sandbox.env["STUB_PREEMPT_TIME"] = "2026-12-06T21:30:00"
+    process = sandbox.start(sandbox.script(ResourceRequest(job_name="picked", time="30")), mode="wait")
+    _wait_for(sandbox.root / "ready")
+    process.send_signal(signal.SIGUSR1)
+    output, _ = process.communicate(timeout=30)
+    said = output.decode(errors="replace")
+    assert process.returncode == 0 and checkpointed_on(sandbox) == "SIGUSR1", said
+    assert sandbox.slurm_calls() == [], said
+    assert not (sandbox.run_dir / ".hpcbox-exit").exists()
+    assert "hpcbox: job 4242 was preempted; the trainer checkpointed" in said, said
     assert not sandbox.scratch_was.exists()
 
 

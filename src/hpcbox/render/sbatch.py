@@ -516,6 +516,7 @@ def _functions(
         retry=retry,
         signals=dialect.signals,
         preemption=_bash("preemption") + "\n\n" if dialect.preemption else "",
+        picked_branch=_bash("picked_branch") + "\n" if dialect.preemption else "",
         preempted_branch=_bash("preempted_branch") + "\n" if dialect.preemption else "",
         signal_trainer=signal_trainer,
     )

@@ -176,6 +176,15 @@ preempted() {
     shown=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
     [[ $shown =~ Restarts=([0-9]+) ]] && (( BASH_REMATCH[1] > ${SLURM_RESTART_COUNT:-0} ))
 }
+# Where the site sends the job's own signal as it is picked (PreemptParameters=send_user_signal), the
+# USR1 is a preemption's, told from the time limit's by the pick's time: Slurm sets the job's PreemptTime
+# then (it shows None before). The script then leaves the requeue to Slurm, as after a preemption's TERM.
+# shellcheck disable=SC2317  # run by `trap`, which shellcheck does not follow
+picked() {
+    local shown
+    shown=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null) || return 1
+    [[ $shown =~ PreemptTime=([^[:space:]]+) && ${BASH_REMATCH[1]} != None ]]
+}
 
 # Slurm signals this shell: USR1 before the time limit, TERM on scancel, or TERM to this shell alone
 # (`scancel --batch --signal=TERM`, as `hpcbox cancel` does), TERM at a preemption's grace time's
@@ -185,6 +194,9 @@ forward() {
     local signal=$1  # to the trainer
     if [[ $1 == USR1 ]]; then
         time_up=1
+        if picked; then
+            preemption=1
+        fi
     elif [[ $1 == TERM ]] && preempted; then
         # Preempted: the trainer is given the time limit's signal, on which it checkpoints (a program
         # may take TERM as a cancel), and Slurm requeues the job itself.
