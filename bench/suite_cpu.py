@@ -147,9 +147,9 @@ def rows(processes: list[Process], daemons_s: dict[str, float], wall_s: float, c
     made.append(_row("CPU of the engine's daemons", daemons / 60, ", ".join(sorted(daemons_s))))
     for program, seconds in by_program.most_common(TOP_PROGRAMS):
         split = ", ".join(
-            f"{share / 60:.1f} {place}"
-            for rank, (place, share) in enumerate(program_places[program].most_common())
-            if share >= 3 or not rank
+            f"{there / 60:.1f} {place}"
+            for rank, (place, there) in enumerate(program_places[program].most_common())
+            if there >= 3 or not rank
         )
         count = f"{runs[program]:,} run{'' if runs[program] == 1 else 's'}"
         made.append(_row(f"CPU: {program}", seconds / 60, f"{count}: {split}"))

@@ -218,6 +218,7 @@ class SuiteDurations:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         wall = (datetime.datetime.now(datetime.UTC) - self.started).total_seconds()
+        cpu_rows = self._cpu_rows(session, wall)  # accounting off first: whatever follows may raise
         every = [outcome for tests in self.outcomes.values() for outcome in tests.values()]
         rows = [_row("the whole suite, wall clock", wall / 60, "min", _counted(every), target="≤ 25 min")]
         for lane in LANES:
@@ -246,7 +247,7 @@ class SuiteDurations:
                      f"{tidied.kept} records; {tidied.removed} ({tidied.removed_bytes / 1e9:.1f} GB) "
                      "removed: made by earlier runs and unused by this one, or the oldest over the bound")
             )  # fmt: skip
-        rows += self._cpu_rows(session, wall)
+        rows += cpu_rows
         runner, history = _bench("run"), _bench("suite_history")
         tests = {}
         for nodeid, seconds in sorted(self.test_seconds.items(), key=lambda item: -item[1]):
