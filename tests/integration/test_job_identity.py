@@ -56,11 +56,16 @@ def submitted(setup: Setup) -> tuple[str, str]:
 
 
 def completed(setup: Setup, job: str) -> None:
-    """Once job ``job`` has ended (`logs --follow` returns then), it completed."""
-    followed = invoke(setup, "logs", "-j", job, "--follow")
+    """`status --follow` says job ``job``'s state each time it changes and returns once it has ended:
+    COMPLETED, and nothing ended before that line."""
+    followed = invoke(setup, "status", "-j", job, "--follow")
     assert followed.returncode == 0, followed.stderr
+    job_id = job.split("-")[0]
+    said = [line.split(", ")[0].removeprefix(f"job {job_id}: ") for line in followed.stdout.splitlines()]
+    assert said and said[-1] == "COMPLETED", followed.stdout
+    assert not set(said[:-1]) & {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}, followed.stdout
     status = invoke(setup, "status", "-j", job)
-    assert status.stdout.startswith(f"job {job.split('-')[0]}: COMPLETED"), status.stdout + status.stderr
+    assert status.stdout.startswith(f"job {job_id}: COMPLETED"), status.stdout + status.stderr
 
 
 def tree(folder: Path) -> dict[str, str]:
@@ -387,9 +392,11 @@ def test_a_sweep_whose_cluster_was_made_again_reruns_exactly_its_failed_points(
     )
     assert f"2 of 4 tasks of job {sweep.split('-')[0]} again: 1,3" in rerun.stderr, rerun.stderr
     second = run_of(swept, rerun.stdout.split()[-1])
-    assert invoke(swept, "logs", "-j", second, "--follow").returncode == 0
+    followed = invoke(swept, "status", "-j", second, "--follow")  # its tasks' lines now and at their end
+    assert followed.returncode == 0, followed.stderr
     status = invoke(swept, "status", "-j", second).stdout.splitlines()
     assert status[0].endswith(": 2 array tasks: 2 COMPLETED"), status
+    assert followed.stdout.splitlines()[-len(status) :] == status, followed.stdout
     fetched = Path(invoke(swept, "fetch", "-j", second).stdout.strip())
     assert sorted(int(found.parent.name) for found in fetched.glob("*/point.json")) == [1, 3]
 

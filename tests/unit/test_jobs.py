@@ -316,9 +316,14 @@ def test_squeue_and_sacct_lines_are_read_field_by_field():
         "41",
     )
     assert queued == slurm.JobState(
-        "41", "PENDING", "QOSMaxGRESPerUser", "0:00", "1:00:00", "", "", "squeue",
+        "41", "PENDING", "QOSMaxGRESPerUser", "00:00:00", "01:00:00", "", "", "squeue",
         script="/home/r/hpcbox/t/scripts/t-1.sh", submitted="2026-12-05T09:00:01",
     )  # fmt: skip
+    # squeue's times are written as sacct's, so a job reads the same running and ended; words stay.
+    running = slurm.parse_squeue("43|RUNNING|None|0:17|10:00|node1|node1|2026-12-05T09:00:01|\n", "43")
+    assert (running.elapsed, running.time_limit) == ("00:00:17", "00:10:00")
+    unlimited = slurm.parse_squeue("44|RUNNING|None|1-02:03:04|UNLIMITED|node1|node1|2026-12-05|\n", "44")
+    assert (unlimited.elapsed, unlimited.time_limit) == ("1-02:03:04", "UNLIMITED")
     assert "GPUs" in queued.reason_in_words and not queued.finished
     # A requeued job has several allocation lines (sacct --duplicates), each submitted anew (Slurm resets
     # the submit time on requeue): the latest is the current one, "CANCELLED by 1500" read as CANCELLED.
@@ -514,7 +519,7 @@ def test_a_pending_job_says_what_it_waits_for_and_slurms_start_guess_as_a_guess(
     assert jobs.describe(waiting) == (
         "job 52: PENDING, waiting for free resources (Resources: waiting for nodes with the requested CPUs, "
         "memory or GPUs to become free), Slurm guesses it starts at 2026-12-05T12:30:00 (its own estimate, "
-        "not a promise), elapsed 0:00 of 30:00"
+        "not a promise), elapsed 00:00:00 of 00:30:00"
     )
     # A running job's %S is when it started, not a guess; a pending one without an estimate says N/A.
     running = slurm.parse_squeue(line.replace("PENDING|Resources", "RUNNING|None"), "52")
@@ -559,7 +564,8 @@ def test_describe_says_no_none_for_a_job_not_yet_looked_at_or_never_placed():
     # squeue's reason None (no reason yet) and sacct's `None assigned` (cancelled before it started).
     waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00||N/A|2026-12-05T09:00:01|/h/s.sh\n", "9")
     assert (
-        jobs.describe(waiting) == "job 9: PENDING, not yet looked at by the scheduler, elapsed 0:00 of 10:00"
+        jobs.describe(waiting)
+        == "job 9: PENDING, not yet looked at by the scheduler, elapsed 00:00:00 of 00:10:00"
     )
     [never] = slurm.accounted_states(
         "9|CANCELLED by 1500|None|00:00:00|00:10:00|0:0|None assigned|2026-12-05T09:00:01|/h|sbatch s.sh\n",

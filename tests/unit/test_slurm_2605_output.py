@@ -170,7 +170,7 @@ def test_pending_running_and_cancelled_jobs_say_what_is_not_known():
 
 def test_squeue_26_05_lines_are_read_as_24_11s():
     assert slurm.parse_squeue(text("pending.squeue"), "3", CAPTURED_SQUEUE) == slurm.JobState(
-        "3", "PENDING", "Resources", "0:00", "5:00", "", "", "squeue"
+        "3", "PENDING", "Resources", "00:00:00", "00:05:00", "", "", "squeue"
     )
     running = slurm.parse_squeue(text("running.squeue"), "2", CAPTURED_SQUEUE)
     assert running is not None and (running.state, running.nodes, running.finished) == (

@@ -65,7 +65,7 @@ def test_every_task_is_listed():
         (
             ("status", "--nope"),
             [
-                "error: hpcbox status: no option --nope (its options: --cluster, --job)",
+                "error: hpcbox status: no option --nope (its options: --cluster, --follow, --job)",
                 "  hint: `hpcbox status --help` says what each does",
             ],
         ),

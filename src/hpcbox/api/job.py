@@ -234,8 +234,8 @@ class Job:
 
 
 def describe(found: JobState) -> str:
-    """A job's state in words: `job 12: RUNNING on node1, 0:42 elapsed` (why it waits, its exit code,
-    a memory kill's cause, where they apply)."""
+    """A job's state in words: `job 12: RUNNING, elapsed 00:00:42 of 00:10:00, on node1` (why it waits,
+    its exit code, a memory kill's cause, where they apply)."""
     from hpcbox import jobs
 
     return jobs.describe(found)

@@ -499,11 +499,27 @@ JOB_HELP = {
 }
 
 
-@task(help=JOB_HELP)
+@task(help={**JOB_HELP, "follow": "a line again each time its state changes, until it ends"})
 @friendly
-def status(c, job=None, cluster=None):
+def status(c, job=None, cluster=None, follow=False):
     """Where a job is: state, why it is pending, elapsed time, node, exit code."""
-    print("\n".join(_job(job, cluster).describe()))
+    from hpcbox.api import describe
+
+    found = _job(job, cluster)
+    if not follow:
+        print("\n".join(found.describe()))
+        return
+    try:
+        if found.record.is_array:  # its tasks' lines now and once they have all ended
+            print("\n".join(found.describe()), flush=True)
+            found.wait()
+            print("\n".join(found.describe()))
+        else:
+            found.wait(on_change=lambda state: print(describe(state), flush=True))
+    except KeyboardInterrupt:
+        again = f"hpcbox status -j {found.record.run} --follow"
+        say(f"hpcbox: stopped following job {found.record.run}; it goes on (`{again}` follows it again)")
+        sys.exit(130)
 
 
 @task(help={"cluster": "only jobs on this cluster"})

@@ -275,10 +275,20 @@ def _squeue_lines(text: str, squeue_format: str) -> Iterable[JobState]:
         # %S is a running job's real start; only a pending one's is a guess
         start = field.get("%S", "") if field["%T"] == "PENDING" else ""
         yield JobState(
-            field["%i"], field["%T"], field["%r"], field["%M"], field["%l"], "", _assigned(field["%N"]),
+            field["%i"], field["%T"], field["%r"], _clock(field["%M"]), _clock(field["%l"]), "",
+            _assigned(field["%N"]),
             "squeue", script=field.get("%o", ""), submitted=field.get("%V", ""),
             start_guess="" if start in _NO_START else start,
         )  # fmt: skip
+
+
+def _clock(text: str) -> str:
+    """squeue's times (`0:17`, `10:00`) written as sacct writes them (`00:00:17`, `00:10:00`), so that a
+    job's elapsed and limit read the same running and ended; a word (UNLIMITED, INVALID) as it is."""
+    try:
+        return format_time(round(parse_cpu_time(text)))
+    except ValueError:
+        return text
 
 
 def parse_sacct(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
