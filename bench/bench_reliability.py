@@ -90,12 +90,14 @@ SCENARIOS = {
     "an id Slurm gives again (controller rebuilt): the earlier job's folder kept, its commands its own": [
         f"{IDENTITY}::test_an_id_slurm_gives_again_is_never_taken_for_the_earlier_job",
     ],
-    "preempted (no user signal: TERM at the grace time's end): resumed, figures of a run never stopped": [
+    "a training and a submitit call preempted (no user signal: TERM at the grace time's end): resumed, "
+    "figures and return of a run never stopped": [
         f"{SUBMIT}::test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped",
     ],
-    "a submitit call preempted where the site sends the user's signal: checkpointed as picked, resumed": [
+    "a training and a submitit call preempted where the site sends the user's signal: checkpointed as "
+    "picked, resumed, figures and return of a run never stopped": [
         "tests/integration/test_rehearsal.py::"
-        "test_a_call_preempted_where_the_site_sends_the_users_signal_checkpoints_as_it_is_picked_and_resumes",
+        "test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_checkpoint_at_once_and_resume",
     ],
     "a Hydra point preempted mid-run, then at its time limit: requeued each time, went on, returned": [
         "tests/integration/test_own_project.py::"

@@ -18,7 +18,7 @@ import pytest
 from hpcbox import jobs
 from hpcbox.project.config import load_project
 from hpcbox.tools import ssh
-from tests.fixtures.submitting import Setup
+from tests.fixtures.submitting import TRAINER_CLASS, Setup
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
@@ -279,21 +279,7 @@ def test_a_notebook_submits_a_function_and_a_later_cell_gets_its_result(
 
 
 # A script as submitit's docs write one: its functions and a Checkpointable defined in it, no main guard,
-# submitit's own AutoExecutor; only the cluster is hpcbox's.
-# Its Checkpointable: a step a second, each said as it starts; the steps and the runs it took.
-TRAINER_CLASS = """\
-class Trainer(submitit.helpers.Checkpointable):
-    def __init__(self):
-        self.step = 0
-        self.starts = 0
-
-    def __call__(self, steps):
-        self.starts += 1
-        for self.step in range(self.step, steps):
-            print(f"step {self.step}", flush=True)
-            time.sleep(1)  # a step of training
-        return {"steps": self.step + 1, "starts": self.starts}
-"""
+# submitit's own AutoExecutor; only the cluster is hpcbox's. Its Checkpointable: TRAINER_CLASS.
 DOCS_SCRIPT = (
     """\
 import json

@@ -38,11 +38,19 @@ from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.survey import draft
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import Setup, until_logged, with_own_ledger
+from tests.fixtures.submitting import TEN_RESTING_STEPS, PreemptibleCall, Setup, until_logged, with_own_ledger
 from tests.integration.test_doctor import verdicts
-from tests.integration.test_executor import TRAINER_CLASS
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
-from tests.integration.test_submit import SHORT, dropping_port, finished, invoke, sweep_project
+from tests.integration.test_submit import (
+    SHORT,
+    dropping_port,
+    events_of,
+    finished,
+    invoke,
+    log_of,
+    submit,
+    sweep_project,
+)
 from tests.unit.test_render import GOLDEN_REQUESTS, TRAINER_ARGS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -572,40 +580,16 @@ print(json.dumps([[task.job_id for task in tasks], [task.result() for task in ta
             assert wait_finished(cluster, lost, timeout_s=60)[0] == "CANCELLED"
 
 
-# The docs script's Checkpointable, sent to a rehearsal's preemptible partition on node1.
-USER_SIGNAL_SCRIPT = (
-    """\
-import json
-import sys
-import time
-
-import submitit
-
-from hpcbox.submitit import Executor
-
-
-"""
-    + TRAINER_CLASS
-    + """
-
-executor = Executor(sys.argv[1], "usersig", via="local")
-executor.update_parameters(timeout_min=10, partition="preemptible", extra=["--nodelist=node1"])
-job = executor.submit(Trainer(), 30)
-print(json.dumps({"job": job.job_id}), flush=True)
-print(json.dumps(job.result()), flush=True)
-"""
-)
-
-
-def test_a_call_preempted_where_the_site_sends_the_users_signal_checkpoints_as_it_is_picked_and_resumes(
+def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_checkpoint_at_once_and_resume(
     rehearsals, setup: Setup, tmp_path: Path, tmp_path_factory, monkeypatch
 ):
     """A site that sets PreemptParameters=send_user_signal, rehearsed from a profile of the user's own
     that says so (`[preemption] send_user_signal = true`; no seed's profile knows it of its site): a
-    submitit Checkpointable call in `preemptible` on node1, picked by a `cpu` job that needs node1. The
-    job's own signal comes as it is picked, not TERM at the grace time's end: the call checkpoints then,
-    Slurm requeues the job, and the next run resumes and returns what a run never stopped returns. (A
-    ledger of its own: the lane's later commands know no profile `usersig`.)"""
+    submitit Checkpointable call and the example trainer in `preemptible` on node1, picked together by a
+    `cpu` job that needs node1. Each job's own signal comes as it is picked, not TERM at the grace time's
+    end: each checkpoints then, Slurm requeues it, and its next run resumes: the call returns what a run
+    never stopped returns, the trainer ends with the figures of the same training never stopped (beside
+    it, on node2). (A ledger of its own: the lane's later commands know no profile `usersig`.)"""
     setup = with_own_ledger(setup, tmp_path_factory, "usersig-project")
     own = tmp_path / "clusters"
     own.mkdir()
@@ -615,36 +599,47 @@ def test_a_call_preempted_where_the_site_sends_the_users_signal_checkpoints_as_i
     monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
     cluster = rehearsals.like("usersig")
     assert cluster.shape.send_user_signal
-    script = tmp_path / "preempted_call.py"
-    script.write_text(USER_SIGNAL_SCRIPT)
-    running = subprocess.Popen(
-        [sys.executable, str(script), str(tmp_path / "calls")], cwd=setup.project_dir,
-        env={**os.environ, **setup.env, "HPCBOX_MINICLUSTER": cluster.name},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    env = {**setup.env, "HPCBOX_MINICLUSTER": cluster.name, "HPCBOX_CLUSTERS_DIR": str(own)}
+    call = PreemptibleCall(setup.project_dir, env, tmp_path / "calls", "usersig", 60, via="local")
     try:
-        assert running.stdout is not None
-        job_id = json.loads(running.stdout.readline() or "{}").get("job")
-        assert job_id, running.stderr.read() if running.poll() is not None else "no job id"
-        log = jobs.Ledger(setup.project()).find(job_id, "usersig-via-local").log
-        until_logged(cluster, log, "step 3")
+        training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
+        picked = submit(setup, cluster, training, profile="usersig", job_name="picked",
+                        partition="preemptible", extra=("--nodelist=node1",))  # fmt: skip
+        whole = submit(setup, cluster, training, profile="usersig", job_name="whole", partition="cpu",
+                       extra=("--nodelist=node2",))  # fmt: skip
+        assert picked is not None and whole is not None
+        call_log = jobs.Ledger(setup.project()).find(call.job_id, "usersig-via-local").log
+        until_logged(cluster, call_log, "step 3")
+        until_logged(cluster, picked.log, '"epoch": 2,')
         higher = cluster.ssh(
             ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
              "--output=/dev/null", "--job-name=higher", "--wrap=true"],
             check=True,
         ).stdout.strip()  # fmt: skip
-        said, complained = running.communicate(timeout=600)
+        returned = call.result()
     finally:
-        if running.poll() is None:
-            running.kill()
-    assert running.returncode == 0, complained[-4000:]
-    returned = json.loads(said.splitlines()[-1])
-    assert returned == {"steps": 30, "starts": 2}, (returned, cluster.ssh(["cat", log]).stdout)
-    runs = cluster.ssh(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
-    assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
-    text = cluster.ssh(["cat", log]).stdout
-    assert f"job {job_id} was preempted; the trainer checkpointed" in text, text
-    # The picked job ended once it had checkpointed: the higher job did not wait out the grace time.
+        call.stop()
+    assert returned == {"steps": 60, "starts": 2}, (returned, cluster.ssh(["cat", call_log]).stdout)
+    assert wait_finished(cluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
+        cluster, picked
+    )
+    for job_id, log in ((call.job_id, call_log), (picked.job_id, picked.log)):
+        runs = cluster.ssh(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+        assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
+        text = cluster.ssh(["cat", log]).stdout
+        assert f"job {job_id} was preempted; the trainer checkpointed" in text, text
+    stopped_at = events_of(cluster, picked, "preempted")[0]
+    starts = events_of(cluster, picked, "start")
+    assert (
+        stopped_at["signal"] == "SIGUSR1" and starts[1]["resumed"]["checkpoint"] == stopped_at["checkpoint"]
+    )
+    assert finished(cluster, whole).state == "COMPLETED", log_of(cluster, whole)
+    figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    final = [
+        {name: events_of(cluster, job, "epoch")[-1][name] for name in figures} for job in (picked, whole)
+    ]
+    assert final[0] == final[1] and final[0]["epoch"] == 20, final
+    # The picked jobs ended once they had checkpointed: the higher job did not wait out the grace time.
     times = cluster.ssh(["sacct", "-j", higher, "-X", "-n", "-P", "-o", "Submit,Start"]).stdout.split("|")
     submitted, started = (datetime.datetime.fromisoformat(value.strip()) for value in times)
     assert (started - submitted).total_seconds() < cluster.shape.grace_time_s, times

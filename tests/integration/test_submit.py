@@ -39,7 +39,14 @@ from hpcbox.store import datasets
 from hpcbox.tools import docker, slurm, ssh
 from tests.fixtures.cluster import free_port
 from tests.fixtures.images import Browser
-from tests.fixtures.submitting import RESTING, TEN_RESTING_STEPS, Setup, ctrl_c_as_in_a_terminal, until_logged
+from tests.fixtures.submitting import (
+    RESTING,
+    TEN_RESTING_STEPS,
+    PreemptibleCall,
+    Setup,
+    ctrl_c_as_in_a_terminal,
+    until_logged,
+)
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
 from tests.unit.test_curves import read
 
@@ -547,7 +554,7 @@ def events_of(cluster, record: jobs.JobRecord, kind: str) -> list[dict]:
 
 
 def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stopped(
-    first_job, setup: Setup, minicluster
+    first_job, setup: Setup, minicluster, tmp_path: Path
 ):
     """A job of `preemptible` on node1 is picked by a `cpu` job that needs the node. The local profile
     sends no user signal (Slurm's default): the batch shell hears of it by the TERM at its grace time's
@@ -555,40 +562,52 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     nothing cancels that requeue; the next run resumes, and the job completes with the figures of the
     same job never stopped (beside it, on node2). Its earlier runs are PREEMPTED in accounting, and its
     status says it is requeued while it waits to run again, and then that it was preempted, with the
-    time of all its runs; its report, the time lost between checkpoint and resume. (Also the mini
-    cluster's proof that its partitions preempt as set.)"""
+    time of all its runs; its report, the time lost between checkpoint and resume. Beside it on node1,
+    a submitit Checkpointable call sent by a user's script with hpcbox's executor, picked by the same
+    job: it checkpoints at the TERM too, and its result is what a run never stopped returns. (Also the
+    mini cluster's proof that its partitions preempt as set.)"""
     # About 3.5 s an epoch, nearly all of it at rest: the job trains on through its grace time (30 s) and
-    # has epochs left after it.
-    training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
-    on_node1 = {"partition": "preemptible", "extra": ("--nodelist=node1",)}
-    picked = submit(setup, minicluster, training, job_name="picked", **on_node1)
-    whole = submit(
-        setup, minicluster, training, job_name="whole", partition="cpu", extra=("--nodelist=node2",)
+    # has epochs left after it; the call's 90 steps of a second, the same.
+    call = PreemptibleCall(setup.project_dir, setup.env, tmp_path / "calls", "local", 90)
+    try:
+        training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
+        on_node1 = {"partition": "preemptible", "extra": ("--nodelist=node1",)}
+        picked = submit(setup, minicluster, training, job_name="picked", **on_node1)
+        whole = submit(
+            setup, minicluster, training, job_name="whole", partition="cpu", extra=("--nodelist=node2",)
+        )
+        assert picked is not None and whole is not None
+        call_log = jobs.Ledger(setup.project()).find(call.job_id, "local").log
+        until_logged(minicluster, call_log, "step 3")
+        until_logged(minicluster, picked.log, '"epoch": 2,', timeout_s=240)
+        higher = minicluster.ssh(
+            ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
+             "--output=/dev/null", "--job-name=higher", "--wrap=true"],
+            check=True,
+        ).stdout.strip()  # fmt: skip
+        with ssh.Connection(minicluster.ssh_target()) as connection:
+            # Requeued, it waits out Slurm's requeue delay (cred_expire, 10 s here) under the reason a
+            # --begin gives: status says requeued.
+            looked_at, deadline = [], time.monotonic() + 240
+            while not (found := jobs.state(connection, picked)).requeued:
+                seen = (found.state, found.reason)
+                looked_at += [] if looked_at[-1:] == [seen] else [seen]
+                assert time.monotonic() < deadline and not found.finished, looked_at
+                time.sleep(0.2)
+        said = jobs.describe(found)
+        requeued = f"job {picked.job_id}: PENDING, requeued, to run again (BeginTime: Slurm requeued it"
+        assert said.startswith(f"{requeued} (once so far)"), said
+        assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
+        returned = call.result()
+    finally:
+        call.stop()
+    assert returned == {"steps": 90, "starts": 2}, (returned, minicluster.ssh(["cat", call_log]).stdout)
+    runs = minicluster.ssh(["sacct", "-j", call.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+    assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
+    assert (
+        f"job {call.job_id} was preempted; the trainer checkpointed"
+        in minicluster.ssh(["cat", call_log]).stdout
     )
-    assert picked is not None and whole is not None
-    deadline = time.monotonic() + 240
-    while '"epoch": 2,' not in (log := log_of(minicluster, picked)):
-        assert time.monotonic() < deadline, log
-        time.sleep(1)
-    higher = minicluster.ssh(
-        ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive", "--output=/dev/null",
-         "--job-name=higher", "--wrap=true"],
-        check=True,
-    ).stdout.strip()  # fmt: skip
-    with ssh.Connection(minicluster.ssh_target()) as connection:
-        # Requeued, it waits out Slurm's requeue delay (cred_expire, 10 s here) under the reason a
-        # --begin gives: status says requeued.
-        looked_at, deadline = [], time.monotonic() + 240
-        while not (found := jobs.state(connection, picked)).requeued:
-            seen = (found.state, found.reason)
-            looked_at += [] if looked_at[-1:] == [seen] else [seen]
-            assert time.monotonic() < deadline and not found.finished, looked_at
-            time.sleep(0.2)
-    said = jobs.describe(found)
-    assert said.startswith(
-        f"job {picked.job_id}: PENDING, requeued, to run again (BeginTime: Slurm requeued it (once so far)"
-    ), said
-    assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
     assert wait_finished(minicluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
         minicluster, picked
     )

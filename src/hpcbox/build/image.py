@@ -23,7 +23,7 @@ from pathlib import Path
 from hpcbox.build import baseimage, offlock, sourcebuild
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
-from hpcbox.files import write_atomically
+from hpcbox.files import one_at_a_time, write_atomically
 from hpcbox.project.config import ProjectConfig
 from hpcbox.tools import docker
 
@@ -457,19 +457,45 @@ def build_image(
     plan = plan_build(
         project, flavour=flavour, offline=offline, base=base, target=target, strict=strict, say=say
     )
+    if no_cache:
+        return _build(project, plan, strict, ca_bundle, no_cache, say, on_line)
+    if (found := _up_to_date(plan, strict, say)) is not None:
+        return found
+    # Two builds of one environment at once (two commands, two projects with the same locks) would
+    # both install every package: the second waits, then finds this image, or the layers in the cache.
+    waiting = f"hpcbox: another build of this environment ({plan.flavour.name}) is under way; waiting for it"
+    with one_at_a_time(f"build {plan.base_id} {plan.flavour.name} {plan.lock_hash}", lambda: say(waiting)):
+        if (found := _up_to_date(plan, strict, say)) is not None:
+            return found
+        return _build(project, plan, strict, ca_bundle, no_cache, say, on_line)
+
+
+def _up_to_date(plan: BuildPlan, strict: bool, say: Callable[[str], None]) -> Image | None:
+    """The image ``plan`` makes where the engine has it (or, where Debian moved on, the off-lock build
+    that stands in for it)."""
     existing = docker.image(plan.ref)
-    if existing is None and not no_cache:
-        # where Debian moved on, the off-lock build that stands in for this one
+    if existing is None:
         found = offlock.stand_in(plan.content_hash, plan.repository)
-        if found is not None:
-            ref, existing = found
-            plan = dataclasses.replace(plan, content_hash=existing.labels[LABEL_CONTENT], ref=ref)
-    if existing is not None and not no_cache:
-        moved = offlock.from_labels(existing.labels)
-        offlock.refuse_if(moved, strict, f"image ({plan.ref} is off-lock)")
-        offlock.announce(moved, say)
-        say(f"hpcbox: {plan.ref} is up to date")
-        return _image(plan, existing, built=False)
+        if found is None:
+            return None
+        ref, existing = found
+        plan = dataclasses.replace(plan, content_hash=existing.labels[LABEL_CONTENT], ref=ref)
+    moved = offlock.from_labels(existing.labels)
+    offlock.refuse_if(moved, strict, f"image ({plan.ref} is off-lock)")
+    offlock.announce(moved, say)
+    say(f"hpcbox: {plan.ref} is up to date")
+    return _image(plan, existing, built=False)
+
+
+def _build(
+    project: ProjectConfig,
+    plan: BuildPlan,
+    strict: bool,
+    ca_bundle: Path | None,
+    no_cache: bool,
+    say: Callable[[str], None],
+    on_line: Callable[[str], None] | None,
+) -> Image:
     ca = ca_bundle if ca_bundle is not None else host_ca_bundle()
     if ca is not None and not ca.is_file():
         raise HpcboxError(
@@ -478,7 +504,8 @@ def build_image(
     say(f"hpcbox: building {plan.ref} ({plan.flavour.name} flavour on {plan.base})")
     # Asked of git only for a build (three git commands): an image found up to date needs no label.
     revision = inputs_revision(
-        project.root, (project.docker_dir, project.dockerfile, *(project.code if target == RUNTIME else ()))
+        project.root,
+        (project.docker_dir, project.dockerfile, *(project.code if plan.target == RUNTIME else ())),
     )
     pip_lock = project.root / project.docker_dir / plan.flavour.pip_lock
     unpinned = sourcebuild.unpinned_build_tools(pip_lock, (project.root / project.dockerfile).read_text())
