@@ -103,6 +103,11 @@ SCENARIOS = {
         "tests/integration/test_own_project.py::"
         "test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_resumes_and_returns",
     ],
+    "a Hydra point picked where the site sends the user's signal: checkpointed as picked, went on, "
+    "returned": [
+        "tests/integration/test_own_project.py::"
+        "test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_at_once_and_returns",
+    ],
     "a race of two accounts, one at its limit: the free one's job kept, the other cancelled": [
         "tests/integration/test_rehearsal.py::test_a_race_of_two_accounts_keeps_the_free_ones_job_and_cancels_the_one_at_its_limit",
     ],

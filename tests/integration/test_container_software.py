@@ -3,8 +3,9 @@
 One cluster for the module (Slurm 24.11, one node), brought up by `hpcbox cluster.up --runtime
 singularity --fuse yes`, then changed in place by `cluster.up` to each other combination; the example
 trainer goes through `submit`, `logs --follow` and `status` on each. Without FUSE the job finds out on
-its node that Apptainer cannot mount the SIF, unpacks it to node scratch and runs that. test_slurm_2205
-runs the same combinations on Slurm 22.05 (`runs_on_each_software`).
+its node that Apptainer cannot mount the SIF, unpacks it to node scratch and runs that. The runtime and
+FUSE are the nodes' and the job script's, whichever Slurm: test_slurm_2205 and test_slurm_2605 run one
+combination without FUSE each (`runs_on_each_software`), where the unpacking's `srun` meets their Slurm.
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def submit_and_follow(setup: Setup, *flags: str) -> tuple[str, str]:
     return job_id, followed.stdout
 
 
-def runs_on_each_software(setup: Setup, cluster) -> None:
-    """On each (runtime, FUSE) of SOFTWARE: the trainer runs to COMPLETED, from the SIF as shipped where
-    Apptainer can mount it, else unpacked on the node's scratch after its node said why not."""
-    for runtime, fuse in SOFTWARE:
+def runs_on_each_software(setup: Setup, cluster, software: tuple[tuple[str, str], ...] = SOFTWARE) -> None:
+    """On each (runtime, FUSE) of ``software``: the trainer runs to COMPLETED, from the SIF as shipped
+    where Apptainer can mount it, else unpacked on the node's scratch after its node said why not."""
+    for runtime, fuse in software:
         assert switch(setup, cluster, runtime, fuse) < 60
         shown = hpcbox("cluster.status", f"--name={cluster.name}", env=setup.env, cwd=setup.project_dir)
         assert f"FUSE for users: {fuse}" in shown.stdout, shown.stdout

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -19,8 +20,11 @@ from pathlib import Path
 import pytest
 
 from hpcbox import jobs
+from hpcbox import minicluster as mc
 from hpcbox.project.config import load_project
+from hpcbox.render import profiles
 from hpcbox.tools import docker
+from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import ctrl_c_as_in_a_terminal
 
 pytestmark = pytest.mark.integration
@@ -385,6 +389,71 @@ def test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_re
     log = next((own_project.root / "runs" / "local").glob(f"*/sweep-{task}.out")).read_text()
     assert "was preempted; the trainer checkpointed" in log, log
     assert "the trainer checkpointed before the time limit; requeueing job" in log, log
+
+
+@pytest.mark.cluster
+def test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_at_once_and_returns(
+    own_project: OwnProject, run_id: str, minicluster_state: Path, tmp_path: Path, monkeypatch
+):
+    """A site that sends the user's signal at a preemption (a profile of the user's own that says so, a
+    copy of `local`, rehearsed on a mini cluster of its own): a point of `preemptible` on node1, picked by
+    a `cpu` job that needs node1, is checkpointed by its runner at the USR1 that comes with the pick, not
+    at the grace time's end; Slurm requeues it and its next run goes on from the progress the first kept
+    in its output folder and returns its second start. (A copy of the project without its ledger: the
+    lane's later commands know no profile `usersig`.)"""
+    own = tmp_path / "clusters"
+    own.mkdir()
+    local = (profiles.SHIPPED_DIR / "local.toml").read_text()
+    (own / "usersig.toml").write_text(local.replace("send_user_signal = false", "send_user_signal = true"))
+    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
+    project = tmp_path / "project"
+    shutil.copytree(own_project.root, project, ignore=shutil.ignore_patterns(".hpcbox", "runs", "multirun"))
+    spec = mc.spec_like("usersig", name=f"{run_id}-usersig", port=free_port())
+    sweep_dir = project / "multirun" / "picked"
+    try:
+        cluster = mc.up(spec, minicluster_state)
+        assert cluster.shape.send_user_signal
+        env = {**own_project.env, "HPCBOX_CLUSTERS_DIR": str(own), "HPCBOX_MINICLUSTER": spec.name}
+        sweep = subprocess.Popen(
+            [sys.executable, "sweep.py", "-m", "lr=1", "+seconds=45", "hydra/launcher=hpcbox",
+             "hydra.launcher.cluster=usersig", "hydra.launcher.via=local", "hydra.launcher.offline=true",
+             "hydra.launcher.timeout_min=10", "hydra.launcher.partition=preemptible",
+             '+hydra.launcher.resources.extra=["--nodelist=node1"]', f"hydra.sweep.dir={sweep_dir}"],
+            cwd=project, env={**os.environ, **env},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            deadline, task = time.monotonic() + 600, ""
+            while not task:  # the point's job, running
+                assert time.monotonic() < deadline and sweep.poll() is None, "the point's job never ran"
+                time.sleep(2)
+                running = cluster.ssh(["squeue", "-h", "-p", "preemptible", "-t", "RUNNING", "-o", "%i"])
+                task = running.stdout.strip()
+            time.sleep(5)  # into its steps
+            higher = cluster.ssh(
+                ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
+                 "--output=/dev/null", "--job-name=higher", "--wrap=true"],
+                check=True,
+            ).stdout.strip()  # fmt: skip
+            said, _ = sweep.communicate(timeout=600)
+        finally:
+            if sweep.poll() is None:
+                sweep.kill()
+        assert sweep.returncode == 0, said
+        starts = [int(step) for step in (sweep_dir / "0" / "starts.txt").read_text().split()]
+        assert len(starts) == 2 and 0 == starts[0] < starts[1], starts  # the second went on
+        assert (sweep_dir / "0" / "done.txt").read_text() == "45", said
+        assert re.search(rf"#0 : COMPLETED, returned 2.0 \(job {re.escape(task)}\)", said), said
+        runs = cluster.ssh(["sacct", "-j", task, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+        assert runs == ["PREEMPTED", "COMPLETED"], runs
+        log = next((project / "runs").glob(f"*/*/sweep-{task}.out")).read_text()
+        assert "was preempted; the trainer checkpointed" in log, log
+        # Checkpointed as it was picked: the higher job did not wait out the grace time.
+        times = cluster.ssh(["sacct", "-j", higher, "-X", "-n", "-P", "-o", "Submit,Start"]).stdout.split("|")
+        submitted, started = (datetime.datetime.fromisoformat(value.strip()) for value in times)
+        assert (started - submitted).total_seconds() < cluster.shape.grace_time_s, times
+    finally:
+        mc.down(spec.name, minicluster_state)
 
 
 # The project's own tests, as its CI runs them: its job on a mini cluster of the test session

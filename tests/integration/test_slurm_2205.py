@@ -1,7 +1,7 @@
 """A mini cluster running Slurm 22.05 (`hpcbox cluster.up --slurm 22.05`), the release Debian bookworm
 carries and many sites still run: it comes up idle with its own node image, and the example trainer
 goes through it end to end as on 24.11 (`submit`, `logs`, `status`, `report`, `cluster.status`), then
-on each other container runtime and FUSE (test_container_software.py).
+with `singularity` alone and no FUSE (test_container_software.py runs every combination on 24.11).
 
 One cluster for the module, brought up through the command line; the tests that share the session's
 `setup` get it in place of the session's 24.11 cluster (this module's `minicluster`), and submit from
@@ -172,7 +172,9 @@ def test_the_example_trainer_runs_to_completed_and_status_logs_report_read_it(
         minicluster.ssh(["scancel", held_id])
 
 
-def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
+def test_the_trainer_completes_with_singularity_alone_and_no_fuse_the_sif_unpacked_by_srun_on_the_node(
     own_setup: Setup, minicluster
 ):
-    runs_on_each_software(own_setup, minicluster)
+    """An old site's software on 22.05: `singularity` alone, no FUSE for users (the other runtimes and
+    FUSE are Slurm's release's business nowhere: test_container_software runs each on 24.11)."""
+    runs_on_each_software(own_setup, minicluster, (("singularity", "no"),))

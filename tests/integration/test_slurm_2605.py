@@ -134,12 +134,13 @@ def test_it_comes_up_idle_running_slurm_26_05_with_the_same_configuration(minicl
     assert re.search(shown, SAID["up"]), SAID["up"]
 
 
-def test_the_trainer_completes_with_singularity_alone_or_apptainer_with_or_without_fuse(
+def test_the_trainer_completes_with_apptainer_and_no_fuse_the_sif_unpacked_by_srun_on_the_node(
     own_setup: Setup, minicluster
 ):
-    """Before the other jobs: the nodes' software is changed in place, which a running job's later
-    steps would meet; then back to what the profile names (Apptainer, FUSE) for the tests after it."""
-    runs_on_each_software(own_setup, minicluster)
+    """Before the other jobs: the nodes' software is changed in place (Apptainer, no FUSE), which a
+    running job's later steps would meet; then back to what the profile names (Apptainer, FUSE) for the
+    tests after it. (test_container_software runs every runtime and FUSE on 24.11.)"""
+    runs_on_each_software(own_setup, minicluster, (("apptainer", "no"),))
     switch(own_setup, minicluster, "apptainer", "yes")
 
 
