@@ -25,7 +25,7 @@ from hpcbox.project.config import load_project
 from hpcbox.render import profiles
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import ctrl_c_as_in_a_terminal
+from tests.fixtures.submitting import ctrl_c_as_in_a_terminal, picks_node1, running_in_preemptible
 
 pytestmark = pytest.mark.integration
 
@@ -360,19 +360,9 @@ def test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_re
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 600
-        task = ""
-        while not task:  # the point's job, running
-            assert time.monotonic() < deadline and sweep.poll() is None, "the point's job never ran"
-            time.sleep(2)
-            running = minicluster.ssh(["squeue", "-h", "-p", "preemptible", "-t", "RUNNING", "-o", "%i"])
-            task = running.stdout.strip()
+        task = running_in_preemptible(minicluster, sweep)  # the point's job
         time.sleep(5)  # into its steps
-        minicluster.ssh(
-            ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
-             "--output=/dev/null", "--job-name=higher", "--wrap=true"],
-            check=True,
-        )  # fmt: skip
+        picks_node1(minicluster)
         said, _ = sweep.communicate(timeout=600)
     finally:
         if sweep.poll() is None:
@@ -423,18 +413,9 @@ def test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
-            deadline, task = time.monotonic() + 600, ""
-            while not task:  # the point's job, running
-                assert time.monotonic() < deadline and sweep.poll() is None, "the point's job never ran"
-                time.sleep(2)
-                running = cluster.ssh(["squeue", "-h", "-p", "preemptible", "-t", "RUNNING", "-o", "%i"])
-                task = running.stdout.strip()
+            task = running_in_preemptible(cluster, sweep)  # the point's job
             time.sleep(5)  # into its steps
-            higher = cluster.ssh(
-                ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
-                 "--output=/dev/null", "--job-name=higher", "--wrap=true"],
-                check=True,
-            ).stdout.strip()  # fmt: skip
+            higher = picks_node1(cluster)
             said, _ = sweep.communicate(timeout=600)
         finally:
             if sweep.poll() is None:

@@ -38,7 +38,14 @@ from hpcbox.render.sbatch import JobInputs, render_sbatch
 from hpcbox.survey import draft
 from hpcbox.tools import slurm
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import TEN_RESTING_STEPS, PreemptibleCall, Setup, until_logged, with_own_ledger
+from tests.fixtures.submitting import (
+    TEN_RESTING_STEPS,
+    PreemptibleCall,
+    Setup,
+    picks_node1,
+    until_logged,
+    with_own_ledger,
+)
 from tests.integration.test_doctor import verdicts
 from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
 from tests.integration.test_submit import (
@@ -611,11 +618,7 @@ def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_chec
         call_log = jobs.Ledger(setup.project()).find(call.job_id, "usersig-via-local").log
         until_logged(cluster, call_log, "step 3")
         until_logged(cluster, picked.log, '"epoch": 2,')
-        higher = cluster.ssh(
-            ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
-             "--output=/dev/null", "--job-name=higher", "--wrap=true"],
-            check=True,
-        ).stdout.strip()  # fmt: skip
+        higher = picks_node1(cluster)
         returned = call.result()
     finally:
         call.stop()

@@ -45,6 +45,7 @@ from tests.fixtures.submitting import (
     PreemptibleCall,
     Setup,
     ctrl_c_as_in_a_terminal,
+    picks_node1,
     until_logged,
 )
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
@@ -580,11 +581,7 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
         call_log = jobs.Ledger(setup.project()).find(call.job_id, "local").log
         until_logged(minicluster, call_log, "step 3")
         until_logged(minicluster, picked.log, '"epoch": 2,', timeout_s=240)
-        higher = minicluster.ssh(
-            ["sbatch", "--parsable", "--partition=cpu", "--nodelist=node1", "--exclusive",
-             "--output=/dev/null", "--job-name=higher", "--wrap=true"],
-            check=True,
-        ).stdout.strip()  # fmt: skip
+        higher = picks_node1(minicluster)
         with ssh.Connection(minicluster.ssh_target()) as connection:
             # Requeued, it waits out Slurm's requeue delay (cred_expire, 10 s here) under the reason a
             # --begin gives: status says requeued.
