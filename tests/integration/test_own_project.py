@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import re
@@ -22,10 +21,15 @@ import pytest
 from hpcbox import jobs
 from hpcbox import minicluster as mc
 from hpcbox.project.config import load_project
-from hpcbox.render import profiles
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
-from tests.fixtures.submitting import ctrl_c_as_in_a_terminal, picks_node1, running_in_preemptible
+from tests.fixtures.submitting import (
+    ctrl_c_as_in_a_terminal,
+    picks_node1,
+    running_in_preemptible,
+    started_within_grace,
+    user_signal_profile,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -340,6 +344,31 @@ def test_a_hydra_multirun_sent_without_waiting_returns_at_once_and_collect_bring
         assert (home / ".hydra" / "overrides.yaml").read_text() == f"- lr={lr}\n"
 
 
+def picked_point(
+    cluster, project: Path, env: dict[str, str], sweep_dir: Path, seconds: int, *launcher: str
+) -> tuple[str, str, str]:
+    """`python sweep.py -m` of one long point (``seconds`` steps of a second) in `preemptible` on node1
+    of ``cluster`` (the ``launcher`` overrides say how it is reached), picked 5 s into its run by a job
+    that needs node1: the point's job id, the picking job's, and what the multirun said once it
+    returned (successfully)."""
+    sweep = subprocess.Popen(
+        [sys.executable, "sweep.py", "-m", "lr=1", f"+seconds={seconds}", "hydra/launcher=hpcbox", *launcher,
+         "hydra.launcher.offline=true", "hydra.launcher.partition=preemptible",
+         '+hydra.launcher.resources.extra=["--nodelist=node1"]', f"hydra.sweep.dir={sweep_dir}"],
+        cwd=project, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        task = running_in_preemptible(cluster, sweep)  # the point's job
+        time.sleep(5)  # into its steps
+        higher = picks_node1(cluster)
+        said, _ = sweep.communicate(timeout=600)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 0, said
+    return task, higher, said
+
+
 @pytest.mark.cluster
 def test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_resumes_and_returns(
     own_project: OwnProject, minicluster
@@ -351,23 +380,10 @@ def test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_re
     before it) the runner checkpoints it again, the job script requeues it, and its third run finishes
     and returns: its third start, the multirun never told of either stop."""
     sweep_dir = own_project.root / "multirun" / "preempted-sweep"
-    on_node1 = '+hydra.launcher.resources.extra=["--nodelist=node1"]'
-    sweep = subprocess.Popen(
-        [sys.executable, "sweep.py", "-m", "lr=1", "+seconds=120", "hydra/launcher=hpcbox",
-         "hydra.launcher.cluster=local", "hydra.launcher.offline=true", "hydra.launcher.timeout_min=2",
-         "hydra.launcher.partition=preemptible", on_node1, f"hydra.sweep.dir={sweep_dir}"],
-        cwd=own_project.root, env={**os.environ, **own_project.env},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    task, _, said = picked_point(
+        minicluster, own_project.root, own_project.env, sweep_dir, 120,
+        "hydra.launcher.cluster=local", "hydra.launcher.timeout_min=2",
     )  # fmt: skip
-    try:
-        task = running_in_preemptible(minicluster, sweep)  # the point's job
-        time.sleep(5)  # into its steps
-        picks_node1(minicluster)
-        said, _ = sweep.communicate(timeout=600)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
-    assert sweep.returncode == 0, said
     # Each start's first step: each run carried on from where the one before had got to (a third run
     # slow to start may reach its own limit too).
     starts = [int(step) for step in (sweep_dir / "0" / "starts.txt").read_text().split()]
@@ -391,10 +407,7 @@ def test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_
     at the grace time's end; Slurm requeues it and its next run goes on from the progress the first kept
     in its output folder and returns its second start. (A copy of the project without its ledger: the
     lane's later commands know no profile `usersig`.)"""
-    own = tmp_path / "clusters"
-    own.mkdir()
-    local = (profiles.SHIPPED_DIR / "local.toml").read_text()
-    (own / "usersig.toml").write_text(local.replace("send_user_signal = false", "send_user_signal = true"))
+    own = user_signal_profile(tmp_path / "clusters")
     monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
     project = tmp_path / "project"
     shutil.copytree(own_project.root, project, ignore=shutil.ignore_patterns(".hpcbox", "runs", "multirun"))
@@ -404,23 +417,10 @@ def test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_
         cluster = mc.up(spec, minicluster_state)
         assert cluster.shape.send_user_signal
         env = {**own_project.env, "HPCBOX_CLUSTERS_DIR": str(own), "HPCBOX_MINICLUSTER": spec.name}
-        sweep = subprocess.Popen(
-            [sys.executable, "sweep.py", "-m", "lr=1", "+seconds=45", "hydra/launcher=hpcbox",
-             "hydra.launcher.cluster=usersig", "hydra.launcher.via=local", "hydra.launcher.offline=true",
-             "hydra.launcher.timeout_min=10", "hydra.launcher.partition=preemptible",
-             '+hydra.launcher.resources.extra=["--nodelist=node1"]', f"hydra.sweep.dir={sweep_dir}"],
-            cwd=project, env={**os.environ, **env},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        task, higher, said = picked_point(
+            cluster, project, env, sweep_dir, 45,
+            "hydra.launcher.cluster=usersig", "hydra.launcher.via=local", "hydra.launcher.timeout_min=10",
         )  # fmt: skip
-        try:
-            task = running_in_preemptible(cluster, sweep)  # the point's job
-            time.sleep(5)  # into its steps
-            higher = picks_node1(cluster)
-            said, _ = sweep.communicate(timeout=600)
-        finally:
-            if sweep.poll() is None:
-                sweep.kill()
-        assert sweep.returncode == 0, said
         starts = [int(step) for step in (sweep_dir / "0" / "starts.txt").read_text().split()]
         assert len(starts) == 2 and 0 == starts[0] < starts[1], starts  # the second went on
         assert (sweep_dir / "0" / "done.txt").read_text() == "45", said
@@ -429,10 +429,7 @@ def test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_
         assert runs == ["PREEMPTED", "COMPLETED"], runs
         log = next((project / "runs").glob(f"*/*/sweep-{task}.out")).read_text()
         assert "was preempted; the trainer checkpointed" in log, log
-        # Checkpointed as it was picked: the higher job did not wait out the grace time.
-        times = cluster.ssh(["sacct", "-j", higher, "-X", "-n", "-P", "-o", "Submit,Start"]).stdout.split("|")
-        submitted, started = (datetime.datetime.fromisoformat(value.strip()) for value in times)
-        assert (started - submitted).total_seconds() < cluster.shape.grace_time_s, times
+        started_within_grace(cluster, higher)  # checkpointed as it was picked
     finally:
         mc.down(spec.name, minicluster_state)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import json
 import os
 import re
@@ -43,7 +42,9 @@ from tests.fixtures.submitting import (
     PreemptibleCall,
     Setup,
     picks_node1,
+    started_within_grace,
     until_logged,
+    user_signal_profile,
     with_own_ledger,
 )
 from tests.integration.test_doctor import verdicts
@@ -51,10 +52,10 @@ from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_fi
 from tests.integration.test_submit import (
     SHORT,
     dropping_port,
-    events_of,
     finished,
     invoke,
     log_of,
+    resumed_as_never_stopped,
     submit,
     sweep_project,
 )
@@ -598,11 +599,7 @@ def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_chec
     never stopped returns, the trainer ends with the figures of the same training never stopped (beside
     it, on node2). (A ledger of its own: the lane's later commands know no profile `usersig`.)"""
     setup = with_own_ledger(setup, tmp_path_factory, "usersig-project")
-    own = tmp_path / "clusters"
-    own.mkdir()
-    local = (profiles.SHIPPED_DIR / "local.toml").read_text()
-    assert "send_user_signal = false" in local
-    (own / "usersig.toml").write_text(local.replace("send_user_signal = false", "send_user_signal = true"))
+    own = user_signal_profile(tmp_path / "clusters")
     monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
     cluster = rehearsals.like("usersig")
     assert cluster.shape.send_user_signal
@@ -631,21 +628,9 @@ def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_chec
         assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
         text = cluster.ssh(["cat", log]).stdout
         assert f"job {job_id} was preempted; the trainer checkpointed" in text, text
-    stopped_at = events_of(cluster, picked, "preempted")[0]
-    starts = events_of(cluster, picked, "start")
-    assert (
-        stopped_at["signal"] == "SIGUSR1" and starts[1]["resumed"]["checkpoint"] == stopped_at["checkpoint"]
-    )
     assert finished(cluster, whole).state == "COMPLETED", log_of(cluster, whole)
-    figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
-    final = [
-        {name: events_of(cluster, job, "epoch")[-1][name] for name in figures} for job in (picked, whole)
-    ]
-    assert final[0] == final[1] and final[0]["epoch"] == 20, final
-    # The picked jobs ended once they had checkpointed: the higher job did not wait out the grace time.
-    times = cluster.ssh(["sacct", "-j", higher, "-X", "-n", "-P", "-o", "Submit,Start"]).stdout.split("|")
-    submitted, started = (datetime.datetime.fromisoformat(value.strip()) for value in times)
-    assert (started - submitted).total_seconds() < cluster.shape.grace_time_s, times
+    resumed_as_never_stopped(cluster, picked, whole)
+    started_within_grace(cluster, higher)
 
 
 @contextlib.contextmanager

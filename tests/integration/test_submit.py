@@ -549,6 +549,23 @@ def test_cancel_keeps_what_the_job_wrote_and_cleans_node_scratch(first_job, setu
     assert scratch_left(minicluster, record.job_id) == []
 
 
+def resumed_as_never_stopped(cluster, picked: jobs.JobRecord, whole: jobs.JobRecord) -> None:
+    """The training ``picked`` (20 epochs) was stopped once by the time limit's signal, mid-training,
+    and its next run resumed from the checkpoint it made then: it ended with the figures of ``whole``,
+    the same training never stopped."""
+    log = log_of(cluster, picked)
+    starts = events_of(cluster, picked, "start")
+    assert not starts[0]["resumed"] and starts[1]["resumed"], log
+    stopped_at = events_of(cluster, picked, "preempted")[0]
+    assert stopped_at["signal"] == "SIGUSR1" and stopped_at["epoch"] < 20, log  # the time limit's
+    assert starts[1]["resumed"]["checkpoint"] == stopped_at["checkpoint"], log
+    figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
+    final = [
+        {name: events_of(cluster, job, "epoch")[-1][name] for name in figures} for job in (picked, whole)
+    ]
+    assert final[0] == final[1] and final[0]["epoch"] == 20, final
+
+
 def events_of(cluster, record: jobs.JobRecord, kind: str) -> list[dict]:
     lines = cluster.ssh(["cat", f"{record.run_dir}/metrics.jsonl"], check=True).stdout.splitlines()
     return [event for event in map(json.loads, filter(None, lines)) if event["event"] == kind]
@@ -615,16 +632,7 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     runs = minicluster.ssh(["sacct", "-j", picked.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout
     runs = runs.split()
     assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
-    starts = events_of(minicluster, picked, "start")
-    assert not starts[0]["resumed"] and starts[1]["resumed"], log
-    stopped_at = events_of(minicluster, picked, "preempted")[0]
-    assert stopped_at["signal"] == "SIGUSR1" and stopped_at["epoch"] < 20, log  # the time limit's
-    assert starts[1]["resumed"]["checkpoint"] == stopped_at["checkpoint"], log
-    figures = ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy")
-    final = [
-        {name: events_of(minicluster, job, "epoch")[-1][name] for name in figures} for job in (picked, whole)
-    ]
-    assert final[0] == final[1] and final[0]["epoch"] == 20, final
+    resumed_as_never_stopped(minicluster, picked, whole)
     with ssh.Connection(minicluster.ssh_target()) as connection:
         said = jobs.describe(jobs.state(connection, picked))
         text, _ = jobs.report(connection, setup.project(), picked)
