@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.build import baseimage, offlock
 from hpcbox.build import image as image_stage
-from hpcbox.build import offlock
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
@@ -80,6 +80,58 @@ def test_nothing_changed_is_a_cache_hit_and_code_change_rebuilds_only_the_code_l
     assert len(docker.image(first.ref).layers) == len(docker.image(changed.ref).layers)
 
 
+def test_a_build_beside_another_on_the_same_base_takes_its_steps_from_the_cache(docker_engine, run_id: str):
+    """BuildKit joins the FROM of builds running at once on one image name, and where the other build
+    holds a base no build had used yet, the joining build gets no cache key for anything after FROM:
+    in a full run the trainer image was built twice over (its PyTorch step a minute of CPU each time)
+    beside the node images' builds on a just-loaded base. hpcbox's builds name the base their own way
+    (`docker.build`'s ``base_arg``), so beside such a build they take every step from the cache."""
+    token = os.urandom(4).hex()
+    fresh = f"{run_id}/fresh-base:{token}"  # new content on the base: a FROM no build has used yet
+    made: list[str] = []  # removed in reverse: the fresh base last
+
+    def build(ref: str, dockerfile: str, base: str) -> list[str]:
+        steps: list[str] = []
+        context = docker.context_tar({"Dockerfile": dockerfile.encode(), "token": token.encode()})
+        progress = docker.BuildProgress(steps.append)
+        build_args = {"BASE": base}
+        docker.build(context, dockerfile="Dockerfile", tag_ref=ref, build_args=build_args, labels={},
+                     secrets={}, base_arg="BASE", on_line=progress)  # fmt: skip
+        made.append(ref)
+        return steps
+
+    build(fresh, "ARG BASE\nFROM ${BASE}\nCOPY token /etc/fresh-base\n", baseimage.ensure_base().ref)
+    beside = subprocess.Popen(
+        [docker.build_cli(), "build", "--progress=plain", "--build-arg", f"BASE={fresh}", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "DOCKER_BUILDKIT": "1"},
+    )
+    ours = "ARG BASE\nFROM ${BASE}\nCOPY token /token\nRUN cp /token /first\nRUN cp /token /second\n"
+    try:
+        beside.stdin.write(f"ARG BASE\nFROM ${{BASE}}\nRUN echo beside-{token} && sleep 600\n")
+        beside.stdin.close()
+        seen: list[str] = []
+        for line in beside.stdout:  # until the other build is inside its step, holding the base
+            seen.append(line)
+            if re.fullmatch(rf"#\d+ [\d.]+ beside-{token}", line.strip()):
+                break
+        else:
+            pytest.fail("the build beside ended before its step began:\n" + "".join(seen[-20:]))
+        first = build(f"{run_id}/beside-first:{token}", ours, fresh)
+        second = build(f"{run_id}/beside-second:{token}", ours, fresh)
+        assert beside.poll() is None  # it held the base through both
+    finally:
+        beside.kill()
+        beside.wait()
+        for ref in reversed(made):
+            docker.remove_image(ref)
+    assert [step.endswith("(cached)") for step in first] == [False] * 3, first
+    assert [step.endswith("(cached)") for step in second] == [True] * 3, second
+
+
 def executed_steps(build_log: list[str]) -> list[str]:
     """Titles of the Dockerfile steps a build executed (not cached), from its progress lines."""
     return [line.strip().rpartition(" (")[0] for line in build_log if re.search(r"\(\d+\.\d s\)$", line)]
@@ -124,8 +176,8 @@ def assert_one_line_error(done, *fragments: str) -> None:
 def test_two_builds_at_once_past_a_gone_pin_each_build_off_lock(
     docker_engine, project_copy: Path, snapshot_archive
 ):
-    """The image and its environment built at once share BuildKit's run of their apt step, which fails on
-    the gone pin, and only one build is shown apt's words: each still finds the pin and builds off-lock."""
+    """The image and its environment asked for at once (one waits for the other's build): the apt step
+    fails on the gone pin in each, and each finds the pin and builds off-lock."""
     project_served_today(project_copy)  # so that the pin below is the only one moved, on any day
     lock = project_copy / "docker/lock/apt-system.txt"
     lock.write_text(

@@ -538,6 +538,7 @@ def _build(
             dockerfile=project.dockerfile,
             tag_ref=plan.ref,
             build_args=plan.build_args,
+            base_arg="BASE_IMAGE",
             labels=labels,
             secrets={**secrets, **mirror},
             no_cache=no_cache,

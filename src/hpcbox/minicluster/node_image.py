@@ -203,6 +203,7 @@ def _build(
             dockerfile="Dockerfile",
             tag_ref=tag,
             build_args={"BASE": base.ref, **args},
+            base_arg="BASE",
             labels={
                 "org.opencontainers.image.title": "hpcbox mini cluster node",
                 SLURM_LABEL: slurm,

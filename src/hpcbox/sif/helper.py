@@ -164,6 +164,7 @@ def _make_helper(strict: bool, on_line: Callable[[str], None] | None, say: Calla
             dockerfile="Dockerfile",
             tag_ref=tag,
             build_args={"BASE": base.ref},
+            base_arg="BASE",
             labels=labels,
             secrets=secrets,
             on_line=docker.BuildProgress(on_line or say),

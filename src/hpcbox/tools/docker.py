@@ -7,6 +7,7 @@ build secrets; builds therefore go through a docker CLI that has BuildKit (Debia
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -277,21 +278,50 @@ def build(
     secrets: Mapping[str, Path],
     no_cache: bool = False,
     target: str | None = None,
+    base_arg: str | None = None,
     on_line: Callable[[str], None] | None = None,
 ) -> None:
-    """BuildKit build of the tar context on ``context_tar``; progress lines go to ``on_line``."""
-    argv = [build_cli(), "build", "--progress=plain", "-f", dockerfile, "-t", tag_ref]
-    if target is not None:
-        argv += ["--target", target]
-    for key, value in build_args.items():
-        argv += ["--build-arg", f"{key}={value}"]
-    for key, value in labels.items():
-        argv += ["--label", f"{key}={value}"]
-    for secret_id, path in secrets.items():
-        argv += ["--secret", f"id={secret_id},src={path}"]
-    if no_cache:
-        argv.append("--no-cache")
-    argv.append("-")
+    """BuildKit build of the tar context on ``context_tar``; progress lines go to ``on_line``.
+    ``base_arg`` names the build argument that holds the local image the Dockerfile starts FROM."""
+    with _named_for_this_build(build_args[base_arg]) if base_arg else contextlib.nullcontext() as base:
+        args = {**build_args, base_arg: base} if base_arg else build_args
+        argv = [build_cli(), "build", "--progress=plain", "-f", dockerfile, "-t", tag_ref]
+        if target is not None:
+            argv += ["--target", target]
+        for key, value in args.items():
+            argv += ["--build-arg", f"{key}={value}"]
+        for key, value in labels.items():
+            argv += ["--label", f"{key}={value}"]
+        for secret_id, path in secrets.items():
+            argv += ["--secret", f"id={secret_id},src={path}"]
+        if no_cache:
+            argv.append("--no-cache")
+        argv.append("-")
+        _stream_build(argv, tag_ref, context_tar, on_line)
+
+
+@contextlib.contextmanager
+def _named_for_this_build(ref: str) -> Iterator[str]:
+    """The local image ``ref`` under a name of this build's own, untagged when the build ends.
+
+    BuildKit joins the FROM of builds running at once on one image name, and where the other build
+    holds a base no build had used yet, the joining build gets it without a cache key: every step
+    after it runs again, cached or not (moby/buildkit#4674; in the test suite's first minutes, the
+    trainer's PyTorch step, a minute of CPU, twice over beside the node images' builds). Under a name
+    of its own the FROM is this build's, and its cache key is still the image's content."""
+    name = ref.split("@", 1)[0]
+    repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    alias = f"{repository}:build-{os.getpid()}-{os.urandom(4).hex()}"
+    proc.run([cli(), "tag", ref, alias], what=f"name {ref} for this build")
+    try:
+        yield alias
+    finally:
+        proc.run([cli(), "image", "rm", alias], what=f"remove the build's name {alias}", check=False)
+
+
+def _stream_build(
+    argv: list[str], tag_ref: str, context_tar: bytes, on_line: Callable[[str], None] | None
+) -> None:
     env = {**os.environ, "DOCKER_BUILDKIT": "1"}
     lines: list[str] = []
 
