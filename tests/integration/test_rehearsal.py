@@ -647,9 +647,13 @@ def full_cluster(run_id: str, state: Path) -> Iterator[minicluster.Cluster]:
             ).stdout.strip()
             for node in spec.compute_hosts
         ]  # fmt: skip
+        # A loaded full run found them not all running after 120 s: the failure now says each one's state.
         deadline = time.monotonic() + 120
-        while cluster.ssh(["squeue", "-h", "-t", "RUNNING", "-o", "%i"]).stdout.split() != sorted(holders):
-            assert time.monotonic() < deadline, "the jobs holding the cluster's nodes never all started"
+        while set(cluster.ssh(["squeue", "-h", "-t", "RUNNING", "-o", "%i"]).stdout.split()) != set(holders):
+            queued = cluster.ssh(["squeue", "-h", "-o", "%i %T %r"]).stdout
+            assert time.monotonic() < deadline, (
+                f"the jobs holding the cluster's nodes never all started: {queued}"
+            )
             time.sleep(1)
         yield cluster
     finally:
