@@ -99,6 +99,10 @@ SCENARIOS = {
         "tests/integration/test_rehearsal.py::"
         "test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_checkpoint_at_once_and_resume",
     ],
+    "a two-node training preempted (no user signal: TERM to its steps at the pick): checkpointed then, "
+    "requeued by Slurm, resumed from that checkpoint to its end": [
+        f"{SUBMIT}::test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_that_checkpoint",
+    ],
     "a Hydra point preempted mid-run, then at its time limit: requeued each time, went on, returned": [
         "tests/integration/test_own_project.py::"
         "test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_resumes_and_returns",

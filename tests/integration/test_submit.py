@@ -642,6 +642,42 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     wait_scratch_gone(minicluster, picked.job_id, lambda: log_of(minicluster, picked))
 
 
+def test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_that_checkpoint(
+    first_job, setup: Setup, minicluster
+):
+    """A DDP training over both nodes in `preemptible` (on each node one `srun` task, that node's
+    torchrun) is picked by a `cpu` job that needs node1. The local profile sends no user signal: Slurm
+    sends TERM to the job's steps as it picks it, and the batch shell hears nothing then. The ranks
+    checkpoint at that TERM and exit 75; the script, asking Slurm, knows the job was picked and leaves
+    the requeue to Slurm; the next run resumes from that checkpoint and trains to its end, the two
+    ranks with the same weights; neither node keeps scratch."""
+    training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
+    picked = submit(setup, minicluster, training, job_name="picked-ddp", partition="preemptible",
+                    nodes=2, ntasks_per_node=1, mem="1G")  # fmt: skip
+    assert picked is not None
+    until_logged(minicluster, picked.log, '"epoch": 2,', timeout_s=240)
+    higher = picks_node1(minicluster)
+    assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
+    assert wait_finished(minicluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
+        minicluster, picked
+    )
+    log = log_of(minicluster, picked)
+    runs = minicluster.ssh(["sacct", "-j", picked.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout
+    # Requeued by Slurm, not by the script: before the script asked whether the job was picked, it took
+    # the ranks' 75 for the time limit's and requeued the job itself (REQUEUED), and the run after it,
+    # ending within what was left of the grace time, was requeued once more as preempted (three runs).
+    assert runs.split() == ["PREEMPTED", "COMPLETED"], (runs, log)
+    assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
+    assert "requeueing job" not in log, log
+    starts = events_of(minicluster, picked, "start")
+    stopped_at = events_of(minicluster, picked, "preempted")
+    assert [event["signal"] for event in stopped_at] == ["SIGTERM"], log  # the pick's, in the steps
+    assert not starts[0]["resumed"] and starts[1]["resumed"]["checkpoint"] == stopped_at[0]["checkpoint"], log
+    done = events_of(minicluster, picked, "done")[-1]
+    assert done["epochs"] == 20 and set(done["rank_weights_sha256"]) == {done["weights_sha256"]}, done
+    wait_scratch_gone(minicluster, picked.job_id, lambda: log_of(minicluster, picked))
+
+
 def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(
     first_job, setup: Setup, minicluster, enforced_by
 ):

@@ -385,6 +385,12 @@ if [[ -n $time_up && -z $terminated ]] && (( status == 128 + 9 || status == 128 
         "it resumes from its last whole checkpoint" >&2
     status=75
 fi
+# Where the site sends no user signal, a job whose program runs as `srun` steps hears of its pick there
+# alone: Slurm sends each step TERM, on which the trainer checkpoints and exits 75, and this shell hears
+# nothing until the grace time's end. A program that ended so in a job that was picked was preempted.
+if [[ -z $time_up && -z $terminated ]] && (( status == 75 )) && picked; then
+    preemption=1
+fi
 # Preempted: Slurm requeues the job whatever this script does (a scancel now would cancel the requeue),
 # and its next run resumes from the checkpoint copied back. A trainer that had finished keeps its
 # outcome, so that the next run ends at once.
