@@ -260,50 +260,27 @@ def test_two_uploads_at_once_each_succeed_and_one_new_file_goes_up_once(files: F
     assert not [name for name in left if name.endswith(".partial") or ".copy." in name]
 
 
-# Run in the login node's mount and pid namespaces: waits (2 minutes at most) until rsync's receiver has
-# written 8 MiB of upload $1 into its temporary file, then stops it and prints its pids.
-HOLD_RECEIVER = r"""
-for _ in $(seq 12000); do
-    for f in "$2"/."$1".partial.??????; do  # rsync's own temporary of .NAME.partial
-        if [ -f "$f" ] && [ "$(stat -c %s "$f")" -ge 8388608 ]; then
-            writers=$(for fd in /proc/[0-9]*/fd/*; do if [ "$(readlink "$fd")" = "$f" ]; then
-                fd=${fd#/proc/}; echo "${fd%%/*}"; fi; done 2>/dev/null | sort -u)
-            if [ -n "$writers" ]; then kill -STOP $writers; echo $writers; exit 0; fi
-        fi
-    done
-    sleep 0.01
-done
-exit 1
-"""
-
-
 def test_an_interrupted_upload_sends_only_what_did_not_arrive(files: Files, minicluster):
-    """An upload cut off (its rsync killed here while the cluster's side held still) keeps what arrived
-    (rsync --partial), and the next upload of the file sends only the rest; the file is right."""
-    big = files.make("big", os.urandom(96 << 20))  # held at 8 MiB: the rest takes long enough to be caught
+    """An upload cut off mid-file keeps what arrived (rsync --partial), and the next upload of the file
+    sends only the rest; the file is right. Cut off here by the limit on a file's size of the login's
+    session it goes through (8 MiB, RLIMIT_FSIZE, which the rsync started there inherits): its write
+    past 8 MiB fails, whatever the speed. (Stopping the receiver once 8 MiB had arrived, watched every
+    10 ms, missed a 96 MiB upload that took 0.2 s in a full run.)"""
+    big = files.make("big", os.urandom(96 << 20))
     name = big.remote.rsplit("/", 1)[1]
-    home = minicluster.ssh('printf %s "$HOME"', check=True).stdout
-    login = minicluster.node_container("login").attrs["State"]["Pid"]
-    enter = ["nsenter", f"--target={login}", "--mount", "--pid", "--"]
-    holder = subprocess.Popen(
-        [*enter, "sh", "-c", HOLD_RECEIVER, "hold", name, f"{home}/{files.folder}"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    with ThreadPoolExecutor(1) as pool:
-        cut = pool.submit(upload, minicluster, big, None)
-        held, _ = holder.communicate(timeout=180)
-        assert holder.returncode == 0, "rsync never wrote 8 MiB on the cluster"
-        # rsync here, started with the file's path: killed while the cluster's side holds still, which
-        # then finds its input gone (and its ssh here ends with it).
-        assert subprocess.run(["pkill", "--signal", "KILL", "--full", f"rsync .*{big.local}"]).returncode == 0
-        subprocess.run([*enter, "kill", "-CONT", *held.split()], check=True)
-        with pytest.raises(HpcboxError):
-            cut.result(timeout=120)
+    with ssh.Connection(minicluster.ssh_target()) as connection:
+        # The shell's parent is the login's sshd session that runs every command of this connection (and
+        # of the next ones, through the same master): its soft limit alone, put back after.
+        connection.run('prlimit --pid "$PPID" --fsize=8388608:', what="limit the session's file size")
+        try:
+            with pytest.raises(HpcboxError):
+                ship._upload_stored(connection, big, None, 1 << 40, lambda _line: None)
+        finally:
+            connection.run('prlimit --pid "$PPID" --fsize=unlimited:', what="lift the session's limit")
     partial = f"{files.folder}/.{name}.partial"
     deadline = time.monotonic() + 60
     while minicluster.ssh(f"ls -A {files.folder} | grep -q '[.]partial[.]'").returncode == 0:
-        assert time.monotonic() < deadline, "rsync's receiver did not end once its input was gone"
+        assert time.monotonic() < deadline, "rsync's receiver did not end once its write failed"
         time.sleep(0.2)
     arrived = int(minicluster.ssh(["stat", "-c", "%s", partial], check=True).stdout)
     assert 8 << 20 <= arrived < big.size
