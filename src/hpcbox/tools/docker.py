@@ -283,8 +283,7 @@ def build(
 ) -> None:
     """BuildKit build of the tar context on ``context_tar``; progress lines go to ``on_line``.
     ``base_arg`` names the build argument that holds the local image the Dockerfile starts FROM."""
-    with _named_for_this_build(build_args[base_arg]) if base_arg else contextlib.nullcontext() as base:
-        args = {**build_args, base_arg: base} if base_arg else build_args
+    with _base_named_for_this_build(build_args, base_arg) as args:
         argv = [build_cli(), "build", "--progress=plain", "-f", dockerfile, "-t", tag_ref]
         if target is not None:
             argv += ["--target", target]
@@ -301,22 +300,29 @@ def build(
 
 
 @contextlib.contextmanager
-def _named_for_this_build(ref: str) -> Iterator[str]:
-    """The local image ``ref`` under a name of this build's own, untagged when the build ends.
+def _base_named_for_this_build(
+    build_args: Mapping[str, str], base_arg: str | None
+) -> Iterator[Mapping[str, str]]:
+    """``build_args`` with the local image that ``base_arg`` names under a name of this build's own,
+    untagged when the build ends (``build_args`` as they are without ``base_arg``).
 
     BuildKit joins the FROM of builds running at once on one image name, and where the other build
     holds a base no build had used yet, the joining build gets it without a cache key: every step
     after it runs again, cached or not (moby/buildkit#4674; in the test suite's first minutes, the
     trainer's PyTorch step, a minute of CPU, twice over beside the node images' builds). Under a name
     of its own the FROM is this build's, and its cache key is still the image's content."""
+    if base_arg is None:
+        yield build_args
+        return
+    ref = build_args[base_arg]
     name = ref.split("@", 1)[0]
     repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
     alias = f"{repository}:build-{os.getpid()}-{os.urandom(4).hex()}"
-    proc.run([cli(), "tag", ref, alias], what=f"name {ref} for this build")
+    tag(ref, alias)
     try:
-        yield alias
+        yield {**build_args, base_arg: alias}
     finally:
-        proc.run([cli(), "image", "rm", alias], what=f"remove the build's name {alias}", check=False)
+        remove_image(alias)  # the alias alone: the base keeps its own name
 
 
 def _stream_build(
