@@ -27,6 +27,7 @@ from tests.fixtures.submitting import (
     ctrl_c_as_in_a_terminal,
     picks_node1,
     running_in_preemptible,
+    runs_in_accounting,
     started_within_grace,
     user_signal_profile,
 )
@@ -390,7 +391,7 @@ def test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_re
     assert starts[0] == 0 and starts == sorted(set(starts)) and len(starts) >= 3, starts
     assert (sweep_dir / "0" / "done.txt").read_text() == "120", said
     assert re.search(rf"#0 : COMPLETED, returned {len(starts)}.0 \(job {re.escape(task)}\)", said), said
-    runs = minicluster.ssh(["sacct", "-j", task, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+    runs = runs_in_accounting(minicluster, task)
     assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
     log = next((own_project.root / "runs" / "local").glob(f"*/sweep-{task}.out")).read_text()
     assert "was preempted; the trainer checkpointed" in log, log
@@ -425,7 +426,7 @@ def test_a_hydra_point_picked_where_the_site_sends_the_users_signal_checkpoints_
         assert len(starts) == 2 and 0 == starts[0] < starts[1], starts  # the second went on
         assert (sweep_dir / "0" / "done.txt").read_text() == "45", said
         assert re.search(rf"#0 : COMPLETED, returned 2.0 \(job {re.escape(task)}\)", said), said
-        runs = cluster.ssh(["sacct", "-j", task, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+        runs = runs_in_accounting(cluster, task)
         assert runs == ["PREEMPTED", "COMPLETED"], runs
         log = next((project / "runs").glob(f"*/*/sweep-{task}.out")).read_text()
         assert "was preempted; the trainer checkpointed" in log, log

@@ -42,6 +42,7 @@ from tests.fixtures.submitting import (
     PreemptibleCall,
     Setup,
     picks_node1,
+    runs_in_accounting,
     started_within_grace,
     until_logged,
     user_signal_profile,
@@ -624,7 +625,7 @@ def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_chec
         cluster, picked
     )
     for job_id, log in ((call.job_id, call_log), (picked.job_id, picked.log)):
-        runs = cluster.ssh(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+        runs = runs_in_accounting(cluster, job_id)
         assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
         text = cluster.ssh(["cat", log]).stdout
         assert f"job {job_id} was preempted; the trainer checkpointed" in text, text

@@ -46,6 +46,7 @@ from tests.fixtures.submitting import (
     Setup,
     ctrl_c_as_in_a_terminal,
     picks_node1,
+    runs_in_accounting,
     until_logged,
 )
 from tests.integration.test_sbatch_cluster import scratch_left, wait_finished, wait_scratch_gone
@@ -616,7 +617,7 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     finally:
         call.stop()
     assert returned == {"steps": 90, "starts": 2}, (returned, minicluster.ssh(["cat", call_log]).stdout)
-    runs = minicluster.ssh(["sacct", "-j", call.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout.split()
+    runs = runs_in_accounting(minicluster, call.job_id)
     assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
     assert (
         f"job {call.job_id} was preempted; the trainer checkpointed"
@@ -629,8 +630,7 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
     log = log_of(minicluster, picked)
     assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
     assert "stopped by SIGTERM" not in log, log
-    runs = minicluster.ssh(["sacct", "-j", picked.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout
-    runs = runs.split()
+    runs = runs_in_accounting(minicluster, picked.job_id)
     assert runs[0] == "PREEMPTED" and runs[-1] == "COMPLETED", runs
     resumed_as_never_stopped(minicluster, picked, whole)
     with ssh.Connection(minicluster.ssh_target()) as connection:
@@ -662,11 +662,11 @@ def test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_tha
         minicluster, picked
     )
     log = log_of(minicluster, picked)
-    runs = minicluster.ssh(["sacct", "-j", picked.job_id, "-X", "-D", "-n", "-P", "-o", "State"]).stdout
+    runs = runs_in_accounting(minicluster, picked.job_id)
     # Requeued by Slurm, not by the script: before the script asked whether the job was picked, it took
     # the ranks' 75 for the time limit's and requeued the job itself (REQUEUED), and the run after it,
     # ending within what was left of the grace time, was requeued once more as preempted (three runs).
-    assert runs.split() == ["PREEMPTED", "COMPLETED"], (runs, log)
+    assert runs == ["PREEMPTED", "COMPLETED"], (runs, log)
     assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
     assert "requeueing job" not in log, log
     starts = events_of(minicluster, picked, "start")
