@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcbox.render.sbatch import SCRIPT_STARTED
 from tests.fixtures.cluster import free_port
 from tests.fixtures.submitting import RESTING, Setup, ctrl_c_as_in_a_terminal, with_own_ledger
 from tests.integration.test_submit import SHORT, invoke, sweep_project
@@ -116,9 +117,18 @@ def test_a_cluster_made_again_never_mixes_its_job_1_with_the_old_one(setup: Setu
     }
     for job, line in said.items():
         for command in ("status", "logs", "fetch", "report", "cancel"):
+            if (command, job) == ("logs", fetched_job):
+                continue  # its log came home with its results: below
             done = invoke(setup, command, "-j", job)
             assert done.returncode == 1, (command, done.stdout, done.stderr)
             assert re.fullmatch(rf"error: {line}", done.stderr.splitlines()[0]), (command, done.stderr)
+    # The fetched job's log is read from the copy its fetch brought home, and said to be.
+    fetched_log = list((project / "runs" / "local" / "1").glob("*.out"))
+    assert len(fetched_log) == 1, old_results
+    shown = invoke(setup, "logs", "-j", fetched_job)
+    assert shown.returncode == 0, shown.stderr
+    assert re.fullmatch(rf"hpcbox: {said[fetched_job]}; its log as fetched there:", shown.stderr.strip())
+    assert re.search(SCRIPT_STARTED, shown.stdout, re.M) and shown.stdout == fetched_log[0].read_text()
     listed = invoke(setup, "jobs")
     assert listed.returncode == 0, listed.stderr
     rows = listed.stdout.splitlines()

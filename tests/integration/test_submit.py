@@ -613,6 +613,16 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
         requeued = f"job {picked.job_id}: PENDING, requeued, to run again (BeginTime: Slurm requeued it"
         assert said.startswith(f"{requeued} (once so far)"), said
         assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
+        # Running again (its epochs left take half a minute and more), `status` says which run it is.
+        with ssh.Connection(minicluster.ssh_target()) as connection:
+            deadline = time.monotonic() + 240
+            while (found := jobs.state(connection, picked)).state != "RUNNING":
+                assert time.monotonic() < deadline and not found.finished, found
+                time.sleep(0.5)
+        status = invoke(setup, "status", "-j", picked.job_id)
+        assert status.returncode == 0, status.stderr
+        assert status.stdout.startswith(f"job {picked.job_id}: RUNNING, elapsed "), status.stdout
+        assert status.stdout.rstrip().endswith("on node1, its run 2 (Slurm requeued it once)"), status.stdout
         returned = call.result()
     finally:
         call.stop()

@@ -512,6 +512,18 @@ def test_a_job_slurm_requeued_waits_as_requeued_not_as_held_for_a_begin_time():
     assert not dataclasses.replace(requeued, state="RUNNING").requeued
 
 
+def test_a_running_job_slurm_requeued_says_which_run_it_is():
+    line = "9|RUNNING|None|0:08|10:00|node1|2026-12-05T17:02:21|2026-12-05T17:02:11|/h/s.sh\n"
+    running = slurm.parse_squeue(line, "9")
+    assert jobs.describe(running) == "job 9: RUNNING, elapsed 00:00:08 of 00:10:00, on node1"
+    assert jobs.describe(dataclasses.replace(running, restarts=1)) == (
+        "job 9: RUNNING, elapsed 00:00:08 of 00:10:00, on node1, its run 2 (Slurm requeued it once)"
+    )
+    assert jobs.describe(dataclasses.replace(running, restarts=3)).endswith(
+        "its run 4 (Slurm requeued it 3 times)"
+    )
+
+
 def test_a_pending_job_says_what_it_waits_for_and_slurms_start_guess_as_a_guess():
     line = "52|PENDING|Resources|0:00|30:00||2026-12-05T12:30:00|2026-12-05T12:00:01|/h/s.sh\n"
     waiting = slurm.parse_squeue(line, "52")

@@ -102,7 +102,7 @@ class Job:
             if self.record.is_array:
                 found = jobs.sweep_outcomes(connection, self.record)
                 return jobs.describe_tasks(self.record, found.tasks, found.read_from)
-            return [jobs.describe(jobs.state(connection, self.record))]
+            return [jobs.describe(jobs.state(connection, self.record, runs_so_far=True))]
 
     def wait(
         self, timeout_s: float = math.inf, *, on_change: Callable[[JobState], None] | None = None
@@ -130,19 +130,42 @@ class Job:
         return self.state().finished
 
     def logs(self, *, follow: bool = False, on_line: Say = print) -> None:
-        """Its Slurm log, line by line to ``on_line``; with ``follow``, until the job ends."""
+        """Its Slurm log, line by line to ``on_line``; with ``follow``, until the job ends. A job of a
+        mini cluster removed (or made again) since: the copy its fetch brought here."""
         from hpcbox import jobs
 
+        if copies := self._logs_fetched_from_a_cluster_gone():
+            for copy in copies:
+                if len(copies) > 1:
+                    on_line(f"==> {copy.name} <==")
+                for line in copy.read_text(errors="replace").splitlines():
+                    on_line(line)
+            return
         with self._connection() as connection:
             jobs.logs(connection, self.record, follow=follow, on_line=on_line)
 
     def log_text(self) -> str | None:
         """Its Slurm log as it stands now, read on the cluster while it runs (a task's: its own);
-        None before it has written one."""
+        None before it has written one. A job of a mini cluster gone since: the copy fetched here."""
         from hpcbox import jobs
 
+        if copies := self._logs_fetched_from_a_cluster_gone():
+            return copies[0].read_text(errors="replace")
         with self._connection() as connection:
             return jobs.log_text(connection, self.record)
+
+    def _logs_fetched_from_a_cluster_gone(self) -> list[Path]:
+        """Where its mini cluster has gone since and a fetch brought its logs here: those copies, said
+        so first (its log on the cluster went with it); [] otherwise (`_connection` refuses a job gone
+        with nothing fetched)."""
+        from hpcbox import jobs
+
+        project = self.site.project
+        if (gone := jobs.gone(self.record, project)) is None:
+            return []
+        if copies := jobs.fetched_logs(project, self.record):
+            self.site.say(f"hpcbox: {gone}; its log as fetched there:")
+        return copies
 
     def task(self, index: int) -> Job:
         """Task ``index`` of this array job as a job of its own: its state, log, results and cancel are

@@ -31,6 +31,7 @@ _DEFINED_IN = {
     "fetch_changed": "fetch",
     "fetch_following": "fetch",
     "fetched": "fetch",
+    "fetched_logs": "fetch",
     "fetched_outcomes": "follow",
     "follow_command": "follow",
     "gone": "identity",

@@ -8,7 +8,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs.follow import log_words, state
@@ -34,6 +34,20 @@ def fetched(project: ProjectConfig, record: JobRecord) -> bool:
     """Whether anything of the job's has been fetched here."""
     local = local_run_dir(project, record)
     return local.is_dir() and any(local.iterdir())
+
+
+def fetched_logs(project: ProjectConfig, record: JobRecord) -> list[Path]:
+    """The copies of the job's logs that a fetch brought here (an array's: every task's; a task's: its
+    own, fetched with it or with its sweep), its output's first."""
+    local = local_run_dir(project, record)
+    folders = (local,) if record.task is None else (local, local.parent)
+    return [
+        copy
+        for log in (record.log, record.error_log)
+        if log
+        for folder in folders
+        for copy in sorted(folder.glob(PurePosixPath(log).name))
+    ]
 
 
 def has_results(connection: ssh.Connection, record: JobRecord) -> bool:

@@ -26,11 +26,16 @@ FOLLOW_ASK_S = 60
 NO_OUTCOME = "NO_OUTCOME"
 
 
-def state(connection: ssh.Connection, record: JobRecord) -> slurm.JobState:
+def state(connection: ssh.Connection, record: JobRecord, *, runs_so_far: bool = False) -> slurm.JobState:
     """The job's state; an array's is its tasks' together: running while any runs, pending while any
     waits, else COMPLETED when all did, else the state of the first that did not. A task's is its own,
-    read among its array's (`squeue --array`: a pending task has no line of its own without it)."""
-    return _with_cause(connection, found_in(look(connection, [_looked_at(record)]), record))
+    read among its array's (`squeue --array`: a pending task has no line of its own without it). With
+    ``runs_so_far``, a running job's requeues too (a call more: asked by `status`, not by a wait's polls)."""
+    found = _with_cause(connection, found_in(look(connection, [_looked_at(record)]), record))
+    if runs_so_far and found.state == "RUNNING" and not record.is_array:
+        counted = slurm.restarts(connection, [found.job_id]).get(found.job_id, 0)
+        found = dataclasses.replace(found, restarts=counted)
+    return found
 
 
 def _looked_at(record: JobRecord) -> JobRecord:
@@ -249,6 +254,9 @@ def describe(found: slurm.JobState) -> str:
         parts.append(f"elapsed {found.elapsed}" + (f" of {found.time_limit}" if found.time_limit else ""))
     if found.nodes and found.state != "PENDING":
         parts.append(f"on {found.nodes}")
+    if found.state == "RUNNING" and found.restarts:
+        times = "once" if found.restarts == 1 else f"{found.restarts} times"
+        parts.append(f"its run {found.restarts + 1} (Slurm requeued it {times})")
     if found.exit_code:
         parts.append(f"exit code {found.exit_code}")
     if found.preempted_runs:

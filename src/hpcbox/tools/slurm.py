@@ -135,9 +135,9 @@ class JobState:
     preempted_runs: int = 0
     # How many runs sacct keeps of a finished job: its elapsed is then theirs together.
     runs: int = 1
-    # How many times Slurm has requeued a job it holds back by BeginTime (squeue's RestartCnt, asked of
-    # such a job only): a requeued job waits out Slurm's requeue delay under that reason, as if the user
-    # had asked for --begin.
+    # How many times Slurm has requeued the job (squeue's RestartCnt), asked of a job it holds back by
+    # BeginTime (a requeued job waits out Slurm's requeue delay under that reason, as if the user had
+    # asked for --begin) and, by `status`, of a running one (its how-manieth run); else 0.
     restarts: int = 0
 
     def is_of(self, script: str) -> bool:
@@ -459,7 +459,7 @@ def look(connection: ssh.Connection, jobs: Sequence[Watched]) -> Looked:
         and state.state == "PENDING" and state.reason == "BeginTime"
     ]  # fmt: skip
     if requeued:
-        counts = _restarts(connection, requeued)
+        counts = restarts(connection, requeued)
         for job_id in requeued:
             found[job_id] = dataclasses.replace(found[job_id], restarts=counts.get(job_id, 0))  # type: ignore[arg-type]
     return found
@@ -521,7 +521,7 @@ def all_runs(own: Sequence[JobState]) -> JobState:
     return dataclasses.replace(last, elapsed=elapsed, runs=len(own), preempted_runs=preempted)
 
 
-def _restarts(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, int]:
+def restarts(connection: ssh.Connection, job_ids: Sequence[str]) -> dict[str, int]:
     """How many times Slurm has requeued each of ``job_ids`` (squeue's RestartCnt, in the one form of
     squeue that has it); a job it does not say is left out."""
     ids = ",".join(job_ids)
