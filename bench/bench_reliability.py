@@ -103,6 +103,11 @@ SCENARIOS = {
     "requeued by Slurm, resumed from that checkpoint to its end": [
         f"{SUBMIT}::test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_that_checkpoint",
     ],
+    "a two-node training preempted where the site sends the user's signal: checkpointed as picked, "
+    "requeued by Slurm, resumed from that checkpoint to its end": [
+        "tests/integration/test_rehearsal.py::"
+        "test_a_two_node_training_picked_where_the_site_sends_the_users_signal_checkpoints_at_once_and_resumes",
+    ],
     "a Hydra point preempted mid-run, then at its time limit: requeued each time, went on, returned": [
         "tests/integration/test_own_project.py::"
         "test_a_hydra_point_preempted_then_at_its_time_limit_is_requeued_each_time_resumes_and_returns",

@@ -49,10 +49,11 @@ from tests.fixtures.submitting import (
     with_own_ledger,
 )
 from tests.integration.test_doctor import verdicts
-from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
+from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished, wait_scratch_gone
 from tests.integration.test_submit import (
     SHORT,
     dropping_port,
+    events_of,
     finished,
     invoke,
     log_of,
@@ -598,14 +599,9 @@ def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_chec
     `cpu` job that needs node1. Each job's own signal comes as it is picked, not TERM at the grace time's
     end: each checkpoints then, Slurm requeues it, and its next run resumes: the call returns what a run
     never stopped returns, the trainer ends with the figures of the same training never stopped (beside
-    it, on node2). (A ledger of its own: the lane's later commands know no profile `usersig`.)"""
-    setup = with_own_ledger(setup, tmp_path_factory, "usersig-project")
-    own = user_signal_profile(tmp_path / "clusters")
-    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
-    cluster = rehearsals.like("usersig")
-    assert cluster.shape.send_user_signal
-    env = {**setup.env, "HPCBOX_MINICLUSTER": cluster.name, "HPCBOX_CLUSTERS_DIR": str(own)}
-    call = PreemptibleCall(setup.project_dir, env, tmp_path / "calls", "usersig", 60, via="local")
+    it, on node2)."""
+    setup, cluster = user_signal_rehearsal(rehearsals, setup, tmp_path, tmp_path_factory, monkeypatch)
+    call = PreemptibleCall(setup.project_dir, setup.env, tmp_path / "calls", "usersig", 60, via="local")
     try:
         training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
         picked = submit(setup, cluster, training, profile="usersig", job_name="picked",
@@ -632,6 +628,54 @@ def test_a_call_and_a_training_picked_where_the_site_sends_the_users_signal_chec
     assert finished(cluster, whole).state == "COMPLETED", log_of(cluster, whole)
     resumed_as_never_stopped(cluster, picked, whole)
     started_within_grace(cluster, higher)
+
+
+def test_a_two_node_training_picked_where_the_site_sends_the_users_signal_checkpoints_at_once_and_resumes(
+    rehearsals, setup: Setup, tmp_path: Path, tmp_path_factory, monkeypatch
+):
+    """test_submit's two-node training (a DDP over both nodes in `preemptible`, on each node one `srun`
+    task, that node's torchrun), picked by a `cpu` job that needs node1, where the site sends the user's
+    signal: the batch shell hears USR1 as the job is picked, as at its time limit, and passes it to the
+    ranks, which checkpoint and exit 75; the script, asking Slurm, knows the job was picked and leaves the
+    requeue to Slurm; the next run resumes from that checkpoint and trains to its end, the two ranks with
+    the same weights; neither node keeps scratch."""
+    setup, cluster = user_signal_rehearsal(rehearsals, setup, tmp_path, tmp_path_factory, monkeypatch)
+    training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
+    picked = submit(setup, cluster, training, profile="usersig", job_name="picked-ddp",
+                    partition="preemptible", nodes=2, ntasks_per_node=1, mem="1G")  # fmt: skip
+    assert picked is not None
+    until_logged(cluster, picked.log, '"epoch": 2,', timeout_s=240)
+    higher = picks_node1(cluster)
+    assert wait_finished(cluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
+        cluster, picked
+    )
+    log = log_of(cluster, picked)
+    assert runs_in_accounting(cluster, picked.job_id) == ["PREEMPTED", "COMPLETED"], log
+    assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
+    assert "requeueing job" not in log, log
+    stopped_at = events_of(cluster, picked, "preempted")
+    assert [event["signal"] for event in stopped_at] == ["SIGUSR1"], log  # the user's, passed on at the pick
+    starts = events_of(cluster, picked, "start")
+    assert not starts[0]["resumed"] and starts[1]["resumed"]["checkpoint"] == stopped_at[0]["checkpoint"], log
+    done = events_of(cluster, picked, "done")[-1]
+    assert done["epochs"] == 20 and set(done["rank_weights_sha256"]) == {done["weights_sha256"]}, done
+    started_within_grace(cluster, higher)
+    wait_scratch_gone(cluster, picked.job_id, lambda: log_of(cluster, picked))
+
+
+def user_signal_rehearsal(
+    rehearsals, setup: Setup, tmp_path: Path, tmp_path_factory, monkeypatch
+) -> tuple[Setup, minicluster.Cluster]:
+    """The rehearsal of a site that sends the user's signal at a preemption (`user_signal_profile`), and
+    ``setup`` pointed at it with a ledger of its own (the lane's later commands know no profile
+    `usersig`)."""
+    own = user_signal_profile(tmp_path / "clusters")
+    monkeypatch.setenv("HPCBOX_CLUSTERS_DIR", str(own))
+    cluster = rehearsals.like("usersig")
+    assert cluster.shape.send_user_signal
+    setup = with_own_ledger(setup, tmp_path_factory, "usersig-project")
+    env = {**setup.env, "HPCBOX_MINICLUSTER": cluster.name, "HPCBOX_CLUSTERS_DIR": str(own)}
+    return Setup(setup.project_dir, setup.data, setup.sif_cache, env), cluster
 
 
 @contextlib.contextmanager
