@@ -661,7 +661,8 @@ def test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_tha
     checkpoint at that TERM and exit 75; the script, asking Slurm, knows the job was picked and leaves
     the requeue to Slurm; the next run resumes from that checkpoint and trains to its end, the two
     ranks with the same weights; neither node keeps scratch."""
-    training = ("--epochs", "20", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
+    # Checkpointed as it is picked (at its second epoch), it need not train through the grace time.
+    training = ("--epochs", "8", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
     picked = submit(setup, minicluster, training, job_name="picked-ddp", partition="preemptible",
                     nodes=2, ntasks_per_node=1, mem="1G")  # fmt: skip
     assert picked is not None
@@ -684,7 +685,7 @@ def test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_tha
     assert [event["signal"] for event in stopped_at] == ["SIGTERM"], log  # the pick's, in the steps
     assert not starts[0]["resumed"] and starts[1]["resumed"]["checkpoint"] == stopped_at[0]["checkpoint"], log
     done = events_of(minicluster, picked, "done")[-1]
-    assert done["epochs"] == 20 and set(done["rank_weights_sha256"]) == {done["weights_sha256"]}, done
+    assert done["epochs"] == 8 and set(done["rank_weights_sha256"]) == {done["weights_sha256"]}, done
     wait_scratch_gone(minicluster, picked.job_id, lambda: log_of(minicluster, picked))
 
 
