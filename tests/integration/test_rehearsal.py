@@ -49,14 +49,14 @@ from tests.fixtures.submitting import (
     with_own_ledger,
 )
 from tests.integration.test_doctor import verdicts
-from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished, wait_scratch_gone
+from tests.integration.test_sbatch_cluster import ACCOUNT, scratch_left, wait_finished
 from tests.integration.test_submit import (
     SHORT,
     dropping_port,
-    events_of,
     finished,
     invoke,
     log_of,
+    picked_two_node_training,
     resumed_as_never_stopped,
     submit,
     sweep_project,
@@ -640,28 +640,8 @@ def test_a_two_node_training_picked_where_the_site_sends_the_users_signal_checkp
     requeue to Slurm; the next run resumes from that checkpoint and trains to its end, the two ranks with
     the same weights; neither node keeps scratch."""
     setup, cluster = user_signal_rehearsal(rehearsals, setup, tmp_path, tmp_path_factory, monkeypatch)
-    # Checkpointed as it is picked (at its second epoch), it need not train through the grace time.
-    training = ("--epochs", "8", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
-    picked = submit(setup, cluster, training, profile="usersig", job_name="picked-ddp",
-                    partition="preemptible", nodes=2, ntasks_per_node=1, mem="1G")  # fmt: skip
-    assert picked is not None
-    until_logged(cluster, picked.log, '"epoch": 2,', timeout_s=240)
-    higher = picks_node1(cluster)
-    assert wait_finished(cluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
-        cluster, picked
-    )
-    log = log_of(cluster, picked)
-    assert runs_in_accounting(cluster, picked.job_id) == ["PREEMPTED", "COMPLETED"], log
-    assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
-    assert "requeueing job" not in log, log
-    stopped_at = events_of(cluster, picked, "preempted")
-    assert [event["signal"] for event in stopped_at] == ["SIGUSR1"], log  # the user's, passed on at the pick
-    starts = events_of(cluster, picked, "start")
-    assert not starts[0]["resumed"] and starts[1]["resumed"]["checkpoint"] == stopped_at[0]["checkpoint"], log
-    done = events_of(cluster, picked, "done")[-1]
-    assert done["epochs"] == 8 and set(done["rank_weights_sha256"]) == {done["weights_sha256"]}, done
+    higher = picked_two_node_training(setup, cluster, profile="usersig", signal="SIGUSR1")
     started_within_grace(cluster, higher)
-    wait_scratch_gone(cluster, picked.job_id, lambda: log_of(cluster, picked))
 
 
 def user_signal_rehearsal(

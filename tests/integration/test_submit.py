@@ -615,10 +615,11 @@ def test_a_preempted_job_resumes_and_ends_with_the_figures_of_a_run_never_stoppe
         assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
         # Running again (its epochs left take half a minute and more), `status` says which run it is.
         with ssh.Connection(minicluster.ssh_target()) as connection:
-            deadline = time.monotonic() + 240
-            while (found := jobs.state(connection, picked)).state != "RUNNING":
-                assert time.monotonic() < deadline and not found.finished, found
-                time.sleep(0.5)
+            found = jobs.wait(
+                connection, picked, until=lambda found: found.state == "RUNNING" or found.finished,
+                timeout_s=240, poll_s=0.5,
+            )  # fmt: skip
+        assert found.state == "RUNNING", found
         status = invoke(setup, "status", "-j", picked.job_id)
         assert status.returncode == 0, status.stderr
         assert status.stdout.startswith(f"job {picked.job_id}: RUNNING, elapsed "), status.stdout
@@ -661,32 +662,43 @@ def test_a_two_node_training_picked_checkpoints_is_requeued_and_resumes_from_tha
     checkpoint at that TERM and exit 75; the script, asking Slurm, knows the job was picked and leaves
     the requeue to Slurm; the next run resumes from that checkpoint and trains to its end, the two
     ranks with the same weights; neither node keeps scratch."""
+    picked_two_node_training(
+        setup, minicluster, profile="local", signal="SIGTERM"
+    )  # the pick's, in the steps
+
+
+def picked_two_node_training(setup: Setup, cluster, *, profile: str, signal: str) -> str:
+    """The two-node training of the tests above and below, sent to ``cluster`` as a site of ``profile``
+    and picked by a job that needs node1, and every check of what follows: its ranks checkpointed at
+    ``signal``, Slurm (not the script) requeued it, its next run resumed from that checkpoint to its
+    end with the ranks' weights the same, and no scratch left. The picking job's id."""
     # Checkpointed as it is picked (at its second epoch), it need not train through the grace time.
     training = ("--epochs", "8", *TEN_RESTING_STEPS, "--seed", "3", "--workers", "0")
-    picked = submit(setup, minicluster, training, job_name="picked-ddp", partition="preemptible",
+    picked = submit(setup, cluster, training, profile=profile, job_name="picked-ddp", partition="preemptible",
                     nodes=2, ntasks_per_node=1, mem="1G")  # fmt: skip
     assert picked is not None
-    until_logged(minicluster, picked.log, '"epoch": 2,', timeout_s=240)
-    higher = picks_node1(minicluster)
-    assert wait_finished(minicluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
-    assert wait_finished(minicluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
-        minicluster, picked
+    until_logged(cluster, picked.log, '"epoch": 2,', timeout_s=240)
+    higher = picks_node1(cluster)
+    assert wait_finished(cluster, higher, timeout_s=240) == ("COMPLETED", "0:0")
+    assert wait_finished(cluster, picked.job_id, timeout_s=400) == ("COMPLETED", "0:0"), log_of(
+        cluster, picked
     )
-    log = log_of(minicluster, picked)
-    runs = runs_in_accounting(minicluster, picked.job_id)
+    log = log_of(cluster, picked)
+    runs = runs_in_accounting(cluster, picked.job_id)
     # Requeued by Slurm, not by the script: before the script asked whether the job was picked, it took
     # the ranks' 75 for the time limit's and requeued the job itself (REQUEUED), and the run after it,
     # ending within what was left of the grace time, was requeued once more as preempted (three runs).
     assert runs == ["PREEMPTED", "COMPLETED"], (runs, log)
     assert f"job {picked.job_id} was preempted; the trainer checkpointed" in log, log
     assert "requeueing job" not in log, log
-    starts = events_of(minicluster, picked, "start")
-    stopped_at = events_of(minicluster, picked, "preempted")
-    assert [event["signal"] for event in stopped_at] == ["SIGTERM"], log  # the pick's, in the steps
+    starts = events_of(cluster, picked, "start")
+    stopped_at = events_of(cluster, picked, "preempted")
+    assert [event["signal"] for event in stopped_at] == [signal], log
     assert not starts[0]["resumed"] and starts[1]["resumed"]["checkpoint"] == stopped_at[0]["checkpoint"], log
-    done = events_of(minicluster, picked, "done")[-1]
+    done = events_of(cluster, picked, "done")[-1]
     assert done["epochs"] == 8 and set(done["rank_weights_sha256"]) == {done["weights_sha256"]}, done
-    wait_scratch_gone(minicluster, picked.job_id, lambda: log_of(minicluster, picked))
+    wait_scratch_gone(cluster, picked.job_id, lambda: log_of(cluster, picked))
+    return higher
 
 
 def test_a_job_over_its_memory_ends_out_of_memory_says_so_and_leaves_no_scratch(
