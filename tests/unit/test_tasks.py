@@ -79,6 +79,29 @@ def test_an_option_a_command_does_not_take_is_said_with_the_ones_it_does(argv, s
     assert (done.returncode, done.stderr.splitlines(), done.stdout) == (1, said, "")
 
 
+@pytest.mark.parametrize(
+    ("argv", "meant"),
+    [
+        (["submit", "--cluster=local", "--epochs", "40"], "hpcbox submit --cluster=local -- --epochs 40"),
+        (
+            ["sbatch", "-c4", "--lr=0.1", "--seed", "3", "-pgpu", "--", "--epochs", "2"],
+            "hpcbox sbatch -c4 -pgpu -- --lr=0.1 --seed 3 --epochs 2",
+        ),
+    ],
+)
+def test_a_programs_option_before_the_dashes_is_said_with_the_command_line_meant(argv, meant, tmp_path):
+    """Found as a user: `hpcbox submit --cluster=local --epochs 40` hinted `did you mean --qos?`, the
+    nearest of submit's own options, where the trainer's option belonged after `--`."""
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcbox", *argv], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+    first, hint = done.stderr.splitlines()
+    assert (done.returncode, done.stdout) == (1, "")
+    assert first.startswith(f"error: hpcbox {argv[0]}: no option {argv[2].split('=')[0]} (its options: --")
+    assert hint == f"  hint: the program's own options go after `--`: {meant}"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_misspelt_option_is_said_with_the_nearest_one(tmp_path: Path):
     done = subprocess.run(
         [sys.executable, "-m", "hpcbox", "submit", "--cluster=local", "--partiton=gpu"],

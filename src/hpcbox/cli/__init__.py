@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import shlex
 import sys
 import types
+from collections.abc import Container
 
 
 class _ImportedOnFirstUse(types.ModuleType):
@@ -30,6 +32,10 @@ from hpcbox.cli.tasks import collection  # noqa: E402
 
 # Flags users bring from the commands about one job to one that takes none of them.
 _ONE_JOB_FLAGS = ("-j", "--job")
+# Commands whose words after `--` are the program's: an option they do not take is likely the program's.
+_PASS_PROGRAM_ARGS = ("sbatch", "submit")
+# How near an unknown option must be to one of theirs to be taken for its misspelling.
+_MISSPELT = 0.75
 # invoke's own options that keep their single letter: -h, -l, -V.
 _KEPT_LETTERS = ("help", "list", "version")
 
@@ -52,13 +58,14 @@ class HpcboxProgram(Program):
             super().parse_tasks()
         except ParseError as error:
             raise ParseError(
-                _unknown_word(error, sorted(self.collection.task_names)), error.context
+                _unknown_word(error, sorted(self.collection.task_names), self.argv), error.context
             ) from error
 
 
-def _unknown_word(error: ParseError, commands: list[str]) -> str:
+def _unknown_word(error: ParseError, commands: list[str], argv: list[str]) -> str:
     """invoke's "No idea what 'X' is!" as hpcbox says it: a command it does not have (with the nearest
-    one), or an option the command does not take (with the ones it does)."""
+    one), or an option the command does not take (with the ones it does; where the command runs a
+    program and none of its own is near, the command line with that option moved after `--`)."""
     context = error.context
     said = str(error)
     if not said.startswith("No idea what "):
@@ -72,13 +79,42 @@ def _unknown_word(error: ParseError, commands: list[str]) -> str:
         return f"error: hpcbox: no command {option!r}\n  hint: {hint}"
     flags = sorted({name for name in context.flags if name.startswith("--")})
     known = f" (its options: {', '.join(flags)})" if flags else " (it takes no options)"
-    close = difflib.get_close_matches(option, flags, n=1)
+    passes_program_args = context.name in _PASS_PROGRAM_ARGS
+    close = difflib.get_close_matches(option, flags, n=1, cutoff=_MISSPELT if passes_program_args else 0.6)
     hint = (
         f"did you mean {close[0]}? " if close else ""
     ) + f"`hpcbox {context.name} --help` says what each does"
+    meant = _moved_after_dashes(argv, option, context.flags) if passes_program_args and not close else None
+    if meant:
+        hint = f"the program's own options go after `--`: {meant}"
     if option in _ONE_JOB_FLAGS and context.name == "jobs":
         hint = "`hpcbox jobs` lists every job; -j JOB names one for status, logs, fetch, report and cancel"
     return f"error: hpcbox {context.name}: no option {option}{known}\n  hint: {hint}"
+
+
+def _moved_after_dashes(argv: list[str], option: str, own_flags: Container[str]) -> str | None:
+    """``argv`` as it was meant: ``option`` and the words that follow it up to the command's next option
+    (``own_flags``), after `--` and before the program's words already there; None where no word of
+    ``argv`` is ``option``."""
+    words, program = argv[1:], []
+    if "--" in words:
+        at = words.index("--")
+        words, program = words[:at], words[at + 1 :]
+    start = next((at for at, word in enumerate(words) if _flag_of(word) == option), None)
+    if start is None:
+        return None
+    end = start + 1
+    while end < len(words) and _flag_of(words[end]) not in own_flags:
+        end += 1
+    moved = words[start:end]
+    return shlex.join(["hpcbox", *words[:start], *words[end:], "--", *moved, *program])
+
+
+def _flag_of(word: str) -> str:
+    """The option a command-line word gives: ``--time`` of ``--time=10``, ``-p`` of ``-pgpu``."""
+    if word.startswith("--"):
+        return word.split("=")[0]
+    return word[:2] if word.startswith("-") else word
 
 
 def main() -> None:
