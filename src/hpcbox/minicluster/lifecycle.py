@@ -143,8 +143,7 @@ class EngineCgroups:
     @classmethod
     def from_info(cls, info: dict[str, Any]) -> EngineCgroups:
         said = str(info.get("CgroupVersion") or "")
-        rootless = any("rootless" in option for option in info.get("SecurityOptions") or ())
-        return cls(int(said) if said.isdigit() else 0, rootless)
+        return cls(int(said) if said.isdigit() else 0, engine.is_rootless(info))
 
     @property
     def possible(self) -> bool:

@@ -209,8 +209,9 @@ _IGNORED_DEFINITION = re.compile(r"\.\.  Ignoring .*!$")
 
 
 def caller() -> str:
-    """uid:gid of this process, to whom the helper (root) hands back the files hpcbox edits."""
-    return f"{os.getuid()}:{os.getgid()}"
+    """uid:gid of this process as the helper (root) knows it, to hand back the files hpcbox edits; on a
+    rootless engine the helper's root is this process's user already (its own uid there is another)."""
+    return "0:0" if docker.rootless() else f"{os.getuid()}:{os.getgid()}"
 
 
 def remove_root_owned(tool: Apptainer, work: Path) -> None:

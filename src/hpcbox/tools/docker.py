@@ -66,6 +66,17 @@ def client() -> docker.DockerClient:
     return engine
 
 
+def is_rootless(info: Mapping[str, Any]) -> bool:
+    """Whether the engine ``docker info`` describes runs rootless: its containers' root is the user who
+    runs it, their other users that user's subordinate ids."""
+    return any("rootless" in option for option in info.get("SecurityOptions") or ())
+
+
+@functools.cache
+def rootless() -> bool:
+    return is_rootless(client().info())
+
+
 def _engine_error(exc: Exception) -> HpcboxError:
     refused = "Permission denied" in str(exc) or isinstance(exc.__context__, PermissionError)
     return _unreachable(not_permitted=refused)

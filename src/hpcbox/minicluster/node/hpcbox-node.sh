@@ -177,7 +177,9 @@ node_cgroups_v2() {
 # own (major 120, one Linux keeps for local use: no driver, so opening one says "No such device or
 # address") which the node's cgroup may open (on cgroup v1 allowed here one by one, on v2 by Docker's
 # device rule, nodes.py), and Slurm's ConstrainDevices lets a job open only those it was given
-# ("Operation not permitted" for the others). Without, each is a copy of /dev/null that any job can open.
+# ("Operation not permitted" for the others). Without, each is a link to /dev/null that any job can open:
+# Slurm follows it to a device file, and a rootless engine's node (in a user namespace) can make no
+# device node of its own.
 fake_gpus() {
     local index
     for index in $(seq 0 $((${HPCBOX_FAKE_GPUS:?} - 1))); do
@@ -186,7 +188,7 @@ fake_gpus() {
             mknod -m 0666 "/dev/fakegpu$index" c 120 "$index"
             if [ "$HPCBOX_CGROUPS" = 1 ]; then echo "c 120:$index rwm" >/sys/fs/cgroup/devices/devices.allow; fi
         else
-            mknod -m 0666 "/dev/fakegpu$index" c 1 3
+            ln -s /dev/null "/dev/fakegpu$index"
         fi
     done
 }
@@ -216,7 +218,11 @@ container_software() {
         ln -sfn apptainer /usr/bin/singularity
     fi
     if [ -e /dev/fuse ]; then
-        if [ -n "$HPCBOX_FUSE" ]; then chmod 666 /dev/fuse; else chmod 600 /dev/fuse; fi
+        local mode=600
+        if [ -n "$HPCBOX_FUSE" ]; then mode=666; fi
+        # A rootless engine's /dev/fuse is the host's own, bound in: its node cannot change the mode.
+        chmod "$mode" /dev/fuse 2>/dev/null \
+            || log "/dev/fuse stays $(stat -c %a /dev/fuse), the host's: a rootless engine's node cannot change it"
     fi
     squashfs_tools
 }
