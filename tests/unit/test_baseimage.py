@@ -287,3 +287,42 @@ def test_no_snapshot_time_is_found_for_a_version_the_archive_lacks_or_where_it_c
         "the snapshot archive cannot be reached (http://127.0.0.1:9/mr/binary/apptainer/1.4.5-2/binfiles"
     )
     assert "refused" in why.lower()
+
+
+def test_the_bootstrapped_tarball_loses_its_device_nodes_gains_run_secrets_and_keeps_every_other_byte(
+    tmp_path: Path,
+):
+    """What a rootless engine cannot keep (device nodes) and leaves out (BuildKit's /run/secrets) made
+    the same for every engine: its images and SIFs differed from a rootful engine's (the rootless lane)."""
+    layer = tmp_path / "rootfs.tar"
+    long_name = "./usr/share/" + "x" * 120  # a pax header of its own, as mmdebstrap's tar writes for it
+    with tarfile.open(layer, "w", format=tarfile.PAX_FORMAT) as archive:
+        for name, major, minor in (("./dev/null", 1, 3), ("./dev/zero", 1, 5)):
+            device = tarfile.TarInfo(name)
+            device.type, device.devmajor, device.devminor, device.mode = tarfile.CHRTYPE, major, minor, 0o666
+            archive.addfile(device)
+        for name in ("./dev/", "./run/"):
+            folder = tarfile.TarInfo(name)
+            folder.type = tarfile.DIRTYPE
+            archive.addfile(folder)
+        for name, data in ((long_name, b"kept\n" * 200), ("./etc/hostname", b"node\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    before = layer.read_bytes()
+
+    baseimage._engine_neutral(layer, 1_700_000_000)
+
+    after = layer.read_bytes()
+    with tarfile.open(layer) as archive:
+        members = {member.name: member for member in archive.getmembers()}
+        assert archive.extractfile(long_name).read() == b"kept\n" * 200
+    assert not any(member.isdev() for member in members.values())
+    assert members["./run/secrets"].isdir() and members["./run/secrets"].mtime == 1_700_000_000
+    assert {"./dev", "./run", long_name, "./etc/hostname"} < set(members)
+    # Every member kept is the same bytes, headers (pax ones included) and data alike.
+    with tarfile.open(fileobj=io.BytesIO(before)) as archive:
+        first_kept = next(member for member in archive.getmembers() if not member.isdev())
+        last = archive.getmembers()[-1]
+    kept = before[first_kept.offset : last.offset_data + 512]
+    assert kept in after and len(after) == len(before) - 2 * 512 + 512

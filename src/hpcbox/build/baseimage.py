@@ -94,8 +94,11 @@ class BaseLock:
 
     @property
     def digest(self) -> str:
-        """Names the base made from this lock: a changed lock never reuses an older base."""
-        canonical = json.dumps([self.suite, self.source_date_epoch, sorted(self.packages.items())])
+        """Names the base made from this lock: a changed lock, or a change in what hpcbox makes of
+        mmdebstrap's tarball, never reuses an older base."""
+        canonical = json.dumps(
+            [self.suite, self.source_date_epoch, sorted(self.packages.items()), TARBALL_EDITS]
+        )
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     def to_toml(self) -> str:
@@ -163,6 +166,8 @@ def own_lock() -> BaseLock:
 
 
 BASE_REPOSITORY = "hpcbox/debian"
+# What the bootstrap changes in mmdebstrap's tarball (_engine_neutral), named in every base's digest.
+TARBALL_EDITS = "no device nodes; /run/secrets"
 
 
 def base_ref(suite: str = DEFAULT_SUITE, lock: BaseLock | None = None, *, canonical: bool = False) -> str:
@@ -562,7 +567,35 @@ def _bootstrap(suite: str, epoch: int, work: Path, mirror: str | None, on_line) 
         on_line=on_line,
         env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)},
     )
+    _engine_neutral(layer, epoch)
     return layer
+
+
+def _engine_neutral(layer: Path, epoch: int) -> None:
+    """Make the root filesystem tarball ``layer`` what every Docker engine keeps of it, so that an image
+    built on it, and its SIF, are the same bytes on a rootless engine as on a rootful one: without
+    mmdebstrap's device nodes in /dev (a rootless engine cannot make them and drops them as it loads the
+    base; a container gets /dev from its runtime, a SIF from Apptainer), and with /run/secrets, BuildKit's
+    mount point for build secrets (a rootful engine leaves the folder it makes in the step's layer, a
+    rootless one does not). Every other byte stays mmdebstrap's."""
+    data = layer.read_bytes()
+    with tarfile.open(layer) as archive:
+        members = archive.getmembers()
+    end = max(
+        member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE for member in members
+    )
+    kept, at = [], 0
+    for member in members:
+        if member.isdev():
+            kept.append(data[at : member.offset])
+            at = member.offset_data
+    secrets = tarfile.TarInfo("./run/secrets/")
+    secrets.type, secrets.mode, secrets.mtime = tarfile.DIRTYPE, 0o755, epoch
+    if not any(member.name.rstrip("/") in ("./run/secrets", "run/secrets") for member in members):
+        kept.append(data[at:end] + secrets.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"))
+        at = end
+    kept.append(data[at:])
+    layer.write_bytes(b"".join(kept))
 
 
 def installed_packages(layer: Path) -> dict[str, str]:
