@@ -13,10 +13,12 @@ import datetime
 import json
 import re
 import sys
+import tomllib
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DIGESTS = HERE.parent / "digests.toml"
 # What each enforcement test checks on an engine that gives the nodes no cgroups, as the table says it.
 CHECKS = {
     "test_a_job_over_its_memory_ends_out_of_memory": "a job over --mem: FAILED 0:9 by Slurm's accounting",
@@ -29,6 +31,8 @@ ENGINE_FACTS = ("ServerVersion", "CgroupVersion", "CgroupDriver", "KernelVersion
 _CANNOT = re.compile(r"^cluster \S+: (this Docker engine \(rootless.*)$", re.M)
 _TOOK = re.compile(r"^hpcbox: the demo took ([\d.]+) s: (.*)$", re.M)
 _TRAINED = re.compile(r"^trained \d+ epochs: .*$", re.M)
+# The SIF the demo made and sent: the cluster's store names it by its SHA-256.
+_SENT_SIF = re.compile(r"^hpcbox: uploading the sif \(.*\) to \S*/images/sha256/([0-9a-f]{64})\.sif$", re.M)
 
 
 def base() -> str:
@@ -63,6 +67,18 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
             + (f"{trained[0]}; {took[2]}" if trained and took else "see demo.log"),
         )
     )
+    pinned = tomllib.loads(DIGESTS.read_text())
+    sent = _SENT_SIF.search(demo)
+    same_sif = bool(sent) and sent[1] == pinned["sif_sha256"]
+    rows.append(
+        _row(
+            "the demo's SIF is digests.toml's, byte for byte",
+            int(same_sif),
+            "",
+            note=f"sent {sent[1][:12] if sent else 'none'}, pinned {pinned['sif_sha256'][:12]} "
+            f"({pinned['flavour']}, {pinned['compression']})",
+        )
+    )
     tests = _tests(out / "tests.xml")
     for name, test in tests.items():
         what = next((check for prefix, check in CHECKS.items() if name.startswith(prefix)), name)
@@ -72,6 +88,7 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
         "timings": timings,
         "cluster_said": cannot[1] if cannot else None,
         "demo": {"exit": status, "passed": demo_passed, "tail": demo.splitlines()[-40:]},
+        "sif": {"sent": sent[1] if sent else None, "pinned": pinned["sif_sha256"], "same": same_sif},
         "tests": tests,
     }
     return rows, details
@@ -98,11 +115,13 @@ def _row(metric: str, value: float, unit: str, note: str = "") -> dict:
 
 
 def passed(details: dict) -> bool:
-    """Whether the engine was rootless, the demo passed and every check ran and passed."""
+    """Whether the engine was rootless, the demo passed with the pinned SIF, and every check ran and
+    passed."""
     tests = details["tests"]
     checked = {prefix for prefix in CHECKS for name in tests if name.startswith(prefix)}
     every = all(test["outcome"] == "passed" for test in tests.values())
-    return details["engine"]["rootless"] and details["demo"]["passed"] and every and checked == set(CHECKS)
+    made = details["engine"]["rootless"] and details["demo"]["passed"] and details["sif"]["same"]
+    return made and every and checked == set(CHECKS)
 
 
 def record(out: Path, commit: str, started: str) -> int:
