@@ -150,7 +150,7 @@ class EngineCgroups:
         """Whether each compute node can have a cgroup tree of its own for slurmd: a cgroup namespace
         of its own, whose root (the container's cgroup) CAP_SYS_ADMIN makes writable (nodes.py,
         hpcbox-node). Not on a rootless engine, whose containers' capabilities are the user's, not
-        root's (not tried: there is no rootless engine here)."""
+        root's (the rootless lane, .ci/rootless, runs the mini cluster on one without them)."""
         return self.version in (1, 2) and not self.rootless
 
     @property
