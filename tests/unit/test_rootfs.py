@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from hpcbox.errors import HpcboxError
-from hpcbox.sif.rootfs import clamp_definitions, engine_layers, write_layers
+from hpcbox.sif.rootfs import clamp_definitions, engine_layers, opaque_attribute, write_layers
 
 EPOCH = 1_700_000_000
 OVERLAY2 = "/var/lib/docker/overlay2"
@@ -115,7 +115,10 @@ def _manifest(*layers: str) -> tuple[str, bytes]:
     return "manifest.json", json.dumps([{"Config": "c.json", "Layers": list(layers)}]).encode()
 
 
-def test_layers_unpack_in_manifest_order_with_overlayfs_whiteouts():
+@pytest.mark.parametrize(("rootless", "attribute"), [(False, "trusted"), (True, "user")])
+def test_layers_unpack_in_manifest_order_with_overlayfs_whiteouts(rootless: bool, attribute: str):
+    """An opaque folder is marked as the overlay mount of that engine reads it: a rootless engine's
+    (userxattr) with user.overlay.opaque, whose trusted.* its helper, in a user namespace, cannot set."""
     stream = _saved(
         [
             ("top/layer.tar", TOP),  # the archive's order is not the layers' order
@@ -125,7 +128,7 @@ def test_layers_unpack_in_manifest_order_with_overlayfs_whiteouts():
         ]
     )
     out = io.BytesIO()
-    assert write_layers(stream, out) == ["layers/1", "layers/0"]
+    assert write_layers(stream, out, opaque_attribute(rootless)) == ["layers/1", "layers/0"]
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         entries = tar.getmembers()
         assert tar.extractfile(f"0/{LONG}").read() == b"print('hi')\n"
@@ -133,7 +136,7 @@ def test_layers_unpack_in_manifest_order_with_overlayfs_whiteouts():
     whiteout = members["0/etc/hostname"]
     assert whiteout.ischr() and (whiteout.devmajor, whiteout.devminor) == (0, 0)
     opaque = [m for m in entries if m.name == "0/opt"]
-    assert opaque[-1].pax_headers["SCHILY.xattr.trusted.overlay.opaque"] == "y"
+    assert opaque[-1].pax_headers == {f"SCHILY.xattr.{attribute}.overlay.opaque": "y"}
     assert (opaque[-1].mode, opaque[-1].uid, opaque[-1].mtime) == (0o750, 7, EPOCH - 5)  # as the folder
     assert members["0/opt/same"].islnk() and members["0/opt/same"].linkname == "0/opt/new"
     assert members["0/bin"].issym() and members["0/bin"].linkname == "usr/bin"
@@ -149,13 +152,15 @@ def test_oci_blobs_that_are_not_layers_are_passed_over():
             _manifest("blobs/sha256/bbb"),
         ]
     )
-    assert write_layers(stream, io.BytesIO()) == ["layers/0"]
+    assert write_layers(stream, io.BytesIO(), opaque_attribute(rootless=False)) == ["layers/0"]
 
 
 def test_a_save_without_manifest_or_with_an_unreadable_layer_is_one_line():
     with pytest.raises(HpcboxError, match=r"^docker save wrote no manifest"):
-        write_layers(_saved([("a/layer.tar", BOTTOM)]), io.BytesIO())
+        write_layers(_saved([("a/layer.tar", BOTTOM)]), io.BytesIO(), opaque_attribute(rootless=False))
     with pytest.raises(HpcboxError, match=r"^docker save's layer b/layer.tar is not a tar hpcbox can read"):
         write_layers(
-            _saved([("b/layer.tar", b"\x28\xb5\x2f\xfd" * 200), _manifest("b/layer.tar")]), io.BytesIO()
+            _saved([("b/layer.tar", b"\x28\xb5\x2f\xfd" * 200), _manifest("b/layer.tar")]),
+            io.BytesIO(),
+            opaque_attribute(rootless=False),
         )

@@ -49,7 +49,6 @@ _ENGINE_LAYERS = "/hpcbox-layers"  # where the helper sees the engine's overlay2
 # The kernel reads mount options from one page: the lowerdir list must fit in it.
 _MOUNT_OPTIONS_LIMIT = 4000
 _CHUNK = 1 << 20
-_OPAQUE = "SCHILY.xattr.trusted.overlay.opaque"
 # As root in the helper: owners by number, modes, devices and every extended attribute as recorded.
 _UNTAR = (
     "-x",
@@ -83,7 +82,8 @@ find {TOP} -exec touch -h -d "@$epoch" {{}} +
 # mount(2), not the new mount API: that takes option values of at most 256 bytes, a few layers' paths.
 _MOUNT = r"""
 mkdir -p /rootfs
-LIBMOUNT_FORCE_MOUNT2=always mount -t overlay hpcbox-rootfs -o "ro,lowerdir=$lower" /rootfs
+options="ro,lowerdir=$lower${HPCBOX_USERXATTR:+,userxattr}"
+LIBMOUNT_FORCE_MOUNT2=always mount -t overlay hpcbox-rootfs -o "$options" /rootfs
 """
 _LIST_NEWER = rf"""
 cd /rootfs
@@ -166,6 +166,7 @@ def make_squashfs(
         work,
         what="mount the image's layers and list its files",
         mounts=True,
+        env=_overlay_environment(),
         binds=layers.binds,
     )
     clamp = clamp_definitions((work / NEWER).read_bytes(), epoch) if epoch else ""
@@ -189,7 +190,7 @@ def make_squashfs(
         work,
         what="make the squashfs with mksquashfs",
         mounts=True,
-        env={"HPCBOX_OWNER": caller()},
+        env={"HPCBOX_OWNER": caller(), **_overlay_environment()},
         binds=layers.binds,
         on_line=_percentages(watched),
     )
@@ -206,6 +207,20 @@ def make_squashfs(
 # mksquashfs 4.6 skips the clamp of anything inside a folder whose own time it clamped, saying so
 # ("opt already exists as a non directory..  Ignoring opt/tiny!").
 _IGNORED_DEFINITION = re.compile(r"\.\.  Ignoring .*!$")
+
+
+def _overlay_environment() -> dict[str, str]:
+    """What the helper's overlay mount of the layers needs to read them as the engine wrote them: a
+    rootless engine's overlayfs (in a user namespace) keeps its marks, opaque folders among them, as
+    user.overlay.* attributes, which only a mount with userxattr reads as marks (without, they show
+    through as the folders' own attributes and go into the SIF); a rootful one's, trusted.overlay.*."""
+    return {"HPCBOX_USERXATTR": "1"} if docker.rootless() else {}
+
+
+def opaque_attribute(rootless: bool) -> str:
+    """The pax header of the attribute that marks a folder opaque in layers unpacked for the mount: the
+    one the overlay mount reads on that engine (_overlay_environment)."""
+    return f"SCHILY.xattr.{'user' if rootless else 'trusted'}.overlay.opaque"
 
 
 def caller() -> str:
@@ -264,7 +279,8 @@ def _percentages(on_line: Callable[[str], None]) -> Callable[[str], None]:
 
 def unpack_saved(image_id: str, tool: Apptainer, work: Path, on_line: Callable[[str], None]) -> Layers:
     """Unpack the image's `docker save` archive into work/layers/N, one folder per layer, with whiteouts
-    as overlayfs writes them (a 0/0 character device; an opaque folder's trusted.overlay.opaque=y).
+    as overlayfs writes them (a 0/0 character device; an opaque folder's overlay.opaque=y, trusted.* or
+    on a rootless engine user.*).
 
     The helper's tar reads through a FIFO in the bind-mounted work folder: `docker run -i`'s attach
     stream, the other road in, is the slower one."""
@@ -281,7 +297,7 @@ def unpack_saved(image_id: str, tool: Apptainer, work: Path, on_line: Callable[[
             if sink is None:
                 return  # tar ended before it read anything; its own error says why
             with sink:
-                order.extend(write_layers(docker.save(image_id), sink))
+                order.extend(write_layers(docker.save(image_id), sink, opaque_attribute(docker.rootless())))
         except BrokenPipeError:
             pass  # tar stopped reading; its own error says why
         except BaseException as exc:
@@ -331,9 +347,10 @@ def _save_error(exc: BaseException) -> HpcboxError:
     return HpcboxError(f"docker save failed: {exc}", "check the Docker engine, then run `hpcbox sif` again")
 
 
-def write_layers(chunks: Iterable[bytes], out: IO[bytes]) -> list[str]:
-    """Write the layers of a `docker save` stream to ``out`` as one tar, layer N under layers/N; returns
-    the layer folders bottom first, as the archive's manifest orders them."""
+def write_layers(chunks: Iterable[bytes], out: IO[bytes], opaque: str) -> list[str]:
+    """Write the layers of a `docker save` stream to ``out`` as one tar, layer N under layers/N, opaque
+    folders marked with the attribute ``opaque`` (opaque_attribute); returns the layer folders bottom
+    first, as the archive's manifest orders them."""
     folders: dict[str, str] = {}
     manifest = None
     with (
@@ -348,7 +365,7 @@ def write_layers(chunks: Iterable[bytes], out: IO[bytes]) -> list[str]:
                 manifest = json.load(data)
             elif member.name.endswith("/layer.tar") or member.name.startswith("blobs/"):
                 folder = f"{SAVED_LAYERS}/{len(folders)}"
-                if _copy_layer(data, folder.split("/", 1)[1], unpacked):
+                if _copy_layer(data, folder.split("/", 1)[1], unpacked, opaque):
                     folders[member.name] = folder
     if not manifest or "Layers" not in manifest[0]:
         raise HpcboxError("docker save wrote no manifest of the image's layers", "run `hpcbox sif` again")
@@ -361,7 +378,7 @@ def write_layers(chunks: Iterable[bytes], out: IO[bytes]) -> list[str]:
     return [folders[name] for name in manifest[0]["Layers"]]
 
 
-def _copy_layer(data: IO[bytes], folder: str, out: tarfile.TarFile) -> bool:
+def _copy_layer(data: IO[bytes], folder: str, out: tarfile.TarFile, opaque: str) -> bool:
     """Copy one layer tar under ``folder``; False if ``data`` is not a tar (a config or index blob)."""
     try:
         layer = tarfile.open(fileobj=data, mode="r|*")  # noqa: SIM115
@@ -378,7 +395,8 @@ def _copy_layer(data: IO[bytes], folder: str, out: tarfile.TarFile) -> bool:
                 continue
             parent, _, base = name.rpartition("/")
             if base == ".wh..wh..opq":
-                out.addfile(_opaque(directories.get(parent), posixpath.join(folder, parent), entry.mtime))
+                marked = _opaque(directories.get(parent), posixpath.join(folder, parent), entry.mtime, opaque)
+                out.addfile(marked)
             elif base.startswith(".wh."):
                 out.addfile(_whiteout(posixpath.join(folder, parent, base[4:]), entry))
             else:
@@ -399,13 +417,13 @@ def _moved(entry: tarfile.TarInfo, name: str, folder: str) -> tarfile.TarInfo:
     return moved
 
 
-def _opaque(directory: tarfile.TarInfo | None, name: str, mtime: float) -> tarfile.TarInfo:
+def _opaque(directory: tarfile.TarInfo | None, name: str, mtime: float, attribute: str) -> tarfile.TarInfo:
     """The folder again, marked opaque: overlayfs then hides what lower layers have in it."""
     marked = copy.copy(directory) if directory is not None else tarfile.TarInfo()
     if directory is None:
         marked.type, marked.mode, marked.mtime = tarfile.DIRTYPE, 0o755, mtime
     marked.name = name
-    marked.pax_headers = {**marked.pax_headers, _OPAQUE: "y"}
+    marked.pax_headers = {**marked.pax_headers, attribute: "y"}
     return marked
 
 
