@@ -167,7 +167,7 @@ def own_lock() -> BaseLock:
 
 BASE_REPOSITORY = "hpcbox/debian"
 # What the bootstrap changes in mmdebstrap's tarball (_engine_neutral), named in every base's digest.
-TARBALL_EDITS = "no device nodes; /run/secrets"
+TARBALL_EDITS = "no device nodes; /run/secrets in name order"
 
 
 def base_ref(suite: str = DEFAULT_SUITE, lock: BaseLock | None = None, *, canonical: bool = False) -> str:
@@ -581,21 +581,34 @@ def _engine_neutral(layer: Path, epoch: int) -> None:
     data = layer.read_bytes()
     with tarfile.open(layer) as archive:
         members = archive.getmembers()
-    end = max(
-        member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE for member in members
-    )
-    kept, at = [], 0
-    for member in members:
-        if member.isdev():
-            kept.append(data[at : member.offset])
-            at = member.offset_data
-    secrets = tarfile.TarInfo("./run/secrets/")
-    secrets.type, secrets.mode, secrets.mtime = tarfile.DIRTYPE, 0o755, epoch
-    if not any(member.name.rstrip("/") in ("./run/secrets", "run/secrets") for member in members):
-        kept.append(data[at:end] + secrets.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape"))
-        at = end
-    kept.append(data[at:])
-    layer.write_bytes(b"".join(kept))
+    # (from, to, what goes there instead) in the file's order
+    edits = [(member.offset, member.offset_data, b"") for member in members if member.isdev()]
+    if not any(_path(member) == "run/secrets" for member in members):
+        secrets = tarfile.TarInfo("./run/secrets/")
+        secrets.type, secrets.mode, secrets.mtime = tarfile.DIRTYPE, 0o755, epoch
+        at = _sorted_place(members, "run", "secrets", end=len(data))
+        edits.append((at, at, secrets.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")))
+    pieces, at = [], 0
+    for start, stop, instead in sorted(edits):
+        pieces += [data[at:start], instead]
+        at = stop
+    layer.write_bytes(b"".join([*pieces, data[at:]]))
+
+
+def _path(member: tarfile.TarInfo) -> str:
+    return member.name.removeprefix("./").rstrip("/")
+
+
+def _sorted_place(members: list[tarfile.TarInfo], folder: str, name: str, end: int) -> int:
+    """Where in a tarball sorted by name (`tar --sort=name`, as mmdebstrap writes it) an entry ``name``
+    of ``folder`` goes: after the folder and every sibling before it with what it holds, before the next.
+    There, tar restores the folder's time after making the new entry, as it does for every other."""
+    inside = [member for member in members if _path(member).startswith(f"{folder}/")]
+    after = [member for member in inside if _path(member).split("/")[1] > name]
+    if after:
+        return after[0].offset
+    last = inside[-1] if inside else next(member for member in members if _path(member) == folder)
+    return last.offset_data + -(-last.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
 
 
 def installed_packages(layer: Path) -> dict[str, str]:
