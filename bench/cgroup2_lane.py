@@ -95,11 +95,11 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
         f"{engine['NCPU']} CPUs, {engine['MemTotalMiB']} MiB"
     )
     rows = [
-        _row(
+        row(
             "the guest's Docker engine: its cgroup version", int(engine["CgroupVersion"] or 0), "", note=said
         ),
-        _row("guest boot to the lane's start (kernel, systemd, dockerd)", timings["boot_s"], "s"),
-        _row("node images into the guest's engine (docker load)", timings["load_s"], "s"),
+        row("guest boot to the lane's start (kernel, systemd, dockerd)", timings["boot_s"], "s"),
+        row("node images into the guest's engine (docker load)", timings["load_s"], "s"),
     ]
     tests: dict[str, dict] = {}  # by "VERSION NODEID"
     for slurm in dict.fromkeys(phase["slurm"] for phase in phases):
@@ -107,7 +107,7 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
         setups = [phase for phase in ran if phase["when"] == "setup"]
         if setups:
             rows.append(
-                _row(
+                row(
                     f"Slurm {slurm}: mini cluster up in the guest (2 compute nodes): the first test's set-up",
                     setups[0]["seconds"],
                     "s",
@@ -127,13 +127,13 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
             if version == slurm:
                 what = f"Slurm {slurm}: {check_of(nodeid) or nodeid.split('::')[-1]}"
                 note = f"{test['outcome']}: {nodeid.split('::')[-1]}"
-                rows.append(_row(what, test["seconds"], "s", note=note))
-    rows.append(_row("the whole guest run (boot to the lane's end)", timings["guest_s"], "s"))
+                rows.append(row(what, test["seconds"], "s", note=note))
+    rows.append(row("the whole guest run (boot to the lane's end)", timings["guest_s"], "s"))
     details = {"engine": engine, "guest": timings.get("guest", {}), "tests": tests}
     return rows, details
 
 
-def _row(metric: str, value: float, unit: str, note: str = "") -> dict:
+def row(metric: str, value: float, unit: str, note: str = "") -> dict:
     return {"metric": metric, "value": value, "unit": unit, "note": note}
 
 

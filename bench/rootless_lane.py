@@ -17,6 +17,9 @@ import tomllib
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+from cgroup2_lane import ENGINE_FACTS, row
+from hpcbox.tools.docker import is_rootless
+
 HERE = Path(__file__).resolve().parent
 DIGESTS = HERE.parent / "digests.toml"
 # What each enforcement test checks on an engine that gives the nodes no cgroups, as the table says it.
@@ -26,7 +29,6 @@ CHECKS = {
     "test_each_job_runs_on_the_cpus_it_was_given": "a one-CPU job: bound to one CPU",
     "test_a_gpu_job_sees_only_its_gpus": "GPU device files: each job told its own, every one opens",
 }
-ENGINE_FACTS = ("ServerVersion", "CgroupVersion", "CgroupDriver", "KernelVersion", "OperatingSystem", "NCPU")
 # The demo's own lines the results keep: the engine's one line, and the demo's time by step.
 _CANNOT = re.compile(r"^cluster \S+: (this Docker engine \(rootless.*)$", re.M)
 _TOOK = re.compile(r"^hpcbox: the demo took ([\d.]+) s: (.*)$", re.M)
@@ -45,21 +47,21 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
     info = json.loads((out / "docker-info.json").read_text())
     timings = json.loads((out / "timings.json").read_text()) if (out / "timings.json").exists() else {}
     engine = {key: info.get(key) for key in ENGINE_FACTS}
-    engine["rootless"] = any("rootless" in option for option in info.get("SecurityOptions") or ())
+    engine["rootless"] = is_rootless(info)
     said = (
         f"docker info: {'rootless' if engine['rootless'] else 'NOT rootless'}, Cgroup Version "
         f"{engine['CgroupVersion']}, {engine['CgroupDriver']} driver; Docker {engine['ServerVersion']}, "
         f"{engine['OperatingSystem']}, kernel {engine['KernelVersion']}, {engine['NCPU']} CPUs"
     )
-    rows = [_row("the user's Docker engine runs rootless", int(engine["rootless"]), "", note=said)]
+    rows = [row("the user's Docker engine runs rootless", int(engine["rootless"]), "", note=said)]
     if "bootstrap_s" in timings:
-        rows.append(_row("the user's bootstrap (the venv from uv.lock)", timings["bootstrap_s"], "s"))
+        rows.append(row("the user's bootstrap (the venv from uv.lock)", timings["bootstrap_s"], "s"))
     demo = (out / "demo.log").read_text() if (out / "demo.log").exists() else ""
     status = (out / "demo.rc").read_text().strip() if (out / "demo.rc").exists() else "not run"
     cannot, took, trained = _CANNOT.search(demo), _TOOK.search(demo), _TRAINED.search(demo)
     demo_passed = status == "0" and bool(cannot and took and trained)
     rows.append(
-        _row(
+        row(
             "the demo, as the user: cluster, SIF, upload, job, results",
             float(took[1]) if took else timings.get("demo_s", 0.0),
             "s",
@@ -71,7 +73,7 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
     sent = _SENT_SIF.search(demo)
     same_sif = bool(sent) and sent[1] == pinned["sif_sha256"]
     rows.append(
-        _row(
+        row(
             "the demo's SIF is digests.toml's, byte for byte",
             int(same_sif),
             "",
@@ -82,7 +84,7 @@ def rows_from(out: Path) -> tuple[list[dict], dict]:
     tests = _tests(out / "tests.xml")
     for name, test in tests.items():
         what = next((check for prefix, check in CHECKS.items() if name.startswith(prefix)), name)
-        rows.append(_row(what, test["seconds"], "s", note=f"{test['outcome']}: {name}"))
+        rows.append(row(what, test["seconds"], "s", note=f"{test['outcome']}: {name}"))
     details = {
         "engine": engine,
         "timings": timings,
@@ -108,10 +110,6 @@ def _tests(path: Path) -> dict[str, dict]:
         if failed is not None:
             tests[case.get("name", "")]["failure"] = (failed.text or failed.get("message", ""))[-4000:]
     return tests
-
-
-def _row(metric: str, value: float, unit: str, note: str = "") -> dict:
-    return {"metric": metric, "value": value, "unit": unit, "note": note}
 
 
 def passed(details: dict) -> bool:

@@ -586,7 +586,7 @@ def _engine_neutral(layer: Path, epoch: int) -> None:
     if not any(_path(member) == "run/secrets" for member in members):
         secrets = tarfile.TarInfo("./run/secrets/")
         secrets.type, secrets.mode, secrets.mtime = tarfile.DIRTYPE, 0o755, epoch
-        at = _sorted_place(members, "run", "secrets", end=len(data))
+        at = _sorted_place(members, "run", "secrets")
         edits.append((at, at, secrets.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")))
     pieces, at = [], 0
     for start, stop, instead in sorted(edits):
@@ -599,7 +599,7 @@ def _path(member: tarfile.TarInfo) -> str:
     return member.name.removeprefix("./").rstrip("/")
 
 
-def _sorted_place(members: list[tarfile.TarInfo], folder: str, name: str, end: int) -> int:
+def _sorted_place(members: list[tarfile.TarInfo], folder: str, name: str) -> int:
     """Where in a tarball sorted by name (`tar --sort=name`, as mmdebstrap writes it) an entry ``name``
     of ``folder`` goes: after the folder and every sibling before it with what it holds, before the next.
     There, tar restores the folder's time after making the new entry, as it does for every other."""
