@@ -77,6 +77,10 @@ CASES = [
     (["submit", "--cluster=edi", "--first=10"], "--first picks among several clusters or accounts"),
     (["submit", "--cluster=edi", "--gpus=2", "--offline", "--data=pyproject.toml"],
      "environment is the cpu flavour (the flavour --offline builds unless told)"),
+    # the example trainer's own arguments, which it would refuse on the node after the queue's wait
+    (["submit", "--cluster=edi", "--", "--lr", "abc"], "arguments: the trainer cannot take 'abc' for --lr:"),
+    (["sbatch", "--cluster=edi", "--", "--epocs", "3"], "arguments: the trainer has no option --epocs (did"),
+    (["submit", "--cluster=edi", "--", "--epochs", "3", "4"], "arguments: '4' is not an option of the"),
     # the job's life after it, with no job
     (["status", "-j", "999999"], "job 999999 was not submitted from this project"),
     (["fetch"], "no job was submitted"),

@@ -1227,7 +1227,16 @@ def invoke(*argv: str, cwd: Path, **sbatch_env: str) -> subprocess.CompletedProc
 
 
 def test_invoke_sbatch_passes_the_trainer_arguments_word_for_word(tmp_path: Path):
-    args = ["--note", "two words", "it's", "$HOME", ""]
+    # Words a shell would split, quote or expand, as values of the trainer's options (which it takes).
+    args = [
+        "--output-dir",
+        "two words",
+        "--pretrained-weights",
+        "it's",
+        "--data-dir=$HOME",
+        "--pretrained-weights",
+        "",
+    ]
     done = invoke("sbatch", "--cluster=local", "--gpus", "1", "--", *args, cwd=REPO)
     assert done.returncode == 0, done.stderr
     # This repository's [tool.hpcbox.resources.local] under the flags, as the task reads it.

@@ -11,7 +11,7 @@ import pytest
 
 from hpcbox.errors import FieldError
 from hpcbox.jobs import array_state
-from hpcbox.render.sweep import MAX_POINTS, Sweep, load_sweep
+from hpcbox.render.sweep import MAX_POINTS, ProgramOptions, Sweep, load_sweep
 from hpcbox.tools.slurm import parse_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,9 +79,9 @@ def test_a_sweep_file_written_as_a_list_of_arguments_is_shown_the_shape_of_one(t
     )
 
 
-@pytest.mark.parametrize("program_options", [None, frozenset({"--lr", "--epochs"})])
+@pytest.mark.parametrize("program_options", [None, dict.fromkeys(("--lr", "--epochs"), lambda value: "")])
 def test_a_point_written_as_its_command_line_is_shown_how_a_point_gives_an_option(
-    tmp_path: Path, program_options: frozenset[str] | None
+    tmp_path: Path, program_options: ProgramOptions | None
 ):
     """Found as a user: `args = [...]` was refused as the option --args (`did you mean lr?`) where the
     program's options are known, and ran every task with `--args --lr 0.1` where they are not."""
@@ -157,11 +157,75 @@ def test_sbatch_refuses_a_sweep_it_cannot_run_in_one_line(tmp_path: Path, flags:
     assert done.stderr.splitlines()[0].startswith(says), done.stderr
 
 
-def test_the_example_trainers_options_hpcbox_checks_sweeps_against_are_the_trainers_own():
-    from hpcbox.project.command import EXAMPLE_TRAINER_OPTIONS
-    from hpctrain import config
+PROBES = ("abc", "", "-1", "0", "0.5", "1", "3", "1e-5", "nan", "inf", "on", "no", "cnn", "resnet18", "cuda")
 
-    assert {option.flag for option in config.OPTIONS} == EXAMPLE_TRAINER_OPTIONS
+
+def test_the_example_trainers_options_hpcbox_checks_against_are_the_trainers_own_value_by_value():
+    """Each value hpcbox lets through for an option, the trainer takes; each it refuses, the trainer
+    refuses: the trainer's own configuration (torch-free) read with every probe."""
+    from hpcbox.project.command import EXAMPLE_TRAINER_OPTIONS
+    from hpctrain import HpctrainError, config
+
+    assert {option.flag for option in config.OPTIONS} == set(EXAMPLE_TRAINER_OPTIONS)
+    for option in config.OPTIONS:
+        setting = EXAMPLE_TRAINER_OPTIONS[option.flag]
+        if option.kind is Path:  # any word is a path; whether the file is there, the node says
+            assert setting.kind == "path", option.flag
+            continue
+        for probe in PROBES:
+            try:
+                config.resolve({"data_dir": "d", "output_dir": "o", option.name: probe}, {})
+                takes = ""
+            except HpctrainError as refused:
+                takes = refused.message
+            assert bool(setting.problem(probe)) == bool(takes), (option.flag, probe, takes)
+
+
+def test_a_sweep_value_the_example_trainer_would_refuse_is_refused_before_any_task_runs(tmp_path: Path):
+    from hpcbox.api import Site
+
+    site = Site("local", project=REPO)
+    for text, field, says in [
+        ('lr = [0.1, "abc"]', "sweep.grid.lr", "the program cannot take 'abc' for --lr: not a number"),
+        (
+            "epochs = [3, 0]",
+            "sweep.grid.epochs",
+            "the program cannot take '0' for --epochs: must be at least 1",
+        ),
+        ('device = ["gpu"]', "sweep.grid.device", "the program cannot take 'gpu' for --device: not one of"),
+        ("amp = [true]", "sweep.grid.amp", "the program's --amp takes one value"),
+        ("epochs = [[1, 2]]", "sweep.grid.epochs", "the program's --epochs takes one value"),
+    ]:
+        with pytest.raises(FieldError) as refused:
+            site.sweep(sweep_file(tmp_path, f"[grid]\n{text}\n"))
+        assert refused.value.field == field and says in refused.value.message, refused.value.message
+    taken = site.sweep(sweep_file(tmp_path, '[grid]\nlr = [1e-5]\namp = ["on", false]\nepochs = [3]\n'))
+    assert taken.points == (
+        ("--lr", "1e-05", "--amp", "on", "--epochs", "3"),
+        ("--lr", "1e-05", "--epochs", "3"),
+    )
+
+
+def test_the_words_after_dashes_are_read_as_the_trainers_argparse_reads_them():
+    from hpcbox.project.command import example_trainer_args_problem
+
+    for taken in (["--lr", "0.1"], ["--lr=0.1"], ["--epoch", "3"], ["--momentum", "0"], ["--amp", "off"]):
+        assert example_trainer_args_problem(taken) == "", taken
+    assert (
+        example_trainer_args_problem(["--lr", "-1"])
+        == "the trainer cannot take '-1' for --lr: must be above 0"
+    )
+    assert example_trainer_args_problem(["--e", "3"]) == ""  # --epochs, the one option starting so
+    assert example_trainer_args_problem(["--s", "3"]) == (
+        "--s could be any of --seed, --step-pause, --steps-per-epoch"
+    )
+    assert example_trainer_args_problem(["-x", "3"]) == "the trainer has no option -x"
+    assert example_trainer_args_problem(["--lr"]) == "--lr takes a value"
+    assert example_trainer_args_problem(["--lr", "--epochs", "3"]) == "--lr takes a value"
+    assert (
+        example_trainer_args_problem(["train"])
+        == "'train' is not an option of the trainer's, nor an option's value"
+    )
 
 
 def test_a_sweep_key_the_example_trainer_does_not_take_is_refused_with_its_spelling(tmp_path: Path):

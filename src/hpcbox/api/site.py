@@ -120,6 +120,19 @@ def _refuse_other_settings(
         )
 
 
+def _refuse_what_the_trainer_refuses(args: Sequence[str], program: ContainerCommand | Steps) -> None:
+    """Words after `--` the example trainer would refuse (`--lr abc`, `--epoch 3 4`) are refused here,
+    before anything is built or sent, not by the trainer after the job's wait in the queue."""
+    from hpcbox.project.command import example_trainer_args_problem, runs_example_trainer
+
+    if runs_example_trainer(program) and (problem := example_trainer_args_problem(args)):
+        raise FieldError(
+            "arguments",
+            problem,
+            "`PYTHONPATH=src python3 -m hpctrain train --help` lists its options and their values",
+        )
+
+
 def check_option_names(options: Mapping[str, Any], allowed: Sequence[str] = RESOURCE_NAMES) -> None:
     """A resource option not in ``allowed`` (the table's names) is a typo: refused with the valid ones."""
     unknown = sorted(set(options) - set(allowed))
@@ -337,8 +350,10 @@ class Site:
             raise FieldError("sweep", f"{self.name} uses LSF, whose arrays hpcbox does not run sweeps in yet")
         if isinstance(sweep, Sweep):
             return sweep
+        known = runs_example_trainer(self.project.run)
         return load_sweep(
-            Path(sweep), EXAMPLE_TRAINER_OPTIONS if runs_example_trainer(self.project.run) else None
+            Path(sweep),
+            {flag: rule.problem for flag, rule in EXAMPLE_TRAINER_OPTIONS.items()} if known else None,
         )
 
     def script(
@@ -356,6 +371,7 @@ class Site:
         from hpcbox.render.sbatch import JobInputs
 
         points = self.sweep(sweep)
+        _refuse_what_the_trainer_refuses(args, self.project.run)
         checked = self.resources(options, sweep_tasks=points.array() if points else None)
         return renderer(self.profile)(
             self.profile,
@@ -583,6 +599,7 @@ class Site:
         from hpcbox.api.job import Job
 
         program = command or self.project.run
+        _refuse_what_the_trainer_refuses(args, program)
         checked = self.resources(options, sweep_tasks=array, command=command, warn=False)
         if prepared is not None and prepared.payload.compression != self.compression:
             raise FieldError(

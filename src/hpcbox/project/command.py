@@ -26,6 +26,7 @@ module, script or program, its args and an optional name; the launcher is the wh
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -142,14 +143,83 @@ class Steps:
 EXAMPLE_TRAINER = ContainerCommand(
     "module", "hpctrain", ("train", "--data-dir", "{data_dir}", "--output-dir", "{output_dir}")
 )
-# The example trainer's `train` options (hpctrain.config.OPTIONS; a unit test holds the two the same):
-# a sweep's keys are checked against them, as the trainer is not installed beside hpcbox to ask.
-EXAMPLE_TRAINER_OPTIONS = frozenset(
-    {"--amp", "--batch-size", "--data-dir", "--device", "--epochs", "--freeze-epochs",
-     "--gpu-sample-interval", "--image-size", "--keep-checkpoints", "--log-interval", "--lr", "--model",
-     "--momentum", "--output-dir", "--pretrained-weights", "--seed", "--step-pause", "--steps-per-epoch",
-     "--weight-decay", "--workers"}
-)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainerSetting:
+    """How the example trainer reads one option's value (hpctrain.config's Option: its kind, its
+    check, its choices), so that a value it would refuse is refused here, before a job waits in the
+    queue to fail at its first line."""
+
+    kind: str  # "int", "float", "bool", "text" or "path"
+    least: float | None = None  # the value must be at least this
+    positive: bool = False  # the value must be above 0
+    choices: tuple[str, ...] = ()
+
+    def problem(self, text: str) -> str:
+        """What the trainer would say is wrong with ``text``; "" where it takes it."""
+        if self.choices and text not in self.choices:
+            return f"not one of {', '.join(self.choices)}"
+        if self.kind == "bool":
+            known = ("1", "true", "yes", "on", "0", "false", "no", "off")
+            return "" if text.strip().lower() in known else "not true/false (on/off, yes/no, 1/0)"
+        if self.kind not in ("int", "float"):
+            return ""
+        try:
+            value = int(text) if self.kind == "int" else float(text)
+        except ValueError:
+            return "not a whole number" if self.kind == "int" else "not a number"
+        if self.least is not None and not value >= self.least:
+            return f"must be at least {self.least:g}"
+        if self.positive and not value > 0:
+            return "must be above 0"
+        return ""
+
+
+_WHOLE, _COUNT, _AMOUNT = (
+    TrainerSetting("int", least=0),
+    TrainerSetting("int", least=1),
+    TrainerSetting("float", least=0),
+)
+
+# The example trainer's `train` options (hpctrain.config.OPTIONS; a unit test holds the two the same,
+# value by value): a sweep's keys and values and the words after `--` are checked against them, as the
+# trainer is not installed beside hpcbox to ask.
+EXAMPLE_TRAINER_OPTIONS: dict[str, TrainerSetting] = {
+    "--amp": TrainerSetting("bool"), "--batch-size": _COUNT, "--data-dir": TrainerSetting("path"),
+    "--device": TrainerSetting("text", choices=("auto", "cpu", "cuda")), "--epochs": _COUNT,
+    "--freeze-epochs": _WHOLE, "--gpu-sample-interval": _AMOUNT, "--image-size": _COUNT,
+    "--keep-checkpoints": _COUNT, "--log-interval": _WHOLE, "--lr": TrainerSetting("float", positive=True),
+    "--model": TrainerSetting("text", choices=("cnn", "resnet18")), "--momentum": _AMOUNT,
+    "--output-dir": TrainerSetting("path"), "--pretrained-weights": TrainerSetting("path"), "--seed": _WHOLE,
+    "--step-pause": _AMOUNT, "--steps-per-epoch": _WHOLE, "--weight-decay": _AMOUNT, "--workers": _WHOLE,
+}  # fmt: skip
+
+
+def example_trainer_args_problem(args: Sequence[str]) -> str:
+    """What the example trainer would refuse in ``args`` (the words after its own, as argparse reads
+    them: `--lr 0.1`, `--lr=0.1`, an option's unambiguous start), in one line; "" where it takes them."""
+    words = list(args)
+    while words:
+        word = words.pop(0)
+        name, equals, value = word.partition("=")
+        if not name.startswith("-") or name == "-":
+            return f"{word!r} is not an option of the trainer's, nor an option's value"
+        starting = [option for option in EXAMPLE_TRAINER_OPTIONS if option.startswith(name)]
+        option = name if name in EXAMPLE_TRAINER_OPTIONS else starting[0] if len(starting) == 1 else None
+        if option is None and len(starting) > 1 and name.startswith("--"):
+            return f"{name} could be any of {', '.join(sorted(starting))}"
+        if option is None:
+            close = difflib.get_close_matches(name, sorted(EXAMPLE_TRAINER_OPTIONS), n=1)
+            meant = f" (did you mean {close[0]}?)" if close else ""
+            return f"the trainer has no option {name}{meant}"
+        if not equals:
+            if not words or words[0].startswith("--"):
+                return f"{option} takes a value"
+            value = words.pop(0)
+        if problem := EXAMPLE_TRAINER_OPTIONS[option].problem(value):
+            return f"the trainer cannot take {value!r} for {option}: {problem}"
+    return ""
 
 
 # The example trainer's settings a checkpoint must be resumed with (hpctrain.config.RESUME_INVARIANTS),

@@ -16,7 +16,8 @@ Each point becomes the task's arguments, after the job's own: `--lr 0.1 --batch-
 bare flag (`--augment`), `false` leaves the option out, a list in a point gives the option several
 values (`--layers 2 4`). A key that starts with `-` is taken as written (`-v = true` is `-v`). A key is
 the program's own spelling of the option (`batch-size`, not `batch_size`): for the example trainer,
-whose options hpcbox knows, each is checked; a project's own program gets them as written.
+whose options hpcbox knows, each key and value is checked (`lr = -1` is refused here, not by each
+task); a project's own program gets them as written.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,9 +52,14 @@ class Sweep:
         return spec + (f"%{self.throttle}" if self.throttle else "")
 
 
-def load_sweep(path: Path, options: frozenset[str] | None = None) -> Sweep:
+# A program's own options, each with what is wrong with a value of it ("" where it takes the value):
+# each takes one value.
+ProgramOptions = Mapping[str, Callable[[str], str]]
+
+
+def load_sweep(path: Path, options: ProgramOptions | None = None) -> Sweep:
     """Read and check a sweep file; the first problem raises FieldError naming the key. ``options``:
-    the program's own (None: unknown, each key taken as written)."""
+    the program's own, whose values are checked (None: unknown, each key and value taken as written)."""
     if not path.is_file():
         raise FieldError("sweep", f"{path} does not exist", "give the path of a sweep file (TOML)")
     shape = "a sweep file is TOML: a [grid] of option = [values] (lr = [0.1, 0.01]) and/or [[points]]"
@@ -77,9 +83,10 @@ def load_sweep(path: Path, options: frozenset[str] | None = None) -> Sweep:
 
 
 def point_args(
-    point: Mapping[str, object], where: str, options: frozenset[str] | None = None
+    point: Mapping[str, object], where: str, options: ProgramOptions | None = None
 ) -> tuple[str, ...]:
-    """One point's options as program arguments; each one of ``options`` where they are known."""
+    """One point's options as program arguments; each one of ``options``, with a value it takes, where
+    they are known."""
     args: list[str] = []
     for key, value in point.items():
         if not _OPTION.match(key):
@@ -94,6 +101,8 @@ def point_args(
                 else f"its options: {', '.join(sorted(options))}"
             )
             raise FieldError(f"{where}.{key}", f"the program has no option {option}", meant)
+        if options is not None:
+            _check_value(value, options[option], f"{where}.{key}", option)
         if value is True:
             args.append(option)
         elif value is False:
@@ -105,7 +114,16 @@ def point_args(
     return tuple(args)
 
 
-def _grid_points(grid: Table, options: frozenset[str] | None) -> list[tuple[str, ...]]:
+def _check_value(value: object, problem_of: Callable[[str], str], where: str, option: str) -> None:
+    """A value the program would refuse, refused here: its every task would fail at its first line."""
+    if value is True or isinstance(value, list):
+        key = where.rpartition(".")[2]
+        raise FieldError(where, f"the program's {option} takes one value", f"write {key} = VALUE")
+    if value is not False and (problem := problem_of(_word(value, where))):
+        raise FieldError(where, f"the program cannot take {_word(value, where)!r} for {option}: {problem}")
+
+
+def _grid_points(grid: Table, options: ProgramOptions | None) -> list[tuple[str, ...]]:
     choices = []
     for key in grid.data:
         values = grid.get(key, list, hint=f"e.g. {key} = [1, 2]", must="a non-empty list of values")
@@ -117,7 +135,7 @@ def _grid_points(grid: Table, options: frozenset[str] | None) -> list[tuple[str,
     return [point_args(dict(combination), grid.where, options) for combination in itertools.product(*choices)]
 
 
-def _listed_points(points: list[Table], options: frozenset[str] | None) -> list[tuple[str, ...]]:
+def _listed_points(points: list[Table], options: ProgramOptions | None) -> list[tuple[str, ...]]:
     return [point_args(point.data, point.where, options) for point in points]
 
 
