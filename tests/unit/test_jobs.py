@@ -1199,21 +1199,28 @@ def test_watch_of_a_job_that_ended_before_it_copied_anything_says_so(project, tm
 
 
 def test_watch_of_a_sweep_says_each_tasks_figures_named(project, tmp_path: Path):
-    """Found as a user: a watched sweep said nothing until it ended, its metrics being one a task."""
+    """Found as a user: a watched sweep said nothing until it ended, its metrics being one a task; and
+    then not which point a task ran, which its first line now says."""
     remote = tmp_path / "remote" / "runs" / "4"
     for task, loss in ((0, 0.5), (1, 0.25)):
         (remote / str(task)).mkdir(parents=True)
         (remote / str(task) / "metrics.jsonl").write_text(
             f'{{"event": "step", "epoch": 1, "step": 5, "loss": {loss}}}\n'
+            f'{{"event": "step", "epoch": 1, "step": 6, "loss": {loss / 2}}}\n'
         )
 
     job = dataclasses.replace(
         record("4"), run_dir=str(remote), log=str(tmp_path / "none-*.out"), resources={"array": "0-1"},
-        sweep=(("--lr", "1"), ("--lr", "2")),
+        sweep=(("--lr", "1"), ("--lr", "2 3")),
     )  # fmt: skip
     said: list[str] = []
     jobs.fetch_following(ThisMachine(), project, job, lambda: True, on_line=said.append, sleep=lambda _: None)
-    assert said == ["task 0: epoch 1 step 5: loss 0.5", "task 1: epoch 1 step 5: loss 0.25"]
+    assert said == [
+        "task 0 (--lr 1): epoch 1 step 5: loss 0.5",
+        "task 0: epoch 1 step 6: loss 0.25",
+        "task 1 (--lr '2 3'): epoch 1 step 5: loss 0.25",
+        "task 1: epoch 1 step 6: loss 0.125",
+    ]
 
 
 def test_watch_rides_out_a_login_node_that_stops_answering_and_ends_with_the_job(project, tmp_path: Path):

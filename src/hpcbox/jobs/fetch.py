@@ -165,13 +165,24 @@ def fetch_following(
         for metrics in (
             sorted(local.glob("*/metrics.jsonl")) if record.is_array else [local / "metrics.jsonl"]
         ):
-            task = f"task {metrics.parent.name}: " if record.is_array else ""
-            said[metrics] = _say_new_figures(metrics, said.get(metrics, 0), on_line, prefix=task)
+            task = f"task {metrics.parent.name}" if record.is_array else ""
+            said[metrics] = _say_new_figures(
+                metrics, said.get(metrics, 0), on_line, prefix=f"{task}: " if task else "",
+                first=f"{task} ({_point_of(record, metrics.parent.name)}): " if task else "",
+            )  # fmt: skip
         for line in tracked.new_lines(local, tasks=record.is_array):
             on_line(line)
         if finished:
             return local, moved
         sleep(every_s)
+
+
+def _point_of(record: JobRecord, task: str) -> str:
+    """The arguments of the sweep's point task ``task`` runs (a task folder's name), as typed."""
+    index = int(task) if task.isdigit() else len(record.sweep)
+    if index >= len(record.sweep):
+        return "its point unknown"
+    return shlex.join(record.sweep[index]) or "no arguments of its own"
 
 
 def _fetch_ended(
@@ -188,17 +199,22 @@ def _fetch_ended(
         ) from None
 
 
-def _say_new_figures(metrics: Path, said: int, on_line: Callable[[str], None], *, prefix: str = "") -> int:
-    """Each whole line of ``metrics`` past byte ``said`` as figures, after ``prefix``; the bytes said now."""
+def _say_new_figures(
+    metrics: Path, said: int, on_line: Callable[[str], None], *, prefix: str = "", first: str = ""
+) -> int:
+    """Each whole line of ``metrics`` past byte ``said`` as figures, after ``prefix`` (its first line
+    after ``first``, where given); the bytes said now."""
     if not metrics.is_file():
         return said
     with metrics.open("rb") as file:
         file.seek(said)
         new = file.read()
     whole = new[: new.rfind(b"\n") + 1]  # a line still being copied waits for the next look
+    opening = first if first and not said else prefix
     for line in whole.decode(errors="replace").splitlines():
         if line.strip():
-            on_line(prefix + figures(line))
+            on_line(opening + figures(line))
+            opening = prefix
     return said + len(whole)
 
 
