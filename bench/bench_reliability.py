@@ -57,6 +57,10 @@ SCENARIOS = {
     "controller (slurmctld) restarted mid-job: the job completes with all its epochs": [
         "tests/integration/test_submit_faults.py::test_a_controller_restarted_mid_job_loses_nothing",
     ],
+    "Ctrl-C while sbatch runs on the login node: the job recorded, then the command ends; Slurm runs it": [
+        "tests/integration/test_submit_faults.py::"
+        "test_a_ctrl_c_while_the_job_is_sent_leaves_it_recorded_not_running_unknown",
+    ],
     "success, failure, cancel, timeout (1 and 2 nodes): results kept, 0 bytes left on any node's scratch": [
         f"{SBATCH}::test_local_script_runs_the_trainer_in_apptainer_and_cleans_up",
         f"{SBATCH}::test_failing_trainer_leaves_no_scratch_and_keeps_its_log",

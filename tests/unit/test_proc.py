@@ -91,3 +91,61 @@ def test_a_stream_passes_the_exit_statuses_its_caller_counts_as_done():
     ]
     with pytest.raises(HpcboxError, match="brought what stayed"):
         proc.stream(script, what="download", on_line=lambda _: None)
+
+
+# The terminal's Ctrl-C as a program run by the command sends it: SIGINT to the command's whole process
+# group (the foreground job's), while the command waits on that program; then the outcome, as words.
+CTRL_C_MEANWHILE = """
+import os, signal, sys
+from hpcbox.tools import proc
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite run in the background ignores it
+
+told = []
+with proc.signals_held(until_again=told.append) as held:
+    done = proc.run(
+        ["sh", "-c", f"kill -s INT -- -{os.getpgid(0)}; echo finished"], what="run", check=False,
+        own_group=sys.argv[1] == "own group",
+    )
+print(repr(done.stdout.strip()), done.returncode, held, told)
+"""
+
+
+@pytest.mark.parametrize(
+    ("group", "outcome"),
+    [("own group", "'finished' 0 ['SIGINT'] ['SIGINT']"), ("callers group", "'' -2 ['SIGINT'] ['SIGINT']")],
+)
+def test_a_program_in_a_group_of_its_own_finishes_through_a_ctrl_c_this_process_holds(group, outcome):
+    """What keeps a job sent at Ctrl-C recorded (ssh.Connection.uninterrupted): the program finishes,
+    the signal waits; in the caller's group the terminal's Ctrl-C ends the program, whatever waits."""
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_MEANWHILE, group],
+        capture_output=True, text=True, check=True, start_new_session=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == outcome, done.stderr
+
+
+INSISTED = """
+import os, signal
+from hpcbox.tools import proc
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite run in the background ignores it
+
+told = []
+try:
+    with proc.signals_held(until_again=told.append) as held:
+        os.kill(os.getpid(), signal.SIGINT)
+        print("held", held, told, flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        print("held again", held, flush=True)
+except KeyboardInterrupt:
+    print("interrupted at once")
+"""
+
+
+def test_a_second_ctrl_c_acts_at_once_where_the_first_is_held_until_again():
+    """A login node that hangs while the job is sent does not keep a user who insists waiting."""
+    done = subprocess.run(
+        [sys.executable, "-c", INSISTED], capture_output=True, text=True, check=True, start_new_session=True
+    )
+    assert done.stdout.splitlines() == ["held ['SIGINT'] ['SIGINT']", "interrupted at once"], done.stderr

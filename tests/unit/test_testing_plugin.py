@@ -24,8 +24,9 @@ from hpcbox.ledger import Ledger
 from hpcbox.minicluster.spec import DEFAULT_NAME, check_name
 from hpcbox.project.config import ProjectConfig
 from hpcbox.testing import ClusterSettings
-from hpcbox.testing.cluster import NAME_PREFIX, orphans, signals_held, unique_name
+from hpcbox.testing.cluster import NAME_PREFIX, orphans, unique_name
 from hpcbox.testing.plugin import settings_of
+from hpcbox.tools.proc import signals_held
 
 pytest_plugins = ["pytester"]
 
@@ -314,13 +315,18 @@ def test_a_cluster_whose_session_was_killed_outright_is_found_and_a_running_sess
     threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread alone"
 )
 def test_signals_during_the_removal_are_held_off_until_it_is_done():
-    before = signal.getsignal(signal.SIGINT)
-    with signals_held() as held:
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.05)  # Python runs a handler between bytecodes of the main thread
-    assert held == ["SIGINT", "SIGTERM"]
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's own Ctrl-C handler, as where SIGINT is not ignored (a suite run in the background ignores
+    # it, and signals_held leaves a signal the process ignores alone)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with signals_held() as held:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # Python runs a handler between bytecodes of the main thread
+        assert held == ["SIGINT", "SIGTERM"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_the_plugin_imports_nothing_heavy():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
@@ -145,117 +146,137 @@ def submit(
     (a rerun or a resumed job takes them)."""
     require_slurm(profile)
     started = time.monotonic()
-    with ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection:
-        connected = time.monotonic()
-        if not dry_run:
-            doctor.first_look(connection, profile, project.state_dir, say=say)
-        if resume_from is not None:
-            _require_results(connection, resume_from)
-        looked = time.monotonic()
-        code_revision = inputs_revision(project.root, project.code)
-        if code_revision and code_revision.endswith("-dirty"):
-            say(
-                f"hpcbox: the code has changes not committed (recorded as {code_revision}): the job runs "
-                "them, and no commit holds what it ran"
-            )
-        rendered: list[tuple[JobScript, str, datetime]] = []
+    # From the command that ends in sbatch until the job is recorded, Ctrl-C and SIGTERM wait
+    # (ssh.Connection.uninterrupted), then take effect: no job is sent without its record here.
+    holding: list[list[str]] = []  # the signals held, once sbatch's command starts
+    with contextlib.ExitStack() as until_recorded:
+        with (
+            ssh.Connection(target) if connection is None else contextlib.nullcontext(connection) as connection
+        ):
+            connected = time.monotonic()
+            if not dry_run:
+                doctor.first_look(connection, profile, project.state_dir, say=say)
+            if resume_from is not None:
+                _require_results(connection, resume_from)
+            looked = time.monotonic()
+            code_revision = inputs_revision(project.root, project.code)
+            if code_revision and code_revision.endswith("-dirty"):
+                say(
+                    f"hpcbox: the code has changes not committed (recorded as {code_revision}): the job runs "
+                    "them, and no commit holds what it ran"
+                )
+            rendered: list[tuple[JobScript, str, datetime]] = []
 
-        def render(remote: ship.Remote) -> tuple[JobScript, str, datetime]:
-            """The job script with the shipped paths, its name, and when: once the uploads are done."""
-            stamp = datetime.now(UTC)
-            name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
-            inputs = JobInputs(
-                sif=remote.sif,
-                code_dir=remote.code_dir,
-                dataset=remote.dataset,
-                runs_dir="runs",
-                log_dir="logs",
-                sif_sha256=payload.sif_sha256,
-                code_revision=code_revision,
-                resume_from=resume_from and resume_from.run_dir,
-                resumes=resume_from and resume_from.run,
-                submission=name,
-            )
-            script = render_sbatch(
-                profile, resources, inputs, trainer_args, command or project.run, sweep=sweep
-            )
-            rendered.append((script, name, stamp))
-            return rendered[-1]
+            def render(remote: ship.Remote) -> tuple[JobScript, str, datetime]:
+                """The job script with the shipped paths, its name, and when: once the uploads are done."""
+                stamp = datetime.now(UTC)
+                name = f"{slug(resources.job_name)}-{stamp:%Y%m%dT%H%M%S}-{payload.code.name[:8]}.sh"
+                inputs = JobInputs(
+                    sif=remote.sif,
+                    code_dir=remote.code_dir,
+                    dataset=remote.dataset,
+                    runs_dir="runs",
+                    log_dir="logs",
+                    sif_sha256=payload.sif_sha256,
+                    code_revision=code_revision,
+                    resume_from=resume_from and resume_from.run_dir,
+                    resumes=resume_from and resume_from.run,
+                    submission=name,
+                )
+                script = render_sbatch(
+                    profile, resources, inputs, trainer_args, command or project.run, sweep=sweep
+                )
+                rendered.append((script, name, stamp))
+                return rendered[-1]
 
-        def sbatch(remote: ship.Remote) -> ship.Then:
-            """sbatch at the end of ship's last command: one round trip fewer than a command of its own."""
-            script, name, _ = render(remote)
-            text = script.text.encode()
-            return ship.Then(
-                slurm.submit_script(
-                    remote.submit_dir,
-                    name,
-                    len(text),
-                    script.directories_to_create(remote.user),
-                    unset=script.overriding_environment,
-                ),
-                "submit the job with sbatch",
-                text,
-                (slurm.SBATCH_REFUSED,),
-            )
+            def waiting(name: str) -> None:
+                say(
+                    f"hpcbox: {name}: stopping once the job being sent is recorded (again: at once, "
+                    "which may leave it running unknown to hpcbox)"
+                )
 
-        remote = ship.ship(
-            connection,
+            def sbatch(remote: ship.Remote) -> ship.Then:
+                """sbatch at the end of ship's last command (one round trip fewer than a command of its
+                own), which no Ctrl-C cuts short."""
+                holding.append(until_recorded.enter_context(connection.uninterrupted(until_again=waiting)))
+                script, name, _ = render(remote)
+                text = script.text.encode()
+                return ship.Then(
+                    slurm.submit_script(
+                        remote.submit_dir,
+                        name,
+                        len(text),
+                        script.directories_to_create(remote.user),
+                        unset=script.overriding_environment,
+                    ),
+                    "submit the job with sbatch",
+                    text,
+                    (slurm.SBATCH_REFUSED,),
+                )
+
+            remote = ship.ship(
+                connection,
+                payload,
+                project.name,
+                root=remote_root,
+                previous=_last_job_on(project, target),
+                access=store.Access(profile.store.group),
+                dry_run=dry_run,
+                then=sbatch,
+                before_upload=before_upload,
+                say=say,
+            )
+            if dry_run:
+                script, script_name, _ = render(remote)
+                say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
+                say(script.text)
+                return None
+            assert remote.then_done is not None  # sbatch ended ship's last command
+            job_id = slurm.submitted(remote.then_done)
+            script, script_name, stamp = rendered[-1]
+            shipped = time.monotonic()
+        timings = {
+            "connect": round(connected - started, 3),
+            "first_look": round(looked - connected, 3),
+            "ship and sbatch": round(shipped - looked, 3),
+        }
+        record = _record(
+            profile,
+            remote,
+            script,
+            script_name,
+            job_id,
+            remote.user,
+            stamp,
             payload,
-            project.name,
-            root=remote_root,
-            previous=_last_job_on(project, target),
-            access=store.Access(profile.store.group),
-            dry_run=dry_run,
-            then=sbatch,
-            before_upload=before_upload,
-            say=say,
+            image,
+            trainer_args,
+            timings,
         )
-        if dry_run:
-            script, script_name, _ = render(remote)
-            say(f"hpcbox: would run `sbatch --parsable scripts/{script_name}` in {remote.submit_dir}:")
-            say(script.text)
-            return None
-        assert remote.then_done is not None  # sbatch ended ship's last command
-        job_id = slurm.submitted(remote.then_done)
-        script, script_name, stamp = rendered[-1]
-        shipped = time.monotonic()
-    timings = {
-        "connect": round(connected - started, 3),
-        "first_look": round(looked - connected, 3),
-        "ship and sbatch": round(shipped - looked, 3),
-    }
-    record = _record(
-        profile,
-        remote,
-        script,
-        script_name,
-        job_id,
-        remote.user,
-        stamp,
-        payload,
-        image,
-        trainer_args,
-        timings,
-    )
-    record = replace(
-        record,
-        via=via,
-        sweep=sweep.points if sweep else (),
-        resubmits=resubmits,
-        notebook=command == NOTEBOOK,
-        mini_cluster=mini and mini.name,
-        incarnation=mini and mini.incarnation.id,
-        resumes=resume_from and resume_from.run,
-        options=json.loads(json.dumps(dict(options or {}))),
-    )
-    if mini is not None:
-        identity.note_project(mini, project)
-    ledger = Ledger(project)
-    record = ledger.add(record, script.text)
-    if record.run != job_id:
-        taken = _taken(project, ledger, record)
-        say(f"hpcbox: job {job_id}'s results go to {shown_run_dir(project, record)} here: {taken}")
+        record = replace(
+            record,
+            via=via,
+            sweep=sweep.points if sweep else (),
+            resubmits=resubmits,
+            notebook=command == NOTEBOOK,
+            mini_cluster=mini and mini.name,
+            incarnation=mini and mini.incarnation.id,
+            resumes=resume_from and resume_from.run,
+            options=json.loads(json.dumps(dict(options or {}))),
+        )
+        if mini is not None:
+            identity.note_project(mini, project)
+        ledger = Ledger(project)
+        record = ledger.add(record, script.text)
+        if record.run != job_id:
+            taken = _taken(project, ledger, record)
+            say(f"hpcbox: job {job_id}'s results go to {shown_run_dir(project, record)} here: {taken}")
+    if held := [name for names in holding for name in names]:
+        say(
+            f"hpcbox: {held[0]} came while job {record.run} was being sent: it was sent and is recorded "
+            f"(`hpcbox cancel -j {record.run}` stops it)"
+        )
+        signal.raise_signal(signal.Signals[held[0]])
     return record
 
 

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from hpcbox.errors import FieldError, HpcboxError
+from hpcbox.tools.proc import signals_held
 
 if TYPE_CHECKING:
     from hpcbox.api import Job, Site
@@ -294,29 +295,6 @@ def _interrupt_on_sigterm() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[list[str]]:
-    """SIGINT and SIGTERM noted (their names into the list yielded), not acted on, inside the block;
-    in the main thread only (elsewhere Python delivers no signal)."""
-    held: list[str] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield held
-        return
-    watched = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.getsignal(signum) for signum in watched}
-
-    def note(signum: int, frame: FrameType | None) -> None:
-        held.append(signal.Signals(signum).name)
-
-    for signum in watched:
-        signal.signal(signum, note)
-    try:
-        yield held
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _prefixed(say: Say) -> Say:

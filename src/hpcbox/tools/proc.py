@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO
 
 from hpcbox.errors import HpcboxError
@@ -67,6 +68,43 @@ def require(program: str, hint: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def signals_held(*, until_again: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+    """SIGINT and SIGTERM noted (their names into the list yielded), not acted on, inside the block;
+    in the main thread only (elsewhere Python delivers no signal), and not one this process ignores
+    (started in the background, or by nohup). With ``until_again``, told the first one's name, a
+    second acts at once as it would have outside: a user who insists is not kept waiting on what
+    hangs."""
+    held: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = {
+        signum: handler
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        if (handler := signal.getsignal(signum)) is not signal.SIG_IGN
+    }
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        held.append(signal.Signals(signum).name)
+        if until_again is None:
+            return
+        if len(held) == 1:
+            until_again(held[0])
+            return
+        for watched_signum, handler in previous.items():
+            signal.signal(watched_signum, handler)
+        signal.raise_signal(signum)
+
+    for signum in previous:
+        signal.signal(signum, note)
+    try:
+        yield held
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -78,10 +116,14 @@ def run(
     input_bytes: bytes | None = None,
     check: bool = True,
     timeout_s: float | None = None,
+    own_group: bool = False,
 ) -> Completed:
     """Run ``argv`` to completion, capturing output; on failure raise with its stderr tail.
 
     ``timeout_s`` bounds the wait: past it the program is killed and that is the failure reported.
+    ``own_group``: in a process group of its own, which the terminal's Ctrl-C does not reach: this
+    process decides (it is killed where this process is interrupted, and finishes where the
+    interrupt is held, `signals_held`).
     """
     try:
         proc = subprocess.run(
@@ -95,6 +137,7 @@ def run(
             capture_output=True,
             check=False,
             timeout=timeout_s,
+            process_group=0 if own_group else None,
         )
     except FileNotFoundError as exc:
         raise HpcboxError(f"cannot {what}: `{argv[0]}` not found", hint) from exc

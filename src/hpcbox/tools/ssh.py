@@ -327,6 +327,7 @@ class Connection:
         self._slot: IO[str] | None = None
         self._path: Path | None = None
         self._forwards: list[str] = []
+        self._own_group = False  # within `uninterrupted`
 
     @property
     def control_path(self) -> Path:
@@ -422,6 +423,21 @@ class Connection:
     def argv(self, command: str | Sequence[str], *, tty: bool = False) -> list[str]:
         return ssh_argv(self.target, command, tty=tty, control_path=self.control_path)
 
+    @contextlib.contextmanager
+    def uninterrupted(self, until_again: Callable[[str], None]) -> Iterator[list[str]]:
+        """The block's `run`s finish whatever Ctrl-C or SIGTERM comes meanwhile: the signal is held
+        (its name into the list yielded, for the caller to act on once the block has done what must
+        not be cut short: a job sbatch'ed and recorded), and ssh runs in a process group of its own,
+        which the terminal's Ctrl-C does not reach. Otherwise a Ctrl-C while sbatch runs on the login
+        node ends ssh, not sbatch: the job runs, and nobody here knows its id. ``until_again`` is told
+        the first signal held; a second acts at once (`proc.signals_held`)."""
+        with proc.signals_held(until_again=until_again) as held:
+            self._own_group = True
+            try:
+                yield held
+            finally:
+                self._own_group = False
+
     def run(
         self,
         command: str | Sequence[str],
@@ -435,8 +451,9 @@ class Connection:
         the login node stopped answering, Unreachable, whatever ``check``."""
         argv = self.argv(command)
         done = proc.run(
-            argv, what=what, hint=hint, check=False, input_bytes=input_bytes, timeout_s=self._limit()
-        )
+            argv, what=what, hint=hint, check=False, input_bytes=input_bytes, timeout_s=self._limit(),
+            own_group=self._own_group,
+        )  # fmt: skip
         if done.returncode == SSH_FAILED and not_answering(done.stderr):
             failed = proc.failure(what, done.returncode, done.stderr, self._hint(), argv)
             raise Unreachable(failed.message, failed.hint, failed.details)
