@@ -1097,13 +1097,21 @@ def test_dry_run_says_what_it_would_send_and_sends_nothing(first_job, setup: Set
 
 
 def test_shell_command_runs_on_a_compute_node_in_the_last_jobs_environment(first_job, setup: Setup):
-    """`invoke shell --command`: the same allocation and Apptainer set-up as the interactive shell."""
+    """`invoke shell --command` (or the command after `--`): the same allocation and Apptainer set-up as
+    the interactive shell."""
     check = "hostname; python -c 'import hpctrain, torch; print(hpctrain.__file__, torch.__version__)'"
     done = invoke(setup, "shell", "--cluster=local", f"--command={check}")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()  # Apptainer's INFO lines come first
     assert any(line.startswith("node") for line in lines), done.stdout
     assert any(line.startswith("/code/hpctrain/__init__.py 2.") for line in lines), done.stdout
+    # The command as words after `--`, each as written (once dropped unsaid, and an interactive shell
+    # opened instead)
+    words = invoke(
+        setup, "shell", "--cluster=local", "--", "python", "-c", "import sys; print(sys.argv)", "a b"
+    )
+    assert words.returncode == 0, words.stderr
+    assert "['-c', 'a b']" in words.stdout.splitlines(), words.stdout
 
 
 def _secret_needles(cluster) -> dict[str, bytes]:

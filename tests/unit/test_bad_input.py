@@ -81,6 +81,9 @@ CASES = [
     (["submit", "--cluster=edi", "--", "--lr", "abc"], "arguments: the trainer cannot take 'abc' for --lr:"),
     (["sbatch", "--cluster=edi", "--", "--epocs", "3"], "arguments: the trainer has no option --epocs (did"),
     (["submit", "--cluster=edi", "--", "--epochs", "3", "4"], "arguments: '4' is not an option of the"),
+    # words after `--` to a command that runs no program with them
+    (["status", "-j", "1", "--", "foo"], "status takes no words after `--` (foo)"),
+    (["shell", "--cluster=edi", "--command=ls", "--", "ls"], "shell: give the command once"),
     # the job's life after it, with no job
     (["status", "-j", "999999"], "job 999999 was not submitted from this project"),
     (["fetch"], "no job was submitted"),

@@ -66,12 +66,23 @@ class HpcboxTask(invoke.Task):
 task = functools.partial(invoke.task, klass=HpcboxTask)
 
 
+# The commands whose words after `--` are theirs: the program's arguments, the command a shell runs.
+TAKE_WORDS_AFTER_DASHES = ("sbatch", "submit", "shell")
+
+
 def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn an HpcboxError into one line on stderr and exit status 1 (tracebacks with HPCBOX_DEBUG=1)."""
+    """Turn an HpcboxError into one line on stderr and exit status 1 (tracebacks with HPCBOX_DEBUG=1);
+    words after `--` to a command that takes none are one such line, not dropped unsaid."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            remainder = getattr(args[0], "remainder", "") if args else ""
+            if remainder and fn.__name__ not in TAKE_WORDS_AFTER_DASHES:
+                raise HpcboxError(
+                    f"{fn.__name__} takes no words after `--` ({remainder})",
+                    "only sbatch and submit hand them to the program, and shell runs them",
+                )
             return fn(*args, **kwargs)
         except HpcboxError as exc:
             if os.environ.get("HPCBOX_DEBUG"):
@@ -305,7 +316,7 @@ def verify(c, artifact, engine="auto"):
 # --- sbatch / profiles ---------------------------------------------------------------------------
 
 
-def _trainer_args(remainder: str) -> tuple[str, ...]:
+def _words_after_dashes(remainder: str) -> tuple[str, ...]:
     """Words after `--`: from sys.argv when it matches (invoke joins the remainder with spaces)."""
 
     if "--" in sys.argv:
@@ -371,7 +382,7 @@ def sbatch(c, cluster, save=None, sif=None, check=False, via=None, sweep=None, *
     from hpcbox.api import Site
 
     site = Site(cluster, via=via, say=say)
-    script = site.script(_trainer_args(c.remainder), sif=sif, sweep=sweep, **resources)
+    script = site.script(_words_after_dashes(c.remainder), sif=sif, sweep=sweep, **resources)
     if check:
         print(site.check(script), file=sys.stderr)
     if save:
@@ -431,7 +442,7 @@ def submit(
     Several clusters (`--cluster=a,b`) or accounts (`--account=x,y`) race: the first to start is kept."""
     from hpcbox.api import Site, entrants, listed
 
-    trainer_args = _trainer_args(c.remainder)
+    trainer_args = _words_after_dashes(c.remainder)
     clusters, accounts = listed("cluster", cluster), listed("account", resources.get("account"))
     if len(clusters) > 1 or len(accounts) > 1:
         given = {"--sweep": sweep, "--resubmit-failed": resubmit_failed, "--resume-from": resume_from}
@@ -661,16 +672,23 @@ def doctor(c, cluster, via=None, host=None, port=None):
 
 @job_task(
     after="command",
-    help={"command": "run this command there instead of an interactive `apptainer shell`"},
+    help={"command": "run this command there instead of an interactive `apptainer shell` (or after `--`)"},
     leave_out=tuple(option.name for option in RESOURCE_OPTIONS if not option.in_shell),
     time="1:00:00",
     job_name="hpcbox-shell",
 )
 def shell(c, cluster, command=None, **resources):
-    """A compute node of the cluster, in Apptainer with the SIF and code of your last job there."""
+    """A compute node of the cluster, in Apptainer with the SIF and code of your last job there.
+
+    A shell, or `--command` (or the words after `--`) run there."""
     from hpcbox.api import Site
 
-    Site(cluster, say=say).shell(command, on_line=print, **resources)
+    words = _words_after_dashes(c.remainder)
+    if words and command is not None:
+        raise HpcboxError("shell: give the command once", "either --command or the words after `--`")
+    Site(cluster, say=say).shell(
+        command or (shlex.join(words) if words else None), on_line=print, **resources
+    )
 
 
 @job_task(
