@@ -422,6 +422,16 @@ def test_submitits_autoexecutor_hands_hpcbox_its_prefixed_and_slurm_names(projec
     assert auto._executor._hpcbox.parameters == {"time": "30", "partition": "gpu", "qos": "short"}
     with pytest.raises(FieldError, match="partiton: no such parameter"):
         auto.update_parameters(hpcbox_partiton="gpu")
+    # Found as a user: the cluster given with the resources was "no such parameter", with 70 names
+    # that do not include it; it is the executor's own, said as such with the way to give it.
+    with pytest.raises(FieldError) as refused:
+        auto.update_parameters(timeout_min=5, hpcbox_cluster="local")
+    assert str(refused.value) == (
+        "cluster: is the executor's own (where its jobs go, what they run in), given once as it is made "
+        '(Executor(folder, cluster=...), or through submitit AutoExecutor(folder, cluster="hpcbox", '
+        "hpcbox_cluster=...))"
+    )
+    assert auto._executor._hpcbox.parameters["time"] == "30"  # nothing of the refused call was taken
 
 
 def test_a_tasks_state_is_read_among_its_arrays_and_its_log_as_it_stands(tmp_path: Path):

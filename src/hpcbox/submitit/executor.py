@@ -313,9 +313,24 @@ class Executor:
         return api.race(api.entrants(self.sites, accounts), args, **submitting).kept
 
 
+# The executor's settings (Executor's, and Site's through it), which no update_parameters changes.
+EXECUTOR_SETTINGS = (
+    "cluster", "flavour", "offline", "via", "host", "user", "port", "login", "mini_cluster", "remote_root",
+    "cache", "project",
+)  # fmt: skip
+
+
 def hpcbox_resources(parameters: dict[str, Any]) -> dict[str, Any]:
     """submitit's parameters as hpcbox's resource options: its generic names, its SlurmExecutor's
     (`slurm_partition`...: each honoured or refused with why); hpcbox's own names pass as they are."""
+    settled = sorted(set(parameters) & set(EXECUTOR_SETTINGS))
+    if settled:
+        raise FieldError(
+            settled[0],
+            "is the executor's own (where its jobs go, what they run in), given once as it is made",
+            f"Executor(folder, {settled[0]}=...), or through submitit "
+            f'AutoExecutor(folder, cluster="hpcbox", hpcbox_{settled[0]}=...)',
+        )
     unknown = sorted(set(parameters) - set(VALID_PARAMETERS))
     if unknown:
         raise FieldError(unknown[0], f"no such parameter (a typo? allowed: {', '.join(VALID_PARAMETERS)})")
