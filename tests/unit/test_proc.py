@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -99,27 +100,33 @@ CTRL_C_MEANWHILE = """
 import os, signal, sys
 from hpcbox.tools import proc
 
-signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite run in the background ignores it
+# as where neither is ignored (a suite run in the background, or by nohup, ignores them)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 told = []
 with proc.signals_held(until_again=told.append) as held:
     done = proc.run(
-        ["sh", "-c", f"kill -s INT -- -{os.getpgid(0)}; echo finished"], what="run", check=False,
-        own_group=sys.argv[1] == "own group",
+        ["sh", "-c", f"kill -s {sys.argv[2]} -- -{os.getpgid(0)}; echo finished"], what="run",
+        check=False, own_group=sys.argv[1] == "own group",
     )
 print(repr(done.stdout.strip()), done.returncode, held, told)
 """
 
 
+@pytest.mark.parametrize("name", ["INT", "HUP"])
 @pytest.mark.parametrize(
     ("group", "outcome"),
-    [("own group", "'finished' 0 ['SIGINT'] ['SIGINT']"), ("callers group", "'' -2 ['SIGINT'] ['SIGINT']")],
+    [("own group", "'finished' 0 ['SIGX'] ['SIGX']"), ("callers group", "'' -N ['SIGX'] ['SIGX']")],
 )
-def test_a_program_in_a_group_of_its_own_finishes_through_a_ctrl_c_this_process_holds(group, outcome):
-    """What keeps a job sent at Ctrl-C recorded (ssh.Connection.uninterrupted): the program finishes,
-    the signal waits; in the caller's group the terminal's Ctrl-C ends the program, whatever waits."""
+def test_a_program_in_a_group_of_its_own_finishes_through_a_ctrl_c_this_process_holds(group, outcome, name):
+    """What keeps a job sent at Ctrl-C (or as its terminal closes) recorded (ssh.Connection.uninterrupted):
+    the program finishes, the signal waits; in the caller's group the terminal's signal ends the
+    program, whatever waits."""
+    number = getattr(signal, f"SIG{name}")
+    outcome = outcome.replace("SIGX", f"SIG{name}").replace("-N", f"-{number}")
     done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_MEANWHILE, group],
+        [sys.executable, "-c", CTRL_C_MEANWHILE, group, name],
         capture_output=True, text=True, check=True, start_new_session=True,
     )  # fmt: skip
     assert done.stdout.strip() == outcome, done.stderr

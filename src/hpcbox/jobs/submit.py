@@ -146,7 +146,7 @@ def submit(
     (a rerun or a resumed job takes them)."""
     require_slurm(profile)
     started = time.monotonic()
-    # From the command that ends in sbatch until the job is recorded, Ctrl-C and SIGTERM wait
+    # From the command that ends in sbatch until the job is recorded, Ctrl-C, SIGTERM and SIGHUP wait
     # (ssh.Connection.uninterrupted), then take effect: no job is sent without its record here.
     holding: list[list[str]] = []  # the signals held, once sbatch's command starts
     with contextlib.ExitStack() as until_recorded:
@@ -272,10 +272,11 @@ def submit(
             taken = _taken(project, ledger, record)
             say(f"hpcbox: job {job_id}'s results go to {shown_run_dir(project, record)} here: {taken}")
     if held := [name for names in holding for name in names]:
-        say(
-            f"hpcbox: {held[0]} came while job {record.run} was being sent: it was sent and is recorded "
-            f"(`hpcbox cancel -j {record.run}` stops it)"
-        )
+        with contextlib.suppress(OSError):  # said on a terminal that is gone (SIGHUP)
+            say(
+                f"hpcbox: {held[0]} came while job {record.run} was being sent: it was sent and is "
+                f"recorded (`hpcbox cancel -j {record.run}` stops it)"
+            )
         signal.raise_signal(signal.Signals[held[0]])
     return record
 

@@ -262,7 +262,7 @@ def remove_orphans(say: Say) -> list[str]:
 
 
 def _remove(name: str, folder: Path, say: Say) -> None:
-    """Remove the cluster, a second Ctrl-C or SIGTERM held off until it is gone (a few seconds): one
+    """Remove the cluster, a second Ctrl-C, SIGTERM or SIGHUP held off until it is gone (a few seconds): one
     arriving mid-way would leave containers behind."""
     say(f"hpcbox: removing mini cluster {name}")
     with signals_held() as held:

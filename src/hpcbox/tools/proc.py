@@ -70,7 +70,8 @@ def require(program: str, hint: str) -> str:
 
 @contextlib.contextmanager
 def signals_held(*, until_again: Callable[[str], None] | None = None) -> Iterator[list[str]]:
-    """SIGINT and SIGTERM noted (their names into the list yielded), not acted on, inside the block;
+    """SIGINT, SIGTERM and SIGHUP (a terminal closed) noted (their names into the list yielded), not
+    acted on, inside the block;
     in the main thread only (elsewhere Python delivers no signal), and not one this process ignores
     (started in the background, or by nohup). With ``until_again``, told the first one's name, a
     second acts at once as it would have outside: a user who insists is not kept waiting on what
@@ -81,7 +82,7 @@ def signals_held(*, until_again: Callable[[str], None] | None = None) -> Iterato
         return
     previous = {
         signum: handler
-        for signum in (signal.SIGINT, signal.SIGTERM)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         if (handler := signal.getsignal(signum)) is not signal.SIG_IGN
     }
 
@@ -90,7 +91,8 @@ def signals_held(*, until_again: Callable[[str], None] | None = None) -> Iterato
         if until_again is None:
             return
         if len(held) == 1:
-            until_again(held[0])
+            with contextlib.suppress(OSError):  # told on a terminal that is gone (SIGHUP)
+                until_again(held[0])
             return
         for watched_signum, handler in previous.items():
             signal.signal(watched_signum, handler)

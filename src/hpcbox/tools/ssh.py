@@ -425,7 +425,7 @@ class Connection:
 
     @contextlib.contextmanager
     def uninterrupted(self, until_again: Callable[[str], None]) -> Iterator[list[str]]:
-        """The block's `run`s finish whatever Ctrl-C or SIGTERM comes meanwhile: the signal is held
+        """The block's `run`s finish whatever Ctrl-C, SIGTERM or SIGHUP comes meanwhile: the signal is held
         (its name into the list yielded, for the caller to act on once the block has done what must
         not be cut short: a job sbatch'ed and recorded), and ssh runs in a process group of its own,
         which the terminal's Ctrl-C does not reach. Otherwise a Ctrl-C while sbatch runs on the login
