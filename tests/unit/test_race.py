@@ -7,6 +7,10 @@ accounts on a rehearsal's Slurm."""
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -268,3 +272,36 @@ def test_a_sweep_and_another_program_go_to_every_entrant(project):
     assert raced.kept.site is fast and raced.kept.record.is_array  # started: its tasks run
     assert fast.sent_with == slow.sent_with == [{"sweep": calls, "command": runner}]
     assert slow.prepared_for == runner  # the one compression's SIF made once, for the runner
+
+
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread alone"
+)
+def test_ctrl_c_while_the_race_waits_says_each_job_left_waiting_and_how_to_cancel_it(project, capsys):
+    """A real SIGINT at the race's third look (Python's own Ctrl-C handler, as a terminal's command
+    has): the race ends interrupted, no job cancelled, each said with the command that cancels it."""
+    edi, mila = StandInSite("edi", project, None), StandInSite("mila", project, None)
+    reading = edi.read
+
+    def read_then_interrupted(records):
+        if edi.looks == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return reading(records)
+
+    edi.watch = Watch(read_then_interrupted)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a suite in the background ignores it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            race([edi, mila], say=print)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    said = capsys.readouterr().out
+    sent = re.findall(r"^hpcbox: race: (\w+): job (\d+)$", said, re.M)
+    assert [where for where, _ in sent] == ["edi", "mila"], said
+    for where, job_id in sent:
+        line = (
+            f"hpcbox: race stopped: job {job_id} on {where} waits on as it is "
+            f"(`hpcbox cancel -j {job_id} --cluster={where}` if you do not want it)"
+        )
+        assert line in said.splitlines(), said
+    assert "cancelled" not in said

@@ -124,7 +124,7 @@ def race(
         sent, unsent = _send(field, tuple(args), sent_with, prepared, options, say)
         if not sent:
             raise _none_sent(unsent)
-        started = _first_started(sent, timeout_s)
+        started = _first_started(sent, timeout_s, say)
     else:
         sent, unsent, started = _fail_over(
             field, tuple(args), sent_with, prepared, options, failover_after_s, timeout_s, say, failed_over
@@ -163,7 +163,7 @@ def _fail_over(
             continue
         last = index == len(field) - 1
         try:
-            return sent, unsent, _first_started(now_sent, timeout_s if last else after_s)
+            return sent, unsent, _first_started(now_sent, timeout_s if last else after_s, say)
         except NotStarted:
             if last:
                 raise
@@ -270,9 +270,24 @@ class _UploadsAfterSends:
             self._changed.wait_for(lambda: self._unsettled == 0)
 
 
-def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float) -> list[tuple[Job, JobState]]:
+def _first_started(sent: list[tuple[Entrant, Job]], timeout_s: float, say: Say) -> list[tuple[Job, JobState]]:
     """The jobs started (RUNNING, or ended) at the first look that finds any, in the entrants' order;
-    each site's jobs looked at through its watch, on its schedule."""
+    each site's jobs looked at through its watch, on its schedule. Ctrl-C meanwhile ends the race with
+    its jobs waiting on as they are, each said with how to cancel it."""
+    try:
+        return _first_look_started(sent, timeout_s)
+    except KeyboardInterrupt:
+        for _, job in sent:
+            record = job.record
+            via = f" --via {record.via}" if record.via else ""
+            say(
+                f"hpcbox: race stopped: job {job.job_id} on {record.where} waits on as it is "
+                f"(`hpcbox cancel -j {job.job_id} --cluster={record.cluster}{via}` if you do not want it)"
+            )
+        raise
+
+
+def _first_look_started(sent: list[tuple[Entrant, Job]], timeout_s: float) -> list[tuple[Job, JobState]]:
     deadline = time.monotonic() + timeout_s
     while True:
         started = []
