@@ -162,14 +162,15 @@ def teardown(runtime: Runtime) -> None:
     _recent_tensors.clear()
 
 
-def any_rank(runtime: Runtime, flags: list[bool]) -> list[bool]:
-    """Element-wise OR across ranks, so every rank takes the same branch at the same step."""
+def largest_across_ranks(runtime: Runtime, values: list[int]) -> list[int]:
+    """Element-wise MAX across ranks, so every rank takes the same branch at the same step: a flag set
+    on any rank is set on all, and a signal caught on any rank is the one every rank names."""
     if not runtime.distributed:
-        return flags
-    tensor = torch.tensor(flags, dtype=torch.int32, device=runtime.device)
+        return values
+    tensor = torch.tensor(values, dtype=torch.int32, device=runtime.device)
     _hold(tensor)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in tensor.tolist()]
+    return [int(v) for v in tensor.tolist()]
 
 
 def sum_across_ranks(runtime: Runtime, tensor: torch.Tensor) -> torch.Tensor:

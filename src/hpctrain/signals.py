@@ -68,8 +68,9 @@ class JobSignals:
                 return
             time.sleep(min(left, REST_SLICE_S))
 
-    def stop_name(self) -> str:
-        return signal.Signals(self.stop_signal).name if self.stop_signal else ""
+
+def name_of(signum: int) -> str:
+    return signal.Signals(signum).name
 
 
 class EarlySignals:

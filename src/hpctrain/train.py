@@ -28,7 +28,7 @@ from hpctrain.checkpoint import Position
 from hpctrain.config import RESUME_INVARIANTS, TrainConfig
 from hpctrain.distributed import Runtime
 from hpctrain.shards import Manifest
-from hpctrain.signals import JobSignals
+from hpctrain.signals import JobSignals, name_of
 
 
 def _make_deterministic(device: torch.device) -> None:
@@ -265,8 +265,9 @@ class Trainer:
         self.data_wait = 0.0
         batches = iter(self.train_loader)
         for step in range(start_step, self.steps_per_epoch):
-            stop, save_now = distributed.any_rank(
-                runtime, [self.signals.stop_requested, self.signals.checkpoint_requested]
+            # The stop signal any rank caught (0: none), so rank 0 names it wherever it came first.
+            stop, save_now = distributed.largest_across_ranks(
+                runtime, [self.signals.stop_signal or 0, int(self.signals.checkpoint_requested)]
             )
             if stop or save_now:
                 summed = distributed.sum_across_ranks(runtime, totals.packed())
@@ -275,7 +276,7 @@ class Trainer:
                 if stop:
                     self.log.write(
                         "preempted",
-                        signal=self.signals.stop_name() or "peer",
+                        signal=name_of(stop),
                         epoch=epoch + 1,
                         step=step,
                         checkpoint=name,

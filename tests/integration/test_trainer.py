@@ -375,8 +375,9 @@ def test_torchrun_signalled_while_it_starts_still_starts_its_workers_which_stop_
     assert events(output, "start")[-1]["resumed"]["checkpoint"] == preempted[0]["checkpoint"]
 
 
-# Finds the worker of rank 1 by its environment (the image has no procps), stops it, prints its pid.
-STOP_RANK_1 = """
+# Finds the worker of rank 1 by its environment (the image has no procps), sends it the signal named
+# by argv[1], prints its pid.
+SIGNAL_RANK_1 = """
 import os, signal, sys
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
@@ -384,11 +385,30 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     except OSError:
         continue
     if b"RANK=1" in environ and b"TORCHELASTIC_RUN_ID" in b" ".join(environ):
-        os.kill(int(pid), signal.SIGSTOP)
+        os.kill(int(pid), getattr(signal, sys.argv[1]))
         print(pid)
         sys.exit(0)
 sys.exit("no worker of rank 1")
 """
+
+
+def test_a_stop_signal_rank_1_alone_caught_is_the_one_rank_0_names_in_the_metrics(
+    trainer: TrainerRunner,
+) -> None:
+    """Found in a full run: where rank 1 caught the job's signal first, rank 0 (which writes the
+    metrics) named the signal "peer", and the two-node preemption test, which asserts the signal, failed.
+    Rank 1 alone is sent SIGTERM here: every rank stops at the same step, and rank 0 names SIGTERM."""
+    argv = (*TWO_PROCESSES, *trainer.train_argv("rank-1-signalled", "--workers", "0")[3:])
+    container = trainer.start(*argv)
+    output = trainer.workdir / "rank-1-signalled"
+    _wait_for_step(output, container, epoch=2)
+    signalled = container.exec_run(["python", "-c", SIGNAL_RANK_1, "SIGTERM"])
+    assert signalled.exit_code == 0 and signalled.output.decode().strip().isdigit(), signalled.output
+    finished = trainer.finish(container)
+    assert_ok(finished, EXIT_REQUEUE)
+    preempted = events(output, "preempted")
+    assert len(preempted) == 1 and preempted[0]["signal"] == "SIGTERM", preempted
+    assert (output / "checkpoints" / preempted[0]["checkpoint"]).is_file()
 
 
 def test_torchrun_ends_workers_that_do_not_stop_in_time_and_exits_75_with_the_last_whole_checkpoint(
@@ -404,7 +424,7 @@ def test_torchrun_ends_workers_that_do_not_stop_in_time_and_exits_75_with_the_la
     output = trainer.workdir / "stuck"
     _wait_for_step(output, container, epoch=2)
     # Rank 1's worker, stopped: rank 0 then waits for it in the next step's collective.
-    stopped = container.exec_run(["python", "-c", STOP_RANK_1])
+    stopped = container.exec_run(["python", "-c", SIGNAL_RANK_1, "SIGSTOP"])
     assert stopped.exit_code == 0 and stopped.output.decode().strip().isdigit(), stopped.output
     stopped_at = time.monotonic()
     container.kill(signal="SIGUSR1")

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hpctrain.signals import JOB_SIGNALS, JobSignals
+from hpctrain.signals import JOB_SIGNALS, JobSignals, name_of
 
 
 @pytest.fixture
@@ -44,5 +44,5 @@ def test_a_rest_after_a_stop_signal_does_not_sleep(job_signals):
     os.kill(os.getpid(), signal.SIGUSR1)
     started = time.monotonic()
     job_signals.rest(600)
-    assert job_signals.stop_name() == "SIGUSR1"
+    assert name_of(job_signals.stop_signal) == "SIGUSR1"
     assert time.monotonic() - started < 60
