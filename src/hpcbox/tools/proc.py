@@ -71,11 +71,10 @@ def require(program: str, hint: str) -> str:
 @contextlib.contextmanager
 def signals_held(*, until_again: Callable[[str], None] | None = None) -> Iterator[list[str]]:
     """SIGINT, SIGTERM and SIGHUP (a terminal closed) noted (their names into the list yielded), not
-    acted on, inside the block;
-    in the main thread only (elsewhere Python delivers no signal), and not one this process ignores
-    (started in the background, or by nohup). With ``until_again``, told the first one's name, a
-    second acts at once as it would have outside: a user who insists is not kept waiting on what
-    hangs."""
+    acted on, inside the block; in the main thread only (elsewhere Python delivers no signal), and not
+    one this process ignores (started in the background, or by nohup). With ``until_again``, told the
+    first one's name, a second acts at once as it would have outside: a user who insists is not kept
+    waiting on what hangs."""
     held: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield held
