@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs.follow import log_words, state
-from hpcbox.jobs.tracked import MlflowFigures
+from hpcbox.jobs.tracked import MlflowFigures, whole_lines_past
 from hpcbox.ledger import JobRecord
 from hpcbox.project.command import ContainerCommand, Steps, runs_example_trainer
 from hpcbox.project.config import ProjectConfig
@@ -206,10 +206,7 @@ def _say_new_figures(
     after ``first``, where given); the bytes said now."""
     if not metrics.is_file():
         return said
-    with metrics.open("rb") as file:
-        file.seek(said)
-        new = file.read()
-    whole = new[: new.rfind(b"\n") + 1]  # a line still being copied waits for the next look
+    whole = whole_lines_past(metrics, said)
     opening = first if first and not said else prefix
     for line in whole.decode(errors="replace").splitlines():
         if line.strip():

@@ -36,10 +36,7 @@ class MlflowFigures:
 
     def _newest(self, file: Path) -> tuple[float, int] | None:
         """The value and step of the last whole line of ``file`` past what was read; None if none."""
-        with file.open("rb") as opened:
-            opened.seek(self._read.get(file, 0))
-            new = opened.read()
-        whole = new[: new.rfind(b"\n") + 1]  # a line still being copied waits for the next look
+        whole = whole_lines_past(file, self._read.get(file, 0))
         self._read[file] = self._read.get(file, 0) + len(whole)
         for line in reversed(whole.decode(errors="replace").splitlines()):
             words = line.split()
@@ -50,9 +47,19 @@ class MlflowFigures:
         return None
 
 
+def whole_lines_past(file: Path, offset: int) -> bytes:
+    """The whole lines of ``file`` past byte ``offset``: a line still being copied waits for the next
+    look (the trainer's metrics.jsonl is read so too)."""
+    with file.open("rb") as opened:
+        opened.seek(offset)
+        new = opened.read()
+    return new[: new.rfind(b"\n") + 1]
+
+
 def _run_name(run: Path) -> str:
-    name = run / "tags" / "mlflow.runName"
-    return name.read_text().strip() if name.is_file() and name.read_text().strip() else run.name[:8]
+    tag = run / "tags" / "mlflow.runName"
+    name = tag.read_text().strip() if tag.is_file() else ""
+    return name or run.name[:8]
 
 
 def _said(newest: dict[str, tuple[float, int]]) -> str:
