@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.build import baseimage
 from hpcbox.build.lock import read_apt_lock, refresh_locks, refresh_pip_locks
 from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
 from hpcbox.tools import docker
+from tests.fixtures.debian import pinned_base
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 def test_refresh_pins_every_package_to_a_version_the_mirror_serves(docker_engine, project_copy: Path):
     cpu_lock = project_copy / "docker/lock/apt-cpu.txt"
     cpu_lock.write_text("# unpinned on purpose\npython3-numpy\npython3-sklearn=0.0-outdated\n")
-    base = baseimage.ensure_base().ref
+    base = pinned_base()
     changed = refresh_locks(load_project(project_copy), base, say=lambda _: None)
     assert cpu_lock in changed
     pinned = [line for line in cpu_lock.read_text().splitlines() if not line.startswith("#")]

@@ -188,14 +188,12 @@ LABEL io.hpcbox.source-date-epoch=1700000000
 
 @pytest.fixture(scope="module")
 def layered_image(docker_engine, run_id, tmp_path_factory):
-    from hpcbox.build import baseimage
     from hpcbox.tools import docker
+    from tests.fixtures.debian import pinned_base
     from tests.fixtures.images import build_dockerfile
 
     ref = f"{run_id}/sif-layered:1"
-    build_dockerfile(
-        LAYERED_DOCKERFILE, ref, tmp_path_factory.mktemp("sif-layered"), baseimage.ensure_base().ref
-    )
+    build_dockerfile(LAYERED_DOCKERFILE, ref, tmp_path_factory.mktemp("sif-layered"), pinned_base())
     info = docker.image(ref)
     assert info is not None
     yield SimpleNamespace(ref=ref, id=info.id)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcbox.project.config import load_project
-from hpcbox.project.init import docker_template
+from hpcbox.project.init import DOCKER_FILES, docker_template
 
 TRAIN = "import argparse\nimport helpers\n"
 
@@ -63,7 +63,13 @@ def test_init_adds_what_hpcbox_needs_and_says_what_it_added(flat_project: Path):
     ]
     assert "hpcbox lock --pip-only" in added[-1]
     assert (flat_project / "docker/Dockerfile").read_text() == (docker_template() / "Dockerfile").read_text()
-    assert os.access(flat_project / "docker/apt-install.sh", os.X_OK)
+    # hpcbox's own files, executable or not as they are: the build context carries the bit into the
+    # image, so the project's apt layers are the example trainer's (measured: a bit more on
+    # apt-install.sh cost the suite's own project a second install of Debian's PyTorch).
+    for relative in DOCKER_FILES:
+        mine, own = flat_project / "docker" / relative, docker_template() / relative
+        assert mine.read_bytes() == own.read_bytes(), relative
+        assert os.access(mine, os.X_OK) == os.access(own, os.X_OK), relative
     table = tomllib.loads((flat_project / "pyproject.toml").read_text())["tool"]["hpcbox"]
     assert table["project"] == "my-project"
     assert table["code"] == ["helpers.py", "train.py"]  # the modules the script imports travel with it

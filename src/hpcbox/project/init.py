@@ -8,6 +8,7 @@ project's own where hpcbox's would go, before writing anything.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -55,6 +56,7 @@ class Addition:
     path: str  # relative to the project root
     text: str
     append: bool = False  # added at the end of an existing file
+    executable: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,12 @@ def plan_init(
     docker_dir = Path(dockerfile).parent.as_posix()
     wanted = {dockerfile: template / "Dockerfile"}
     wanted.update({f"{docker_dir}/{relative}": template / relative for relative in DOCKER_FILES})
+    # Executable or not as hpcbox's own: the build context carries the bit into the image, so a project's
+    # apt layers are the example trainer's (Debian's PyTorch installed once on a machine, not per project).
     additions += [
-        Addition(path, source.read_text()) for path, source in wanted.items() if not (root / path).exists()
+        Addition(path, source.read_text(), executable=os.access(source, os.X_OK))
+        for path, source in wanted.items()
+        if not (root / path).exists()
     ]
 
     if not configured:
@@ -157,8 +163,11 @@ def plan_init(
 def _ci_additions(root: Path, pyproject: dict, *, appended_table: bool) -> list[Addition]:
     """The CI files the project lacks, and `[tool.hpcbox.ci]` where its pyproject.toml has none
     (``appended_table``: init appends `[tool.hpcbox]` to it first)."""
-    wanted = {ci_files.WORKFLOW: ci_files.workflow(), ci_files.SCRIPT: ci_files.script()}
-    additions = [Addition(path, text) for path, text in wanted.items() if not (root / path).exists()]
+    additions = [
+        Addition(path, text, executable=path == ci_files.SCRIPT)
+        for path, text in {ci_files.WORKFLOW: ci_files.workflow(), ci_files.SCRIPT: ci_files.script()}.items()
+        if not (root / path).exists()
+    ]
     if "ci" not in pyproject.get("tool", {}).get("hpcbox", {}):
         existing = "" if appended_table else (root / "pyproject.toml").read_text()
         prefix = "\n" if appended_table or existing.endswith("\n") else "\n\n"
@@ -176,7 +185,7 @@ def apply(root: Path, plan: InitPlan) -> list[str]:
                 handle.write(addition.text)
             lines.append(f"appended to {addition.path}")
         else:
-            write_atomically(path, addition.text, mode=0o755 if addition.path.endswith(".sh") else None)
+            write_atomically(path, addition.text, mode=0o755 if addition.executable else None)
             lines.append(f"added {addition.path}")
     return lines
 
