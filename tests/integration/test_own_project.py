@@ -267,7 +267,7 @@ def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_ba
     """Each tracker's run, written by its own library in the job, where hpcbox's job script points it
     (the output folder: node scratch goes with the job), comes home with `watch` and reads back here
     with the tracker's own reader and no network: every step's loss, MLflow's parameter, and the id
-    hpcbox gave the W&B run; `watch` says MLflow's figures as they come."""
+    hpcbox gave the W&B run; `watch` says both trackers' figures as they come."""
     project, env = own_project.root, own_project.env
     submitted = hpcbox(
         project, "submit", "--cluster=local", "--offline", "--data=data", "--time=10",
@@ -286,10 +286,12 @@ def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_ba
     # W&B's run id is the job's (its submission's and job id), which a requeued run keeps
     wandb_run = f"{Path(record.script).stem}-{job_id}"
     assert json.loads(read) == {"wandb_run": wandb_run, "wandb": losses, "mlflow": losses, "factor": "10.0"}
-    # watch said MLflow's figures as they came (its store read here as text, with no MLflow), the last
-    # its last step's
+    # watch said each tracker's figures as they came (MLflow's store read here as text, W&B's log as
+    # its records, with neither library), the last its last step's
     said = [line for line in watched.stdout.splitlines() if line.startswith("mlflow mean")]
     assert said and said[-1] == "mlflow mean, step 4: loss 5", watched.stdout
+    said = [line for line in watched.stdout.splitlines() if line.startswith(f"wandb {wandb_run}")]
+    assert said and said[-1] == f"wandb {wandb_run}, step 4: loss 5", watched.stdout
 
 
 def multirun(own_project: OwnProject, sweep_dir: Path, *overrides: str) -> subprocess.CompletedProcess:

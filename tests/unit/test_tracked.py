@@ -1,12 +1,22 @@
-"""MLflow's file store read as `watch` reads it: each run's newest values since the last look, a line a
-run. The store's format as MLflow writes it is the integration test's (a real MLflow in a job,
-tests/integration/test_own_project.py); here its growth, look by look."""
+"""MLflow's file store and W&B's offline run log read as `watch` reads them: each run's newest values
+since the last look, a line a run. MLflow's store as MLflow writes it, and W&B's log in a job, are the
+integration test's (both libraries in a job, tests/integration/test_own_project.py); here MLflow's
+growth look by look, and a log W&B's own library wrote (0.31.0, offline, outside any job: 400 steps,
+147 KB, five of its 32 KiB blocks) read whole, grown a few KB a look, cut anywhere, and damaged."""
 
 from __future__ import annotations
 
+import gzip
+import re
 from pathlib import Path
 
-from hpcbox.jobs.tracked import MlflowFigures
+from hpcbox.jobs.tracked import MlflowFigures, WandbFigures
+
+# wandb.init(project="watch", mode="offline", id="golden-1"), then for step in range(400):
+# run.log({"loss": round(100 / (step + 1), 6), "train": {"accuracy": round(step / 400, 6)}, "note": "text"},
+# step=step)
+WANDB_LOG = Path(__file__).parents[1] / "golden" / "wandb" / "run-golden-1-0.31.0.wandb.gz"
+LAST_STEP = "wandb golden-1, step 399: loss 0.25, train.accuracy 0.9975"
 
 
 def logged(run: Path, key: str, *lines: str) -> None:
@@ -45,3 +55,57 @@ def test_a_sweeps_tasks_each_say_their_runs_and_an_unnamed_run_goes_by_its_id(tm
         "task 0: mlflow a0b2c3d4, step 7: loss 0.5",
         "task 1: mlflow a1b2c3d4, step 7: loss 1.5",
     ]
+
+
+def wandb_run(root: Path, data: bytes, folder: str = "offline-run-20261207_162052-golden-1") -> Path:
+    """``data`` as W&B lays out an offline run under WANDB_DIR ``root``, with its `latest-run` link."""
+    log = root / "wandb" / folder / "run-golden-1.wandb"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(data)
+    (root / "wandb" / "latest-run").unlink(missing_ok=True)
+    (root / "wandb" / "latest-run").symlink_to(folder)
+    return log
+
+
+def test_a_wandb_log_read_whole_says_each_numbers_last_value_and_no_text_or_wandbs_own_keys(tmp_path: Path):
+    wandb_run(tmp_path, gzip.decompress(WANDB_LOG.read_bytes()))
+    figures = WandbFigures()
+    assert figures.new_lines(tmp_path) == [LAST_STEP]  # once, not again through latest-run
+    assert figures.new_lines(tmp_path) == []
+
+
+def test_a_wandb_log_grown_a_few_kb_a_look_says_each_step_once_in_order_with_its_value(tmp_path: Path):
+    data = gzip.decompress(WANDB_LOG.read_bytes())
+    log = wandb_run(tmp_path, b"")
+    figures, said = WandbFigures(), []
+    for end in range(0, len(data), 4099):  # cut through chunks, records and the blocks' ends
+        log.write_bytes(data[:end])
+        said += figures.new_lines(tmp_path)
+    log.write_bytes(data)
+    said += figures.new_lines(tmp_path)
+    steps = [int(re.search(r", step (\d+): ", line)[1]) for line in said]
+    assert len(said) > 30 and steps == sorted(set(steps)), said
+    for line, step in zip(said, steps, strict=True):
+        assert (
+            line
+            == f"wandb golden-1, step {step}: loss {100 / (step + 1):.4g}, train.accuracy {step / 400:.4g}"
+        )
+    assert said[-1] == LAST_STEP
+
+
+def test_a_damaged_wandb_log_is_read_to_its_damage_and_a_requeued_runs_second_log_said_as_its_own(
+    tmp_path: Path,
+):
+    data = bytearray(gzip.decompress(WANDB_LOG.read_bytes()))
+    data[len(data) // 2] ^= 0xFF  # a byte of the middle block flipped: its chunk fails its checksum
+    wandb_run(tmp_path / "0", bytes(data))
+    (tmp_path / "1" / "wandb" / "offline-run-x").mkdir(parents=True)
+    (tmp_path / "1" / "wandb" / "offline-run-x" / "run-x.wandb").write_bytes(b"not a W&B log at all")
+    said = WandbFigures().new_lines(tmp_path, tasks=True)
+    assert len(said) == 1 and said[0].startswith("task 0: wandb golden-1, step ")
+    step = int(re.search(r", step (\d+): ", said[0])[1])
+    assert 100 < step < 300  # what comes before the damage
+    # Requeued, W&B starts a folder of its own for the run (the same id, hpcbox's): its figures said too.
+    wandb_run(tmp_path / "0", gzip.decompress(WANDB_LOG.read_bytes()), "offline-run-20261207_170000-golden-1")
+    figures = WandbFigures()
+    assert figures.new_lines(tmp_path / "0") == [said[0].removeprefix("task 0: "), LAST_STEP]

@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from hpcbox.errors import HpcboxError
 from hpcbox.jobs.follow import log_words, state
-from hpcbox.jobs.tracked import MlflowFigures, whole_lines_past
+from hpcbox.jobs.tracked import MlflowFigures, WandbFigures, whole_lines_past
 from hpcbox.ledger import JobRecord
 from hpcbox.project.command import ContainerCommand, Steps, runs_example_trainer
 from hpcbox.project.config import ProjectConfig
@@ -138,14 +138,14 @@ def fetch_following(
 ) -> tuple[Path, ssh.Transfer]:
     """The job's results home as it runs: its run folder fetched every ``every_s`` (what the job has
     copied there: its small files that changed, every 10 s at most, and everything at each
-    `sync_every`), each new line of its metrics.jsonl and the newest values of its MLflow runs (a
-    sweep's: each task's, named) said to ``on_line`` as figures, until ``ended`` says it has; then
+    `sync_every`), each new line of its metrics.jsonl and the newest values of its MLflow and W&B runs
+    (a sweep's: each task's, named) said to ``on_line`` as figures, until ``ended`` says it has; then
     fetched once more, with its logs. A look that finds nothing new is one command (`fetch_changed`).
     A login node that stops answering is looked at again each ``every_s``, borne as a wait bears it
     (`tools.slurm.Silence`); the job runs on meanwhile."""
     local = local_run_dir(project, record)
     said: dict[Path, int] = {}  # bytes of each metrics.jsonl said (a sweep's: one a task)
-    tracked = MlflowFigures()
+    trackers = (MlflowFigures(), WandbFigures())
     moved = ssh.Transfer(0, 0)
     seen: str | None = None  # the run folder's listing, as the last look that fetched found it
     silence = slurm.Silence()
@@ -170,8 +170,9 @@ def fetch_following(
                 metrics, said.get(metrics, 0), on_line, prefix=f"{task}: " if task else "",
                 first=f"{task} ({_point_of(record, metrics.parent.name)}): " if task else "",
             )  # fmt: skip
-        for line in tracked.new_lines(local, tasks=record.is_array):
-            on_line(line)
+        for tracker in trackers:
+            for line in tracker.new_lines(local, tasks=record.is_array):
+                on_line(line)
         if finished:
             return local, moved
         sleep(every_s)
