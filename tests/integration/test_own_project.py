@@ -276,6 +276,7 @@ def test_wandb_and_mlflow_runs_written_in_a_job_come_home_with_watch_and_read_ba
     job_id = submitted.stdout.strip().splitlines()[-1]
     watched = hpcbox(project, "watch", "-j", job_id, env=env)
     home = Path(re.search(r"^hpcbox: results in (.+)$", watched.stderr, re.M)[1])
+    assert re.search(rf"^hpcbox: job {job_id}: COMPLETED, elapsed ", watched.stderr, re.M), watched.stderr
     record = jobs.Ledger(load_project(project)).find(job_id, "local")
     read = docker.client().containers.run(
         record.image, ["python3", "-c", READ_TRACKED, "/home-runs"], network_mode="none", remove=True,

@@ -379,7 +379,7 @@ def test_watch_brings_the_figures_and_curves_home_while_the_job_runs(
         "epoch 1/3", "epoch 2/3", "epoch 3/3",
     ]  # fmt: skip
     local = setup.project_dir / "runs" / "local" / record.run
-    assert f"hpcbox: results in {local}\n" in said.read_text()
+    assert f"hpcbox: results in {local}\nhpcbox: job {job_id}: COMPLETED, elapsed " in said.read_text()
     assert [step for step, _ in read(local / "tensorboard")["val/accuracy"]] == [10, 20, 30]
     assert (local / Path(record.log).name).is_file()
 

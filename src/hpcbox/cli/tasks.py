@@ -585,6 +585,9 @@ def watch(c, job=None, cluster=None, every=None, tensorboard=False):
             say(f"hpcbox: stopped watching job {found.record.run}; it goes on (`{again}` watches it again)")
             sys.exit(130)
         say(f"hpcbox: results in {local}")
+        # How it ended, as status says it: a program of the user's own says nothing of that itself.
+        for line in found.describe():
+            say(f"hpcbox: {line}")
         if url:
             say(f"hpcbox: the job has ended; TensorBoard goes on at {url} until Ctrl-C")
             with contextlib.suppress(KeyboardInterrupt):
