@@ -91,10 +91,14 @@ class WandbFigures:
     def _new_records(self, log: Path) -> Iterator[bytes]:
         """The records of ``log`` whole past what was read: one whose chunks are not all there yet (still
         being copied, or written) waits for the next look."""
-        data = log.read_bytes()
-        at = self._read.get(log, _LOG_HEADER.size)
-        if len(data) < _LOG_HEADER.size or data[:4] != b":W&B":
-            return
+        at = self._read.get(log)
+        with log.open("rb") as opened:
+            if at is None:  # its first look: a W&B log, or nothing said of it
+                if opened.read(_LOG_HEADER.size)[:4] != b":W&B":
+                    return
+                at = _LOG_HEADER.size
+            opened.seek(at)
+            data = opened.read()  # what is past the last whole record read, not the whole log again
         pieces: list[bytes] = []
         for end, kind, chunk in _chunks(data, at):
             pieces.append(chunk)
@@ -112,18 +116,19 @@ _BLOCK = 32768
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
 
 
-def _chunks(data: bytes, at: int) -> Iterator[tuple[int, int, bytes]]:
-    """Each whole chunk from offset ``at`` on: where it ends, its type and its bytes; up to the first
-    that is not all there or not what its checksum says."""
+def _chunks(data: bytes, offset: int) -> Iterator[tuple[int, int, bytes]]:
+    """Each whole chunk of ``data``, the log's bytes from its offset ``offset`` on: where it ends in the
+    log, its type and its bytes; up to the first that is not all there or not what its checksum says."""
+    at = offset  # in the log: its blocks are counted from the log's start
     while True:
         if _BLOCK - at % _BLOCK < _CHUNK_HEADER.size:  # a block's tail too short for a chunk: padding
             at += _BLOCK - at % _BLOCK
-        if at + _CHUNK_HEADER.size > len(data):
+        if at - offset + _CHUNK_HEADER.size > len(data):
             return
-        checksum, length, kind = _CHUNK_HEADER.unpack_from(data, at)
+        checksum, length, kind = _CHUNK_HEADER.unpack_from(data, at - offset)
         start, end = at + _CHUNK_HEADER.size, at + _CHUNK_HEADER.size + length
-        chunk = data[start:end]
-        if kind not in (_FULL, _FIRST, _MIDDLE, _LAST) or end > len(data):
+        chunk = data[start - offset : end - offset]
+        if kind not in (_FULL, _FIRST, _MIDDLE, _LAST) or end - offset > len(data):
             return
         if zlib.crc32(chunk, zlib.crc32(bytes([kind]))) != checksum:
             return
