@@ -19,7 +19,7 @@ from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
 from hpcbox.tools import docker
-from tests.fixtures.debian import project_served_today
+from tests.fixtures.debian import pinned_base, project_served_today
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -100,7 +100,7 @@ def test_a_build_beside_another_on_the_same_base_takes_its_steps_from_the_cache(
         made.append(ref)
         return steps
 
-    build(fresh, "ARG BASE\nFROM ${BASE}\nCOPY token /etc/fresh-base\n", baseimage.ensure_base().ref)
+    build(fresh, "ARG BASE\nFROM ${BASE}\nCOPY token /etc/fresh-base\n", pinned_base())
     beside = subprocess.Popen(
         [docker.build_cli(), "build", "--progress=plain", "--build-arg", f"BASE={fresh}", "-"],
         stdin=subprocess.PIPE,
@@ -254,9 +254,8 @@ def test_apt_install_reads_the_mirror_it_is_handed_for_its_step_only(
 ):
     """What the build does once Debian's mirror has dropped a pin: the Dockerfile's apt step, handed the
     snapshot archive as the apt_mirror secret, installs from it and leaves the sources as they were."""
-    from hpcbox.build import baseimage
 
-    base = baseimage.ensure_base(lock=baseimage.read_lock(REPO / "docker/lock/base.toml"))
+    base = pinned_base()
     mirror_url = baseimage.snapshot_mirror("20261123T100000Z")
     (tmp_path / "apt_mirror").write_text(mirror_url)
     (tmp_path / "apt-test.txt").write_text("# one small package\nhello\n")
@@ -267,7 +266,7 @@ def test_apt_install_reads_the_mirror_it_is_handed_for_its_step_only(
         " cmp /tmp/before /etc/apt/sources.list && ls /tmp"
     )
     output = docker_engine.containers.run(
-        base.ref,
+        base,
         ["sh", "-c", script],
         volumes={
             str(tmp_path): {"bind": "/in", "mode": "ro"},
@@ -339,7 +338,6 @@ def test_a_gone_pin_of_a_lock_with_no_snapshot_time_turns_to_the_time_the_archiv
     """A lock made where the snapshot archive could not be reached records no time; where it answers now,
     its API says when the gone version arrived, and the build turns to the archive at that time. (The
     stand-in serves today's mirror at every time, so the version is not there either: off-lock.)"""
-    from hpcbox.build import baseimage
 
     # after the lock was made (2026-11-23): a version that arrived earlier is looked for at the lock's time
     version, first_seen = "20250419+hpcbox.gone", "20261124T084516Z"

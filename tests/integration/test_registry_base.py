@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.build import baseimage
 from hpcbox.build.image import REGISTRY_BASE_LOCK, plan_build, registry_base_lock
 from hpcbox.build.lock import refresh_registry_base
 from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
+from tests.fixtures.debian import pinned_base
 from tests.fixtures.images import build_dockerfile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,9 +37,8 @@ CMD ["docker-registry", "serve", "/etc/docker/registry/test.yml"]
 @pytest.fixture(scope="module")
 def registry(docker_engine, run_id, tmp_path_factory) -> Iterator[str]:
     """host:port of a running registry (HTTP on 127.0.0.1, which Docker allows without TLS)."""
-    base = baseimage.ensure_base(lock=baseimage.project_lock(REPO))
     image = f"{run_id}/registry:1"
-    build_dockerfile(REGISTRY_DOCKERFILE, image, tmp_path_factory.mktemp("registry"), base.ref)
+    build_dockerfile(REGISTRY_DOCKERFILE, image, tmp_path_factory.mktemp("registry"), pinned_base())
     port = free_port()
     container = docker_engine.containers.run(
         image, detach=True, name=f"{run_id}-registry", ports={"5000/tcp": ("127.0.0.1", port)}

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcbox.build import baseimage, offlock
+from hpcbox.build import offlock
 from hpcbox.errors import HpcboxError
 from hpcbox.minicluster import node_image, versions
 from hpcbox.minicluster.shape import ENFORCEMENT
 from hpcbox.tools import docker
 from tests.fixtures.cluster import free_port
+from tests.fixtures.debian import pinned_base
 from tests.fixtures.submitting import RESTING, Setup, with_own_ledger
 from tests.integration.test_container_software import hpcbox, runs_on_each_software, switch
 from tests.integration.test_submit import SHORT, invoke
@@ -193,9 +194,8 @@ def test_a_26_05_lock_sid_has_moved_past_builds_off_lock_with_the_release_sid_se
     context = tmp_path / "node"
     shutil.copytree(node_image.CONTEXT, context)
     locked = node_image.locked("26.05", context)
-    base = baseimage.ensure_base(lock=baseimage.own_lock(), say=lambda _line: None)
     # Every other pin as Debian serves it today, so that Slurm's below are the only ones moved, on any day.
-    moved_today = locked.moved(base.ref)
+    moved_today = locked.moved(pinned_base())
     for lock in locked.locks.values():
         lock.write_text(offlock.follow(lock.read_text(), moved_today))
     slurm_lock = node_image.slurm_lock("26.05", context)

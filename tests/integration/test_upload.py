@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from hpcbox import jobs, store
-from hpcbox.build import baseimage
 from hpcbox.build.lock import candidate_versions
 from hpcbox.errors import HpcboxError
 from hpcbox.files import file_sha256
 from hpcbox.store import ship
 from hpcbox.tools import ssh
+from tests.fixtures.debian import pinned_base
 from tests.fixtures.submitting import RESTING, Setup, until_logged
 from tests.integration.test_submit import finished, invoke, log_of, submit
 
@@ -118,8 +118,7 @@ def _accounted(minicluster, job_id: str) -> str:
 
 def served_today(package: str) -> str:
     """The version of ``package`` Debian's mirror serves for the pinned base today."""
-    base = baseimage.ensure_base(lock=baseimage.read_lock(REPO / "docker" / "lock" / baseimage.LOCK_NAME))
-    return candidate_versions(base.ref, (package,))[package]
+    return candidate_versions(pinned_base(), (package,))[package]
 
 
 def upstream(debian_version: str) -> str:
