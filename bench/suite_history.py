@@ -13,15 +13,17 @@ An entry: `commit`, `date`, `started` and `finished` (UTC, where measured), `min
 wall clock), `passed`, `failed`, `errors` and `skipped` where any, `failed_tests` (node ids), `lanes_min`
 (each lane's minutes: by name where measured, in the lanes' order where transcribed), `how` (how the
 run was made: `HPCBOX_SUITE_NOTE` as given, e.g. "fresh clone, engine wiped"), `reverse` (each lane's
-modules in reverse order), `load_1min` (the machine's load average as the run started), `exit_status`,
-and `source`: `measured` by the suite itself, or what else it was read from (the CHANGELOG's prose, for
-the runs from before this history).
+modules in reverse order), `load_1min` (the machine's load average as the run started), `machine` (its
+kernel's release, which names the host's build, and where measured as the run started its speeds:
+bench/machine_speed.py), `exit_status`, and `source`: `measured` by the suite itself, or what else it
+was read from (the CHANGELOG's prose, for the runs from before this history).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -30,6 +32,7 @@ SUITE = HERE / "results" / "suite.json"
 NOTE_VARIABLE = "HPCBOX_SUITE_NOTE"
 MEASURED = "measured"
 COUNTS = ("passed", "failed", "errors", "skipped")
+SPEEDS = (("spawn_ms", "a spawn"), ("python_ms", "the Python loop"))
 _LANE = re.compile(r"lane: (.+)")
 
 
@@ -45,6 +48,7 @@ def entry(
     how: str | None,
     reverse: bool,
     load_1min: float | None,
+    machine: dict | None,
     exit_status: int,
 ) -> dict:
     """One measured run: ``outcomes`` is every test's (node id → passed, failed, skipped), ``errors`` the
@@ -68,6 +72,7 @@ def entry(
         **({"how": how} if how else {}),
         **({"reverse": True} if reverse else {}),
         **({"load_1min": round(load_1min, 2)} if load_1min is not None else {}),
+        **({"machine": machine} if machine else {}),
         "exit_status": exit_status,
         "source": MEASURED,
     }
@@ -151,8 +156,8 @@ def green_streak(runs: list[dict]) -> int:
 
 
 def table(result: dict) -> str:
-    """The history as docs/testing.md shows it: a line on the latest green runs, then every run, newest
-    first."""
+    """The history as docs/testing.md shows it: a line on the latest green runs, the runs by the machine
+    they had, then every run, newest first."""
     runs = history(result)
     streak = green_streak(runs)
     said = f"Green in a row, back from the newest: **{streak}**"
@@ -168,8 +173,9 @@ def table(result: dict) -> str:
     lines = [
         f"`bench/results/suite.json`'s history: {len(runs)} full run{'' if len(runs) == 1 else 's'}. {said}",
         "",
-        "| date | commit | passed | failed | min | lanes (min) | how | failed tests | source |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *by_machine(runs),
+        "| date | commit | passed | failed | min | lanes (min) | machine | how | failed tests | source |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in reversed(runs):
         lanes = run.get("lanes_min") or {}
@@ -181,9 +187,47 @@ def table(result: dict) -> str:
         failed_tests = ", ".join(f"`{test}`" for test in run.get("failed_tests", ()))
         lines.append(
             f"| {when} | {run['commit'][:7]} | {run.get('passed', '')} | {_failures(run)} | "
-            f"{run.get('minutes', '')} | {shown} | {how} | {failed_tests} | {_source(run)} |"
+            f"{run.get('minutes', '')} | {shown} | {_machine(run)} | {how} | {failed_tests} | "
+            f"{_source(run)} |"
         )
     return "\n".join(lines)
+
+
+def by_machine(runs: list[dict]) -> list[str]:
+    """The green runs' minutes by the kernel their machine had (a host's build), in the order each first
+    ran, with the speeds measured as they started (medians): the same code's minutes on two hosts apart.
+    Runs that kept no kernel are left out; nothing where none did."""
+    kernels: dict[str, list[dict]] = {}
+    for run in runs:
+        if kernel := (run.get("machine") or {}).get("kernel"):
+            kernels.setdefault(kernel, []).append(run)
+    if not kernels:
+        return []
+    lines = [
+        "| machine (kernel) | runs | green | from | to | green runs' min: fastest, median, slowest | "
+        "speeds, median |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for kernel, each in kernels.items():
+        minutes = sorted(run["minutes"] for run in each if green(run) and run.get("minutes") is not None)
+        spread = f"{minutes[0]}, {statistics.median(minutes):.1f}, {minutes[-1]}" if minutes else ""
+        speeds = [
+            f"{statistics.median(measured)} ms {what}"
+            for name, what in SPEEDS
+            if (measured := [run["machine"][name] for run in each if name in run["machine"]])
+        ]
+        lines.append(
+            f"| {kernel} | {len(each)} | {len(minutes)} | {_when(each[0])[:10]} | {_when(each[-1])[:10]} | "
+            f"{spread} | {'; '.join(speeds)} |"
+        )
+    return [*lines, ""]
+
+
+def _machine(run: dict) -> str:
+    """The kernel the run had (its host's build), and its speeds where they were measured."""
+    machine = run.get("machine") or {}
+    speeds = [f"{machine[name]} ms {what}" for name, what in SPEEDS if name in machine]
+    return "; ".join([machine.get("kernel", ""), *speeds]).strip("; ")
 
 
 def _when(run: dict) -> str:

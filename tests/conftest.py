@@ -182,7 +182,8 @@ class SuiteDurations:
     tests, outcomes and seconds, each lane's wall time, and the whole run's; in its details, each
     integration test's outcome and seconds (set-up and tear-down included), slowest first; and the run
     added to the file's history of every full run (bench/suite_history.py), with how it was made as the
-    runner says it (HPCBOX_SUITE_NOTE="fresh clone, engine wiped") and whether its modules ran reversed.
+    runner says it (HPCBOX_SUITE_NOTE="fresh clone, engine wiped"), whether its modules ran reversed and
+    the machine's kernel and speeds as it started (bench/machine_speed.py).
     At the end, the run's ``build_cache`` tidied (tests/fixtures/buildcache.py), what the suite's runs
     keep a row; with ``accounting`` (bench/suite_cpu.py's, `--record-cpu`), the run's CPU by where it ran
     and by program, rows too."""
@@ -193,6 +194,7 @@ class SuiteDurations:
         self.accounting_refused = accounting.start() if accounting is not None else None
         self.started = datetime.datetime.now(datetime.UTC)
         self.load_1min = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        self.machine = _bench("machine_speed").measure()  # before the lanes start: about a second
         self.errors: set[str] = set()  # failed outside their call (set-up, tear-down): pytest's errors
         self.seconds: dict[str, float] = defaultdict(float)
         self.test_seconds: dict[str, float] = defaultdict(float)
@@ -271,6 +273,7 @@ class SuiteDurations:
             how=os.environ.get(history.NOTE_VARIABLE, "").strip() or None,
             reverse=session.config.getoption("--reverse-modules"),
             load_1min=self.load_1min,
+            machine=self.machine,
             exit_status=int(exitstatus),
         )
         earlier = json.loads(history.SUITE.read_text()) if history.SUITE.exists() else None

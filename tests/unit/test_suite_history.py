@@ -5,6 +5,7 @@ docs/testing.md shows, newest first, with how many of the latest runs in a row a
 from __future__ import annotations
 
 import json
+import platform
 import re
 import sys
 import types
@@ -71,7 +72,9 @@ def test_a_full_run_is_added_to_the_history_the_file_had_with_its_counts_failure
     recorded = {}
     runner = SimpleNamespace(measured_at=lambda: "b" * 40, record=lambda *args, **kw: recorded.update(kw))
     monkeypatch.setattr(history, "SUITE", suite)
-    monkeypatch.setattr(conftest, "_bench", lambda name: {"run": runner, "suite_history": history}[name])
+    machine_speed = conftest._bench("machine_speed")
+    benches = {"run": runner, "suite_history": history, "machine_speed": machine_speed}
+    monkeypatch.setattr(conftest, "_bench", lambda name: benches[name])
     monkeypatch.setenv("HPCBOX_SUITE_NOTE", "fresh clone, under CPU load ")
     recorder = conftest.SuiteDurations()
     lane = "tests/integration/test_submit.py"
@@ -106,6 +109,8 @@ def test_a_full_run_is_added_to_the_history_the_file_had_with_its_counts_failure
         "measured",
     )
     assert run["started"] <= run["finished"]
+    assert run["machine"]["kernel"] == platform.release()
+    assert run["machine"]["spawn_ms"] > 0 and run["machine"]["python_ms"] > 0
 
 
 def test_a_run_of_the_format_before_the_history_is_read_from_its_rows_and_details():
@@ -190,11 +195,12 @@ def test_the_table_shows_every_run_newest_first_and_how_many_latest_are_green():
             "2026-12-06T10:00:00+00:00",
             lanes_min={"cluster jobs": 18.0},
             failed_tests=[],
+            machine={"kernel": "6.18.44-fc-v1300", "spawn_ms": 1.52, "python_ms": 96.0},
             source="measured",
         ),
     ]
     shown = history.table({"history": runs})
-    rows = [line for line in shown.splitlines() if re.match(r"\| \d", line)]
+    rows = [line for line in shown.splitlines() if re.match(r"\| \d{4}-", line)]
     assert [row.split(" | ")[1] for row in rows] == ["4444444", "3333333", "2222222", "1111111"]
     assert (
         "4 full runs. Green in a row, back from the newest: **2** (the one before them, on 2222222" in shown
@@ -202,6 +208,7 @@ def test_the_table_shows_every_run_newest_first_and_how_many_latest_are_green():
     assert "1, 2 errors" in rows[2] and "not stated" in rows[3] and "20.1, 19.0" in rows[3]
     assert "fresh clone; modules reversed" in rows[1] and "2026-12-06T09:00:00Z" in rows[1]
     assert rows[0].endswith("| measured |") and rows[3].endswith("| CHANGELOG.md |")
+    assert "| 6.18.44-fc-v1300; 1.52 ms a spawn; 96.0 ms the Python loop |" in rows[0]
     assert "every run recorded" in history.table({"history": runs[2:]})
     assert "**0** (the latest, on 2222222 of 2026-11-02: 1 failed, 2 errors)" in history.table(
         {"history": runs[:2]}
@@ -226,3 +233,25 @@ def test_the_recorded_history_is_in_order_each_run_once_and_the_changelogs_runs_
             str(run["passed"]) in run["changelog"]
             or f"of {run['passed'] + run['failed']}" in run["changelog"]
         )
+
+
+def test_the_green_runs_minutes_are_shown_by_the_kernel_each_ran_on_in_the_order_each_first_ran():
+    def on(kernel: str, **speeds: float) -> dict:
+        return {"machine": {"kernel": kernel, **speeds}}
+
+    runs = [
+        _run("a", "2026-12-05T01:00:00+00:00", minutes=17.0, **on("6.18.44-fc-v1252")),
+        _run("b", "2026-12-05T02:00:00+00:00", minutes=19.0, **on("6.18.44-fc-v1252")),
+        _run("c", "2026-12-05T03:00:00+00:00", failed=2, minutes=9.0, **on("6.18.44-fc-v1252")),
+        _run("d", "2026-12-06T01:00:00+00:00", minutes=25.0, **on("6.18.44-fc-v1300", spawn_ms=0.8)),
+        _run("e", "2026-12-06T02:00:00+00:00", minutes=24.0),  # no kernel kept: left out of the rows
+        _run("f", "2026-12-07T01:00:00+00:00", minutes=27.0, **on("6.18.44-fc-v1300", spawn_ms=0.7)),
+        _run("g", "2026-12-07T02:00:00+00:00", minutes=26.0, **on("6.18.44-fc-v1300", spawn_ms=0.9)),
+    ]
+    rows = [line for line in history.by_machine(runs) if line.startswith("| 6.18")]
+    assert rows == [
+        "| 6.18.44-fc-v1252 | 3 | 2 | 2026-12-05 | 2026-12-05 | 17.0, 18.0, 19.0 |  |",
+        "| 6.18.44-fc-v1300 | 3 | 3 | 2026-12-06 | 2026-12-07 | 25.0, 26.0, 27.0 | 0.8 ms a spawn |",
+    ]
+    assert history.by_machine(runs[4:5]) == []
+    assert "| 6.18.44-fc-v1300 | 3 | 3 |" in history.table({"history": runs})
