@@ -165,6 +165,21 @@ def test_batch_job_runs_as_the_user_with_scratch_home_and_accounting(minicluster
     assert minicluster.ask(node, ["stat", "-c", "%u", path]).stdout.strip() == "1500"
 
 
+def test_each_node_got_its_init_files_as_roots_and_the_user_reads_no_secret_of_them(minicluster):
+    modes = {}
+    for host in ("accounting", "controller", "node1", "login"):
+        listed = minicluster.ask(host, ["find", "/etc/hpcbox-init", "-type", "f", "-printf", "%f %U %m\n"])
+        modes[host] = {
+            name: (owner, mode) for name, owner, mode in map(str.split, listed.stdout.splitlines())
+        }
+        assert {owner for owner, _ in modes[host].values()} == {"0"}, modes[host]
+        assert modes[host]["munge.key"][1] == "400" and modes[host]["slurm.conf"][1] == "644"
+    assert modes["accounting"]["slurmdbd.conf"][1] == "600"
+    for host in ("node1", "login"):
+        read = minicluster.exec(host, ["cat", "/etc/hpcbox-init/munge.key"], user="researcher")
+        assert read.returncode != 0 and "Permission denied" in read.stderr
+
+
 def test_a_command_in_a_node_gives_its_output_as_written_and_an_answer_cut_short_is_known(minicluster):
     said = minicluster.exec("node1", ["sh", "-c", "printf 'no newline'; printf 'err' >&2; exit 3"])
     assert (said.returncode, said.stdout, said.stderr) == (3, "no newline", "err")

@@ -61,6 +61,19 @@ class Incarnation:
         return f"brought up at {self.up_at}{removed}"
 
 
+def files_archive(files: Mapping[str, tuple[bytes, int]], under: str = "") -> bytes:
+    """One tar archive of ``files`` (name -> content, mode), each owned by root, in folder ``under`` of
+    where it is unpacked (made there if missing): written into a node in one go, as dockerd re-executes
+    itself to unpack each archive (about 60 ms each, measured here)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, (content, mode) in files.items():
+            member = tarfile.TarInfo(f"{under.strip('/')}/{name}".lstrip("/"))
+            member.size, member.mode = len(content), mode
+            archive.addfile(member, io.BytesIO(content))
+    return buffer.getvalue()
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A running mini cluster, as users and tests reach it."""
@@ -159,14 +172,8 @@ class Cluster:
     def put_files(self, host: str, directory: str, files: Mapping[str, tuple[bytes, int]]) -> None:
         """Write ``files`` (name -> content, mode; owned by root) into ``directory`` of ``host``'s
         container, running or not."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for name, (content, mode) in files.items():
-                member = tarfile.TarInfo(name)
-                member.size, member.mode = len(content), mode
-                archive.addfile(member, io.BytesIO(content))
         engine.put_archive(
-            self.node_container(host), directory, buffer.getvalue(),
+            self.node_container(host), directory, files_archive(files),
             what=f"write {', '.join(files)} into {self.name}'s {host}",
         )  # fmt: skip
 

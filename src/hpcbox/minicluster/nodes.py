@@ -27,9 +27,10 @@ from testcontainers.core.network import Network
 from testcontainers.core.waiting_utils import WaitStrategy, WaitStrategyTarget
 
 from hpcbox.minicluster import slurmconf
-from hpcbox.minicluster.cluster import Cluster
+from hpcbox.minicluster.cluster import Cluster, files_archive
 from hpcbox.minicluster.shape import ClusterShape
 from hpcbox.minicluster.spec import LABEL, USER, ClusterSpec, role
+from hpcbox.tools import docker as engine
 from hpcbox.tools import ssh
 
 os.environ["TESTCONTAINERS_RYUK_DISABLED"] = "true"
@@ -120,10 +121,18 @@ class ClusterNode(DockerContainer):
         self.with_kwargs(
             hostname=host, labels={LABEL: spec.name, HOST_LABEL: host}, init=True, **self.engine_options()
         )
-        for name, (content, mode) in self.init_files().items():
-            self.with_copy_into_container(content, f"{INIT_DIR}/{name}", mode)
+        self.with_copy_into_container(files_archive(self.init_files(), under=INIT_DIR), "/")
         readiness = self.readiness(cluster, host).with_startup_timeout(timeout_s)
         self.waiting_for(readiness.with_poll_interval(POLL_S))
+
+    def _transfer_into_container(self, archive: bytes, directory: str, mode: int = 0) -> None:
+        """Unpack the archive of the init files into ``directory`` of the created container: one
+        archive, where testcontainers' own transfer makes one of each file (a re-execution of dockerd
+        each; a node has up to eight)."""
+        engine.put_archive(
+            self.get_wrapped_container(), directory, archive,
+            what=f"write the init files into {self.cluster.name}'s {self.host}",
+        )  # fmt: skip
 
     def engine_options(self) -> dict[str, Any]:
         """Extra `containers.create` options of this role."""
