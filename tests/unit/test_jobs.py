@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -1054,19 +1055,25 @@ def test_the_master_connection_stays_for_the_next_command_for_a_bounded_idle_tim
 
     def run(argv, **_):
         started.append(list(argv))
-        return ssh.proc.Completed(tuple(argv), 255 if "check" in argv else 0, "", "")
+        return ssh.proc.Completed(tuple(argv), 0, "", "")
 
     monkeypatch.setattr(ssh.proc, "run", run)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    with ssh.Connection(ssh.Target("edi")):
-        pass
-    assert "check" in started[0] and not any("exit" in argv for argv in started)  # kept for the next
-    master = started[1]
+    with ssh.Connection(ssh.Target("edi")) as connection:
+        socket_path = connection.control_path
+    [master] = started  # no master listened: one opened, and kept for the next command (no `-O exit`)
     assert "ControlMaster=yes" in master and "-f" in master
     assert [arg for arg in master if arg.startswith("ControlPersist=")] == [
         f"ControlPersist={ssh.CONTROL_PERSIST_S}"
     ]
     assert 60 <= ssh.CONTROL_PERSIST_S <= 600
+    # The next command finds the master listening at its socket and starts nothing to ask it.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listening:
+        listening.bind(str(socket_path))
+        listening.listen()
+        with ssh.Connection(ssh.Target("edi")) as again:
+            assert again.control_path == socket_path
+    assert started == [master]
 
 
 def test_waiting_looks_every_quarter_second_at_first_then_every_tenth_of_the_wait_up_to_poll_s(monkeypatch):
