@@ -83,6 +83,9 @@ CASES = [
     (["submit", "--cluster=edi", "--", "--epochs", "3", "4"], "arguments: '4' is not an option of the"),
     # words after `--` to a command that runs no program with them
     (["status", "-j", "1", "--", "foo"], "status takes no words after `--` (foo)"),
+    (["cluster.status", "--", "foo"], "cluster.status takes no words after `--` (foo)"),
+    (["cluster.shell", "--", "ls"], "cluster.shell takes no words after `--` (ls)"),
+    (["profile.draft", "--output=edi2.toml", "--", "x"], "profile.draft takes no words after `--` (x)"),
     (["shell", "--cluster=edi", "--command=ls", "--", "ls"], "shell: give the command once"),
     # the job's life after it, with no job
     (["status", "-j", "999999"], "job 999999 was not submitted from this project"),

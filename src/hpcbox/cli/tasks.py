@@ -70,17 +70,21 @@ task = functools.partial(invoke.task, klass=HpcboxTask)
 TAKE_WORDS_AFTER_DASHES = ("sbatch", "submit", "shell")
 
 
-def friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+def friendly(fn: Callable[..., Any] | None = None, *, command: str | None = None) -> Any:
     """Turn an HpcboxError into one line on stderr and exit status 1 (tracebacks with HPCBOX_DEBUG=1);
-    words after `--` to a command that takes none are one such line, not dropped unsaid."""
+    words after `--` to a command that takes none are one such line, not dropped unsaid. ``command``:
+    the name the user types, where it is not the function's (`cluster.shell`, in its namespace)."""
+    if fn is None:
+        return functools.partial(friendly, command=command)
+    name = command or fn.__name__
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             remainder = getattr(args[0], "remainder", "") if args else ""
-            if remainder and fn.__name__ not in TAKE_WORDS_AFTER_DASHES:
+            if remainder and name not in TAKE_WORDS_AFTER_DASHES:
                 raise HpcboxError(
-                    f"{fn.__name__} takes no words after `--` ({remainder})",
+                    f"{name} takes no words after `--` ({remainder})",
                     "only sbatch and submit hand them to the program, and shell runs them",
                 )
             return fn(*args, **kwargs)
@@ -810,7 +814,7 @@ def _cluster_tasks() -> Collection:
             "(default yes)",
         }
     )
-    @friendly
+    @friendly(command="cluster.up")
     def up(
         c,
         nodes=None,
@@ -850,7 +854,7 @@ def _cluster_tasks() -> Collection:
         print(f"login: {shlex.join(login)}")
 
     @task(help={"name": "cluster name"})
-    @friendly
+    @friendly(command="cluster.status")
     def status(c, name=DEFAULT_NAME):
         """Show the cluster's nodes (sinfo) and jobs (squeue)."""
         from hpcbox import minicluster
@@ -863,7 +867,7 @@ def _cluster_tasks() -> Collection:
             "force": "remove it even while Slurm has unfinished jobs on it or it holds results never fetched",
         }
     )
-    @friendly
+    @friendly(command="cluster.down")
     def down(c, name=DEFAULT_NAME, force=False):
         """Remove the cluster: its containers, network, volumes and keys.
 
@@ -877,7 +881,7 @@ def _cluster_tasks() -> Collection:
         )
 
     @task(help={"name": "cluster name"})
-    @friendly
+    @friendly(command="cluster.shell")
     def shell(c, name=DEFAULT_NAME):
         """Open a shell on the login node as the cluster user, over SSH."""
 
@@ -903,7 +907,7 @@ def _profile_tasks() -> Collection:
             "via": "draft the mini cluster brought up here instead of --host: --via local",
         },
     )
-    @friendly
+    @friendly(command="profile.draft")
     def draft(c, output, host=None, port=None, user=None, probe_job=False, partitions="", via=None):
         """Write a cluster profile from what the site reports.
 
