@@ -355,10 +355,12 @@ class Connection:
     def _master_answers(self) -> bool:
         """Whether a master listens at the connection's socket: a connect to it, where `ssh -O check`
         would start a process for every command and every connection a command opens."""
+        limit = self._limit()
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(None if limit is None else max(limit, 0.0))  # a stopped master: the deadline's
             try:
                 probe.connect(str(self.control_path))
-            except OSError:  # no socket, or one whose master has ended
+            except OSError:  # no socket, one whose master has ended, or none answering in time
                 return False
         return True
 
