@@ -178,6 +178,18 @@ def test_a_job_held_back_by_a_full_queue_says_why_and_slurms_start_guess_as_a_gu
         said = jobs.describe(found)
         assert said.startswith(f"job {mine}: PENDING, waiting for free resources (Resources: "), said
         assert f"Slurm guesses it starts at {found.start_guess} (its own estimate, not a promise)" in said
+        assert said.endswith(", time limit 00:05:00"), said
+        # Cancelled while it waits, it is told as such, not by the time, node and exit status sacct fills
+        # in for a job that never ran
+        cluster.ssh(["scancel", mine], check=True)
+        with ssh.Connection(cluster.ssh_target()) as connection:
+            deadline = time.monotonic() + 60
+            found = slurm.job_state(connection, mine)
+            while found is None or found.source != "sacct":
+                assert time.monotonic() < deadline, f"sacct never had job {mine} after its scancel: {found}"
+                time.sleep(1)
+                found = slurm.job_state(connection, mine)
+        assert jobs.describe(found) == f"job {mine}: CANCELLED, before it started", found
     finally:
         ids = [others, *([mine] if mine else [])]
         cluster.exec("controller", ["scancel", *ids])

@@ -460,10 +460,15 @@ def test_describe_explains_a_pending_reason_and_a_finished_job():
     pending = slurm.JobState("9", "PENDING", "Priority", "0:00", "10:00", "", "", "squeue")
     assert jobs.describe(pending) == (
         "job 9: PENDING, waiting behind jobs of higher priority (Priority: other jobs have higher priority; "
-        "it will start when its turn comes), elapsed 0:00 of 10:00"
+        "it will start when its turn comes), time limit 10:00"
     )
+    unlimited = dataclasses.replace(pending, time_limit="UNLIMITED")
+    assert jobs.describe(unlimited).endswith("it will start when its turn comes), no time limit")
     done = slurm.JobState("9", "COMPLETED", "None", "00:01:02", "00:10:00", "0:0", "node1", "sacct")
     assert jobs.describe(done) == "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0"
+    assert jobs.describe(dataclasses.replace(done, time_limit="UNLIMITED")) == (
+        "job 9: COMPLETED, elapsed 00:01:02, no time limit, on node1, exit code 0:0"
+    )
     preempted = dataclasses.replace(done, preempted_runs=2)
     assert jobs.describe(preempted) == (
         "job 9: COMPLETED, elapsed 00:01:02 of 00:10:00, on node1, exit code 0:0, "
@@ -532,7 +537,7 @@ def test_a_pending_job_says_what_it_waits_for_and_slurms_start_guess_as_a_guess(
     assert jobs.describe(waiting) == (
         "job 52: PENDING, waiting for free resources (Resources: waiting for nodes with the requested CPUs, "
         "memory or GPUs to become free), Slurm guesses it starts at 2026-12-05T12:30:00 (its own estimate, "
-        "not a promise), elapsed 00:00:00 of 00:30:00"
+        "not a promise), time limit 00:30:00"
     )
     # A running job's %S is when it started, not a guess; a pending one without an estimate says N/A.
     running = slurm.parse_squeue(line.replace("PENDING|Resources", "RUNNING|None"), "52")
@@ -576,15 +581,20 @@ def test_the_start_time_in_sbatch_test_onlys_answer_is_read_as_a_guess():
 def test_describe_says_no_none_for_a_job_not_yet_looked_at_or_never_placed():
     # squeue's reason None (no reason yet) and sacct's `None assigned` (cancelled before it started).
     waiting = slurm.parse_squeue("9|PENDING|None|0:00|10:00||N/A|2026-12-05T09:00:01|/h/s.sh\n", "9")
-    assert (
-        jobs.describe(waiting)
-        == "job 9: PENDING, not yet looked at by the scheduler, elapsed 00:00:00 of 00:10:00"
-    )
+    assert jobs.describe(waiting) == "job 9: PENDING, not yet looked at by the scheduler, time limit 00:10:00"
     [never] = slurm.accounted_states(
         "9|CANCELLED by 1500|None|00:00:00|00:10:00|0:0|None assigned|2026-12-05T09:00:01|/h|sbatch s.sh\n",
         "9",
     )
-    assert jobs.describe(never) == "job 9: CANCELLED, elapsed 00:00:00 of 00:10:00, exit code 0:0"
+    assert jobs.describe(never) == "job 9: CANCELLED, before it started"
+    # With no --time, sacct says Partition_Limit of it (found as a user: it was told as
+    # `elapsed 00:00:00 of Partition_Limit`, and its exit status 0:0 as if it had one)
+    no_limit_asked = dataclasses.replace(never, time_limit="Partition_Limit")
+    assert jobs.describe(no_limit_asked) == "job 9: CANCELLED, before it started"
+    ran = dataclasses.replace(no_limit_asked, elapsed="00:00:04", nodes="node1")
+    assert jobs.describe(ran) == (
+        "job 9: CANCELLED, elapsed 00:00:04, its partition's time limit, on node1, exit code 0:0"
+    )
 
 
 def test_rsync_stats_are_parsed_with_thousands_separators():

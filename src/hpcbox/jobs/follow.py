@@ -235,6 +235,15 @@ def failed_tasks(record: JobRecord, tasks: dict[int, slurm.JobState]) -> tuple[i
     return tuple(index for index, task in tasks.items() if task.state != "COMPLETED")
 
 
+# Slurm's words for a time limit that is no duration (sacct's Partition_Limit: a job that never
+# started, so never got one), said as words of their own.
+_LIMITS_IN_WORDS = {
+    "UNLIMITED": "no time limit",
+    "INFINITE": "no time limit",
+    "Partition_Limit": "its partition's time limit",
+}
+
+
 def describe(found: slurm.JobState) -> str:
     """One line for people: state, and what a pending job waits for (grouped, Slurm's reason with it, and
     its start guess labelled as one) or how a finished job ended."""
@@ -247,17 +256,28 @@ def describe(found: slurm.JobState) -> str:
         parts.append(f"{found.waiting_for} {said}" if found.waiting_for else said)
     if found.start_guess:
         parts.append(f"Slurm guesses it starts at {found.start_guess} (its own estimate, not a promise)")
-    if found.elapsed and found.runs > 1:
-        limit = f", each given {found.time_limit}" if found.time_limit else ""
-        parts.append(f"elapsed {found.elapsed} in its {found.runs} runs{limit}")
+    limit = found.time_limit
+    limit_in_words = _LIMITS_IN_WORDS.get(limit, "")
+    # Slurm's accounting ended it while it waited (a cancel, a deadline): it had no time, node or exit
+    # status of its own (a task's outcome read from its run folder names no node either, yet ran)
+    never_ran = found.source == "sacct" and found.finished and not found.nodes and found.runs == 1
+    if found.state == "PENDING":
+        if limit:
+            parts.append(limit_in_words or f"time limit {limit}")
+    elif never_ran:
+        parts.append("before it started")
     elif found.elapsed:
-        parts.append(f"elapsed {found.elapsed}" + (f" of {found.time_limit}" if found.time_limit else ""))
+        runs, given = (f" in its {found.runs} runs", ", each given ") if found.runs > 1 else ("", " of ")
+        shown = given + limit if limit and not limit_in_words else ""
+        parts.append(f"elapsed {found.elapsed}{runs}{shown}")
+        if limit_in_words:
+            parts.append(limit_in_words)
     if found.nodes and found.state != "PENDING":
         parts.append(f"on {found.nodes}")
     if found.state == "RUNNING" and found.restarts:
         times = "once" if found.restarts == 1 else f"{found.restarts} times"
         parts.append(f"its run {found.restarts + 1} (Slurm requeued it {times})")
-    if found.exit_code:
+    if found.exit_code and not never_ran:
         parts.append(f"exit code {found.exit_code}")
     if found.preempted_runs:
         runs = "run" if found.preempted_runs == 1 else "runs"
