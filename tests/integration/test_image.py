@@ -15,6 +15,7 @@ import pytest
 
 from hpcbox.build import baseimage, offlock
 from hpcbox.build import image as image_stage
+from hpcbox.build.lock import candidate_versions
 from hpcbox.build.provenance import inputs_revision
 from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
@@ -279,6 +280,92 @@ def test_apt_install_reads_the_mirror_it_is_handed_for_its_step_only(
     assert version.startswith("hello (GNU Hello)")
     assert snapshot_archive.times_asked == {"20261123T100000Z"}
     assert left == ["before", "log"]  # the sources are back and their copy is gone
+
+
+def test_apt_install_downloads_only_what_the_cache_of_downloads_lacks_and_says_so_first(
+    docker_engine, run_id: str, tmp_path: Path
+):
+    """docker/apt-install.sh with a cache of downloads at /mnt, as each apt step of the Dockerfile mounts
+    BuildKit's: a lock with one package more downloads that one alone, a cached package whose bytes are
+    not those Debian's signed index names is downloaded again, and no package stays in the step's own
+    /var/cache/apt. Each run is a fresh container of the pinned base (a step run again)."""
+    base = pinned_base()
+    served = candidate_versions(base, ("hello", "figlet"))
+    (tmp_path / "one.txt").write_text(f"hello={served['hello']}\n")
+    (tmp_path / "two.txt").write_text(f"hello={served['hello']}\nfiglet={served['figlet']}\n")
+    shutil.copy(REPO / "docker/apt-install.sh", tmp_path)
+    cache = docker_engine.volumes.create(f"{run_id}-debs-{os.urandom(3).hex()}")
+
+    def step(lock: str, before: str = "true") -> list[str]:
+        script = (
+            f"{before} && sh /in/apt-install.sh /in/{lock} >/tmp/log 2>&1 || {{ cat /tmp/log; exit 1; }};"
+            " grep '^hpcbox: ' /tmp/log; hello --version | head -n1; ls -A /var/cache/apt/archives"
+        )
+        volumes = {str(tmp_path): {"bind": "/in", "mode": "ro"}, cache.name: {"bind": "/mnt", "mode": "rw"}}
+        return (
+            docker_engine.containers.run(base, ["sh", "-c", script], volumes=volumes, remove=True)
+            .decode()
+            .splitlines()
+        )
+
+    size = r"\(\d+ kB\)"
+    try:
+        first = step("one.txt")
+        assert re.fullmatch(rf"hpcbox: this step installs 1 package, 1 to download {size}", first[0]), first
+        assert first[1].startswith("hello (GNU Hello)") and first[2:] == ["lock", "partial"], first
+        second = step("two.txt")
+        assert re.fullmatch(
+            rf"hpcbox: this step installs 2 packages, 1 to download {size}, the others in the build's cache "
+            "of downloads",
+            second[0],
+        ), second
+        assert (
+            step("two.txt")[0]
+            == "hpcbox: this step installs 2 packages, all in the build's cache of downloads"
+        )
+        # A cached package of the right size but other bytes (a disk's corruption, a tampered cache), which
+        # apt alone would install: checked against the index, removed and downloaded again
+        corrupt = "printf XXXX | dd of=$(ls /mnt/hello_*.deb) bs=1 seek=1000 conv=notrunc 2>/dev/null"
+        again = step("one.txt", before=corrupt)
+        assert again[0] == (
+            f"hpcbox: hello_{served['hello']}_amd64.deb in the build's cache of downloads is not the package "
+            "Debian's index names; downloading it again"
+        ), again
+        assert re.fullmatch(rf"hpcbox: this step installs 1 package, 1 to download {size}", again[1]), again
+        assert again[2].startswith("hello (GNU Hello)"), again
+    finally:
+        cache.remove(force=True)
+
+
+def test_a_package_added_to_a_lock_is_the_only_one_the_rebuilt_step_downloads(
+    docker_engine, project_copy: Path
+):
+    """The Dockerfile's apt steps through BuildKit: its cache of downloads (in no layer) serves a step run
+    again for a package added to its lock, and the image keeps no trace of it. The lock made unique so
+    that BuildKit runs the step; what an earlier run left in the cache of downloads is served as well."""
+    served = candidate_versions(pinned_base(), ("hello", "figlet"))
+    lock = project_copy / "docker/lock/apt-cpu.txt"
+    project = load_project(project_copy)
+
+    def build(packages: str) -> tuple[str, list[str]]:
+        lock.write_text(f"# {os.urandom(8).hex()}\n{packages}")
+        said: list[str] = []
+        built = image_stage.build_image(project, offline=True, say=lambda _: None, on_line=said.append)
+        step = said.index(next(line for line in said if line.startswith("  [debian-cpu 2/2] RUN ")))
+        return built.ref, said[:step]
+
+    _, first = build(f"hello={served['hello']}\n")
+    assert first[-1].startswith("hpcbox: this step installs 1 package, "), first
+    ref, second = build(f"hello={served['hello']}\nfiglet={served['figlet']}\n")
+    # hello from the cache of downloads, figlet too where an earlier run left it there
+    assert re.fullmatch(
+        r"hpcbox: this step installs 2 packages, (all in|1 to download \(\d+ kB\), the others in) the "
+        "build's cache of downloads",
+        second[-1],
+    ), second
+    assert run_in(ref, "sh", "-c", "ls -A /mnt /var/cache/apt/archives") == (
+        "/mnt:\n\n/var/cache/apt/archives:\nlock\npartial"
+    )
 
 
 def test_unknown_flavour_is_one_line_error():
