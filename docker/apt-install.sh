@@ -29,31 +29,33 @@ if [ -s "$mirror" ]; then
     done
     set -- "$@" -o Acquire::Check-Valid-Until=false
 fi
-# Where the Dockerfile mounts BuildKit's cache of downloads (a cache mount, in no layer) at /mnt, which
-# every Debian base has, empty (a mount point BuildKit had to make would stay in the layer), apt keeps
-# what it fetches there: a step run again for one package added to a lock downloads that one alone.
+# BuildKit's cache of downloads, where the Dockerfile mounts it (a cache mount, in no layer) at /mnt: a
+# folder every Debian base has, empty (a mount point BuildKit had to make would stay in the layer).
 debs=""
 if mountpoint -q /mnt; then
     debs=/mnt
-    set -- "$@" -o Dir::Cache::Archives=/mnt/
 fi
 # --error-on=any: a source that cannot be fetched fails here, not as "unable to locate" further on
 apt-get "$@" update --error-on=any
-# What the step installs and downloads, said before it does. apt takes a package it finds in the cache
-# of downloads on its size alone, so each one this step would take from there is checked first against
-# the SHA256 the index (fetched and verified above) names, and removed where it differs: apt then
-# downloads it again. (An upgrade's line says the version installed first: `Inst name [old] (new ...`.)
-# Errors are the install's to say, below.
+# What the step installs: each package's file as apt names it (its version's ":" written "%3a"),
+# SHA256 and size, from the index fetched and verified above. (An upgrade's line says the version
+# installed first: `Inst name [old] (new ...`.) Errors are the install's to say, below.
 grep -v -e '^#' -e '^$' "$lock" \
     | xargs apt-get "$@" --simulate install -y --no-install-recommends 2>/dev/null \
     | sed -n 's/^Inst \([^ ]*\) \(\[[^]]*\] \)\{0,1\}(\([^ ]*\) .*/\1=\3/p' >/tmp/hpcbox-installs
+: >/tmp/hpcbox-debs
 if [ -s /tmp/hpcbox-installs ]; then
-    # each package's file in the cache (its version's ":" written "%3a", as apt names it), SHA256, size
     xargs apt-cache show </tmp/hpcbox-installs | awk '
         /^Package: / {package = $2} /^Version: / {version = $2} /^Architecture: / {arch = $2}
         /^Size: / {size = $2}
         /^SHA256: / {gsub(":", "%3a", version); print package "_" version "_" arch ".deb", $2, size}' \
         | sort -u >/tmp/hpcbox-debs
+fi
+
+# What the step downloads, said before it does. apt takes a package it finds in the cache of downloads
+# on its size alone, so each one this step would take from there is checked first against the index's
+# SHA256, and removed where it differs: apt then downloads it again.
+take_stock() {
     total=0 cached=0 bytes=0
     while read -r file sha256 size; do
         total=$((total + 1))
@@ -68,7 +70,7 @@ if [ -s /tmp/hpcbox-installs ]; then
         fi
         bytes=$((bytes + size))
     done </tmp/hpcbox-debs
-    rm -f /tmp/hpcbox-installs /tmp/hpcbox-debs
+    [ "$total" -gt 0 ] || return 0
     size=$(awk -v bytes="$bytes" 'BEGIN {
         if (bytes < 1e6) printf "%.0f kB", bytes / 1e3; else printf "%.1f MB", bytes / 1e6 }')
     said="hpcbox: this step installs $total package$([ "$total" -eq 1 ] || echo s)"
@@ -79,8 +81,25 @@ if [ -s /tmp/hpcbox-installs ]; then
     else
         echo "$said, $total to download ($size)"
     fi
+}
+if [ -n "$debs" ]; then
+    # Builds at once share the cache (BuildKit's `sharing=shared`): one at a time takes stock, downloads
+    # what the cache lacks (so a step run again for one package added to its lock downloads that one
+    # alone) and copies out what its step installs. The install, the step's long part, runs after, on
+    # those copies.
+    exec 9>"$debs/hpcbox.lock"
+    flock 9
+    take_stock
+    grep -v -e '^#' -e '^$' "$lock" | xargs apt-get "$@" -o Dir::Cache::Archives="$debs/" \
+        install -y --download-only --no-install-recommends
+    while read -r file _; do
+        cp "$debs/$file" /var/cache/apt/archives/ 2>/dev/null || true  # else the install downloads it
+    done </tmp/hpcbox-debs
+    exec 9>&-
+else
+    take_stock
 fi
-rm -f /tmp/hpcbox-installs
+rm -f /tmp/hpcbox-installs /tmp/hpcbox-debs
 # dpkg syncs each file it unpacks to disk; a build step's layer is kept whole or not at all, so here the
 # syncs only cost time (8 % of the PyTorch step measured): the files are the same without them.
 grep -v -e '^#' -e '^$' "$lock" \

@@ -286,9 +286,10 @@ def test_apt_install_downloads_only_what_the_cache_of_downloads_lacks_and_says_s
     docker_engine, run_id: str, tmp_path: Path
 ):
     """docker/apt-install.sh with a cache of downloads at /mnt, as each apt step of the Dockerfile mounts
-    BuildKit's: a lock with one package more downloads that one alone, a cached package whose bytes are
-    not those Debian's signed index names is downloaded again, and no package stays in the step's own
-    /var/cache/apt. Each run is a fresh container of the pinned base (a step run again)."""
+    BuildKit's (`sharing=shared`: builds at once take turns in it): a lock with one package more
+    downloads that one alone, a cached package whose bytes are not those Debian's signed index names is
+    downloaded again, and no package stays in the step's own /var/cache/apt. Each run is a fresh
+    container of the pinned base (a step run again)."""
     base = pinned_base()
     served = candidate_versions(base, ("hello", "figlet"))
     (tmp_path / "one.txt").write_text(f"hello={served['hello']}\n")
@@ -310,9 +311,15 @@ def test_apt_install_downloads_only_what_the_cache_of_downloads_lacks_and_says_s
 
     size = r"\(\d+ kB\)"
     try:
-        first = step("one.txt")
-        assert re.fullmatch(rf"hpcbox: this step installs 1 package, 1 to download {size}", first[0]), first
-        assert first[1].startswith("hello (GNU Hello)") and first[2:] == ["lock", "partial"], first
+        # Two steps at once (two builds), the cache empty: one downloads, the other waits for it and
+        # takes its download from the cache
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(step, ["one.txt", "one.txt"]))
+        said = sorted(lines[0] for lines in both)
+        assert re.fullmatch(rf"hpcbox: this step installs 1 package, 1 to download {size}", said[0]), both
+        assert said[1] == "hpcbox: this step installs 1 package, all in the build's cache of downloads", both
+        for lines in both:
+            assert lines[1].startswith("hello (GNU Hello)") and lines[2:] == ["lock", "partial"], lines
         second = step("two.txt")
         assert re.fullmatch(
             rf"hpcbox: this step installs 2 packages, 1 to download {size}, the others in the build's cache "
