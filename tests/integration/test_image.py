@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import collections
 import concurrent.futures
+import hashlib
+import http.server
+import io
+import ipaddress
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -373,6 +381,110 @@ def test_a_package_added_to_a_lock_is_the_only_one_the_rebuilt_step_downloads(
     assert run_in(ref, "sh", "-c", "ls -A /mnt /var/cache/apt/archives") == (
         "/mnt:\n\n/var/cache/apt/archives:\nlock\npartial"
     )
+
+
+def wheel(name: str, version: str) -> bytes:
+    """A pure-Python wheel of one empty module, its RECORD hashed as pip checks it."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": b"",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: hpcbox-test\nRoot-Is-Purelib: true\n"
+        b"Tag: py3-none-any\n",
+    }
+    record = "".join(
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+        f"{len(data)}\n"
+        for path, data in files.items()
+    )
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, data in {**files, f"{dist}/RECORD": f"{record}{dist}/RECORD,,\n".encode()}.items():
+            archive.writestr(path, data)
+    return buffer.getvalue()
+
+
+class PackageIndex:
+    """PyPI's simple API for a few wheels, at an address builds reach (the default bridge's gateway),
+    sending PyPI's caching headers with each file (which pip's HTTP cache goes by); counts the times
+    each file is downloaded. Its files' paths hold a token of its own, so no earlier run's cache has them."""
+
+    def __init__(self, host: str, wheels: dict[str, bytes]) -> None:
+        self.wheels = wheels
+        self.downloads: collections.Counter[str] = collections.Counter()
+        token = os.urandom(8).hex()
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                project = re.fullmatch(r"/simple/([a-z0-9-]+)/", self.path)
+                name = self.path.removeprefix(f"/files/{token}/")
+                if project:
+                    body = "".join(
+                        f'<a href="/files/{token}/{file}#sha256={hashlib.sha256(data).hexdigest()}">'
+                        f"{file}</a>\n"
+                        for file, data in index.wheels.items()
+                        if file.startswith(f"{project[1]}-")
+                    ).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                elif name in index.wheels:
+                    index.downloads[name] += 1
+                    body = index.wheels[name]
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    self.send_header("Cache-Control", "max-age=365000000, immutable, public")
+                else:
+                    self.send_error(404)
+                    return
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+        self.host = host
+        self.url = f"http://{host}:{self.server.server_address[1]}/simple/"
+
+    def lock(self, *names: str) -> str:
+        """A cpu pip lock of ``names`` (each at 1.0) from this index, hashed as `hpcbox lock` hashes."""
+        lines = [f"--index-url {self.url}", f"--trusted-host {self.host}"]
+        for name in names:
+            file = f"{name}-1.0-py3-none-any.whl"
+            lines.append(f"{name}==1.0 \\\n    --hash=sha256:{hashlib.sha256(self.wheels[file]).hexdigest()}")
+        return "\n".join(lines) + "\n"
+
+    def __enter__(self) -> PackageIndex:
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_pip_package_added_to_a_lock_is_the_only_file_the_rebuilt_step_downloads(
+    docker_engine, project_copy: Path
+):
+    """The Dockerfile's pip steps keep pip's HTTP cache in BuildKit's cache of downloads: the cpu venv's
+    step run again for one package added to its lock downloads that package's file alone, from an index
+    that sends PyPI's caching headers (this project's machines reach PyPI through a proxy that strips
+    them, so a stand-in index serves here). The image imports both packages."""
+    ipam = docker_engine.networks.get("bridge").attrs["IPAM"]["Config"][0]
+    gateway = ipam.get("Gateway") or str(ipaddress.ip_network(ipam["Subnet"])[1])
+    wheels = {f"{name}-1.0-py3-none-any.whl": wheel(name, "1.0") for name in ("alpha", "beta")}
+    lock = project_copy / "docker/lock/cpu-requirements.txt"
+    project = load_project(project_copy)
+    with PackageIndex(gateway, wheels) as index:
+        lock.write_text(index.lock("alpha"))
+        image_stage.build_image(project, offline=True, say=lambda _: None, on_line=lambda _: None)
+        assert index.downloads == {"alpha-1.0-py3-none-any.whl": 1}
+        lock.write_text(index.lock("alpha", "beta"))
+        built = image_stage.build_image(project, offline=True, say=lambda _: None, on_line=lambda _: None)
+        assert index.downloads == {"alpha-1.0-py3-none-any.whl": 1, "beta-1.0-py3-none-any.whl": 1}
+    assert run_in(built.ref, "python", "-c", "import alpha, beta; print('both')") == "both"
 
 
 def test_unknown_flavour_is_one_line_error():
