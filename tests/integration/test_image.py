@@ -8,14 +8,12 @@ import concurrent.futures
 import hashlib
 import http.server
 import io
-import ipaddress
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import zipfile
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from hpcbox.errors import HpcboxError
 from hpcbox.project.config import load_project
 from hpcbox.tools import docker
 from tests.fixtures.debian import pinned_base, project_served_today
+from tests.fixtures.served import Served, bridge_gateway
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -404,7 +403,7 @@ def wheel(name: str, version: str) -> bytes:
     return buffer.getvalue()
 
 
-class PackageIndex:
+class PackageIndex(Served):
     """PyPI's simple API for a few wheels, at an address builds reach (the default bridge's gateway),
     sending PyPI's caching headers with each file (which pip's HTTP cache goes by); counts the times
     each file is downloaded. Its files' paths hold a token of its own, so no earlier run's cache has them."""
@@ -456,14 +455,6 @@ class PackageIndex:
             lines.append(f"{name}==1.0 \\\n    --hash=sha256:{hashlib.sha256(self.wheels[file]).hexdigest()}")
         return "\n".join(lines) + "\n"
 
-    def __enter__(self) -> PackageIndex:
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
 
 def test_a_pip_package_added_to_a_lock_is_the_only_file_the_rebuilt_step_downloads(
     docker_engine, project_copy: Path
@@ -472,12 +463,10 @@ def test_a_pip_package_added_to_a_lock_is_the_only_file_the_rebuilt_step_downloa
     step run again for one package added to its lock downloads that package's file alone, from an index
     that sends PyPI's caching headers (this project's machines reach PyPI through a proxy that strips
     them, so a stand-in index serves here). The image imports both packages."""
-    ipam = docker_engine.networks.get("bridge").attrs["IPAM"]["Config"][0]
-    gateway = ipam.get("Gateway") or str(ipaddress.ip_network(ipam["Subnet"])[1])
     wheels = {f"{name}-1.0-py3-none-any.whl": wheel(name, "1.0") for name in ("alpha", "beta")}
     lock = project_copy / "docker/lock/cpu-requirements.txt"
     project = load_project(project_copy)
-    with PackageIndex(gateway, wheels) as index:
+    with PackageIndex(bridge_gateway(docker_engine), wheels) as index:
         lock.write_text(index.lock("alpha"))
         image_stage.build_image(project, offline=True, say=lambda _: None, on_line=lambda _: None)
         assert index.downloads == {"alpha-1.0-py3-none-any.whl": 1}
