@@ -71,15 +71,15 @@ take_stock() {
         bytes=$((bytes + size))
     done </tmp/hpcbox-debs
     [ "$total" -gt 0 ] || return 0
-    size=$(awk -v bytes="$bytes" 'BEGIN {
+    amount=$(awk -v bytes="$bytes" 'BEGIN {
         if (bytes < 1e6) printf "%.0f kB", bytes / 1e3; else printf "%.1f MB", bytes / 1e6 }')
     said="hpcbox: this step installs $total package$([ "$total" -eq 1 ] || echo s)"
     if [ "$cached" -eq "$total" ]; then
         echo "$said, all in the build's cache of downloads"
     elif [ "$cached" -gt 0 ]; then
-        echo "$said, $((total - cached)) to download ($size), the others in the build's cache of downloads"
+        echo "$said, $((total - cached)) to download ($amount), the others in the build's cache of downloads"
     else
-        echo "$said, $total to download ($size)"
+        echo "$said, $total to download ($amount)"
     fi
 }
 if [ -n "$debs" ]; then
