@@ -15,9 +15,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,9 +135,24 @@ def test_a_checkouts_old_keys_of_the_running_cluster_are_adopted_once(shared: Sh
         assert done.returncode == 0 and "moved" not in done.stdout, done.stdout + done.stderr
 
 
+def looked_at_until(cluster, job_id: str, reached: Callable[[Any], bool], what: str):
+    """Job ``job_id``'s state as hpcbox reads it (squeue, then sacct), looked at each second over one
+    connection until ``reached`` holds, for a minute at most."""
+    from hpcbox.tools import slurm, ssh
+
+    with ssh.Connection(cluster.ssh_target()) as connection:
+        deadline = time.monotonic() + 60
+        found = slurm.job_state(connection, job_id)
+        while not reached(found):
+            assert time.monotonic() < deadline, f"job {job_id} never {what}: {found}"
+            time.sleep(1)
+            found = slurm.job_state(connection, job_id)
+    return found
+
+
 def test_a_job_held_back_by_a_full_queue_says_why_and_slurms_start_guess_as_a_guess(shared: Shared):
     from hpcbox import jobs
-    from hpcbox.tools import slurm, ssh
+    from hpcbox.tools import slurm
 
     cluster = shared.found()
     # Another user of the cluster (root, on the controller) holds its one node for ten minutes.
@@ -164,16 +180,13 @@ def test_a_job_held_back_by_a_full_queue_says_why_and_slurms_start_guess_as_a_gu
             check.stderr
         )
         mine = cluster.ssh(["sbatch", "--parsable", "--time=5", "--wrap", "true"], check=True).stdout.strip()
-        with ssh.Connection(cluster.ssh_target()) as connection:
-            # The scheduler looks at a job within its sched_interval (5 s): wait for that, not for a time.
-            deadline = time.monotonic() + 60
-            found = slurm.job_state(connection, mine)
-            while found is not None and not (found.reason == "Resources" and found.start_guess):
-                assert time.monotonic() < deadline, (
-                    f"job {mine} never waited for resources with a guess: {found}"
-                )
-                time.sleep(1)
-                found = slurm.job_state(connection, mine)
+        # The scheduler looks at a job within its sched_interval (5 s): wait for that, not for a time.
+        found = looked_at_until(
+            cluster,
+            mine,
+            lambda found: found is None or (found.reason == "Resources" and bool(found.start_guess)),
+            "waited for resources with a guess",
+        )
         assert found is not None and found.state == "PENDING"
         said = jobs.describe(found)
         assert said.startswith(f"job {mine}: PENDING, waiting for free resources (Resources: "), said
@@ -182,13 +195,9 @@ def test_a_job_held_back_by_a_full_queue_says_why_and_slurms_start_guess_as_a_gu
         # Cancelled while it waits, it is told as such, not by the time, node and exit status sacct fills
         # in for a job that never ran
         cluster.ssh(["scancel", mine], check=True)
-        with ssh.Connection(cluster.ssh_target()) as connection:
-            deadline = time.monotonic() + 60
-            found = slurm.job_state(connection, mine)
-            while found is None or found.source != "sacct":
-                assert time.monotonic() < deadline, f"sacct never had job {mine} after its scancel: {found}"
-                time.sleep(1)
-                found = slurm.job_state(connection, mine)
+        found = looked_at_until(
+            cluster, mine, lambda found: found is not None and found.source == "sacct", "reached sacct"
+        )
         assert jobs.describe(found) == f"job {mine}: CANCELLED, before it started", found
     finally:
         ids = [others, *([mine] if mine else [])]
